@@ -1,0 +1,171 @@
+//! The fixed frame header that precedes every message on every transport.
+
+use crate::ProtoError;
+
+/// "GFUS" read as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
+/// Bumped on any incompatible change to the header or to a message.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Largest body accepted from the wire. A 64 MiB copy chunk plus its envelope fits.
+pub const MAX_BODY_LEN: u32 = 64 * 1024 * 1024 + 64 * 1024;
+/// Host-to-device copies larger than this are split into several requests.
+pub const MAX_COPY_CHUNK: usize = 64 * 1024 * 1024;
+
+/// What a frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// The client's first frame: [`crate::ClientHello`].
+    Hello = 1,
+    /// The server's answer to the hello: [`crate::ServerHello`].
+    HelloReply = 2,
+    /// A [`crate::Request`].
+    Request = 3,
+    /// A [`crate::Reply`] to the request with the same id.
+    Reply = 4,
+}
+
+impl FrameKind {
+    fn from_u8(v: u8) -> Result<Self, ProtoError> {
+        Ok(match v {
+            1 => Self::Hello,
+            2 => Self::HelloReply,
+            3 => Self::Request,
+            4 => Self::Reply,
+            other => return Err(ProtoError::UnknownFrameKind(other)),
+        })
+    }
+}
+
+/// Flag: the request is quiet; no reply is sent. A failure is kept and reported later.
+pub const FLAG_QUIET: u8 = 1;
+
+/// The 24-byte little-endian header.
+///
+/// | off | size | field |
+/// |-----|------|-------|
+/// | 0 | 4 | magic `GFUS` |
+/// | 4 | 2 | protocol version |
+/// | 6 | 1 | frame kind |
+/// | 7 | 1 | flags |
+/// | 8 | 4 | body length |
+/// | 12 | 4 | reserved, zero |
+/// | 16 | 8 | request id |
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub version: u16,
+    pub kind: FrameKind,
+    pub flags: u8,
+    pub len: u32,
+    pub request_id: u64,
+}
+
+/// Size of the encoded header.
+pub const HEADER_LEN: usize = 24;
+
+impl FrameHeader {
+    pub fn new(kind: FrameKind, flags: u8, len: u32, request_id: u64) -> Self {
+        Self {
+            version: PROTOCOL_VERSION,
+            kind,
+            flags,
+            len,
+            request_id,
+        }
+    }
+
+    pub fn is_quiet(&self) -> bool {
+        self.flags & FLAG_QUIET != 0
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&self.version.to_le_bytes());
+        b[6] = self.kind as u8;
+        b[7] = self.flags;
+        b[8..12].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.request_id.to_le_bytes());
+        b
+    }
+
+    /// Decodes and validates a header: magic, version, kind and the body length cap.
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Self, ProtoError> {
+        let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if magic != MAGIC {
+            return Err(ProtoError::BadMagic(magic));
+        }
+        let version = u16::from_le_bytes([b[4], b[5]]);
+        if version != PROTOCOL_VERSION {
+            return Err(ProtoError::VersionMismatch {
+                ours: PROTOCOL_VERSION,
+                theirs: version,
+            });
+        }
+        let kind = FrameKind::from_u8(b[6])?;
+        let len = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+        if len > MAX_BODY_LEN {
+            return Err(ProtoError::TooLong {
+                len: len as u64,
+                max: MAX_BODY_LEN as u64,
+            });
+        }
+        if b[12..16] != [0, 0, 0, 0] {
+            return Err(ProtoError::ReservedNotZero);
+        }
+        let request_id = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
+        Ok(Self {
+            version,
+            kind,
+            flags: b[7],
+            len,
+            request_id,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips() {
+        let h = FrameHeader::new(FrameKind::Request, FLAG_QUIET, 1234, 99);
+        assert_eq!(FrameHeader::decode(&h.encode()).unwrap(), h);
+    }
+
+    #[test]
+    fn unsupported_version_is_rejected() {
+        let mut b = FrameHeader::new(FrameKind::Hello, 0, 0, 0).encode();
+        b[4] = 77;
+        assert!(matches!(
+            FrameHeader::decode(&b),
+            Err(ProtoError::VersionMismatch { theirs: 77, .. })
+        ));
+    }
+
+    #[test]
+    fn oversized_body_is_rejected() {
+        let h = FrameHeader::new(FrameKind::Request, 0, MAX_BODY_LEN + 1, 0);
+        assert!(matches!(
+            FrameHeader::decode(&h.encode()),
+            Err(ProtoError::TooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_magic_and_kind_are_rejected() {
+        let mut b = FrameHeader::new(FrameKind::Request, 0, 0, 0).encode();
+        b[0] = 0;
+        assert!(matches!(
+            FrameHeader::decode(&b),
+            Err(ProtoError::BadMagic(_))
+        ));
+        let mut b = FrameHeader::new(FrameKind::Request, 0, 0, 0).encode();
+        b[6] = 9;
+        assert!(matches!(
+            FrameHeader::decode(&b),
+            Err(ProtoError::UnknownFrameKind(9))
+        ));
+    }
+}

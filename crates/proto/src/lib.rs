@@ -1,0 +1,154 @@
+//! The gpufuse wire protocol: frame header, messages, codec and version handshake. No I/O.
+//!
+//! # Frames
+//! Every frame is a 24-byte little-endian [`FrameHeader`] followed by a body of `len` bytes
+//! encoded with postcard. The first frame on a connection is the client's [`ClientHello`]
+//! (kind `Hello`); the server answers with a [`ServerHello`] (kind `HelloReply`). A hello with
+//! another protocol version is answered with `Refused` naming both versions and the connection
+//! closes. After an accepted hello the client sends [`Request`]s and the server sends a [`Reply`]
+//! for each request that is not quiet, with the request's id.
+//!
+//! ```text
+//!  client                                   worker
+//!    | Hello{version, token, resources} ------> |   (node authenticates, admits, hands off)
+//!    | <------------- HelloReply{devices, ...}  |
+//!    | Request(quiet) MemcpyHtoD ------------>  |   no reply; a failure is kept
+//!    | Request(quiet) LaunchKernel ---------->  |
+//!    | Request StreamSynchronize ------------>  |
+//!    | <------ Reply{status, deferred_error, staged device-to-host data}
+//! ```
+//!
+//! # Handles
+//! Contexts, modules, functions, streams and events are ids minted by the client, so creating
+//! them is quiet and the ids survive anything the server does underneath. Device pointers are
+//! device virtual addresses chosen by the server.
+//!
+//! # Compatibility
+//! The protocol version in every header must equal [`PROTOCOL_VERSION`]; any change to the header
+//! or to a message bumps it. Unknown frame kinds, unknown opcodes (an out-of-range variant index)
+//! and bodies longer than [`MAX_BODY_LEN`] are typed errors; the server closes only the
+//! connection that sent them.
+
+#![forbid(unsafe_code)]
+
+mod frame;
+mod messages;
+
+pub use frame::*;
+pub use messages::*;
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+/// Everything that can be wrong with bytes read from the wire.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    #[error("bad frame magic {0:#010x}")]
+    BadMagic(u32),
+    #[error("protocol version mismatch: this side speaks {ours}, the peer speaks {theirs}")]
+    VersionMismatch { ours: u16, theirs: u16 },
+    #[error("unknown frame kind {0}")]
+    UnknownFrameKind(u8),
+    #[error("frame of {len} bytes exceeds the limit of {max}")]
+    TooLong { len: u64, max: u64 },
+    #[error("reserved header bytes are not zero")]
+    ReservedNotZero,
+    #[error("malformed body (unknown opcode or bad field)")]
+    Malformed(#[source] postcard::Error),
+    #[error("expected a {expected:?} frame, got {got:?}")]
+    UnexpectedFrame { expected: FrameKind, got: FrameKind },
+}
+
+/// Appends a complete frame (header and body) for `msg` to `out`.
+pub fn encode_frame<T: Serialize + ?Sized>(
+    out: &mut Vec<u8>,
+    kind: FrameKind,
+    flags: u8,
+    request_id: u64,
+    msg: &T,
+) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; HEADER_LEN]);
+    let out_vec = std::mem::take(out);
+    let mut out_vec = postcard::to_extend(msg, out_vec).expect("encoding into a Vec cannot fail");
+    let len = (out_vec.len() - start - HEADER_LEN) as u32;
+    let header = FrameHeader::new(kind, flags, len, request_id);
+    out_vec[start..start + HEADER_LEN].copy_from_slice(&header.encode());
+    *out = out_vec;
+}
+
+/// Decodes a body that borrows from the frame (requests).
+pub fn decode_borrowed<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ProtoError> {
+    postcard::from_bytes(body).map_err(ProtoError::Malformed)
+}
+
+/// Decodes an owned body (replies, hellos).
+pub fn decode_owned<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
+    postcard::from_bytes(body).map_err(ProtoError::Malformed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn body_of(frame: &[u8]) -> &[u8] {
+        &frame[HEADER_LEN..]
+    }
+
+    #[test]
+    fn request_round_trips_borrowing_its_data() {
+        let data = vec![7u8; 1000];
+        let req = Request::MemcpyHtoD {
+            dst: 0x1000,
+            stream: 0,
+            data: &data,
+        };
+        let mut buf = Vec::new();
+        encode_frame(&mut buf, FrameKind::Request, FLAG_QUIET, 5, &req);
+        let h = FrameHeader::decode(buf[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(h.len as usize, buf.len() - HEADER_LEN);
+        assert!(h.is_quiet());
+        let back: Request = decode_borrowed(body_of(&buf)).unwrap();
+        assert_eq!(back, req);
+    }
+
+    #[test]
+    fn unknown_opcode_is_a_typed_error() {
+        // Variant index 200 does not exist.
+        let body = [200u8, 1];
+        assert!(matches!(
+            decode_borrowed::<Request>(&body),
+            Err(ProtoError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn quiet_requests_are_the_documented_ones() {
+        assert!(Request::LaunchKernel(Launch {
+            function: 1,
+            grid: [1; 3],
+            block: [1; 3],
+            shared_mem: 0,
+            stream: 0,
+            params: &[],
+            attributes: vec![],
+        })
+        .is_quiet());
+        assert!(!Request::MemAlloc { device: 0, size: 1 }.is_quiet());
+        assert!(!Request::StreamSynchronize { stream: 0 }.is_quiet());
+    }
+
+    proptest! {
+        #[test]
+        fn random_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode_borrowed::<Request>(&body);
+            let _ = decode_owned::<Reply>(&body);
+            let _ = decode_owned::<ClientHello>(&body);
+        }
+
+        #[test]
+        fn random_headers_never_panic(h in proptest::array::uniform24(any::<u8>())) {
+            let _ = FrameHeader::decode(&h);
+        }
+    }
+}

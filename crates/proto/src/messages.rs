@@ -1,0 +1,394 @@
+//! Message bodies. Every handle is an id minted by the client (see the crate docs); device
+//! pointers are device virtual addresses chosen by the server.
+
+use serde::{Deserialize, Serialize};
+
+/// A CUDA driver status code (`CUresult`).
+pub type Status = i32;
+
+/// Which kind of session a hello opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionKind {
+    /// A CUDA application: the connection is handed to a worker process.
+    Cuda,
+    /// A one-shot status query answered by the node itself.
+    Status,
+}
+
+/// Quality-of-service level of a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Qos {
+    Low,
+    #[default]
+    Medium,
+    High,
+    Critical,
+}
+
+/// What a session asks for. Fields left `None` take the server's defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceRequest {
+    pub vram_bytes: Option<u64>,
+    pub compute_percent: Option<u32>,
+    pub tflops: Option<u32>,
+    pub qos: Qos,
+}
+
+/// The client's first frame.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientHello {
+    pub protocol_version: u16,
+    pub kind: SessionKind,
+    pub token: String,
+    pub pid: u32,
+    pub program: String,
+    pub resources: ResourceRequest,
+}
+
+/// Whether a device is emulated or a real GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeviceKind {
+    Emulated,
+    Cuda,
+}
+
+/// Everything the client caches about one device: immutable for the session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub index: u32,
+    pub name: String,
+    pub kind: DeviceKind,
+    pub uuid: [u8; 16],
+    /// Memory the session may use: its slice, not the physical size.
+    pub total_mem: u64,
+    /// `(CUdevice_attribute, value)` for every attribute the device answers.
+    pub attributes: Vec<(i32, i32)>,
+}
+
+/// The server's answer to a hello.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerHello {
+    Accepted {
+        session_id: u64,
+        devices: Vec<DeviceInfo>,
+    },
+    Refused {
+        reason: String,
+    },
+    Status(NodeStatus),
+}
+
+/// A node's state as `gpufuse status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub devices: Vec<DeviceStatus>,
+    pub sessions: Vec<SessionStatus>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStatus {
+    pub index: u32,
+    pub name: String,
+    pub kind: DeviceKind,
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionStatus {
+    pub id: u64,
+    pub pid: u32,
+    pub program: String,
+    pub worker_pid: u32,
+    pub used_bytes: u64,
+}
+
+/// One parameter of a kernel: where its bytes go in the packed parameter buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParamSlot {
+    pub offset: u32,
+    pub size: u32,
+}
+
+/// A kernel's parameter layout and static attributes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionInfo {
+    pub params: Vec<ParamSlot>,
+    /// `(CUfunction_attribute, value)`.
+    pub attributes: Vec<(i32, i32)>,
+}
+
+/// A 3-D extent (grid or block).
+pub type Dim3 = [u32; 3];
+
+/// A kernel launch. `params` is packed at device-side offsets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Launch<'a> {
+    pub function: u64,
+    pub grid: Dim3,
+    pub block: Dim3,
+    pub shared_mem: u32,
+    pub stream: u64,
+    #[serde(borrow, with = "serde_bytes")]
+    pub params: &'a [u8],
+    /// `CUlaunchAttribute`s of `cuLaunchKernelEx`: id and the raw 64-byte value, with any
+    /// embedded handle already translated to its id.
+    pub attributes: Vec<(u32, [u64; 8])>,
+}
+
+/// A rectangular copy between two device regions, or one side packed (host data travels packed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rect {
+    pub ptr: u64,
+    pub pitch: u64,
+}
+
+/// Requests from client to worker. The variant index is the opcode.
+///
+/// Quiet requests (sent with [`crate::FLAG_QUIET`]) are marked; the rest are synchronous.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Request<'a> {
+    /// Sync. Measures the transport.
+    Ping,
+    /// Quiet. Creates context `ctx` on `device` (primary or not).
+    CtxCreate { ctx: u64, device: u32, flags: u32 },
+    /// Quiet.
+    CtxDestroy { ctx: u64 },
+    /// Sync. Waits for all work of the context's device.
+    CtxSynchronize { ctx: u64 },
+    /// Sync. Frees everything the session holds on `device` and resets its error state.
+    DeviceReset { device: u32 },
+    /// Sync -> [`Reply::Ptr`].
+    MemAlloc { device: u32, size: u64 },
+    /// Sync -> [`Reply::Pitch`].
+    MemAllocPitch {
+        device: u32,
+        width: u64,
+        height: u64,
+        elem_size: u32,
+    },
+    /// Quiet. Stream-ordered or not, the worker frees when earlier work is done.
+    MemFree { ptr: u64 },
+    /// Sync -> [`Reply::MemInfo`].
+    MemGetInfo { device: u32 },
+    /// Quiet.
+    MemcpyHtoD {
+        dst: u64,
+        stream: u64,
+        #[serde(borrow, with = "serde_bytes")]
+        data: &'a [u8],
+    },
+    /// Sync -> [`Reply::Data`].
+    MemcpyDtoH { src: u64, size: u64, stream: u64 },
+    /// Quiet. The data is staged and returned with the reply to the next synchronous request,
+    /// tagged with `tag`.
+    MemcpyDtoHAsync {
+        src: u64,
+        size: u64,
+        stream: u64,
+        tag: u64,
+    },
+    /// Quiet.
+    MemcpyDtoD {
+        dst: u64,
+        src: u64,
+        size: u64,
+        stream: u64,
+    },
+    /// Quiet. 2-D copy between device regions.
+    Memcpy2DDtoD {
+        dst: Rect,
+        src: Rect,
+        width: u64,
+        height: u64,
+        stream: u64,
+    },
+    /// Quiet. Host rows arrive packed (`width * height` bytes).
+    Memcpy2DHtoD {
+        dst: Rect,
+        width: u64,
+        height: u64,
+        stream: u64,
+        #[serde(borrow, with = "serde_bytes")]
+        data: &'a [u8],
+    },
+    /// Sync -> [`Reply::Data`] with the rows packed.
+    Memcpy2DDtoH {
+        src: Rect,
+        width: u64,
+        height: u64,
+        stream: u64,
+    },
+    /// Quiet. Sets `count` elements of `elem_size` (1, 2 or 4) bytes to `value`.
+    Memset {
+        dst: u64,
+        value: u32,
+        elem_size: u8,
+        count: u64,
+        stream: u64,
+    },
+    /// Quiet.
+    Memset2D {
+        dst: Rect,
+        value: u32,
+        elem_size: u8,
+        width: u64,
+        height: u64,
+        stream: u64,
+    },
+    /// Quiet.
+    StreamCreate {
+        stream: u64,
+        flags: u32,
+        priority: i32,
+    },
+    /// Quiet.
+    StreamDestroy { stream: u64 },
+    /// Sync.
+    StreamSynchronize { stream: u64 },
+    /// Sync -> status only (`CUDA_SUCCESS` or `CUDA_ERROR_NOT_READY`).
+    StreamQuery { stream: u64 },
+    /// Quiet.
+    StreamWaitEvent { stream: u64, event: u64 },
+    /// Quiet.
+    EventCreate { event: u64, flags: u32 },
+    /// Quiet.
+    EventDestroy { event: u64 },
+    /// Quiet.
+    EventRecord { event: u64, stream: u64 },
+    /// Sync -> status only.
+    EventQuery { event: u64 },
+    /// Sync.
+    EventSynchronize { event: u64 },
+    /// Sync -> [`Reply::Elapsed`].
+    EventElapsedTime { start: u64, end: u64 },
+    /// Sync. `image` is sent only when the worker answered [`Reply::NeedImage`] for this hash.
+    ModuleLoad {
+        module: u64,
+        device: u32,
+        hash: [u8; 32],
+        #[serde(borrow, with = "serde_bytes")]
+        image: Option<&'a [u8]>,
+    },
+    /// Quiet.
+    ModuleUnload { module: u64 },
+    /// Sync -> [`Reply::Function`].
+    ModuleGetFunction {
+        module: u64,
+        name: &'a str,
+        function: u64,
+    },
+    /// Sync -> [`Reply::Global`].
+    ModuleGetGlobal { module: u64, name: &'a str },
+    /// Quiet.
+    LaunchKernel(Launch<'a>),
+    /// Sync -> [`Reply::Launches`]: every launch the worker received, for component tests and
+    /// diagnostics (the last `max` of them).
+    DebugLaunchLog { max: u32 },
+}
+
+impl Request<'_> {
+    /// Whether the client sends this request without waiting for a reply.
+    pub fn is_quiet(&self) -> bool {
+        matches!(
+            self,
+            Request::CtxCreate { .. }
+                | Request::CtxDestroy { .. }
+                | Request::MemFree { .. }
+                | Request::MemcpyHtoD { .. }
+                | Request::MemcpyDtoHAsync { .. }
+                | Request::MemcpyDtoD { .. }
+                | Request::Memcpy2DDtoD { .. }
+                | Request::Memcpy2DHtoD { .. }
+                | Request::Memset { .. }
+                | Request::Memset2D { .. }
+                | Request::StreamCreate { .. }
+                | Request::StreamDestroy { .. }
+                | Request::StreamWaitEvent { .. }
+                | Request::EventCreate { .. }
+                | Request::EventDestroy { .. }
+                | Request::EventRecord { .. }
+                | Request::ModuleUnload { .. }
+                | Request::LaunchKernel(_)
+        )
+    }
+}
+
+/// Device-to-host data of a quiet copy, delivered with a later synchronous reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagedCopy {
+    pub tag: u64,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// A launch as the worker received it (diagnostics).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchRecord {
+    pub function_name: String,
+    pub grid: Dim3,
+    pub block: Dim3,
+    pub shared_mem: u32,
+    pub stream: u64,
+    #[serde(with = "serde_bytes")]
+    pub params: Vec<u8>,
+}
+
+/// The payload of a reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ReplyBody {
+    None,
+    Ptr(u64),
+    Pitch {
+        ptr: u64,
+        pitch: u64,
+    },
+    MemInfo {
+        free: u64,
+        total: u64,
+    },
+    #[serde(with = "serde_bytes")]
+    Data(Vec<u8>),
+    Elapsed(f32),
+    NeedImage,
+    Function(FunctionInfo),
+    Global {
+        ptr: u64,
+        size: u64,
+    },
+    Launches(Vec<LaunchRecord>),
+}
+
+/// The answer to a synchronous request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    /// The request's own status.
+    pub status: Status,
+    pub body: ReplyBody,
+    /// The first failure of a quiet request since the last reply, if any (CUDA's asynchronous
+    /// error). The client returns it from the synchronizing call that sees it.
+    pub deferred_error: Option<Status>,
+    /// Device-to-host data of earlier quiet copies.
+    pub staged: Vec<StagedCopy>,
+}
+
+impl Reply {
+    pub fn ok(body: ReplyBody) -> Self {
+        Self {
+            status: 0,
+            body,
+            deferred_error: None,
+            staged: Vec::new(),
+        }
+    }
+
+    pub fn err(status: Status) -> Self {
+        Self {
+            status,
+            body: ReplyBody::None,
+            deferred_error: None,
+            staged: Vec::new(),
+        }
+    }
+}
