@@ -1,0 +1,221 @@
+//! A framed connection over a blocking stream.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+
+use gpufuse_proto::{FrameHeader, ProtoError, HEADER_LEN};
+
+/// A connected byte stream.
+#[derive(Debug)]
+pub enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    /// The descriptor, to hand the connection to another process.
+    pub fn into_fd(self) -> OwnedFd {
+        match self {
+            Stream::Unix(s) => s.into(),
+            Stream::Tcp(s) => s.into(),
+        }
+    }
+
+    /// Rebuilds a stream from a descriptor received from another process.
+    pub fn from_fd(fd: OwnedFd, tcp: bool) -> Self {
+        if tcp {
+            Stream::Tcp(TcpStream::from(fd))
+        } else {
+            Stream::Unix(UnixStream::from(fd))
+        }
+    }
+
+    pub fn is_tcp(&self) -> bool {
+        matches!(self, Stream::Tcp(_))
+    }
+
+    pub fn shutdown(&self) {
+        let _ = match self {
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Why a frame could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("connection closed by peer")]
+    Closed,
+    #[error("i/o error")]
+    Io(#[from] io::Error),
+    #[error("bad frame")]
+    Proto(#[from] ProtoError),
+}
+
+const READ_CHUNK: usize = 256 * 1024;
+
+/// A framed connection: buffered frame reads, whole-buffer writes.
+#[derive(Debug)]
+pub struct Conn {
+    stream: Stream,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Conn {
+    pub fn new(stream: Stream) -> Self {
+        Self {
+            stream,
+            buf: vec![0; READ_CHUNK],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Writes pre-encoded frames.
+    pub fn send(&mut self, frames: &[u8]) -> io::Result<()> {
+        self.stream.write_all(frames)
+    }
+
+    /// Reads the next frame. The body borrows the connection's buffer until the next call.
+    pub fn recv(&mut self) -> Result<(FrameHeader, &[u8]), TransportError> {
+        self.fill(HEADER_LEN)?;
+        let header_bytes: &[u8; HEADER_LEN] = self.buf[self.start..self.start + HEADER_LEN]
+            .try_into()
+            .expect("header length");
+        let header = FrameHeader::decode(header_bytes)?;
+        let total = HEADER_LEN + header.len as usize;
+        self.fill(total)?;
+        let body = self.start + HEADER_LEN..self.start + total;
+        self.start += total;
+        Ok((header, &self.buf[body]))
+    }
+
+    /// Makes at least `need` bytes available from `start`.
+    fn fill(&mut self, need: usize) -> Result<(), TransportError> {
+        if self.end - self.start >= need {
+            return Ok(());
+        }
+        if self.start + need > self.buf.len() {
+            // Compact, and grow if one frame is larger than the buffer.
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            if need > self.buf.len() {
+                self.buf.resize(need, 0);
+            }
+        }
+        while self.end - self.start < need {
+            let n = match self.stream.read(&mut self.buf[self.end..]) {
+                Ok(0) => return Err(TransportError::Closed),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            };
+            self.end += n;
+        }
+        Ok(())
+    }
+
+    /// Shrinks an oversized receive buffer back after a large frame.
+    pub fn trim(&mut self) {
+        if self.buf.len() > READ_CHUNK * 4 && self.end - self.start <= READ_CHUNK {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            self.buf.truncate(READ_CHUNK);
+            self.buf.shrink_to_fit();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpufuse_proto::{encode_frame, FrameKind, Request};
+
+    fn pair() -> (Conn, Conn) {
+        let (a, b) = UnixStream::pair().unwrap();
+        (Conn::new(Stream::Unix(a)), Conn::new(Stream::Unix(b)))
+    }
+
+    #[test]
+    fn frames_of_every_size_arrive_whole() {
+        let (mut a, mut b) = pair();
+        let t = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            for size in [0usize, 1, 100, 300_000, 5_000_000] {
+                let data = vec![size as u8; size];
+                out.clear();
+                encode_frame(
+                    &mut out,
+                    FrameKind::Request,
+                    0,
+                    size as u64,
+                    &Request::MemcpyHtoD {
+                        dst: 1,
+                        stream: 0,
+                        data: &data,
+                    },
+                );
+                a.send(&out).unwrap();
+            }
+        });
+        for size in [0usize, 1, 100, 300_000, 5_000_000] {
+            let (h, body) = b.recv().unwrap();
+            assert_eq!(h.request_id, size as u64);
+            match gpufuse_proto::decode_borrowed::<Request>(body).unwrap() {
+                Request::MemcpyHtoD { data, .. } => {
+                    assert_eq!(data.len(), size);
+                    assert!(data.iter().all(|&x| x == size as u8));
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+            b.trim();
+        }
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn garbage_header_is_an_error_not_a_panic() {
+        let (mut a, mut b) = pair();
+        a.send(&[0xAB; 64]).unwrap();
+        assert!(matches!(b.recv(), Err(TransportError::Proto(_))));
+    }
+
+    #[test]
+    fn eof_is_closed() {
+        let (a, mut b) = pair();
+        drop(a);
+        assert!(matches!(b.recv(), Err(TransportError::Closed)));
+    }
+}

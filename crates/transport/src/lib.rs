@@ -1,0 +1,17 @@
+//! Framed transports: unix sockets and TCP, both carrying [`gpufuse_proto`] frames.
+//!
+//! A [`Conn`] reads whole frames out of a buffered stream (many small frames cost one read
+//! system call) and writes pre-encoded frames. It knows nothing about the messages; it checks
+//! the header (magic, version, length cap) before it reads a body, so a peer cannot make it
+//! allocate more than [`gpufuse_proto::MAX_BODY_LEN`].
+//!
+//! It must not start threads or touch global state: the shim uses it from inside the
+//! application process.
+
+#![forbid(unsafe_code)]
+
+mod address;
+mod conn;
+
+pub use address::{Address, AddressError, Listener};
+pub use conn::{Conn, Stream, TransportError};
