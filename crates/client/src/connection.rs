@@ -1,0 +1,200 @@
+//! One session's connection: quiet calls are batched, synchronous calls flush the batch and
+//! wait for their reply, and device-to-host data staged by the worker is written where the
+//! application asked for it.
+
+use std::collections::HashMap;
+
+use gpufuse_proto::{
+    decode_owned, encode_frame, ClientHello, FrameKind, Reply, Request, ServerHello, FLAG_QUIET,
+    PROTOCOL_VERSION,
+};
+use gpufuse_transport::{Address, Conn};
+
+use crate::error::ClientError;
+use crate::status::CUresult;
+
+/// Quiet calls are sent once this many bytes are waiting.
+const FLUSH_BYTES: usize = 256 * 1024;
+
+/// Where a quiet device-to-host copy's data goes when it arrives.
+#[derive(Debug, Clone, Copy)]
+struct PendingCopy {
+    dst: usize,
+    len: usize,
+}
+
+/// What an accepted hello told the client.
+#[derive(Debug, Clone)]
+pub struct Accepted {
+    pub session_id: u64,
+    pub devices: Vec<gpufuse_proto::DeviceInfo>,
+}
+
+/// A session's connection to its worker.
+#[derive(Debug)]
+pub struct Connection {
+    conn: Conn,
+    out: Vec<u8>,
+    next_id: u64,
+    pending_copies: HashMap<u64, PendingCopy>,
+    next_tag: u64,
+    /// The first failure of a quiet call, reported by the next synchronizing call.
+    async_error: Option<CUresult>,
+}
+
+impl Connection {
+    /// Connects and performs the handshake.
+    pub fn open(addr: &Address, hello: &ClientHello) -> Result<(Self, Accepted), ClientError> {
+        let stream = addr.connect().map_err(|source| ClientError::Connect {
+            addr: addr.to_string(),
+            source,
+        })?;
+        let mut c = Self {
+            conn: Conn::new(stream),
+            out: Vec::with_capacity(FLUSH_BYTES + 4096),
+            next_id: 1,
+            pending_copies: HashMap::new(),
+            next_tag: 1,
+            async_error: None,
+        };
+        let mut frame = Vec::new();
+        encode_frame(&mut frame, FrameKind::Hello, 0, 0, hello);
+        c.conn
+            .send(&frame)
+            .map_err(|e| ClientError::Lost(e.into()))?;
+        let (header, body) = c.conn.recv().map_err(ClientError::Lost)?;
+        if header.kind != FrameKind::HelloReply {
+            return Err(ClientError::Protocol(
+                gpufuse_proto::ProtoError::UnexpectedFrame {
+                    expected: FrameKind::HelloReply,
+                    got: header.kind,
+                },
+            ));
+        }
+        match decode_owned::<ServerHello>(body).map_err(ClientError::Protocol)? {
+            ServerHello::Accepted {
+                session_id,
+                devices,
+            } => Ok((
+                c,
+                Accepted {
+                    session_id,
+                    devices,
+                },
+            )),
+            ServerHello::Refused { reason } => Err(ClientError::Refused(reason)),
+            ServerHello::Status(_) => Err(ClientError::UnexpectedReply),
+        }
+    }
+
+    /// A hello for this process.
+    pub fn hello(
+        kind: gpufuse_proto::SessionKind,
+        token: String,
+        resources: gpufuse_proto::ResourceRequest,
+    ) -> ClientHello {
+        ClientHello {
+            protocol_version: PROTOCOL_VERSION,
+            kind,
+            token,
+            pid: std::process::id(),
+            program: std::env::args().next().unwrap_or_default(),
+            resources,
+        }
+    }
+
+    /// Queues a quiet request; it is sent with the next flush.
+    pub fn quiet(&mut self, req: &Request) -> Result<(), ClientError> {
+        debug_assert!(req.is_quiet(), "{req:?} is not quiet");
+        let id = self.next_id;
+        self.next_id += 1;
+        encode_frame(&mut self.out, FrameKind::Request, FLAG_QUIET, id, req);
+        if self.out.len() >= FLUSH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Sends every queued quiet request.
+    pub fn flush(&mut self) -> Result<(), ClientError> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let r = self
+            .conn
+            .send(&self.out)
+            .map_err(|e| ClientError::Lost(e.into()));
+        self.out.clear();
+        if self.out.capacity() > 4 * FLUSH_BYTES {
+            self.out.shrink_to(FLUSH_BYTES + 4096);
+        }
+        r
+    }
+
+    /// Whether quiet requests are waiting to be sent.
+    pub fn has_queued(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Sends a synchronous request (after the queued quiet ones) and waits for its reply.
+    /// The reply's own status is returned as an error; its deferred error is kept for
+    /// [`Connection::take_async_error`].
+    pub fn call(&mut self, req: &Request) -> Result<gpufuse_proto::ReplyBody, ClientError> {
+        let reply = self.call_raw(req)?;
+        if reply.status != 0 {
+            return Err(ClientError::Cuda(reply.status));
+        }
+        Ok(reply.body)
+    }
+
+    /// Like [`Connection::call`] but returns the whole reply, status included.
+    pub fn call_raw(&mut self, req: &Request) -> Result<Reply, ClientError> {
+        debug_assert!(!req.is_quiet(), "{req:?} is quiet");
+        let id = self.next_id;
+        self.next_id += 1;
+        encode_frame(&mut self.out, FrameKind::Request, 0, id, req);
+        self.flush()?;
+        let (header, body) = self.conn.recv().map_err(ClientError::Lost)?;
+        if header.kind != FrameKind::Reply || header.request_id != id {
+            return Err(ClientError::UnexpectedReply);
+        }
+        let mut reply: Reply = decode_owned(body).map_err(ClientError::Protocol)?;
+        self.conn.trim();
+        if let Some(e) = reply.deferred_error {
+            self.async_error.get_or_insert(e);
+        }
+        for staged in std::mem::take(&mut reply.staged) {
+            if let Some(p) = self.pending_copies.remove(&staged.tag) {
+                let n = p.len.min(staged.data.len());
+                // SAFETY: `register_copy`'s contract: the destination stays valid and writable
+                // for `len` bytes until the copy's stream is synchronized, which is no earlier
+                // than this reply.
+                unsafe { std::ptr::copy_nonoverlapping(staged.data.as_ptr(), p.dst as *mut u8, n) };
+            }
+        }
+        Ok(reply)
+    }
+
+    /// Allocates a tag for a quiet device-to-host copy into `dst`.
+    ///
+    /// # Safety
+    /// `dst` must stay valid for writes of `len` bytes until the copy's stream (or the whole
+    /// context) is synchronized, as CUDA requires of asynchronous copies.
+    pub unsafe fn register_copy(&mut self, dst: *mut u8, len: usize) -> u64 {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.pending_copies.insert(
+            tag,
+            PendingCopy {
+                dst: dst as usize,
+                len,
+            },
+        );
+        tag
+    }
+
+    /// Takes the first asynchronous error reported since the last call of this.
+    pub fn take_async_error(&mut self) -> Option<CUresult> {
+        self.async_error.take()
+    }
+}

@@ -1,0 +1,73 @@
+//! Client errors and their one mapping to `CUresult`.
+
+use crate::status::{self, CUresult};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("GPUFUSE_SERVER is not set; run the program with `gpufuse run`")]
+    NoServerConfigured,
+    #[error("bad GPUFUSE_SERVER address")]
+    BadAddress(#[source] gpufuse_transport::AddressError),
+    #[error("cannot reach the gpufuse server at {addr}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the gpufuse server refused the session: {0}")]
+    Refused(String),
+    #[error("connection to the gpufuse server lost")]
+    Lost(#[source] gpufuse_transport::TransportError),
+    #[error("unexpected answer from the gpufuse server")]
+    Protocol(#[source] gpufuse_proto::ProtoError),
+    #[error("unexpected reply body")]
+    UnexpectedReply,
+    #[error("CUDA error {0}")]
+    Cuda(CUresult),
+}
+
+impl ClientError {
+    /// The status a driver call returns for this error.
+    pub fn status(&self) -> CUresult {
+        match self {
+            ClientError::NoServerConfigured
+            | ClientError::BadAddress(_)
+            | ClientError::Connect { .. }
+            | ClientError::Refused(_) => status::NO_DEVICE,
+            ClientError::Lost(_) | ClientError::Protocol(_) | ClientError::UnexpectedReply => {
+                status::DEVICE_UNAVAILABLE
+            }
+            ClientError::Cuda(s) => *s,
+        }
+    }
+}
+
+impl From<CUresult> for ClientError {
+    fn from(s: CUresult) -> Self {
+        ClientError::Cuda(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_maps_to_a_cuda_error() {
+        let io = || std::io::Error::other("x");
+        let all = [
+            ClientError::NoServerConfigured,
+            ClientError::Connect {
+                addr: "a".into(),
+                source: io(),
+            },
+            ClientError::Refused("r".into()),
+            ClientError::Lost(gpufuse_transport::TransportError::Closed),
+            ClientError::UnexpectedReply,
+            ClientError::Cuda(2),
+        ];
+        for e in all {
+            assert_ne!(e.status(), status::SUCCESS, "{e}");
+        }
+    }
+}

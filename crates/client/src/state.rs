@@ -1,0 +1,295 @@
+//! The session: its connection and everything the client knows locally (devices and their
+//! attributes, allocations, contexts, modules, functions, streams and events).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard};
+
+use gpufuse_proto::{DeviceInfo, FunctionInfo, Qos, ResourceRequest, SessionKind};
+use gpufuse_transport::Address;
+
+use crate::connection::Connection;
+use crate::error::ClientError;
+use crate::handles::{self, Kind};
+
+/// How to reach the server, from the environment `gpufuse run` sets.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    pub address: Address,
+    pub token: String,
+    pub resources: ResourceRequest,
+}
+
+impl SessionConfig {
+    pub fn from_env() -> Result<Self, ClientError> {
+        let addr = std::env::var("GPUFUSE_SERVER").map_err(|_| ClientError::NoServerConfigured)?;
+        let address = addr.parse().map_err(ClientError::BadAddress)?;
+        let token = std::env::var("GPUFUSE_TOKEN").unwrap_or_default();
+        let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+        let qos = match std::env::var("GPUFUSE_QOS").as_deref() {
+            Ok("low") => Qos::Low,
+            Ok("high") => Qos::High,
+            Ok("critical") => Qos::Critical,
+            _ => Qos::Medium,
+        };
+        let resources = ResourceRequest {
+            vram_bytes: num("GPUFUSE_VRAM"),
+            compute_percent: num("GPUFUSE_COMPUTE").map(|v| v as u32),
+            tflops: num("GPUFUSE_TFLOPS").map(|v| v as u32),
+            qos,
+        };
+        Ok(Self {
+            address,
+            token,
+            resources,
+        })
+    }
+}
+
+/// A device allocation the client made.
+#[derive(Debug, Clone, Copy)]
+pub struct Allocation {
+    pub size: u64,
+    pub device: u32,
+    pub managed: bool,
+}
+
+/// Page-locked host memory handed out by `cuMemHostAlloc` and friends.
+#[derive(Debug, Clone, Copy)]
+pub struct HostAllocation {
+    pub size: usize,
+    pub flags: u32,
+    /// Registered by the application (`cuMemHostRegister`), not allocated by us.
+    pub registered: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub device: u32,
+    pub flags: u32,
+    pub primary: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PrimaryContext {
+    pub handle: u64,
+    pub refcount: u32,
+    pub flags: u32,
+    pub created: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Module {
+    pub device: u32,
+    pub functions: HashMap<String, u64>,
+    /// The library this module belongs to, if loaded through `cuLibraryLoadData`.
+    pub library: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Function {
+    pub module: u64,
+    pub name: String,
+    pub info: FunctionInfo,
+}
+
+#[derive(Debug, Clone)]
+pub struct Library {
+    pub module: u64,
+    pub kernels: HashMap<String, u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    pub library: u64,
+    pub function: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Stream {
+    pub ctx: u64,
+    pub flags: u32,
+    pub priority: i32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub flags: u32,
+    pub recorded: bool,
+}
+
+/// Everything guarded by the session lock.
+#[derive(Debug)]
+pub struct Inner {
+    pub conn: Connection,
+    pub allocations: BTreeMap<u64, Allocation>,
+    pub host: BTreeMap<usize, HostAllocation>,
+    pub contexts: HashMap<u64, Context>,
+    pub primary: Vec<PrimaryContext>,
+    pub modules: HashMap<u64, Module>,
+    pub functions: HashMap<u64, Function>,
+    pub libraries: HashMap<u64, Library>,
+    pub kernels: HashMap<u64, Kernel>,
+    pub streams: HashMap<u64, Stream>,
+    pub events: HashMap<u64, Event>,
+    /// Content hashes of images this connection already sent.
+    pub images_sent: HashSet<[u8; 32]>,
+}
+
+impl Inner {
+    /// The allocation containing `[ptr, ptr+len)`, as (base, allocation).
+    pub fn find_allocation(&self, ptr: u64, len: u64) -> Option<(u64, Allocation)> {
+        let (&base, &a) = self.allocations.range(..=ptr).next_back()?;
+        let end = ptr.checked_add(len)?;
+        (end <= base + a.size.max(1) && ptr < base + a.size.max(1)).then_some((base, a))
+    }
+
+    /// The host allocation containing `ptr`, as (base, allocation).
+    pub fn find_host(&self, ptr: usize) -> Option<(usize, HostAllocation)> {
+        let (&base, &h) = self.host.range(..=ptr).next_back()?;
+        (ptr < base + h.size.max(1)).then_some((base, h))
+    }
+
+    /// Resolves a `CUfunction` or `CUkernel` to the function id the worker knows.
+    pub fn resolve_function(&self, f: u64) -> Option<u64> {
+        if handles::is(f, Kind::Kernel) {
+            return self.kernels.get(&f).map(|k| k.function);
+        }
+        self.functions.contains_key(&f).then_some(f)
+    }
+}
+
+/// A connected session.
+#[derive(Debug)]
+pub struct Session {
+    pub session_id: u64,
+    pub devices: Vec<DeviceInfo>,
+    /// Per device: attribute id -> value (0 when the device did not answer it).
+    attributes: Vec<Vec<i32>>,
+    inner: Mutex<Inner>,
+}
+
+/// Attribute ids at or above this are not cached (and answered with an error).
+pub const MAX_ATTRIBUTE: usize = 512;
+
+impl Session {
+    /// Connects with `config` and opens a CUDA session.
+    pub fn connect(config: &SessionConfig) -> Result<Self, ClientError> {
+        let hello = Connection::hello(
+            SessionKind::Cuda,
+            config.token.clone(),
+            config.resources.clone(),
+        );
+        let (conn, accepted) = Connection::open(&config.address, &hello)?;
+        let attributes = accepted
+            .devices
+            .iter()
+            .map(|d| {
+                let mut v = vec![0; MAX_ATTRIBUTE];
+                for &(id, value) in &d.attributes {
+                    if let Some(slot) = usize::try_from(id).ok().and_then(|i| v.get_mut(i)) {
+                        *slot = value;
+                    }
+                }
+                v
+            })
+            .collect();
+        let primary = accepted
+            .devices
+            .iter()
+            .map(|_| PrimaryContext {
+                handle: handles::mint(Kind::Context),
+                ..Default::default()
+            })
+            .collect();
+        Ok(Self {
+            session_id: accepted.session_id,
+            devices: accepted.devices,
+            attributes,
+            inner: Mutex::new(Inner {
+                conn,
+                allocations: BTreeMap::new(),
+                host: BTreeMap::new(),
+                contexts: HashMap::new(),
+                primary,
+                modules: HashMap::new(),
+                functions: HashMap::new(),
+                libraries: HashMap::new(),
+                kernels: HashMap::new(),
+                streams: HashMap::new(),
+                events: HashMap::new(),
+                images_sent: HashSet::new(),
+            }),
+        })
+    }
+
+    /// Locks the session state. A panic while it was held does not poison it for good.
+    pub fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn device(&self, ordinal: i32) -> Option<&DeviceInfo> {
+        usize::try_from(ordinal)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+    }
+
+    /// A cached device attribute.
+    pub fn attribute(&self, device: i32, attr: i32) -> Option<i32> {
+        let d = self.attributes.get(usize::try_from(device).ok()?)?;
+        d.get(usize::try_from(attr).ok()?).copied()
+    }
+}
+
+thread_local! {
+    /// The calling thread's context stack; the last entry is current.
+    static CONTEXT_STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's current context (0 if none).
+pub fn current_context() -> u64 {
+    CONTEXT_STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
+}
+
+/// Replaces the current context (`cuCtxSetCurrent`); 0 pops it.
+pub fn set_current_context(ctx: u64) {
+    CONTEXT_STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.pop();
+        if ctx != 0 {
+            s.push(ctx);
+        }
+    })
+}
+
+pub fn push_context(ctx: u64) {
+    CONTEXT_STACK.with(|s| s.borrow_mut().push(ctx));
+}
+
+pub fn pop_context() -> Option<u64> {
+    CONTEXT_STACK.with(|s| s.borrow_mut().pop())
+}
+
+/// Removes `ctx` from the calling thread's stack (when it is destroyed).
+pub fn forget_context(ctx: u64) {
+    CONTEXT_STACK.with(|s| s.borrow_mut().retain(|&c| c != ctx));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_stack_push_pop_and_set() {
+        assert_eq!(current_context(), 0);
+        push_context(5);
+        push_context(6);
+        assert_eq!(current_context(), 6);
+        set_current_context(7);
+        assert_eq!(current_context(), 7);
+        assert_eq!(pop_context(), Some(7));
+        assert_eq!(current_context(), 5);
+        forget_context(5);
+        assert_eq!(current_context(), 0);
+    }
+}
