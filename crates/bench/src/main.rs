@@ -1,0 +1,131 @@
+//! `gpufuse-bench`: what remoting costs, measured against baselines taken in the same run.
+//!
+//! For each transport (unix socket, TCP on loopback) it starts a real `gpufuse serve` on an
+//! emulated GPU and prints:
+//! - the synchronous round trip of a gpufuse call against a raw ping-pong of the same frame
+//!   size over the same kind of socket (target: <= 1.5x);
+//! - the issue rate of quiet kernel launches (target: >= 1,000,000 per second);
+//! - host-to-device and device-to-host bandwidth of 64 MiB copies against an in-process memcpy
+//!   of the same size and against raw socket throughput (target on a unix socket: >= 50% of raw).
+//!
+//! Usage: `cargo run --release -p gpufuse-bench [-- --quick]`.
+
+#![forbid(unsafe_code)]
+
+mod baseline;
+mod remote;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use gpufuse_transport::Address;
+
+struct Server {
+    child: Child,
+    _dir: TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn gpufuse_binary() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let p = exe.parent().context("exe dir")?.join("gpufuse");
+    if !p.exists() {
+        bail!(
+            "{} not found: build it with `cargo build --release`",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+fn free_tcp_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn start_server() -> Result<(Server, Address, Address)> {
+    let dir = std::env::temp_dir().join(format!("gpufuse-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let unix = Address::Unix(dir.join("gpufuse.sock"));
+    let tcp = Address::Tcp(format!("127.0.0.1:{}", free_tcp_port()?));
+    let child = Command::new(gpufuse_binary()?)
+        .args([
+            "serve",
+            "--listen",
+            &unix.to_string(),
+            "--listen",
+            &tcp.to_string(),
+            "--devices",
+            "emu:1:16GiB",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let server = Server {
+        child,
+        _dir: TempDir(dir),
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while unix.connect().is_err() || tcp.connect().is_err() {
+        if Instant::now() > deadline {
+            bail!("gpufuse serve did not start listening");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok((server, unix, tcp))
+}
+
+fn main() -> Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let scale = if quick { 10 } else { 1 };
+    let (_server, unix, tcp) = start_server()?;
+    println!(
+        "gpufuse remoting benchmark ({})",
+        if quick { "quick" } else { "full" }
+    );
+    let memcpy = baseline::memcpy_gib_s(64 << 20);
+    println!("in-process memcpy of 64 MiB: {memcpy:.2} GiB/s\n");
+    for (name, addr, kind) in [
+        ("unix", unix, baseline::Kind::Unix),
+        ("tcp", tcp, baseline::Kind::Tcp),
+    ] {
+        println!("== transport: {name} ==");
+        let raw_rt = baseline::ping_pong_us(kind, 20_000 / scale)?;
+        let raw_bw = baseline::stream_gib_s(kind, 64 << 20, 8)?;
+        let mut s = remote::Session::open(&addr)?;
+        let rt = s.round_trip_us(20_000 / scale)?;
+        println!("round trip:        {rt:8.2} us   raw ping-pong {raw_rt:8.2} us   ratio {:.2}x (target <= 1.5x)", rt / raw_rt);
+        let (issue, drained) = s.quiet_launch_rate(1_000_000 / scale)?;
+        println!("quiet launches:    {issue:10.0} /s issued, {drained:10.0} /s until synchronized (target >= 1,000,000 /s issued)");
+        let h2d = s.h2d_gib_s(64 << 20, 8)?;
+        let d2h = s.d2h_gib_s(64 << 20, 8)?;
+        println!(
+            "host->device:      {h2d:8.2} GiB/s  = {:5.1}% of raw socket ({raw_bw:.2} GiB/s), {:5.1}% of memcpy",
+            100.0 * h2d / raw_bw,
+            100.0 * h2d / memcpy
+        );
+        println!(
+            "device->host:      {d2h:8.2} GiB/s  = {:5.1}% of raw socket, {:5.1}% of memcpy\n",
+            100.0 * d2h / raw_bw,
+            100.0 * d2h / memcpy
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! The same measurements through a real gpufuse session (client core and worker, no FFI).
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use gpufuse_client::Connection;
+use gpufuse_proto::{Launch, ReplyBody, Request, ResourceRequest, SessionKind};
+use gpufuse_transport::Address;
+
+/// An empty kernel: the launch path is measured, not the kernel.
+const EMPTY_PTX: &str = ".version 7.0\n.target sm_80\n.address_size 64\n\n.visible .entry noop(\n\t.param .u64 noop_param_0,\n\t.param .u32 noop_param_1\n)\n{\n\tret;\n}\n\0";
+
+pub struct Session {
+    conn: Connection,
+}
+
+impl Session {
+    pub fn open(addr: &Address) -> Result<Self> {
+        let hello = Connection::hello(SessionKind::Cuda, String::new(), ResourceRequest::default());
+        let (mut conn, _) = Connection::open(addr, &hello).context("open session")?;
+        conn.quiet(&Request::CtxCreate {
+            ctx: 1,
+            device: 0,
+            flags: 0,
+        })?;
+        Ok(Self { conn })
+    }
+
+    pub fn round_trip_us(&mut self, n: usize) -> Result<f64> {
+        for _ in 0..n / 10 {
+            self.conn.call(&Request::Ping)?;
+        }
+        let t = Instant::now();
+        for _ in 0..n {
+            self.conn.call(&Request::Ping)?;
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e6 / n as f64)
+    }
+
+    /// Launches per second: issued (client side) and until the worker has run them all.
+    pub fn quiet_launch_rate(&mut self, n: usize) -> Result<(f64, f64)> {
+        let image = EMPTY_PTX.as_bytes();
+        let hash = [0x5au8; 32];
+        self.conn.call(&Request::ModuleLoad {
+            module: 2,
+            device: 0,
+            hash,
+            image: Some(image),
+        })?;
+        let ReplyBody::Function(info) = self.conn.call(&Request::ModuleGetFunction {
+            module: 2,
+            name: "noop",
+            function: 3,
+        })?
+        else {
+            bail!("no function info");
+        };
+        let len = info
+            .params
+            .iter()
+            .map(|p| (p.offset + p.size) as usize)
+            .max()
+            .unwrap_or(0);
+        let params = vec![0u8; len];
+        let t = Instant::now();
+        for _ in 0..n {
+            self.conn.quiet(&Request::LaunchKernel(Launch {
+                function: 3,
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                shared_mem: 0,
+                stream: 0,
+                params: &params,
+                attributes: Vec::new(),
+            }))?;
+        }
+        let issued = t.elapsed().as_secs_f64();
+        self.conn.call(&Request::CtxSynchronize { ctx: 1 })?;
+        let drained = t.elapsed().as_secs_f64();
+        Ok((n as f64 / issued, n as f64 / drained))
+    }
+
+    fn alloc(&mut self, size: usize) -> Result<u64> {
+        match self.conn.call(&Request::MemAlloc {
+            device: 0,
+            size: size as u64,
+        })? {
+            ReplyBody::Ptr(p) => Ok(p),
+            _ => bail!("alloc"),
+        }
+    }
+
+    pub fn h2d_gib_s(&mut self, size: usize, reps: usize) -> Result<f64> {
+        let dst = self.alloc(size)?;
+        let data = vec![9u8; size];
+        self.conn.quiet(&Request::MemcpyHtoD {
+            dst,
+            stream: 0,
+            data: &data,
+        })?;
+        self.conn.call(&Request::CtxSynchronize { ctx: 1 })?;
+        let t = Instant::now();
+        for _ in 0..reps {
+            self.conn.quiet(&Request::MemcpyHtoD {
+                dst,
+                stream: 0,
+                data: &data,
+            })?;
+        }
+        self.conn.call(&Request::CtxSynchronize { ctx: 1 })?;
+        let s = t.elapsed().as_secs_f64();
+        self.conn.quiet(&Request::MemFree { ptr: dst })?;
+        Ok((size * reps) as f64 / s / (1u64 << 30) as f64)
+    }
+
+    pub fn d2h_gib_s(&mut self, size: usize, reps: usize) -> Result<f64> {
+        let src = self.alloc(size)?;
+        let t = Instant::now();
+        for _ in 0..reps {
+            match self.conn.call(&Request::MemcpyDtoH {
+                src,
+                size: size as u64,
+                stream: 0,
+            })? {
+                ReplyBody::Data(d) if d.len() == size => {}
+                _ => bail!("short device-to-host copy"),
+            }
+        }
+        let s = t.elapsed().as_secs_f64();
+        self.conn.quiet(&Request::MemFree { ptr: src })?;
+        Ok((size * reps) as f64 / s / (1u64 << 30) as f64)
+    }
+}
