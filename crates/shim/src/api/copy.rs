@@ -1,0 +1,347 @@
+//! Copies and memsets. Host-to-device data, device-to-device copies and memsets are quiet;
+//! synchronous device-to-host copies are round trips; asynchronous ones are staged by the
+//! worker and land with the next synchronizing reply.
+
+use std::ffi::{c_int, c_void};
+
+use gpufuse_client::state::Inner;
+use gpufuse_proto::{Rect, ReplyBody, Request, MAX_COPY_CHUNK};
+
+use crate::api::context::{async_error, client_err};
+use crate::api::memory::CUdeviceptr;
+use crate::api::stream::{stream_id, CUstream};
+use crate::ffi::{host_bytes, host_bytes_mut, read};
+use crate::global::session;
+use crate::guard::guard;
+use crate::status::{CUresult, INVALID_VALUE, NOT_SUPPORTED, UNKNOWN};
+
+/// Checks that `[ptr, ptr+len)` lies in one of the session's allocations.
+fn check_device_range(g: &Inner, ptr: u64, len: u64) -> Result<(), CUresult> {
+    if len == 0 {
+        return Ok(());
+    }
+    g.find_allocation(ptr, len).map(|_| ()).ok_or(INVALID_VALUE)
+}
+
+fn htod(g: &mut Inner, dst: u64, src: &[u8], stream: u64) -> Result<(), CUresult> {
+    check_device_range(g, dst, src.len() as u64)?;
+    for (i, chunk) in src.chunks(MAX_COPY_CHUNK).enumerate() {
+        let req = Request::MemcpyHtoD { dst: dst + (i * MAX_COPY_CHUNK) as u64, stream, data: chunk };
+        g.conn.quiet(&req).map_err(client_err)?;
+    }
+    Ok(())
+}
+
+fn dtoh_sync(g: &mut Inner, dst: &mut [u8], src: u64, stream: u64) -> Result<(), CUresult> {
+    check_device_range(g, src, dst.len() as u64)?;
+    for (i, chunk) in dst.chunks_mut(MAX_COPY_CHUNK).enumerate() {
+        let req = Request::MemcpyDtoH { src: src + (i * MAX_COPY_CHUNK) as u64, size: chunk.len() as u64, stream };
+        let ReplyBody::Data(data) = g.conn.call(&req).map_err(client_err)? else { return Err(UNKNOWN) };
+        if data.len() != chunk.len() {
+            return Err(UNKNOWN);
+        }
+        chunk.copy_from_slice(&data);
+    }
+    async_error(g)
+}
+
+fn dtoh_async(g: &mut Inner, dst: *mut c_void, src: u64, len: usize, stream: u64) -> Result<(), CUresult> {
+    check_device_range(g, src, len as u64)?;
+    if len > 0 && dst.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(MAX_COPY_CHUNK);
+        // SAFETY: CUDA requires the destination of an asynchronous copy to stay valid until the
+        // stream is synchronized; the data is written no later than that synchronization.
+        let tag = unsafe { g.conn.register_copy(dst.cast::<u8>().add(off), n) };
+        let req = Request::MemcpyDtoHAsync { src: src + off as u64, size: n as u64, stream, tag };
+        g.conn.quiet(&req).map_err(client_err)?;
+        off += n;
+    }
+    Ok(())
+}
+
+fn dtod(g: &mut Inner, dst: u64, src: u64, len: u64, stream: u64) -> Result<(), CUresult> {
+    check_device_range(g, dst, len)?;
+    check_device_range(g, src, len)?;
+    g.conn.quiet(&Request::MemcpyDtoD { dst, src, size: len, stream }).map_err(client_err)
+}
+
+/// Runs `f` with the session locked and the stream resolved.
+fn with(stream: CUstream, f: impl FnOnce(&mut Inner, u64) -> Result<(), CUresult>) -> Result<(), CUresult> {
+    let s = session()?;
+    let mut g = s.lock();
+    let id = stream_id(&g, stream)?;
+    f(&mut g, id)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+    guard(|| with(std::ptr::null_mut(), |g, st| htod(g, dst, host_bytes(src, n)?, st)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult {
+    guard(|| with(stream, |g, st| htod(g, dst, host_bytes(src, n)?, st)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+    guard(|| with(std::ptr::null_mut(), |g, st| dtoh_sync(g, host_bytes_mut(dst, n)?, src, st)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
+    guard(|| with(stream, |g, st| dtoh_async(g, dst, src, n, st)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    guard(|| with(std::ptr::null_mut(), |g, st| dtod(g, dst, src, n as u64, st)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
+    guard(|| with(stream, |g, st| dtod(g, dst, src, n as u64, st)))
+}
+
+/// A unified-addressing copy: the direction comes from which side is device memory.
+fn unified(g: &mut Inner, dst: u64, src: u64, n: usize, stream: u64, sync: bool) -> Result<(), CUresult> {
+    let dst_dev = g.find_allocation(dst, 1).is_some();
+    let src_dev = g.find_allocation(src, 1).is_some();
+    match (dst_dev, src_dev) {
+        (true, true) => dtod(g, dst, src, n as u64, stream),
+        (true, false) => htod(g, dst, host_bytes(src as usize as *const c_void, n)?, stream),
+        (false, true) if sync => dtoh_sync(g, host_bytes_mut(dst as usize as *mut c_void, n)?, src, stream),
+        (false, true) => dtoh_async(g, dst as usize as *mut c_void, src, n, stream),
+        (false, false) => {
+            let s = host_bytes(src as usize as *const c_void, n)?;
+            let d = host_bytes_mut(dst as usize as *mut c_void, n)?;
+            d.copy_from_slice(s);
+            Ok(())
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    guard(|| with(std::ptr::null_mut(), |g, st| unified(g, dst, src, n, st, true)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
+    guard(|| with(stream, |g, st| unified(g, dst, src, n, st, false)))
+}
+
+/// `CUDA_MEMCPY2D`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy2D {
+    src_x_in_bytes: usize,
+    src_y: usize,
+    src_memory_type: c_int,
+    src_host: *const c_void,
+    src_device: CUdeviceptr,
+    src_array: *mut c_void,
+    src_pitch: usize,
+    dst_x_in_bytes: usize,
+    dst_y: usize,
+    dst_memory_type: c_int,
+    dst_host: *mut c_void,
+    dst_device: CUdeviceptr,
+    dst_array: *mut c_void,
+    dst_pitch: usize,
+    width_in_bytes: usize,
+    height: usize,
+}
+
+const MEM_HOST: c_int = 1;
+const MEM_DEVICE: c_int = 2;
+const MEM_ARRAY: c_int = 3;
+const MEM_UNIFIED: c_int = 4;
+
+/// Whether one side of a 2-D copy is device memory, and its address of the first byte.
+fn side(g: &Inner, kind: c_int, host: usize, device: u64, x: usize, y: usize, pitch: usize) -> Result<(bool, u64), CUresult> {
+    let off = (y * pitch + x) as u64;
+    match kind {
+        MEM_HOST => Ok((false, host as u64 + off)),
+        MEM_DEVICE => Ok((true, device + off)),
+        MEM_UNIFIED => Ok((g.find_allocation(device, 1).is_some(), device + off)),
+        MEM_ARRAY => Err(NOT_SUPPORTED),
+        _ => Err(INVALID_VALUE),
+    }
+}
+
+fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
+    let s = session()?;
+    let mut g = s.lock();
+    let st = stream_id(&g, stream)?;
+    let (w, h) = (p.width_in_bytes, p.height);
+    if w == 0 || h == 0 {
+        return Ok(());
+    }
+    let (src_dev, src) = side(&g, p.src_memory_type, p.src_host as usize, p.src_device, p.src_x_in_bytes, p.src_y, p.src_pitch)?;
+    let (dst_dev, dst) = side(&g, p.dst_memory_type, p.dst_host as usize, p.dst_device, p.dst_x_in_bytes, p.dst_y, p.dst_pitch)?;
+    let (sp, dp) = (p.src_pitch.max(w), p.dst_pitch.max(w));
+    if (src_dev && p.src_pitch < w) || (dst_dev && p.dst_pitch < w) {
+        return Err(INVALID_VALUE);
+    }
+    let span = |pitch: usize| (pitch * (h - 1) + w) as u64;
+    if src_dev {
+        check_device_range(&g, src, span(sp))?;
+    }
+    if dst_dev {
+        check_device_range(&g, dst, span(dp))?;
+    }
+    let rect = |ptr, pitch: usize| Rect { ptr, pitch: pitch as u64 };
+    let (w64, h64) = (w as u64, h as u64);
+    match (src_dev, dst_dev) {
+        (true, true) => g
+            .conn
+            .quiet(&Request::Memcpy2DDtoD { dst: rect(dst, dp), src: rect(src, sp), width: w64, height: h64, stream: st })
+            .map_err(client_err),
+        (false, true) => {
+            let mut packed = Vec::with_capacity(w * h);
+            for row in 0..h {
+                packed.extend_from_slice(host_bytes((src as usize + row * sp) as *const c_void, w)?);
+            }
+            if packed.len() > MAX_COPY_CHUNK {
+                return Err(NOT_SUPPORTED);
+            }
+            g.conn
+                .quiet(&Request::Memcpy2DHtoD { dst: rect(dst, dp), width: w64, height: h64, stream: st, data: &packed })
+                .map_err(client_err)
+        }
+        (true, false) => {
+            if w * h > MAX_COPY_CHUNK {
+                return Err(NOT_SUPPORTED);
+            }
+            let req = Request::Memcpy2DDtoH { src: rect(src, sp), width: w64, height: h64, stream: st };
+            let ReplyBody::Data(data) = g.conn.call(&req).map_err(client_err)? else { return Err(UNKNOWN) };
+            if data.len() != w * h {
+                return Err(UNKNOWN);
+            }
+            for (row, chunk) in data.chunks(w).enumerate() {
+                host_bytes_mut((dst as usize + row * dp) as *mut c_void, w)?.copy_from_slice(chunk);
+            }
+            if sync {
+                async_error(&mut g)?;
+            }
+            Ok(())
+        }
+        (false, false) => {
+            for row in 0..h {
+                let s = host_bytes((src as usize + row * sp) as *const c_void, w)?;
+                host_bytes_mut((dst as usize + row * dp) as *mut c_void, w)?.copy_from_slice(s);
+            }
+            Ok(())
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2D_v2(p: *const Memcpy2D) -> CUresult {
+    guard(|| copy2d(&read(p)?, std::ptr::null_mut(), true))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2(p: *const Memcpy2D) -> CUresult {
+    guard(|| copy2d(&read(p)?, std::ptr::null_mut(), true))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2DAsync_v2(p: *const Memcpy2D, stream: CUstream) -> CUresult {
+    guard(|| copy2d(&read(p)?, stream, false))
+}
+
+fn memset(dst: u64, value: u32, elem: u8, count: usize, stream: CUstream) -> Result<(), CUresult> {
+    with(stream, |g, st| {
+        check_device_range(g, dst, count as u64 * elem as u64)?;
+        if count == 0 {
+            return Ok(());
+        }
+        g.conn
+            .quiet(&Request::Memset { dst, value, elem_size: elem, count: count as u64, stream: st })
+            .map_err(client_err)
+    })
+}
+
+fn memset2d(dst: u64, pitch: usize, value: u32, elem: u8, width: usize, height: usize, stream: CUstream) -> Result<(), CUresult> {
+    with(stream, |g, st| {
+        let w = width * elem as usize;
+        if width == 0 || height == 0 {
+            return Ok(());
+        }
+        if pitch < w {
+            return Err(INVALID_VALUE);
+        }
+        check_device_range(g, dst, (pitch * (height - 1) + w) as u64)?;
+        let req = Request::Memset2D {
+            dst: Rect { ptr: dst, pitch: pitch as u64 },
+            value,
+            elem_size: elem,
+            width: width as u64,
+            height: height as u64,
+            stream: st,
+        };
+        g.conn.quiet(&req).map_err(client_err)
+    })
+}
+
+macro_rules! memsets {
+    ($($name:ident, $name_ptds:ident, $name_async:ident, $name_async_ptsz:ident, $ty:ty, $elem:expr;)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dst: CUdeviceptr, value: $ty, n: usize) -> CUresult {
+            guard(|| memset(dst, value as u32, $elem, n, std::ptr::null_mut()))
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn $name_ptds(dst: CUdeviceptr, value: $ty, n: usize) -> CUresult {
+            guard(|| memset(dst, value as u32, $elem, n, std::ptr::null_mut()))
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn $name_async(dst: CUdeviceptr, value: $ty, n: usize, stream: CUstream) -> CUresult {
+            guard(|| memset(dst, value as u32, $elem, n, stream))
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn $name_async_ptsz(dst: CUdeviceptr, value: $ty, n: usize, stream: CUstream) -> CUresult {
+            guard(|| memset(dst, value as u32, $elem, n, stream))
+        }
+    )*};
+}
+
+memsets! {
+    cuMemsetD8_v2, cuMemsetD8_v2_ptds, cuMemsetD8Async, cuMemsetD8Async_ptsz, u8, 1;
+    cuMemsetD16_v2, cuMemsetD16_v2_ptds, cuMemsetD16Async, cuMemsetD16Async_ptsz, u16, 2;
+    cuMemsetD32_v2, cuMemsetD32_v2_ptds, cuMemsetD32Async, cuMemsetD32Async_ptsz, u32, 4;
+}
+
+macro_rules! memsets2d {
+    ($($name:ident, $name_ptds:ident, $name_async:ident, $name_async_ptsz:ident, $ty:ty, $elem:expr;)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dst: CUdeviceptr, pitch: usize, value: $ty, w: usize, h: usize) -> CUresult {
+            guard(|| memset2d(dst, pitch, value as u32, $elem, w, h, std::ptr::null_mut()))
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn $name_ptds(dst: CUdeviceptr, pitch: usize, value: $ty, w: usize, h: usize) -> CUresult {
+            guard(|| memset2d(dst, pitch, value as u32, $elem, w, h, std::ptr::null_mut()))
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn $name_async_ptsz(dst: CUdeviceptr, pitch: usize, value: $ty, w: usize, h: usize, stream: CUstream) -> CUresult {
+            guard(|| memset2d(dst, pitch, value as u32, $elem, w, h, stream))
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn $name_async(dst: CUdeviceptr, pitch: usize, value: $ty, w: usize, h: usize, stream: CUstream) -> CUresult {
+            guard(|| memset2d(dst, pitch, value as u32, $elem, w, h, stream))
+        }
+    )*};
+}
+
+memsets2d! {
+    cuMemsetD2D8_v2, cuMemsetD2D8_v2_ptds, cuMemsetD2D8Async, cuMemsetD2D8Async_ptsz, u8, 1;
+    cuMemsetD2D16_v2, cuMemsetD2D16_v2_ptds, cuMemsetD2D16Async, cuMemsetD2D16Async_ptsz, u16, 2;
+    cuMemsetD2D32_v2, cuMemsetD2D32_v2_ptds, cuMemsetD2D32Async, cuMemsetD2D32Async_ptsz, u32, 4;
+}
+
+include!(concat!(env!("OUT_DIR"), "/aliases_copy.rs"));

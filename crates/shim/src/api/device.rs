@@ -1,0 +1,214 @@
+//! Device queries, answered from the attributes the session cached at connect time.
+
+use std::ffi::{c_char, c_int, c_uint};
+
+use crate::ffi::{cstr, out, write_cstr};
+use crate::global::session;
+use crate::guard::guard;
+use crate::status::{CUresult, INVALID_DEVICE, INVALID_VALUE, NOT_SUPPORTED};
+
+pub type CUdevice = c_int;
+
+// CUdevice_attribute ids used here.
+const MAX_THREADS_PER_BLOCK: c_int = 1;
+const MAX_BLOCK_DIM_X: c_int = 2;
+const MAX_GRID_DIM_X: c_int = 5;
+const MAX_SHARED_MEMORY_PER_BLOCK: c_int = 8;
+const TOTAL_CONSTANT_MEMORY: c_int = 9;
+const WARP_SIZE: c_int = 10;
+const MAX_PITCH: c_int = 11;
+const MAX_REGISTERS_PER_BLOCK: c_int = 12;
+const CLOCK_RATE: c_int = 13;
+const TEXTURE_ALIGNMENT: c_int = 14;
+const PCI_BUS_ID: c_int = 33;
+const PCI_DEVICE_ID: c_int = 34;
+const PCI_DOMAIN_ID: c_int = 50;
+const CC_MAJOR: c_int = 75;
+const CC_MINOR: c_int = 76;
+
+fn check_device(dev: CUdevice) -> Result<std::sync::Arc<gpufuse_client::Session>, CUresult> {
+    let s = session()?;
+    if s.device(dev).is_none() {
+        return Err(INVALID_DEVICE);
+    }
+    Ok(s)
+}
+
+fn attr(dev: CUdevice, a: c_int) -> Result<c_int, CUresult> {
+    let s = check_device(dev)?;
+    s.attribute(dev, a).ok_or(INVALID_VALUE)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
+    guard(|| {
+        check_device(ordinal)?;
+        out(device, ordinal)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    guard(|| out(count, session()?.devices.len() as c_int))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let s = check_device(dev)?;
+        let cap = usize::try_from(len).map_err(|_| INVALID_VALUE)?;
+        write_cstr(name, cap, &s.device(dev).ok_or(INVALID_DEVICE)?.name)
+    })
+}
+
+fn uuid(uuid: *mut [u8; 16], dev: CUdevice) -> Result<(), CUresult> {
+    let s = check_device(dev)?;
+    out(uuid, s.device(dev).ok_or(INVALID_DEVICE)?.uuid)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid(u: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    guard(|| uuid(u, dev))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(u: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    guard(|| uuid(u, dev))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetLuid(luid: *mut c_char, mask: *mut c_uint, dev: CUdevice) -> CUresult {
+    guard(|| {
+        check_device(dev)?;
+        out(luid.cast::<[u8; 8]>(), [0; 8])?;
+        out(mask, 0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let s = check_device(dev)?;
+        out(bytes, s.device(dev).ok_or(INVALID_DEVICE)?.total_mem as usize)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let s = check_device(dev)?;
+        let total = s.device(dev).ok_or(INVALID_DEVICE)?.total_mem;
+        out(bytes, total.min(u32::MAX as u64) as c_uint)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult {
+    guard(|| out(pi, attr(dev, attrib)?))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CUresult {
+    guard(|| {
+        out(major, attr(dev, CC_MAJOR)?)?;
+        out(minor, attr(dev, CC_MINOR)?)
+    })
+}
+
+/// `CUdevprop`.
+#[repr(C)]
+pub struct DevProp {
+    max_threads_per_block: c_int,
+    max_threads_dim: [c_int; 3],
+    max_grid_size: [c_int; 3],
+    shared_mem_per_block: c_int,
+    total_constant_memory: c_int,
+    simd_width: c_int,
+    mem_pitch: c_int,
+    regs_per_block: c_int,
+    clock_rate: c_int,
+    texture_align: c_int,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetProperties(prop: *mut DevProp, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let a = |id| attr(dev, id);
+        let p = DevProp {
+            max_threads_per_block: a(MAX_THREADS_PER_BLOCK)?,
+            max_threads_dim: [a(MAX_BLOCK_DIM_X)?, a(MAX_BLOCK_DIM_X + 1)?, a(MAX_BLOCK_DIM_X + 2)?],
+            max_grid_size: [a(MAX_GRID_DIM_X)?, a(MAX_GRID_DIM_X + 1)?, a(MAX_GRID_DIM_X + 2)?],
+            shared_mem_per_block: a(MAX_SHARED_MEMORY_PER_BLOCK)?,
+            total_constant_memory: a(TOTAL_CONSTANT_MEMORY)?,
+            simd_width: a(WARP_SIZE)?,
+            mem_pitch: a(MAX_PITCH)?,
+            regs_per_block: a(MAX_REGISTERS_PER_BLOCK)?,
+            clock_rate: a(CLOCK_RATE)?,
+            texture_align: a(TEXTURE_ALIGNMENT)?,
+        };
+        out(prop, p)
+    })
+}
+
+fn pci_bus_id(dev: CUdevice) -> Result<String, CUresult> {
+    Ok(format!("{:08x}:{:02x}:{:02x}.0", attr(dev, PCI_DOMAIN_ID)?, attr(dev, PCI_BUS_ID)?, attr(dev, PCI_DEVICE_ID)?))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(id: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    guard(|| write_cstr(id, usize::try_from(len).map_err(|_| INVALID_VALUE)?, &pci_bus_id(dev)?))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_char) -> CUresult {
+    guard(|| {
+        let want = cstr(id)?.to_ascii_lowercase();
+        let s = session()?;
+        for d in 0..s.devices.len() as c_int {
+            let have = pci_bus_id(d)?;
+            // Accept the short form "bus:device.function" as the driver does.
+            if have == want || have.ends_with(&want) {
+                return out(dev, d);
+            }
+        }
+        Err(INVALID_DEVICE)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, peer: CUdevice) -> CUresult {
+    guard(|| {
+        check_device(dev)?;
+        check_device(peer)?;
+        out(can, 0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetP2PAttribute(value: *mut c_int, _attr: c_int, src: CUdevice, dst: CUdevice) -> CUresult {
+    guard(|| {
+        check_device(src)?;
+        check_device(dst)?;
+        out(value, 0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(pi: *mut c_int, _kind: c_int, dev: CUdevice) -> CUresult {
+    guard(|| {
+        check_device(dev)?;
+        out(pi, 0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetTexture1DLinearMaxWidth(
+    _max: *mut usize,
+    _format: c_int,
+    _channels: c_uint,
+    _dev: CUdevice,
+) -> CUresult {
+    NOT_SUPPORTED
+}
+
+include!(concat!(env!("OUT_DIR"), "/aliases_device.rs"));

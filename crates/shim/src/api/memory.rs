@@ -1,0 +1,399 @@
+//! Device and host allocations, memory info, pointer attributes, stream-ordered allocation.
+
+use std::alloc::Layout;
+use std::ffi::{c_int, c_uint, c_void};
+
+use gpufuse_client::state::{Allocation, HostAllocation, Inner};
+use gpufuse_proto::{ReplyBody, Request};
+
+use crate::api::context::{client_err, current, CUcontext};
+use crate::api::stream::stream_id;
+use crate::ffi::{out, out_opt, read_at};
+use crate::global::session;
+use crate::guard::guard;
+use crate::status::{CUresult, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS};
+
+pub type CUdeviceptr = u64;
+
+const HOST_ALIGN: usize = 4096;
+
+fn alloc(g: &mut Inner, size: usize) -> Result<u64, CUresult> {
+    if size == 0 {
+        return Err(INVALID_VALUE);
+    }
+    let (_, device) = current(g)?;
+    let body = g.conn.call(&Request::MemAlloc { device, size: size as u64 }).map_err(client_err)?;
+    let ReplyBody::Ptr(p) = body else { return Err(crate::status::UNKNOWN) };
+    g.allocations.insert(p, Allocation { size: size as u64, device, managed: false });
+    Ok(p)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let p = alloc(&mut s.lock(), size)?;
+        out(dptr, p)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem_size: c_uint,
+) -> CUresult {
+    guard(|| {
+        if width == 0 || height == 0 || !matches!(elem_size, 4 | 8 | 16) {
+            return Err(INVALID_VALUE);
+        }
+        let s = session()?;
+        let mut g = s.lock();
+        let (_, device) = current(&g)?;
+        let req = Request::MemAllocPitch { device, width: width as u64, height: height as u64, elem_size };
+        let ReplyBody::Pitch { ptr, pitch: p } = g.conn.call(&req).map_err(client_err)? else {
+            return Err(crate::status::UNKNOWN);
+        };
+        g.allocations.insert(ptr, Allocation { size: p * height as u64, device, managed: false });
+        out(dptr, ptr)?;
+        out(pitch, p as usize)
+    })
+}
+
+fn free(ptr: u64) -> Result<(), CUresult> {
+    let s = session()?;
+    let mut g = s.lock();
+    if g.allocations.remove(&ptr).is_none() {
+        return Err(INVALID_VALUE);
+    }
+    g.conn.quiet(&Request::MemFree { ptr }).map_err(client_err)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
+    guard(|| free(ptr))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: *mut c_void) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        stream_id(&g, stream)?;
+        let p = alloc(&mut g, size)?;
+        out(dptr, p)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    _pool: *mut c_void,
+    stream: *mut c_void,
+) -> CUresult {
+    // SAFETY: same contract as `cuMemAllocAsync`; the pool is the device's default pool.
+    unsafe { cuMemAllocAsync(dptr, size, stream) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync(ptr: CUdeviceptr, stream: *mut c_void) -> CUresult {
+    guard(|| {
+        {
+            let s = session()?;
+            stream_id(&s.lock(), stream)?;
+        }
+        free(ptr)
+    })
+}
+
+/// The default memory pool of a device: an opaque, non-NULL handle per device.
+fn pool_handle(dev: c_int) -> *mut c_void {
+    (0x9000_0000usize + dev as usize) as *mut c_void
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: c_int) -> CUresult {
+    guard(|| {
+        session()?.device(dev).ok_or(crate::status::INVALID_DEVICE)?;
+        out(pool, pool_handle(dev))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut *mut c_void, dev: c_int) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuDeviceGetDefaultMemPool(pool, dev) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(_pool: *mut c_void, _attr: c_int, _value: *mut c_void) -> CUresult {
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(_pool: *mut c_void, attr: c_int, value: *mut c_void) -> CUresult {
+    guard(|| match attr {
+        // Reuse policies (ints): all enabled.
+        1..=3 => out(value.cast::<c_int>(), 1),
+        // Release threshold, reserved/used current/high (u64): nothing is kept back.
+        _ => out(value.cast::<u64>(), 0),
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolTrimTo(_pool: *mut c_void, _keep: usize) -> CUresult {
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        let (_, device) = current(&g)?;
+        let ReplyBody::MemInfo { free: f, total: t } =
+            g.conn.call(&Request::MemGetInfo { device }).map_err(client_err)?
+        else {
+            return Err(crate::status::UNKNOWN);
+        };
+        out_opt(free, f as usize);
+        out_opt(total, t as usize);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let (b, a) = s.lock().find_allocation(dptr, 1).ok_or(crate::status::NOT_FOUND)?;
+        out_opt(base, b);
+        out_opt(size, a.size as usize);
+        Ok(())
+    })
+}
+
+fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CUresult> {
+    if pp.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    let s = session()?;
+    let layout = Layout::from_size_align(size.max(1), HOST_ALIGN).map_err(|_| OUT_OF_MEMORY)?;
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return Err(OUT_OF_MEMORY);
+    }
+    s.lock().host.insert(p as usize, HostAllocation { size: size.max(1), flags, registered: false });
+    out(pp, p.cast())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
+    guard(|| host_alloc(pp, size, 0))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CUresult {
+    guard(|| host_alloc(pp, size, flags))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        match g.host.get(&(p as usize)) {
+            Some(h) if !h.registered => {
+                let h = *h;
+                g.host.remove(&(p as usize));
+                let layout = Layout::from_size_align(h.size, HOST_ALIGN).map_err(|_| INVALID_VALUE)?;
+                // SAFETY: `p` was returned by `alloc_zeroed` with this layout in `host_alloc` and
+                // is removed from the table, so it is freed once.
+                unsafe { std::alloc::dealloc(p.cast(), layout) };
+                Ok(())
+            }
+            _ => Err(INVALID_VALUE),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uint) -> CUresult {
+    guard(|| {
+        if p.is_null() || size == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let s = session()?;
+        let mut g = s.lock();
+        if g.find_host(p as usize).is_some() {
+            return Err(crate::status::HOST_MEMORY_ALREADY_REGISTERED);
+        }
+        g.host.insert(p as usize, HostAllocation { size, flags, registered: true });
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        match g.host.get(&(p as usize)) {
+            Some(h) if h.registered => {
+                g.host.remove(&(p as usize));
+                Ok(())
+            }
+            _ => Err(crate::status::HOST_MEMORY_NOT_REGISTERED),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let (_, h) = s.lock().find_host(p as usize).ok_or(INVALID_VALUE)?;
+        out(flags, h.flags)
+    })
+}
+
+/// Mapped (zero-copy) host memory cannot be reached by a remote device.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(_d: *mut CUdeviceptr, _p: *mut c_void, _flags: c_uint) -> CUresult {
+    NOT_SUPPORTED
+}
+
+// CUpointer_attribute ids.
+const P_CONTEXT: c_int = 1;
+const P_MEMORY_TYPE: c_int = 2;
+const P_DEVICE_POINTER: c_int = 3;
+const P_HOST_POINTER: c_int = 4;
+const P_SYNC_MEMOPS: c_int = 6;
+const P_BUFFER_ID: c_int = 7;
+const P_IS_MANAGED: c_int = 8;
+const P_DEVICE_ORDINAL: c_int = 9;
+const P_IS_LEGACY_IPC: c_int = 10;
+const P_RANGE_START: c_int = 11;
+const P_RANGE_SIZE: c_int = 12;
+const P_MAPPED: c_int = 13;
+const P_ALLOWED_HANDLE_TYPES: c_int = 14;
+const P_GDR_CAPABLE: c_int = 15;
+const P_ACCESS_FLAGS: c_int = 16;
+const P_MEMPOOL: c_int = 17;
+const P_MAPPING_SIZE: c_int = 18;
+const P_MAPPING_BASE: c_int = 19;
+const P_BLOCK_ID: c_int = 20;
+
+const MEMORYTYPE_HOST: u32 = 1;
+const MEMORYTYPE_DEVICE: u32 = 2;
+const DEVICE_INVALID: c_int = -2;
+
+/// What the client knows about an address.
+enum PointerKind {
+    Device { base: u64, size: u64, device: u32 },
+    Host { base: usize, size: usize },
+    Unknown,
+}
+
+fn classify(g: &Inner, ptr: u64) -> PointerKind {
+    if let Some((base, a)) = g.find_allocation(ptr, 1) {
+        return PointerKind::Device { base, size: a.size, device: a.device };
+    }
+    if let Some((base, h)) = g.find_host(ptr as usize) {
+        return PointerKind::Host { base, size: h.size };
+    }
+    PointerKind::Unknown
+}
+
+/// Writes one attribute. Returns false if the pointer is not CUDA memory.
+fn write_attribute(g: &Inner, attr: c_int, data: *mut c_void, ptr: u64, unknown_ok: bool) -> Result<(), CUresult> {
+    let kind = classify(g, ptr);
+    let primary = |d: u32| g.primary.get(d as usize).map(|p| p.handle).unwrap_or(0) as usize as CUcontext;
+    let (base, size, device, mem_type) = match kind {
+        PointerKind::Device { base, size, device } => (base, size, device as c_int, MEMORYTYPE_DEVICE),
+        PointerKind::Host { base, size } => (base as u64, size as u64, 0, MEMORYTYPE_HOST),
+        PointerKind::Unknown if unknown_ok => {
+            // "Default NULL values" for a non-CUDA pointer (cuda.h): what CuPy expects.
+            return match attr {
+                P_CONTEXT | P_HOST_POINTER | P_RANGE_START | P_MEMPOOL | P_MAPPING_BASE => {
+                    out(data.cast::<*mut c_void>(), std::ptr::null_mut())
+                }
+                P_DEVICE_POINTER | P_BUFFER_ID | P_ALLOWED_HANDLE_TYPES | P_BLOCK_ID => out(data.cast::<u64>(), 0),
+                P_RANGE_SIZE | P_MAPPING_SIZE => out(data.cast::<usize>(), 0),
+                P_DEVICE_ORDINAL => out(data.cast::<c_int>(), DEVICE_INVALID),
+                _ => out(data.cast::<u32>(), 0),
+            };
+        }
+        PointerKind::Unknown => return Err(INVALID_VALUE),
+    };
+    match attr {
+        P_CONTEXT => out(data.cast::<CUcontext>(), primary(device as u32)),
+        P_MEMORY_TYPE => out(data.cast::<u32>(), mem_type),
+        P_DEVICE_POINTER => out(data.cast::<u64>(), ptr),
+        P_HOST_POINTER => out(
+            data.cast::<*mut c_void>(),
+            if mem_type == MEMORYTYPE_HOST { ptr as usize as *mut c_void } else { std::ptr::null_mut() },
+        ),
+        P_SYNC_MEMOPS | P_IS_MANAGED | P_IS_LEGACY_IPC | P_GDR_CAPABLE => out(data.cast::<u32>(), 0),
+        P_MAPPED => out(data.cast::<u32>(), 1),
+        P_BUFFER_ID | P_BLOCK_ID => out(data.cast::<u64>(), base),
+        P_DEVICE_ORDINAL => out(data.cast::<c_int>(), device),
+        P_RANGE_START | P_MAPPING_BASE => out(data.cast::<u64>(), base),
+        P_RANGE_SIZE | P_MAPPING_SIZE => out(data.cast::<usize>(), size as usize),
+        P_ALLOWED_HANDLE_TYPES => out(data.cast::<u64>(), 0),
+        P_ACCESS_FLAGS => out(data.cast::<c_int>(), 3),
+        P_MEMPOOL => out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
+        _ => Err(INVALID_VALUE),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attr: c_int, ptr: CUdeviceptr) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let g = s.lock();
+        write_attribute(&g, attr, data, ptr, false)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    num: c_uint,
+    attrs: *const c_int,
+    data: *const *mut c_void,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let g = s.lock();
+        for i in 0..num as usize {
+            let a = read_at(attrs, i)?;
+            let d = read_at(data, i)?;
+            write_attribute(&g, a, d, ptr, true)?;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerSetAttribute(_value: *const c_void, attr: c_int, ptr: CUdeviceptr) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        if attr != P_SYNC_MEMOPS || s.lock().find_allocation(ptr, 1).is_none() {
+            return Err(INVALID_VALUE);
+        }
+        Ok(())
+    })
+}
+
+/// Managed memory would need the host to fault pages in from a remote device.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(_dptr: *mut CUdeviceptr, _size: usize, _flags: c_uint) -> CUresult {
+    NOT_SUPPORTED
+}
+
+include!(concat!(env!("OUT_DIR"), "/aliases_memory.rs"));

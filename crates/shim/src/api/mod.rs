@@ -1,0 +1,11 @@
+//! The exported driver functions, by area. Each module ends by including its generated
+//! per-thread-stream aliases.
+
+pub mod context;
+pub mod copy;
+pub mod device;
+pub mod init;
+pub mod launch;
+pub mod memory;
+pub mod module;
+pub mod stream;

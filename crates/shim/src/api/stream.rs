@@ -1,0 +1,366 @@
+//! Streams and events. Creates, records, waits and destroys are quiet; queries and
+//! synchronizations are round trips that also report asynchronous errors.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use gpufuse_client::handles::{self, Kind};
+use gpufuse_client::state::{Event, Inner, Stream};
+use gpufuse_proto::{ReplyBody, Request};
+
+use crate::api::context::{async_error, client_err, current, CUcontext};
+use crate::ffi::{out, out_opt};
+use crate::global::session;
+use crate::guard::guard;
+use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_READY, NOT_SUPPORTED};
+
+pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
+
+/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`: both name the default stream here.
+const STREAM_LEGACY: u64 = 1;
+const STREAM_PER_THREAD: u64 = 2;
+
+/// The id the worker knows for `stream` (0 = the default stream).
+pub fn stream_id(g: &Inner, stream: CUstream) -> Result<u64, CUresult> {
+    let h = stream as usize as u64;
+    match h {
+        0 | STREAM_LEGACY | STREAM_PER_THREAD => Ok(0),
+        h if g.streams.contains_key(&h) => Ok(h),
+        _ => Err(INVALID_HANDLE),
+    }
+}
+
+fn event_id(g: &Inner, event: CUevent) -> Result<u64, CUresult> {
+    let h = event as usize as u64;
+    if g.events.contains_key(&h) {
+        Ok(h)
+    } else {
+        Err(INVALID_HANDLE)
+    }
+}
+
+fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<(), CUresult> {
+    if ph.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    let s = session()?;
+    let mut g = s.lock();
+    let (ctx, _) = current(&g)?;
+    let h = handles::mint(Kind::Stream);
+    let priority = priority.clamp(-5, 0);
+    g.streams.insert(h, Stream { ctx, flags, priority });
+    g.conn.quiet(&Request::StreamCreate { stream: h, flags, priority }).map_err(client_err)?;
+    out(ph, h as usize as CUstream)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUresult {
+    guard(|| create_stream(ph, flags, 0))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(ph: *mut CUstream, flags: c_uint, priority: c_int) -> CUresult {
+    guard(|| create_stream(ph, flags, priority))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        let h = stream as usize as u64;
+        if g.streams.remove(&h).is_none() {
+            return Err(INVALID_HANDLE);
+        }
+        g.conn.quiet(&Request::StreamDestroy { stream: h }).map_err(client_err)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        let id = stream_id(&g, stream)?;
+        g.conn.call(&Request::StreamSynchronize { stream: id }).map_err(client_err)?;
+        async_error(&mut g)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamQuery(stream: CUstream) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        let id = stream_id(&g, stream)?;
+        g.conn.call(&Request::StreamQuery { stream: id }).map_err(client_err)?;
+        async_error(&mut g)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWaitEvent(stream: CUstream, event: CUevent, _flags: c_uint) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        let st = stream_id(&g, stream)?;
+        let ev = event_id(&g, event)?;
+        g.conn.quiet(&Request::StreamWaitEvent { stream: st, event: ev }).map_err(client_err)
+    })
+}
+
+fn with_stream<T>(stream: CUstream, f: impl FnOnce(&Inner, Option<&Stream>) -> Result<T, CUresult>) -> Result<T, CUresult> {
+    let s = session()?;
+    let g = s.lock();
+    let id = stream_id(&g, stream)?;
+    f(&g, g.streams.get(&id))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetPriority(stream: CUstream, priority: *mut c_int) -> CUresult {
+    guard(|| with_stream(stream, |_, st| out(priority, st.map_or(0, |s| s.priority))))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetFlags(stream: CUstream, flags: *mut c_uint) -> CUresult {
+    guard(|| with_stream(stream, |_, st| out(flags, st.map_or(0, |s| s.flags))))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetId(stream: CUstream, id: *mut u64) -> CUresult {
+    guard(|| with_stream(stream, |_, st| out(id, if st.is_some() { stream as u64 & 0xffff_ffff } else { 0 })))
+}
+
+fn stream_ctx(g: &Inner, st: Option<&Stream>) -> Result<u64, CUresult> {
+    match st {
+        Some(s) => Ok(s.ctx),
+        None => Ok(current(g)?.0),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCtx(stream: CUstream, pctx: *mut CUcontext) -> CUresult {
+    guard(|| with_stream(stream, |g, st| out(pctx, stream_ctx(g, st)? as usize as CUcontext)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCtx_v2(stream: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void) -> CUresult {
+    guard(|| {
+        with_stream(stream, |g, st| {
+            out_opt(green, std::ptr::null_mut());
+            out(pctx, stream_ctx(g, st)? as usize as CUcontext)
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetDevice(stream: CUstream, dev: *mut c_int) -> CUresult {
+    guard(|| {
+        with_stream(stream, |g, st| {
+            let ctx = stream_ctx(g, st)?;
+            out(dev, crate::api::context::context_device(g, ctx)? as c_int)
+        })
+    })
+}
+
+/// Stream capture (CUDA graphs) is not supported yet: every stream reports "not capturing".
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CUresult {
+    guard(|| with_stream(stream, |_, _| out(status, 0)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo(stream: CUstream, status: *mut c_int, id: *mut u64) -> CUresult {
+    guard(|| {
+        with_stream(stream, |_, _| {
+            out_opt(id, 0);
+            out(status, 0)
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
+    stream: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    deps: *mut *const c_void,
+    num_deps: *mut usize,
+) -> CUresult {
+    guard(|| {
+        with_stream(stream, |_, _| {
+            out_opt(id, 0);
+            out_opt(graph, std::ptr::null_mut());
+            out_opt(deps, std::ptr::null());
+            out_opt(num_deps, 0);
+            out(status, 0)
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
+    stream: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    deps: *mut *const c_void,
+    edges: *mut *const c_void,
+    num_deps: *mut usize,
+) -> CUresult {
+    guard(|| {
+        with_stream(stream, |_, _| {
+            out_opt(id, 0);
+            out_opt(graph, std::ptr::null_mut());
+            out_opt(deps, std::ptr::null());
+            out_opt(edges, std::ptr::null());
+            out_opt(num_deps, 0);
+            out(status, 0)
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2(_stream: CUstream, _mode: c_int) -> CUresult {
+    NOT_SUPPORTED
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
+    guard(|| {
+        crate::ffi::read(mode)?;
+        Ok(())
+    })
+}
+
+/// Host functions run in stream order: the stream is drained, then the function is called.
+fn run_host_fn(stream: CUstream, f: impl FnOnce()) -> Result<(), CUresult> {
+    {
+        let s = session()?;
+        let mut g = s.lock();
+        let id = stream_id(&g, stream)?;
+        g.conn.call(&Request::StreamSynchronize { stream: id }).map_err(client_err)?;
+    }
+    f();
+    Ok(())
+}
+
+pub type HostFn = Option<unsafe extern "C" fn(*mut c_void)>;
+pub type StreamCallback = Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchHostFunc(stream: CUstream, f: HostFn, user: *mut c_void) -> CUresult {
+    guard(|| {
+        let f = f.ok_or(INVALID_VALUE)?;
+        // SAFETY: the application gave us this callback and its argument to call once.
+        run_host_fn(stream, || unsafe { f(user) })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamAddCallback(stream: CUstream, cb: StreamCallback, user: *mut c_void, _flags: c_uint) -> CUresult {
+    guard(|| {
+        let cb = cb.ok_or(INVALID_VALUE)?;
+        // SAFETY: the application gave us this callback and its argument to call once.
+        run_host_fn(stream, || unsafe { cb(stream, 0, user) })
+    })
+}
+
+// ---- events ----
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult {
+    guard(|| {
+        if ph.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let s = session()?;
+        let mut g = s.lock();
+        current(&g)?;
+        let h = handles::mint(Kind::Event);
+        g.events.insert(h, Event { flags, recorded: false });
+        g.conn.quiet(&Request::EventCreate { event: h, flags }).map_err(client_err)?;
+        out(ph, h as usize as CUevent)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventDestroy_v2(event: CUevent) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        let h = event_id(&g, event)?;
+        g.events.remove(&h);
+        g.conn.quiet(&Request::EventDestroy { event: h }).map_err(client_err)
+    })
+}
+
+fn record(event: CUevent, stream: CUstream) -> Result<(), CUresult> {
+    let s = session()?;
+    let mut g = s.lock();
+    let ev = event_id(&g, event)?;
+    let st = stream_id(&g, stream)?;
+    if let Some(e) = g.events.get_mut(&ev) {
+        e.recorded = true;
+    }
+    g.conn.quiet(&Request::EventRecord { event: ev, stream: st }).map_err(client_err)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult {
+    guard(|| record(event, stream))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecordWithFlags(event: CUevent, stream: CUstream, _flags: c_uint) -> CUresult {
+    guard(|| record(event, stream))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventQuery(event: CUevent) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        let ev = event_id(&g, event)?;
+        match g.conn.call(&Request::EventQuery { event: ev }) {
+            Ok(_) => async_error(&mut g),
+            Err(gpufuse_client::ClientError::Cuda(NOT_READY)) => Err(NOT_READY),
+            Err(e) => Err(e.status()),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventSynchronize(event: CUevent) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        let ev = event_id(&g, event)?;
+        g.conn.call(&Request::EventSynchronize { event: ev }).map_err(client_err)?;
+        async_error(&mut g)
+    })
+}
+
+fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Result<(), CUresult> {
+    let s = session()?;
+    let mut g = s.lock();
+    let a = event_id(&g, start)?;
+    let b = event_id(&g, end)?;
+    let ReplyBody::Elapsed(t) = g.conn.call(&Request::EventElapsedTime { start: a, end: b }).map_err(client_err)? else {
+        return Err(crate::status::UNKNOWN);
+    };
+    out(ms, t)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+    guard(|| elapsed(ms, start, end))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+    guard(|| elapsed(ms, start, end))
+}
+
+include!(concat!(env!("OUT_DIR"), "/aliases_stream.rs"));

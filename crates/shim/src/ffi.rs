@@ -1,0 +1,131 @@
+//! The only code that touches application memory through raw pointers.
+//!
+//! Safety model: every exported function receives pointers from C, and the CUDA API contract
+//! makes the caller responsible for their validity (an output pointer points to writable
+//! storage of the right type, an input buffer is readable for the stated length). These
+//! helpers check what can be checked (NULL) and perform the access; nothing else in the shim
+//! dereferences an application pointer.
+//!
+//! The helpers are safe functions on purpose: the exported functions are the `unsafe` boundary,
+//! and routing every access through here keeps the NULL checks and the one `SAFETY` argument
+//! in a single place instead of a few hundred call sites.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
+use std::ffi::{c_char, c_void, CStr};
+
+use crate::status::{CUresult, INVALID_VALUE};
+
+/// Writes `v` to a required output.
+pub fn out<T>(p: *mut T, v: T) -> Result<(), CUresult> {
+    if p.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    // SAFETY: non-NULL, and the API contract says it points to writable storage for a T.
+    unsafe { p.write_unaligned(v) };
+    Ok(())
+}
+
+/// Writes `v` to an optional output (skipped when NULL).
+pub fn out_opt<T>(p: *mut T, v: T) {
+    if !p.is_null() {
+        // SAFETY: as in `out`.
+        unsafe { p.write_unaligned(v) };
+    }
+}
+
+/// Reads a required input.
+pub fn read<T: Copy>(p: *const T) -> Result<T, CUresult> {
+    if p.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    // SAFETY: non-NULL, and the API contract says it points to a readable T.
+    Ok(unsafe { p.read_unaligned() })
+}
+
+/// The `i`-th element of an array the application passed.
+pub fn read_at<T: Copy>(p: *const T, i: usize) -> Result<T, CUresult> {
+    if p.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    // SAFETY: the API contract says the array has at least `i + 1` elements.
+    Ok(unsafe { p.add(i).read_unaligned() })
+}
+
+/// Writes the `i`-th element of an output array.
+pub fn write_at<T>(p: *mut T, i: usize, v: T) -> Result<(), CUresult> {
+    if p.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    // SAFETY: the API contract says the array has at least `i + 1` writable elements.
+    unsafe { p.add(i).write_unaligned(v) };
+    Ok(())
+}
+
+/// A host buffer the application passed for reading.
+pub fn host_bytes<'a>(p: *const c_void, len: usize) -> Result<&'a [u8], CUresult> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    // SAFETY: the API contract says `p` is readable for `len` bytes for the call's duration.
+    Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
+}
+
+/// A host buffer the application passed for writing.
+pub fn host_bytes_mut<'a>(p: *mut c_void, len: usize) -> Result<&'a mut [u8], CUresult> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    // SAFETY: the API contract says `p` is writable for `len` bytes for the call's duration.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) })
+}
+
+/// A NUL-terminated string argument.
+pub fn cstr<'a>(p: *const c_char) -> Result<&'a str, CUresult> {
+    if p.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    // SAFETY: the API contract says `p` is a NUL-terminated string.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str().map_err(|_| INVALID_VALUE)
+}
+
+/// Copies `s` into a caller buffer of `cap` bytes, truncated and NUL-terminated.
+pub fn write_cstr(dst: *mut c_char, cap: usize, s: &str) -> Result<(), CUresult> {
+    if dst.is_null() || cap == 0 {
+        return Err(INVALID_VALUE);
+    }
+    let n = s.len().min(cap - 1);
+    // SAFETY: the API contract says `dst` is writable for `cap` bytes; we write n + 1 <= cap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), dst.cast::<u8>(), n);
+        *dst.add(n) = 0;
+    }
+    Ok(())
+}
+
+/// Reads a pointer-sized word at `addr` (used to follow a fatbinc wrapper to its fatbin).
+pub fn read_word(addr: u64) -> Result<u64, CUresult> {
+    read(addr as usize as *const u64)
+}
+
+/// A byte source over application memory starting at an image pointer. Reads are bounded by
+/// the caller-supplied length; the image formats make the caller promise the bytes exist.
+pub struct RawImage(pub *const u8);
+
+impl gpufuse_fatbin::ByteSource for RawImage {
+    fn read(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        if self.0.is_null() {
+            return None;
+        }
+        let off = usize::try_from(offset).ok()?;
+        // SAFETY: the application passed a pointer to a module image; the measuring code only
+        // asks for ranges that the image's own headers say are part of it.
+        Some(unsafe { std::slice::from_raw_parts(self.0.add(off), len) })
+    }
+}

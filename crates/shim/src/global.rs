@@ -1,0 +1,64 @@
+//! Process-wide state: whether `cuInit` ran, and the session (connected lazily, reconnected in
+//! a forked child).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use gpufuse_client::{Session, SessionConfig};
+
+use crate::status::{CUresult, NOT_INITIALIZED};
+
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+static SESSION: Mutex<Option<(u32, Arc<Session>)>> = Mutex::new(None);
+static REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// The driver version gpufuse advertises, whatever the worker's driver is (13.5: both runtimes
+/// accept it; see docs/cuda-driver-interception.md §8).
+pub const DRIVER_VERSION: i32 = 13050;
+
+/// `cuInit`: connects the session (or fails with the reason on stderr, once).
+pub fn init() -> Result<(), CUresult> {
+    connect()?;
+    INITIALIZED.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// The session, for every call after `cuInit`.
+pub fn session() -> Result<Arc<Session>, CUresult> {
+    if !INITIALIZED.load(Ordering::Acquire) {
+        return Err(NOT_INITIALIZED);
+    }
+    connect()
+}
+
+fn connect() -> Result<Arc<Session>, CUresult> {
+    let pid = std::process::id();
+    let mut slot = SESSION.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((owner, s)) = slot.as_ref() {
+        if *owner == pid {
+            return Ok(s.clone());
+        }
+        // A forked child: the parent's connection is not ours to use.
+        *slot = None;
+    }
+    let result = SessionConfig::from_env().and_then(|c| Session::connect(&c));
+    match result {
+        Ok(s) => {
+            let s = Arc::new(s);
+            *slot = Some((pid, s.clone()));
+            Ok(s)
+        }
+        Err(e) => {
+            if !REPORTED.swap(true, Ordering::Relaxed) {
+                let mut msg = format!("gpufuse: {e}");
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    msg.push_str(&format!(": {s}"));
+                    src = s.source();
+                }
+                eprintln!("{msg}");
+            }
+            Err(e.status())
+        }
+    }
+}
