@@ -223,6 +223,25 @@ impl Session {
         })
     }
 
+    /// Starts the thread that sends quiet calls left waiting for more than `interval` (an
+    /// application that launches work and then only polls host memory still gets it run).
+    /// Called once the session exists, never while the library is being loaded.
+    pub fn start_flusher(self: &std::sync::Arc<Self>, interval: std::time::Duration) {
+        let weak = std::sync::Arc::downgrade(self);
+        let _ = std::thread::Builder::new()
+            .name("gpufuse-flush".into())
+            .spawn(move || loop {
+                std::thread::sleep(interval);
+                let Some(s) = weak.upgrade() else { return };
+                let guard = s.inner.try_lock();
+                if let Ok(mut g) = guard {
+                    if g.conn.has_queued() {
+                        let _ = g.conn.flush();
+                    }
+                }
+            });
+    }
+
     /// Locks the session state. A panic while it was held does not poison it for good.
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())

@@ -45,6 +45,7 @@ fn connect() -> Result<Arc<Session>, CUresult> {
     match result {
         Ok(s) => {
             let s = Arc::new(s);
+            s.start_flusher(std::time::Duration::from_millis(2));
             *slot = Some((pid, s.clone()));
             Ok(s)
         }
