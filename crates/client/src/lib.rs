@@ -9,6 +9,7 @@
 
 pub mod connection;
 pub mod error;
+pub mod graph;
 pub mod handles;
 pub mod state;
 pub mod status;

@@ -134,6 +134,8 @@ pub struct Inner {
     pub events: HashMap<u64, Event>,
     /// Content hashes of images this connection already sent.
     pub images_sent: HashSet<[u8; 32]>,
+    /// CUDA graphs and stream capture.
+    pub graphs: crate::graph::Graphs,
 }
 
 impl Inner {
@@ -219,6 +221,7 @@ impl Session {
                 streams: HashMap::new(),
                 events: HashMap::new(),
                 images_sent: HashSet::new(),
+                graphs: Default::default(),
             }),
         })
     }

@@ -4,6 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 
+use gpufuse_client::graph::Op;
 use gpufuse_client::state::Inner;
 use gpufuse_proto::{Rect, ReplyBody, Request, MAX_COPY_CHUNK};
 
@@ -23,8 +24,10 @@ fn check_device_range(g: &Inner, ptr: u64, len: u64) -> Result<(), CUresult> {
     g.find_allocation(ptr, len).map(|_| ()).ok_or(INVALID_VALUE)
 }
 
-fn htod(g: &mut Inner, dst: u64, src: &[u8], stream: u64) -> Result<(), CUresult> {
-    check_device_range(g, dst, src.len() as u64)?;
+pub(crate) fn htod(g: &mut Inner, dst: u64, src: *const c_void, n: usize, stream: u64) -> Result<(), CUresult> {
+    check_device_range(g, dst, n as u64)?;
+    let Some(_) = g.graphs.record(stream, Op::HtoD { dst, src_host: src as usize, len: n }) else { return Ok(()) };
+    let src = host_bytes(src, n)?;
     for (i, chunk) in src.chunks(MAX_COPY_CHUNK).enumerate() {
         let req = Request::MemcpyHtoD { dst: dst + (i * MAX_COPY_CHUNK) as u64, stream, data: chunk };
         g.conn.quiet(&req).map_err(client_err)?;
@@ -34,6 +37,7 @@ fn htod(g: &mut Inner, dst: u64, src: &[u8], stream: u64) -> Result<(), CUresult
 
 fn dtoh_sync(g: &mut Inner, dst: &mut [u8], src: u64, stream: u64) -> Result<(), CUresult> {
     check_device_range(g, src, dst.len() as u64)?;
+    not_capturing(g, stream)?;
     for (i, chunk) in dst.chunks_mut(MAX_COPY_CHUNK).enumerate() {
         let req = Request::MemcpyDtoH { src: src + (i * MAX_COPY_CHUNK) as u64, size: chunk.len() as u64, stream };
         let ReplyBody::Data(data) = g.conn.call(&req).map_err(client_err)? else { return Err(UNKNOWN) };
@@ -45,11 +49,12 @@ fn dtoh_sync(g: &mut Inner, dst: &mut [u8], src: u64, stream: u64) -> Result<(),
     async_error(g)
 }
 
-fn dtoh_async(g: &mut Inner, dst: *mut c_void, src: u64, len: usize, stream: u64) -> Result<(), CUresult> {
+pub(crate) fn dtoh_async(g: &mut Inner, dst: *mut c_void, src: u64, len: usize, stream: u64) -> Result<(), CUresult> {
     check_device_range(g, src, len as u64)?;
     if len > 0 && dst.is_null() {
         return Err(INVALID_VALUE);
     }
+    let Some(_) = g.graphs.record(stream, Op::DtoH { dst_host: dst as usize, src, len }) else { return Ok(()) };
     let mut off = 0;
     while off < len {
         let n = (len - off).min(MAX_COPY_CHUNK);
@@ -63,10 +68,19 @@ fn dtoh_async(g: &mut Inner, dst: *mut c_void, src: u64, len: usize, stream: u64
     Ok(())
 }
 
-fn dtod(g: &mut Inner, dst: u64, src: u64, len: u64, stream: u64) -> Result<(), CUresult> {
+pub(crate) fn dtod(g: &mut Inner, dst: u64, src: u64, len: u64, stream: u64) -> Result<(), CUresult> {
     check_device_range(g, dst, len)?;
     check_device_range(g, src, len)?;
+    let Some(_) = g.graphs.record(stream, Op::DtoD { dst, src, len }) else { return Ok(()) };
     g.conn.quiet(&Request::MemcpyDtoD { dst, src, size: len, stream }).map_err(client_err)
+}
+
+/// Synchronous work cannot be captured into a graph.
+pub(crate) fn not_capturing(g: &Inner, stream: u64) -> Result<(), CUresult> {
+    match g.graphs.capturing(stream) {
+        Some(_) => Err(crate::status::STREAM_CAPTURE_UNSUPPORTED),
+        None => Ok(()),
+    }
 }
 
 /// Runs `f` with the session locked and the stream resolved.
@@ -79,12 +93,12 @@ fn with(stream: CUstream, f: impl FnOnce(&mut Inner, u64) -> Result<(), CUresult
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
-    guard(|| with(std::ptr::null_mut(), |g, st| htod(g, dst, host_bytes(src, n)?, st)))
+    guard(|| with(std::ptr::null_mut(), |g, st| htod(g, dst, src, n, st)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult {
-    guard(|| with(stream, |g, st| htod(g, dst, host_bytes(src, n)?, st)))
+    guard(|| with(stream, |g, st| htod(g, dst, src, n, st)))
 }
 
 #[no_mangle]
@@ -108,12 +122,12 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr
 }
 
 /// A unified-addressing copy: the direction comes from which side is device memory.
-fn unified(g: &mut Inner, dst: u64, src: u64, n: usize, stream: u64, sync: bool) -> Result<(), CUresult> {
+pub(crate) fn unified(g: &mut Inner, dst: u64, src: u64, n: usize, stream: u64, sync: bool) -> Result<(), CUresult> {
     let dst_dev = g.find_allocation(dst, 1).is_some();
     let src_dev = g.find_allocation(src, 1).is_some();
     match (dst_dev, src_dev) {
         (true, true) => dtod(g, dst, src, n as u64, stream),
-        (true, false) => htod(g, dst, host_bytes(src as usize as *const c_void, n)?, stream),
+        (true, false) => htod(g, dst, src as usize as *const c_void, n, stream),
         (false, true) if sync => dtoh_sync(g, host_bytes_mut(dst as usize as *mut c_void, n)?, src, stream),
         (false, true) => dtoh_async(g, dst as usize as *mut c_void, src, n, stream),
         (false, false) => {
@@ -182,6 +196,7 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
     if w == 0 || h == 0 {
         return Ok(());
     }
+    not_capturing(&g, st)?;
     let (src_dev, src) = side(&g, p.src_memory_type, p.src_host as usize, p.src_device, p.src_x_in_bytes, p.src_y, p.src_pitch)?;
     let (dst_dev, dst) = side(&g, p.dst_memory_type, p.dst_host as usize, p.dst_device, p.dst_x_in_bytes, p.dst_y, p.dst_pitch)?;
     let (sp, dp) = (p.src_pitch.max(w), p.dst_pitch.max(w));
@@ -262,6 +277,8 @@ fn memset(dst: u64, value: u32, elem: u8, count: usize, stream: CUstream) -> Res
         if count == 0 {
             return Ok(());
         }
+        let op = Op::Memset { dst, value, elem_size: elem, count: count as u64 };
+        let Some(_) = g.graphs.record(st, op) else { return Ok(()) };
         g.conn
             .quiet(&Request::Memset { dst, value, elem_size: elem, count: count as u64, stream: st })
             .map_err(client_err)
@@ -278,6 +295,13 @@ fn memset2d(dst: u64, pitch: usize, value: u32, elem: u8, width: usize, height: 
             return Err(INVALID_VALUE);
         }
         check_device_range(g, dst, (pitch * (height - 1) + w) as u64)?;
+        if g.graphs.capturing(st).is_some() {
+            for row in 0..height {
+                let op = Op::Memset { dst: dst + (row * pitch) as u64, value, elem_size: elem, count: width as u64 };
+                g.graphs.record(st, op);
+            }
+            return Ok(());
+        }
         let req = Request::Memset2D {
             dst: Rect { ptr: dst, pitch: pitch as u64 },
             value,

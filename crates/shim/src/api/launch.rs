@@ -81,6 +81,26 @@ fn launch(
     let st = stream_id(&g, stream)?;
     let function = g.resolve_function(f as usize as u64).ok_or(INVALID_HANDLE)?;
     let packed = pack(&g.functions[&function].info.params, params, extra)?;
+    send_launch(&mut g, function, dims.grid, dims.block, dims.shared_mem, st, packed, attributes)
+}
+
+/// Sends a launch, or records it if `stream` is capturing.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn send_launch(
+    g: &mut gpufuse_client::state::Inner,
+    function: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    st: u64,
+    packed: Vec<u8>,
+    attributes: Vec<(u32, [u64; 8])>,
+) -> Result<(), CUresult> {
+    let op = gpufuse_client::graph::Op::Launch { function, grid, block, shared_mem, params: packed, attributes };
+    let Some(gpufuse_client::graph::Op::Launch { params: packed, attributes, .. }) = g.graphs.record(st, op) else {
+        return Ok(());
+    };
+    let dims = Dims { grid, block, shared_mem };
     let req = Request::LaunchKernel(Launch {
         function,
         grid: dims.grid,

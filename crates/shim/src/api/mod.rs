@@ -4,6 +4,7 @@
 pub mod context;
 pub mod copy;
 pub mod device;
+pub mod graph;
 pub mod init;
 pub mod launch;
 pub mod memory;

@@ -11,7 +11,7 @@ use crate::api::context::{async_error, client_err, current, CUcontext};
 use crate::ffi::{out, out_opt};
 use crate::global::session;
 use crate::guard::guard;
-use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_READY, NOT_SUPPORTED};
+use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_READY};
 
 pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
@@ -82,6 +82,7 @@ pub unsafe extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
         let s = session()?;
         let mut g = s.lock();
         let id = stream_id(&g, stream)?;
+        crate::api::copy::not_capturing(&g, id)?;
         g.conn.call(&Request::StreamSynchronize { stream: id }).map_err(client_err)?;
         async_error(&mut g)
     })
@@ -93,6 +94,7 @@ pub unsafe extern "C" fn cuStreamQuery(stream: CUstream) -> CUresult {
         let s = session()?;
         let mut g = s.lock();
         let id = stream_id(&g, stream)?;
+        crate::api::copy::not_capturing(&g, id)?;
         g.conn.call(&Request::StreamQuery { stream: id }).map_err(client_err)?;
         async_error(&mut g)
     })
@@ -105,6 +107,16 @@ pub unsafe extern "C" fn cuStreamWaitEvent(stream: CUstream, event: CUevent, _fl
         let mut g = s.lock();
         let st = stream_id(&g, stream)?;
         let ev = event_id(&g, event)?;
+        // Waiting on an event recorded during a capture joins that capture (fork/join).
+        if let Some(&graph) = g.graphs.captured_events.get(&ev) {
+            if g.graphs.graphs.contains_key(&graph) {
+                g.graphs.capturing.insert(st, graph);
+                return Ok(());
+            }
+        }
+        if g.graphs.capturing(st).is_some() {
+            return Ok(());
+        }
         g.conn.quiet(&Request::StreamWaitEvent { stream: st, event: ev }).map_err(client_err)
     })
 }
@@ -163,69 +175,6 @@ pub unsafe extern "C" fn cuStreamGetDevice(stream: CUstream, dev: *mut c_int) ->
     })
 }
 
-/// Stream capture (CUDA graphs) is not supported yet: every stream reports "not capturing".
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CUresult {
-    guard(|| with_stream(stream, |_, _| out(status, 0)))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo(stream: CUstream, status: *mut c_int, id: *mut u64) -> CUresult {
-    guard(|| {
-        with_stream(stream, |_, _| {
-            out_opt(id, 0);
-            out(status, 0)
-        })
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
-    stream: CUstream,
-    status: *mut c_int,
-    id: *mut u64,
-    graph: *mut *mut c_void,
-    deps: *mut *const c_void,
-    num_deps: *mut usize,
-) -> CUresult {
-    guard(|| {
-        with_stream(stream, |_, _| {
-            out_opt(id, 0);
-            out_opt(graph, std::ptr::null_mut());
-            out_opt(deps, std::ptr::null());
-            out_opt(num_deps, 0);
-            out(status, 0)
-        })
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
-    stream: CUstream,
-    status: *mut c_int,
-    id: *mut u64,
-    graph: *mut *mut c_void,
-    deps: *mut *const c_void,
-    edges: *mut *const c_void,
-    num_deps: *mut usize,
-) -> CUresult {
-    guard(|| {
-        with_stream(stream, |_, _| {
-            out_opt(id, 0);
-            out_opt(graph, std::ptr::null_mut());
-            out_opt(deps, std::ptr::null());
-            out_opt(edges, std::ptr::null());
-            out_opt(num_deps, 0);
-            out(status, 0)
-        })
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCapture_v2(_stream: CUstream, _mode: c_int) -> CUresult {
-    NOT_SUPPORTED
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
     guard(|| {
@@ -235,11 +184,16 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> 
 }
 
 /// Host functions run in stream order: the stream is drained, then the function is called.
-fn run_host_fn(stream: CUstream, f: impl FnOnce()) -> Result<(), CUresult> {
+fn run_host_fn(stream: CUstream, capture: Option<(usize, usize)>, f: impl FnOnce()) -> Result<(), CUresult> {
     {
         let s = session()?;
         let mut g = s.lock();
         let id = stream_id(&g, stream)?;
+        if g.graphs.capturing(id).is_some() {
+            let (func, user) = capture.ok_or(crate::status::STREAM_CAPTURE_UNSUPPORTED)?;
+            g.graphs.record(id, gpufuse_client::graph::Op::HostFn { func, user });
+            return Ok(());
+        }
         g.conn.call(&Request::StreamSynchronize { stream: id }).map_err(client_err)?;
     }
     f();
@@ -254,7 +208,7 @@ pub unsafe extern "C" fn cuLaunchHostFunc(stream: CUstream, f: HostFn, user: *mu
     guard(|| {
         let f = f.ok_or(INVALID_VALUE)?;
         // SAFETY: the application gave us this callback and its argument to call once.
-        run_host_fn(stream, || unsafe { f(user) })
+        run_host_fn(stream, Some((f as usize, user as usize)), || unsafe { f(user) })
     })
 }
 
@@ -263,7 +217,7 @@ pub unsafe extern "C" fn cuStreamAddCallback(stream: CUstream, cb: StreamCallbac
     guard(|| {
         let cb = cb.ok_or(INVALID_VALUE)?;
         // SAFETY: the application gave us this callback and its argument to call once.
-        run_host_fn(stream, || unsafe { cb(stream, 0, user) })
+        run_host_fn(stream, None, || unsafe { cb(stream, 0, user) })
     })
 }
 
@@ -304,6 +258,12 @@ fn record(event: CUevent, stream: CUstream) -> Result<(), CUresult> {
     if let Some(e) = g.events.get_mut(&ev) {
         e.recorded = true;
     }
+    if let Some(graph) = g.graphs.capturing(st) {
+        g.graphs.captured_events.insert(ev, graph);
+        g.graphs.record(st, gpufuse_client::graph::Op::EventRecord { event: ev });
+        return Ok(());
+    }
+    g.graphs.captured_events.remove(&ev);
     g.conn.quiet(&Request::EventRecord { event: ev, stream: st }).map_err(client_err)
 }
 
