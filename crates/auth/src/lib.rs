@@ -1,0 +1,147 @@
+//! Session tokens.
+//!
+//! A token is `gf1.<claims>.<mac>`: the claims (JSON, base64url) say who the session is and
+//! what it may ask for; the MAC is HMAC-SHA256 over `gf1.<claims>` with the server's secret.
+//! The node verifies the token in the hello, before a worker is started, so a missing,
+//! forged, altered or expired token never reaches CUDA. The secret is 32 random bytes kept in
+//! a file only the server reads (`gpufuse token secret`).
+//!
+//! Hand-written only as far as the format goes: the MAC is the `hmac` crate, the comparison is
+//! its constant-time `verify_slice`.
+
+#![forbid(unsafe_code)]
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+const PREFIX: &str = "gf1";
+/// Longest token accepted (a bound on what a hello can make the node parse).
+pub const MAX_TOKEN_LEN: usize = 4096;
+
+/// What a token grants.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    /// Who the session belongs to (a tenant or user name).
+    pub subject: String,
+    /// Unix seconds after which the token is refused; `None` never expires.
+    pub expires: Option<u64>,
+    /// The most VRAM the session may request, in bytes; `None` is no extra cap.
+    pub max_vram_bytes: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    #[error("no session token was presented")]
+    Missing,
+    #[error("the session token is malformed")]
+    Malformed,
+    #[error("the session token's signature does not verify (forged or altered, or issued by another server)")]
+    BadSignature,
+    #[error("the session token expired")]
+    Expired,
+    #[error("the secret must be at least 16 bytes")]
+    WeakSecret,
+}
+
+fn mac(secret: &[u8], data: &str) -> Result<Hmac<Sha256>, AuthError> {
+    if secret.len() < 16 {
+        return Err(AuthError::WeakSecret);
+    }
+    let mut m = Hmac::<Sha256>::new_from_slice(secret).map_err(|_| AuthError::WeakSecret)?;
+    m.update(data.as_bytes());
+    Ok(m)
+}
+
+/// A new random secret.
+pub fn new_secret() -> [u8; 32] {
+    rand::random()
+}
+
+/// Issues a token for `claims`.
+pub fn issue(secret: &[u8], claims: &Claims) -> Result<String, AuthError> {
+    let body = B64.encode(serde_json::to_vec(claims).map_err(|_| AuthError::Malformed)?);
+    let signed = format!("{PREFIX}.{body}");
+    let tag = B64.encode(mac(secret, &signed)?.finalize().into_bytes());
+    Ok(format!("{signed}.{tag}"))
+}
+
+/// Verifies `token` at time `now` (unix seconds) and returns its claims.
+pub fn verify(secret: &[u8], token: &str, now: u64) -> Result<Claims, AuthError> {
+    if token.is_empty() {
+        return Err(AuthError::Missing);
+    }
+    if token.len() > MAX_TOKEN_LEN {
+        return Err(AuthError::Malformed);
+    }
+    let (signed, tag) = token.rsplit_once('.').ok_or(AuthError::Malformed)?;
+    let (prefix, body) = signed.split_once('.').ok_or(AuthError::Malformed)?;
+    if prefix != PREFIX {
+        return Err(AuthError::Malformed);
+    }
+    let tag = B64.decode(tag).map_err(|_| AuthError::Malformed)?;
+    mac(secret, signed)?
+        .verify_slice(&tag)
+        .map_err(|_| AuthError::BadSignature)?;
+    let claims: Claims =
+        serde_json::from_slice(&B64.decode(body).map_err(|_| AuthError::Malformed)?)
+            .map_err(|_| AuthError::Malformed)?;
+    if claims.expires.is_some_and(|e| now >= e) {
+        return Err(AuthError::Expired);
+    }
+    Ok(claims)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    fn claims() -> Claims {
+        Claims {
+            subject: "team-a".into(),
+            expires: Some(2_000),
+            max_vram_bytes: Some(1 << 30),
+        }
+    }
+
+    #[test]
+    fn issued_tokens_verify() {
+        let t = issue(SECRET, &claims()).unwrap();
+        assert_eq!(verify(SECRET, &t, 1_000).unwrap(), claims());
+    }
+
+    #[test]
+    fn missing_forged_altered_and_expired_tokens_are_refused() {
+        let t = issue(SECRET, &claims()).unwrap();
+        assert_eq!(verify(SECRET, "", 0), Err(AuthError::Missing));
+        assert_eq!(
+            verify(b"another-secret-of-32-bytes-long!", &t, 0),
+            Err(AuthError::BadSignature)
+        );
+        let (signed, tag) = t.rsplit_once('.').unwrap();
+        let greedy = Claims {
+            max_vram_bytes: None,
+            ..claims()
+        };
+        let forged_body = B64.encode(serde_json::to_vec(&greedy).unwrap());
+        assert_eq!(
+            verify(SECRET, &format!("gf1.{forged_body}.{tag}"), 0),
+            Err(AuthError::BadSignature)
+        );
+        assert_eq!(
+            verify(SECRET, &format!("{signed}.AAAA"), 0),
+            Err(AuthError::BadSignature)
+        );
+        assert_eq!(verify(SECRET, "gf1.nodot", 0), Err(AuthError::Malformed));
+        assert_eq!(verify(SECRET, &t, 2_000), Err(AuthError::Expired));
+    }
+
+    #[test]
+    fn weak_secrets_are_rejected() {
+        assert_eq!(issue(b"short", &claims()), Err(AuthError::WeakSecret));
+    }
+}
