@@ -27,3 +27,8 @@ pub mod status;
 pub mod exports {
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }
+
+/// Marks this library as gpufuse's shim, so gpufuse's real-GPU backend never loads it as
+/// NVIDIA's driver.
+#[no_mangle]
+pub static gpufuse_shim_version: [u8; 6] = *b"0.1.0\0";

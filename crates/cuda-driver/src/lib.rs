@@ -1,0 +1,468 @@
+//! NVIDIA's CUDA driver, loaded at run time, so building gpufuse needs no CUDA.
+//!
+//! Two layers (as cudarc does it): [`raw`] holds the C entry points resolved from
+//! `libcuda.so.1`; [`Driver`] wraps each in a function returning `Result<_, DriverError>`.
+//! Raw pointers do not leave this crate's wrappers except as device addresses (`u64`) and
+//! opaque handles.
+//!
+//! It must never load gpufuse's own shim (which is also called `libcuda.so.1`): a library
+//! that exports `gpufuse_shim_version` is refused.
+
+mod raw;
+
+use std::ffi::{c_int, c_void, CString};
+
+pub use raw::{
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUresult, CUstream,
+};
+
+/// Why the driver could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("NVIDIA's CUDA driver (libcuda.so.1) was not found: {0}")]
+    NotFound(String),
+    #[error(
+        "libcuda.so.1 found first on the library path is gpufuse's own shim, not NVIDIA's driver"
+    )]
+    IsShim,
+    #[error("NVIDIA's driver lacks {0}")]
+    MissingSymbol(&'static str),
+    #[error("CUDA error {code} ({name}) in {call}")]
+    Cuda {
+        call: &'static str,
+        code: CUresult,
+        name: String,
+    },
+}
+
+/// The loaded driver.
+pub struct Driver {
+    fns: raw::Fns,
+    _lib: libloading::Library,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Driver")
+    }
+}
+
+/// Where NVIDIA's driver is looked for, in order: the loader path, then the usual locations.
+const CANDIDATES: &[&str] = &[
+    "libcuda.so.1",
+    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "/usr/lib64/libcuda.so.1",
+    "/usr/lib/wsl/lib/libcuda.so.1",
+    "/usr/local/nvidia/lib64/libcuda.so.1",
+];
+
+impl Driver {
+    /// Loads NVIDIA's driver and calls `cuInit(0)`.
+    pub fn load() -> Result<Self, DriverError> {
+        let mut last = String::from("no candidate path");
+        let mut saw_shim = false;
+        for path in CANDIDATES {
+            // SAFETY: loading NVIDIA's driver runs its initializers, which have no preconditions.
+            let lib = match unsafe { libloading::Library::new(path) } {
+                Ok(l) => l,
+                Err(e) => {
+                    last = e.to_string();
+                    continue;
+                }
+            };
+            // SAFETY: only probing for the symbol's presence; it is never called.
+            if unsafe { lib.get::<*const c_void>(b"gpufuse_shim_version\0") }.is_ok() {
+                saw_shim = true;
+                continue;
+            }
+            let fns = raw::Fns::load(&lib)?;
+            let d = Driver { fns, _lib: lib };
+            // SAFETY: cuInit takes flags by value.
+            d.check("cuInit", unsafe { (d.fns.cuInit)(0) })?;
+            return Ok(d);
+        }
+        Err(if saw_shim {
+            DriverError::IsShim
+        } else {
+            DriverError::NotFound(last)
+        })
+    }
+
+    fn check(&self, call: &'static str, code: CUresult) -> Result<(), DriverError> {
+        if code == 0 {
+            return Ok(());
+        }
+        let mut p: *const std::ffi::c_char = std::ptr::null();
+        // SAFETY: cuGetErrorName writes a static string pointer or leaves it NULL.
+        unsafe { (self.fns.cuGetErrorName)(code, &mut p) };
+        let name = if p.is_null() {
+            "unknown".to_string()
+        } else {
+            // SAFETY: the driver returns a NUL-terminated static string.
+            unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        Err(DriverError::Cuda { call, code, name })
+    }
+
+    /// The status of a failed call, for forwarding to a client.
+    pub fn status(e: &DriverError) -> CUresult {
+        match e {
+            DriverError::Cuda { code, .. } => *code,
+            _ => 999,
+        }
+    }
+
+    pub fn driver_version(&self) -> Result<i32, DriverError> {
+        let mut v = 0;
+        // SAFETY: valid out-pointer.
+        self.check("cuDriverGetVersion", unsafe {
+            (self.fns.cuDriverGetVersion)(&mut v)
+        })?;
+        Ok(v)
+    }
+
+    pub fn device_count(&self) -> Result<i32, DriverError> {
+        let mut n = 0;
+        // SAFETY: valid out-pointer.
+        self.check("cuDeviceGetCount", unsafe {
+            (self.fns.cuDeviceGetCount)(&mut n)
+        })?;
+        Ok(n)
+    }
+
+    pub fn device(&self, ordinal: i32) -> Result<CUdevice, DriverError> {
+        let mut d = 0;
+        // SAFETY: valid out-pointer.
+        self.check("cuDeviceGet", unsafe {
+            (self.fns.cuDeviceGet)(&mut d, ordinal)
+        })?;
+        Ok(d)
+    }
+
+    pub fn device_name(&self, dev: CUdevice) -> Result<String, DriverError> {
+        let mut buf = [0u8; 256];
+        // SAFETY: the buffer holds 256 bytes, as passed.
+        self.check("cuDeviceGetName", unsafe {
+            (self.fns.cuDeviceGetName)(buf.as_mut_ptr().cast(), 256, dev)
+        })?;
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+    }
+
+    pub fn total_mem(&self, dev: CUdevice) -> Result<u64, DriverError> {
+        let mut b = 0usize;
+        // SAFETY: valid out-pointer.
+        self.check("cuDeviceTotalMem_v2", unsafe {
+            (self.fns.cuDeviceTotalMem_v2)(&mut b, dev)
+        })?;
+        Ok(b as u64)
+    }
+
+    pub fn attribute(&self, dev: CUdevice, attr: i32) -> Result<i32, DriverError> {
+        let mut v = 0;
+        // SAFETY: valid out-pointer.
+        self.check("cuDeviceGetAttribute", unsafe {
+            (self.fns.cuDeviceGetAttribute)(&mut v, attr, dev)
+        })?;
+        Ok(v)
+    }
+
+    pub fn uuid(&self, dev: CUdevice) -> Result<[u8; 16], DriverError> {
+        let mut u = [0u8; 16];
+        // SAFETY: CUuuid is 16 bytes.
+        self.check("cuDeviceGetUuid_v2", unsafe {
+            (self.fns.cuDeviceGetUuid_v2)(u.as_mut_ptr().cast(), dev)
+        })?;
+        Ok(u)
+    }
+
+    /// Retains the device's primary context and makes it current on this thread.
+    pub fn primary_context(&self, dev: CUdevice) -> Result<CUcontext, DriverError> {
+        let mut c = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        self.check("cuDevicePrimaryCtxRetain", unsafe {
+            (self.fns.cuDevicePrimaryCtxRetain)(&mut c, dev)
+        })?;
+        // SAFETY: a context the driver just returned.
+        self.check("cuCtxSetCurrent", unsafe { (self.fns.cuCtxSetCurrent)(c) })?;
+        Ok(c)
+    }
+
+    pub fn synchronize(&self) -> Result<(), DriverError> {
+        // SAFETY: no arguments.
+        self.check("cuCtxSynchronize", unsafe { (self.fns.cuCtxSynchronize)() })
+    }
+
+    // ---- virtual memory management: stable addresses, physical memory mapped underneath ----
+
+    /// The granularity physical allocations on `dev` are rounded to.
+    pub fn granularity(&self, dev: CUdevice) -> Result<usize, DriverError> {
+        let prop = raw::MemAllocationProp::pinned_on(dev);
+        let mut g = 0usize;
+        // SAFETY: valid property struct and out-pointer; option 0 = minimum granularity.
+        self.check("cuMemGetAllocationGranularity", unsafe {
+            (self.fns.cuMemGetAllocationGranularity)(&mut g, &prop, 0)
+        })?;
+        Ok(g)
+    }
+
+    /// Reserves `size` bytes of device address space, at `hint` if possible.
+    pub fn reserve(&self, size: usize, hint: u64) -> Result<u64, DriverError> {
+        let mut p = 0u64;
+        // SAFETY: valid out-pointer; alignment 0 = default.
+        self.check("cuMemAddressReserve", unsafe {
+            (self.fns.cuMemAddressReserve)(&mut p, size, 0, hint, 0)
+        })?;
+        Ok(p)
+    }
+
+    /// Creates `size` bytes of physical memory on `dev`, maps it at `addr` (reserved) and
+    /// enables read/write access. Returns the physical handle.
+    pub fn map_new(&self, dev: CUdevice, addr: u64, size: usize) -> Result<u64, DriverError> {
+        let prop = raw::MemAllocationProp::pinned_on(dev);
+        let mut handle = 0u64;
+        // SAFETY: valid out-pointer and property struct.
+        self.check("cuMemCreate", unsafe {
+            (self.fns.cuMemCreate)(&mut handle, size, &prop, 0)
+        })?;
+        // SAFETY: `addr` is a reservation of at least `size` bytes owned by the caller.
+        if let Err(e) = self.check("cuMemMap", unsafe {
+            (self.fns.cuMemMap)(addr, size, 0, handle, 0)
+        }) {
+            // SAFETY: the handle was just created and is not mapped.
+            unsafe { (self.fns.cuMemRelease)(handle) };
+            return Err(e);
+        }
+        let access = raw::MemAccessDesc::read_write_on(dev);
+        // SAFETY: the range was just mapped.
+        self.check("cuMemSetAccess", unsafe {
+            (self.fns.cuMemSetAccess)(addr, size, &access, 1)
+        })?;
+        Ok(handle)
+    }
+
+    /// Unmaps `[addr, addr+size)` and releases its physical handle.
+    pub fn unmap_release(&self, addr: u64, size: usize, handle: u64) -> Result<(), DriverError> {
+        // SAFETY: the caller mapped exactly this range with this handle.
+        self.check("cuMemUnmap", unsafe { (self.fns.cuMemUnmap)(addr, size) })?;
+        // SAFETY: the handle is no longer mapped.
+        self.check("cuMemRelease", unsafe { (self.fns.cuMemRelease)(handle) })
+    }
+
+    pub fn free_reservation(&self, addr: u64, size: usize) -> Result<(), DriverError> {
+        // SAFETY: the caller reserved exactly this range and unmapped it.
+        self.check("cuMemAddressFree", unsafe {
+            (self.fns.cuMemAddressFree)(addr, size)
+        })
+    }
+
+    pub fn htod(&self, dst: u64, src: &[u8]) -> Result<(), DriverError> {
+        // SAFETY: `src` is readable for its length; `dst` was validated by the caller.
+        self.check("cuMemcpyHtoD_v2", unsafe {
+            (self.fns.cuMemcpyHtoD_v2)(dst, src.as_ptr().cast(), src.len())
+        })
+    }
+
+    pub fn dtoh(&self, dst: &mut [u8], src: u64) -> Result<(), DriverError> {
+        // SAFETY: `dst` is writable for its length; `src` was validated by the caller.
+        self.check("cuMemcpyDtoH_v2", unsafe {
+            (self.fns.cuMemcpyDtoH_v2)(dst.as_mut_ptr().cast(), src, dst.len())
+        })
+    }
+
+    pub fn dtod(&self, dst: u64, src: u64, len: usize) -> Result<(), DriverError> {
+        // SAFETY: both ranges were validated by the caller.
+        self.check("cuMemcpyDtoD_v2", unsafe {
+            (self.fns.cuMemcpyDtoD_v2)(dst, src, len)
+        })
+    }
+
+    pub fn memset_d8(&self, dst: u64, value: u8, count: usize) -> Result<(), DriverError> {
+        // SAFETY: the range was validated by the caller.
+        self.check("cuMemsetD8_v2", unsafe {
+            (self.fns.cuMemsetD8_v2)(dst, value, count)
+        })
+    }
+
+    pub fn memset_d32(&self, dst: u64, value: u32, count: usize) -> Result<(), DriverError> {
+        // SAFETY: the range was validated by the caller.
+        self.check("cuMemsetD32_v2", unsafe {
+            (self.fns.cuMemsetD32_v2)(dst, value, count)
+        })
+    }
+
+    pub fn load_module(&self, image: &[u8]) -> Result<CUmodule, DriverError> {
+        let mut m = std::ptr::null_mut();
+        // SAFETY: `image` is a complete module image (a PTX image ends in NUL).
+        self.check("cuModuleLoadData", unsafe {
+            (self.fns.cuModuleLoadData)(&mut m, image.as_ptr().cast())
+        })?;
+        Ok(m)
+    }
+
+    pub fn unload_module(&self, m: CUmodule) -> Result<(), DriverError> {
+        // SAFETY: a module this driver loaded.
+        self.check("cuModuleUnload", unsafe { (self.fns.cuModuleUnload)(m) })
+    }
+
+    pub fn function(&self, m: CUmodule, name: &str) -> Result<CUfunction, DriverError> {
+        let name = CString::new(name).map_err(|_| DriverError::Cuda {
+            call: "cuModuleGetFunction",
+            code: 1,
+            name: "CUDA_ERROR_INVALID_VALUE".into(),
+        })?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: valid module, name and out-pointer.
+        self.check("cuModuleGetFunction", unsafe {
+            (self.fns.cuModuleGetFunction)(&mut f, m, name.as_ptr())
+        })?;
+        Ok(f)
+    }
+
+    /// The parameter layout of `f` as (offset, size), from `cuFuncGetParamInfo` (driver >= 12.4).
+    pub fn param_layout(&self, f: CUfunction) -> Result<Vec<(u32, u32)>, DriverError> {
+        let get = self
+            .fns
+            .cuFuncGetParamInfo
+            .ok_or(DriverError::MissingSymbol("cuFuncGetParamInfo"))?;
+        let mut out = Vec::new();
+        for i in 0..4096usize {
+            let (mut off, mut size) = (0usize, 0usize);
+            // SAFETY: valid function and out-pointers.
+            match unsafe { get(f, i, &mut off, &mut size) } {
+                0 => out.push((off as u32, size as u32)),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn function_attribute(&self, f: CUfunction, attr: i32) -> Result<i32, DriverError> {
+        let mut v = 0;
+        // SAFETY: valid function and out-pointer.
+        self.check("cuFuncGetAttribute", unsafe {
+            (self.fns.cuFuncGetAttribute)(&mut v, attr, f)
+        })?;
+        Ok(v)
+    }
+
+    /// Launches `f` with a parameter buffer packed at device offsets (the `extra` form).
+    pub fn launch(
+        &self,
+        f: CUfunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        stream: CUstream,
+        params: &[u8],
+    ) -> Result<(), DriverError> {
+        let mut buf = params.to_vec();
+        let mut len = buf.len();
+        let extra: [*mut c_void; 5] = [
+            1 as *mut c_void,
+            buf.as_mut_ptr().cast(),
+            2 as *mut c_void,
+            (&mut len as *mut usize).cast(),
+            std::ptr::null_mut(),
+        ];
+        // SAFETY: `extra` is a well-formed CU_LAUNCH_PARAM list over live locals.
+        let r = unsafe {
+            (self.fns.cuLaunchKernel)(
+                f,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared,
+                stream,
+                std::ptr::null_mut(),
+                extra.as_ptr().cast_mut(),
+            )
+        };
+        self.check("cuLaunchKernel", r)
+    }
+
+    pub fn stream_create(&self, flags: u32, priority: c_int) -> Result<CUstream, DriverError> {
+        let mut s = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        self.check("cuStreamCreateWithPriority", unsafe {
+            (self.fns.cuStreamCreateWithPriority)(&mut s, flags, priority)
+        })?;
+        Ok(s)
+    }
+
+    pub fn stream_destroy(&self, s: CUstream) -> Result<(), DriverError> {
+        // SAFETY: a stream this driver created.
+        self.check("cuStreamDestroy_v2", unsafe {
+            (self.fns.cuStreamDestroy_v2)(s)
+        })
+    }
+
+    pub fn stream_synchronize(&self, s: CUstream) -> Result<(), DriverError> {
+        // SAFETY: a valid stream or NULL.
+        self.check("cuStreamSynchronize", unsafe {
+            (self.fns.cuStreamSynchronize)(s)
+        })
+    }
+
+    pub fn event_create(&self, flags: u32) -> Result<CUevent, DriverError> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        self.check("cuEventCreate", unsafe {
+            (self.fns.cuEventCreate)(&mut e, flags)
+        })?;
+        Ok(e)
+    }
+
+    pub fn event_record(&self, e: CUevent, s: CUstream) -> Result<(), DriverError> {
+        // SAFETY: valid event and stream.
+        self.check("cuEventRecord", unsafe { (self.fns.cuEventRecord)(e, s) })
+    }
+
+    pub fn event_synchronize(&self, e: CUevent) -> Result<(), DriverError> {
+        // SAFETY: valid event.
+        self.check("cuEventSynchronize", unsafe {
+            (self.fns.cuEventSynchronize)(e)
+        })
+    }
+
+    pub fn event_elapsed_ms(&self, a: CUevent, b: CUevent) -> Result<f32, DriverError> {
+        let mut ms = 0f32;
+        // SAFETY: valid events and out-pointer.
+        self.check("cuEventElapsedTime", unsafe {
+            (self.fns.cuEventElapsedTime)(&mut ms, a, b)
+        })?;
+        Ok(ms)
+    }
+
+    pub fn event_destroy(&self, e: CUevent) -> Result<(), DriverError> {
+        // SAFETY: an event this driver created.
+        self.check("cuEventDestroy_v2", unsafe {
+            (self.fns.cuEventDestroy_v2)(e)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a machine without NVIDIA's driver the answer is a clear error, not a crash.
+    #[test]
+    fn load_without_a_driver_names_what_is_missing() {
+        match Driver::load() {
+            Ok(d) => assert!(d.device_count().is_ok()),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("libcuda.so.1") || msg.contains("CUDA error"),
+                    "{msg}"
+                );
+            }
+        }
+    }
+}
