@@ -12,9 +12,36 @@ mod raw;
 
 use std::ffi::{c_int, c_void, CString};
 
-pub use raw::{
-    CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUresult, CUstream,
-};
+pub use raw::{CUdevice, CUdeviceptr, CUresult};
+
+macro_rules! handles {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub struct $name(*mut c_void);
+        // SAFETY: driver handles are opaque and valid on any thread of the process.
+        unsafe impl Send for $name {}
+        // SAFETY: as above; the driver synchronizes access to its own objects.
+        unsafe impl Sync for $name {}
+        impl $name {
+            /// The NULL handle (the default stream, for `Stream`).
+            pub const NULL: Self = Self(std::ptr::null_mut());
+        }
+    )*};
+}
+
+handles! {
+    /// A context.
+    Context;
+    /// A loaded module.
+    Module;
+    /// A kernel in a module.
+    Function;
+    /// A stream.
+    Stream;
+    /// An event.
+    Event;
+}
 
 /// Why the driver could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -179,7 +206,7 @@ impl Driver {
     }
 
     /// Retains the device's primary context and makes it current on this thread.
-    pub fn primary_context(&self, dev: CUdevice) -> Result<CUcontext, DriverError> {
+    pub fn primary_context(&self, dev: CUdevice) -> Result<Context, DriverError> {
         let mut c = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         self.check("cuDevicePrimaryCtxRetain", unsafe {
@@ -187,7 +214,7 @@ impl Driver {
         })?;
         // SAFETY: a context the driver just returned.
         self.check("cuCtxSetCurrent", unsafe { (self.fns.cuCtxSetCurrent)(c) })?;
-        Ok(c)
+        Ok(Context(c))
     }
 
     pub fn synchronize(&self) -> Result<(), DriverError> {
@@ -293,21 +320,21 @@ impl Driver {
         })
     }
 
-    pub fn load_module(&self, image: &[u8]) -> Result<CUmodule, DriverError> {
+    pub fn load_module(&self, image: &[u8]) -> Result<Module, DriverError> {
         let mut m = std::ptr::null_mut();
         // SAFETY: `image` is a complete module image (a PTX image ends in NUL).
         self.check("cuModuleLoadData", unsafe {
             (self.fns.cuModuleLoadData)(&mut m, image.as_ptr().cast())
         })?;
-        Ok(m)
+        Ok(Module(m))
     }
 
-    pub fn unload_module(&self, m: CUmodule) -> Result<(), DriverError> {
+    pub fn unload_module(&self, m: Module) -> Result<(), DriverError> {
         // SAFETY: a module this driver loaded.
-        self.check("cuModuleUnload", unsafe { (self.fns.cuModuleUnload)(m) })
+        self.check("cuModuleUnload", unsafe { (self.fns.cuModuleUnload)(m.0) })
     }
 
-    pub fn function(&self, m: CUmodule, name: &str) -> Result<CUfunction, DriverError> {
+    pub fn function(&self, m: Module, name: &str) -> Result<Function, DriverError> {
         let name = CString::new(name).map_err(|_| DriverError::Cuda {
             call: "cuModuleGetFunction",
             code: 1,
@@ -316,13 +343,13 @@ impl Driver {
         let mut f = std::ptr::null_mut();
         // SAFETY: valid module, name and out-pointer.
         self.check("cuModuleGetFunction", unsafe {
-            (self.fns.cuModuleGetFunction)(&mut f, m, name.as_ptr())
+            (self.fns.cuModuleGetFunction)(&mut f, m.0, name.as_ptr())
         })?;
-        Ok(f)
+        Ok(Function(f))
     }
 
     /// The parameter layout of `f` as (offset, size), from `cuFuncGetParamInfo` (driver >= 12.4).
-    pub fn param_layout(&self, f: CUfunction) -> Result<Vec<(u32, u32)>, DriverError> {
+    pub fn param_layout(&self, f: Function) -> Result<Vec<(u32, u32)>, DriverError> {
         let get = self
             .fns
             .cuFuncGetParamInfo
@@ -331,7 +358,7 @@ impl Driver {
         for i in 0..4096usize {
             let (mut off, mut size) = (0usize, 0usize);
             // SAFETY: valid function and out-pointers.
-            match unsafe { get(f, i, &mut off, &mut size) } {
+            match unsafe { get(f.0, i, &mut off, &mut size) } {
                 0 => out.push((off as u32, size as u32)),
                 _ => break,
             }
@@ -339,11 +366,11 @@ impl Driver {
         Ok(out)
     }
 
-    pub fn function_attribute(&self, f: CUfunction, attr: i32) -> Result<i32, DriverError> {
+    pub fn function_attribute(&self, f: Function, attr: i32) -> Result<i32, DriverError> {
         let mut v = 0;
         // SAFETY: valid function and out-pointer.
         self.check("cuFuncGetAttribute", unsafe {
-            (self.fns.cuFuncGetAttribute)(&mut v, attr, f)
+            (self.fns.cuFuncGetAttribute)(&mut v, attr, f.0)
         })?;
         Ok(v)
     }
@@ -351,11 +378,11 @@ impl Driver {
     /// Launches `f` with a parameter buffer packed at device offsets (the `extra` form).
     pub fn launch(
         &self,
-        f: CUfunction,
+        f: Function,
         grid: [u32; 3],
         block: [u32; 3],
         shared: u32,
-        stream: CUstream,
+        stream: Stream,
         params: &[u8],
     ) -> Result<(), DriverError> {
         let mut buf = params.to_vec();
@@ -370,7 +397,7 @@ impl Driver {
         // SAFETY: `extra` is a well-formed CU_LAUNCH_PARAM list over live locals.
         let r = unsafe {
             (self.fns.cuLaunchKernel)(
-                f,
+                f.0,
                 grid[0],
                 grid[1],
                 grid[2],
@@ -378,7 +405,7 @@ impl Driver {
                 block[1],
                 block[2],
                 shared,
-                stream,
+                stream.0,
                 std::ptr::null_mut(),
                 extra.as_ptr().cast_mut(),
             )
@@ -386,63 +413,65 @@ impl Driver {
         self.check("cuLaunchKernel", r)
     }
 
-    pub fn stream_create(&self, flags: u32, priority: c_int) -> Result<CUstream, DriverError> {
+    pub fn stream_create(&self, flags: u32, priority: c_int) -> Result<Stream, DriverError> {
         let mut s = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         self.check("cuStreamCreateWithPriority", unsafe {
             (self.fns.cuStreamCreateWithPriority)(&mut s, flags, priority)
         })?;
-        Ok(s)
+        Ok(Stream(s))
     }
 
-    pub fn stream_destroy(&self, s: CUstream) -> Result<(), DriverError> {
+    pub fn stream_destroy(&self, s: Stream) -> Result<(), DriverError> {
         // SAFETY: a stream this driver created.
         self.check("cuStreamDestroy_v2", unsafe {
-            (self.fns.cuStreamDestroy_v2)(s)
+            (self.fns.cuStreamDestroy_v2)(s.0)
         })
     }
 
-    pub fn stream_synchronize(&self, s: CUstream) -> Result<(), DriverError> {
+    pub fn stream_synchronize(&self, s: Stream) -> Result<(), DriverError> {
         // SAFETY: a valid stream or NULL.
         self.check("cuStreamSynchronize", unsafe {
-            (self.fns.cuStreamSynchronize)(s)
+            (self.fns.cuStreamSynchronize)(s.0)
         })
     }
 
-    pub fn event_create(&self, flags: u32) -> Result<CUevent, DriverError> {
+    pub fn event_create(&self, flags: u32) -> Result<Event, DriverError> {
         let mut e = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         self.check("cuEventCreate", unsafe {
             (self.fns.cuEventCreate)(&mut e, flags)
         })?;
-        Ok(e)
+        Ok(Event(e))
     }
 
-    pub fn event_record(&self, e: CUevent, s: CUstream) -> Result<(), DriverError> {
+    pub fn event_record(&self, e: Event, s: Stream) -> Result<(), DriverError> {
         // SAFETY: valid event and stream.
-        self.check("cuEventRecord", unsafe { (self.fns.cuEventRecord)(e, s) })
-    }
-
-    pub fn event_synchronize(&self, e: CUevent) -> Result<(), DriverError> {
-        // SAFETY: valid event.
-        self.check("cuEventSynchronize", unsafe {
-            (self.fns.cuEventSynchronize)(e)
+        self.check("cuEventRecord", unsafe {
+            (self.fns.cuEventRecord)(e.0, s.0)
         })
     }
 
-    pub fn event_elapsed_ms(&self, a: CUevent, b: CUevent) -> Result<f32, DriverError> {
+    pub fn event_synchronize(&self, e: Event) -> Result<(), DriverError> {
+        // SAFETY: valid event.
+        self.check("cuEventSynchronize", unsafe {
+            (self.fns.cuEventSynchronize)(e.0)
+        })
+    }
+
+    pub fn event_elapsed_ms(&self, a: Event, b: Event) -> Result<f32, DriverError> {
         let mut ms = 0f32;
         // SAFETY: valid events and out-pointer.
         self.check("cuEventElapsedTime", unsafe {
-            (self.fns.cuEventElapsedTime)(&mut ms, a, b)
+            (self.fns.cuEventElapsedTime)(&mut ms, a.0, b.0)
         })?;
         Ok(ms)
     }
 
-    pub fn event_destroy(&self, e: CUevent) -> Result<(), DriverError> {
+    pub fn event_destroy(&self, e: Event) -> Result<(), DriverError> {
         // SAFETY: an event this driver created.
         self.check("cuEventDestroy_v2", unsafe {
-            (self.fns.cuEventDestroy_v2)(e)
+            (self.fns.cuEventDestroy_v2)(e.0)
         })
     }
 }
