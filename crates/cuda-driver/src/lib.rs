@@ -388,9 +388,9 @@ impl Driver {
         let mut buf = params.to_vec();
         let mut len = buf.len();
         let extra: [*mut c_void; 5] = [
-            1 as *mut c_void,
+            std::ptr::without_provenance_mut(1), // CU_LAUNCH_PARAM_BUFFER_POINTER
             buf.as_mut_ptr().cast(),
-            2 as *mut c_void,
+            std::ptr::without_provenance_mut(2), // CU_LAUNCH_PARAM_BUFFER_SIZE
             (&mut len as *mut usize).cast(),
             std::ptr::null_mut(),
         ];
