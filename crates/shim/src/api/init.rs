@@ -100,6 +100,10 @@ pub unsafe extern "C" fn cuGetExportTable(table: *mut *const c_void, id: *const 
         match crate::dark_api::table_for(&id) {
             Some(t) => out(table, t),
             None => {
+                if std::env::var_os("GPUFUSE_LOG").is_some() {
+                    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+                    eprintln!("gpufuse: refused export table {hex}");
+                }
                 out_opt(table, std::ptr::null());
                 Err(INVALID_VALUE)
             }
