@@ -93,6 +93,14 @@ pub struct DeviceStatus {
     pub kind: DeviceKind,
     pub total_bytes: u64,
     pub used_bytes: u64,
+    /// The same UUID `cuDeviceGetUuid` reports.
+    pub uuid: [u8; 16],
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// PCI domain, bus, device (attributes 50, 33, 34).
+    pub pci: (u32, u32, u32),
+    /// Percent of the last second the device spent running kernels.
+    pub utilization_percent: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,7 +109,12 @@ pub struct SessionStatus {
     pub pid: u32,
     pub program: String,
     pub worker_pid: u32,
+    pub device: u32,
     pub used_bytes: u64,
+    /// The session's VRAM limit (its slice), if it has one.
+    pub limit_bytes: Option<u64>,
+    /// Percent of the last second the session's kernels ran.
+    pub utilization_percent: u32,
 }
 
 /// One parameter of a kernel: where its bytes go in the packed parameter buffer.
