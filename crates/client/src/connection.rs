@@ -87,6 +87,24 @@ impl Connection {
         }
     }
 
+    /// Asks the node at `addr` for its status (a one-shot `Status` session).
+    pub fn query_status(addr: &Address, token: String) -> Result<gpufuse_proto::NodeStatus, ClientError> {
+        let hello = Self::hello(gpufuse_proto::SessionKind::Status, token, Default::default());
+        let stream = addr
+            .connect()
+            .map_err(|source| ClientError::Connect { addr: addr.to_string(), source })?;
+        let mut conn = Conn::new(stream);
+        let mut frame = Vec::new();
+        encode_frame(&mut frame, FrameKind::Hello, 0, 0, &hello);
+        conn.send(&frame).map_err(|e| ClientError::Lost(e.into()))?;
+        let (_, body) = conn.recv().map_err(ClientError::Lost)?;
+        match decode_owned::<ServerHello>(body).map_err(ClientError::Protocol)? {
+            ServerHello::Status(s) => Ok(s),
+            ServerHello::Refused { reason } => Err(ClientError::Refused(reason)),
+            ServerHello::Accepted { .. } => Err(ClientError::UnexpectedReply),
+        }
+    }
+
     /// A hello for this process.
     pub fn hello(
         kind: gpufuse_proto::SessionKind,
