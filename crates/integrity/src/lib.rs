@@ -30,7 +30,7 @@ const S: [u8; 256] = [
 pub fn md2(msg: &[u8]) -> [u8; 16] {
     let pad = 16 - msg.len() % 16;
     let mut data = msg.to_vec();
-    data.extend(std::iter::repeat(pad as u8).take(pad));
+    data.extend(std::iter::repeat_n(pad as u8, pad));
     let mut checksum = [0u8; 16];
     let mut l = 0u8;
     for block in data.chunks(16) {
