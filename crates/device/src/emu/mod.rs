@@ -1,0 +1,284 @@
+//! The emulated GPU: device memory in host memory, modules from PTX.
+//!
+//! Memory is a map of allocations (address -> zeroed buffer) in the session's address window;
+//! every access must lie inside one allocation. Modules keep their PTX and layout; kernels run
+//! on the PTX virtual machine once it is wired in (until then a launch is validated and
+//! accepted, and its arguments reach the worker's launch log).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use gpufuse_proto::{DeviceInfo, DeviceKind, FunctionInfo};
+
+use crate::ptx_layout::{self, Layout};
+use crate::status::*;
+use crate::{model, Device, KernelLaunch, ModuleId};
+
+const ALIGN: u64 = 256;
+
+struct Module {
+    layout: Layout,
+    /// Device addresses of the module's variables.
+    variables: HashMap<String, (u64, u64)>,
+}
+
+/// One emulated GPU as one session sees it.
+pub struct EmuDevice {
+    index: u32,
+    total: u64,
+    allocations: BTreeMap<u64, Vec<u8>>,
+    next: u64,
+    window_end: u64,
+    modules: HashMap<ModuleId, Module>,
+    next_module: ModuleId,
+}
+
+impl EmuDevice {
+    /// Device `index` of `total` bytes; this session's addresses start at `base` (its window).
+    pub fn new(index: u32, total: u64, base: u64, window: u64) -> Self {
+        Self {
+            index,
+            total,
+            allocations: BTreeMap::new(),
+            next: base,
+            window_end: base + window,
+            modules: HashMap::new(),
+            next_module: 1,
+        }
+    }
+
+    fn find(&self, ptr: u64, len: u64) -> Option<(u64, usize)> {
+        let (&base, buf) = self.allocations.range(..=ptr).next_back()?;
+        let off = ptr - base;
+        (off.checked_add(len)? <= buf.len() as u64 && (len > 0 || off < buf.len().max(1) as u64))
+            .then_some((base, off as usize))
+    }
+
+    fn slice_mut(&mut self, ptr: u64, len: u64) -> Result<&mut [u8], Status> {
+        let (base, off) = self.find(ptr, len).ok_or(INVALID_VALUE)?;
+        let buf = self.allocations.get_mut(&base).ok_or(INVALID_VALUE)?;
+        Ok(&mut buf[off..off + len as usize])
+    }
+
+    fn slice(&self, ptr: u64, len: u64) -> Result<&[u8], Status> {
+        let (base, off) = self.find(ptr, len).ok_or(INVALID_VALUE)?;
+        Ok(&self.allocations[&base][off..off + len as usize])
+    }
+}
+
+impl Device for EmuDevice {
+    fn info(&self, limit: Option<u64>) -> DeviceInfo {
+        DeviceInfo {
+            index: self.index,
+            name: model::NAME.to_string(),
+            kind: DeviceKind::Emulated,
+            uuid: model::uuid(self.index),
+            total_mem: limit.map_or(self.total, |l| l.min(self.total)),
+            attributes: model::attributes(self.index),
+        }
+    }
+
+    fn alloc(&mut self, size: u64) -> Result<u64, Status> {
+        if size == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let rounded = size.checked_add(ALIGN - 1).ok_or(OUT_OF_MEMORY)? / ALIGN * ALIGN;
+        if size > self.total || self.next + rounded > self.window_end {
+            return Err(OUT_OF_MEMORY);
+        }
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(size as usize)
+            .map_err(|_| OUT_OF_MEMORY)?;
+        buf.resize(size as usize, 0);
+        let ptr = self.next;
+        self.next += rounded;
+        self.allocations.insert(ptr, buf);
+        Ok(ptr)
+    }
+
+    fn free(&mut self, ptr: u64) -> Result<u64, Status> {
+        self.allocations
+            .remove(&ptr)
+            .map(|b| b.len() as u64)
+            .ok_or(INVALID_VALUE)
+    }
+
+    fn contains(&self, ptr: u64, len: u64) -> bool {
+        self.find(ptr, len).is_some()
+    }
+
+    fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Status> {
+        self.slice_mut(dst, data.len() as u64)?
+            .copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read(&mut self, src: u64, out: &mut [u8]) -> Result<(), Status> {
+        out.copy_from_slice(self.slice(src, out.len() as u64)?);
+        Ok(())
+    }
+
+    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status> {
+        let data = self.slice(src, len)?.to_vec();
+        self.write(dst, &data)
+    }
+
+    fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status> {
+        let len = count.checked_mul(elem_size as u64).ok_or(INVALID_VALUE)?;
+        let s = self.slice_mut(dst, len)?;
+        match elem_size {
+            1 => s.fill(value as u8),
+            2 => s
+                .chunks_exact_mut(2)
+                .for_each(|c| c.copy_from_slice(&(value as u16).to_le_bytes())),
+            4 => s
+                .chunks_exact_mut(4)
+                .for_each(|c| c.copy_from_slice(&value.to_le_bytes())),
+            _ => return Err(INVALID_VALUE),
+        }
+        Ok(())
+    }
+
+    fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, Status> {
+        let ptx = gpufuse_fatbin::select_ptx(image, (model::CC.0 * 10 + model::CC.1) as u32)
+            .map_err(|e| match e {
+                gpufuse_fatbin::FatbinError::NoBinaryForGpu(_) => NO_BINARY_FOR_GPU,
+                gpufuse_fatbin::FatbinError::UnsupportedPtxVersion(..) => UNSUPPORTED_PTX_VERSION,
+                _ => INVALID_IMAGE,
+            })?;
+        let layout = ptx_layout::parse(&ptx).map_err(|_| INVALID_PTX)?;
+        let mut variables = HashMap::new();
+        for v in &layout.variables {
+            let ptr = self.alloc(v.size.max(1))?;
+            if let Some(init) = &v.init {
+                let n = init.len().min(v.size as usize);
+                self.write(ptr, &init[..n])?;
+            }
+            variables.insert(v.name.clone(), (ptr, v.size));
+        }
+        let id = self.next_module;
+        self.next_module += 1;
+        self.modules.insert(id, Module { layout, variables });
+        Ok(id)
+    }
+
+    fn unload_module(&mut self, module: ModuleId) -> Result<(), Status> {
+        let m = self.modules.remove(&module).ok_or(INVALID_HANDLE)?;
+        for (ptr, _) in m.variables.values() {
+            let _ = self.free(*ptr);
+        }
+        Ok(())
+    }
+
+    fn function(&mut self, module: ModuleId, name: &str) -> Result<FunctionInfo, Status> {
+        let m = self.modules.get(&module).ok_or(INVALID_HANDLE)?;
+        let k = m
+            .layout
+            .kernels
+            .iter()
+            .find(|k| k.name == name)
+            .ok_or(NOT_FOUND)?;
+        let attributes = vec![
+            (0, 1024),      // max threads per block
+            (1, 0),         // static shared bytes
+            (2, 0),         // constant bytes
+            (3, 0),         // local bytes
+            (4, 32),        // registers
+            (5, 80),        // PTX version
+            (6, 80),        // binary version
+            (7, 0),         // cache mode CA
+            (8, 49152 - 0), // max dynamic shared bytes
+            (9, -1),        // preferred carveout
+        ];
+        Ok(FunctionInfo {
+            params: k.params.clone(),
+            attributes,
+        })
+    }
+
+    fn global(&mut self, module: ModuleId, name: &str) -> Result<(u64, u64), Status> {
+        let m = self.modules.get(&module).ok_or(INVALID_HANDLE)?;
+        m.variables.get(name).copied().ok_or(NOT_FOUND)
+    }
+
+    fn launch(&mut self, l: &KernelLaunch) -> Result<Duration, Status> {
+        let m = self.modules.get(&l.module).ok_or(INVALID_HANDLE)?;
+        let k = m
+            .layout
+            .kernels
+            .iter()
+            .find(|k| k.name == l.function)
+            .ok_or(INVALID_HANDLE)?;
+        let threads = l.block.iter().map(|&d| d as u64).product::<u64>();
+        if threads == 0
+            || threads > 1024
+            || l.block[2] > 64
+            || l.grid[1] > 65535
+            || l.grid[2] > 65535
+            || l.grid.contains(&0)
+        {
+            return Err(INVALID_CONFIGURATION);
+        }
+        if l.shared_mem > 166912 {
+            return Err(INVALID_VALUE);
+        }
+        let need = k
+            .params
+            .iter()
+            .map(|p| p.offset + p.size)
+            .max()
+            .unwrap_or(0) as usize;
+        if l.params.len() < need {
+            return Err(INVALID_VALUE);
+        }
+        Ok(Duration::ZERO)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev() -> EmuDevice {
+        EmuDevice::new(0, 1 << 30, 0x1000_0000_0000, 1 << 40)
+    }
+
+    #[test]
+    fn memory_round_trips_and_is_bounds_checked() {
+        let mut d = dev();
+        let p = d.alloc(1000).unwrap();
+        d.write(p + 10, &[1, 2, 3]).unwrap();
+        let mut out = [0u8; 3];
+        d.read(p + 10, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3]);
+        assert_eq!(d.write(p + 999, &[1, 2]), Err(INVALID_VALUE));
+        assert_eq!(d.read(p + 5000, &mut out), Err(INVALID_VALUE));
+        d.memset(p, 0xAABB_CCDD, 4, 250).unwrap();
+        d.read(p, &mut out).unwrap();
+        assert_eq!(out, [0xDD, 0xCC, 0xBB]);
+        assert_eq!(d.free(p + 1), Err(INVALID_VALUE));
+        assert_eq!(d.free(p), Ok(1000));
+        assert_eq!(d.alloc(2 << 30), Err(OUT_OF_MEMORY));
+    }
+
+    #[test]
+    fn modules_give_layouts_and_globals() {
+        let mut d = dev();
+        let ptx = b".version 8.0\n.target sm_80\n.address_size 64\n.global .align 4 .u32 counter = 7;\n.visible .entry k(.param .u64 a, .param .u32 b)\n{ ret; }\n\0";
+        let m = d.load_module(ptx).unwrap();
+        let f = d.function(m, "k").unwrap();
+        assert_eq!(
+            f.params
+                .iter()
+                .map(|p| (p.offset, p.size))
+                .collect::<Vec<_>>(),
+            vec![(0, 8), (8, 4)]
+        );
+        let (ptr, size) = d.global(m, "counter").unwrap();
+        let mut v = [0u8; 4];
+        d.read(ptr, &mut v).unwrap();
+        assert_eq!((u32::from_le_bytes(v), size), (7, 4));
+        assert_eq!(d.function(m, "nope"), Err(NOT_FOUND));
+        assert_eq!(d.load_module(b"\x7fELF\x02garbage"), Err(NO_BINARY_FOR_GPU));
+    }
+}

@@ -1,0 +1,62 @@
+//! The `Device` trait: what a gpufuse worker needs from a GPU, and its backends.
+//!
+//! - [`emu`]: the emulated GPU (host memory, modules from PTX; executing kernels arrives with
+//!   the PTX virtual machine).
+//!
+//! A device owns memory at stable device addresses (each session gets its own address window),
+//! loaded modules and their functions. Streams and events are ordered by the worker: every
+//! backend here executes a session's work in submission order.
+//!
+//! Errors are CUDA status codes (`CUresult`), because that is what reaches the application.
+
+#![forbid(unsafe_code)]
+
+pub mod emu;
+pub mod model;
+pub mod ptx_layout;
+pub mod status;
+
+use gpufuse_proto::{DeviceInfo, FunctionInfo};
+
+pub use status::Status;
+
+/// A loaded module, as the device knows it.
+pub type ModuleId = u64;
+
+/// What a worker asks of a GPU. Every call validates its arguments and returns a CUDA status
+/// for bad ones; none panics on input from a client.
+pub trait Device: Send {
+    /// Name, UUID, memory and every attribute, with `total_mem` set to `limit` if given.
+    fn info(&self, limit: Option<u64>) -> DeviceInfo;
+    /// Allocates `size` bytes; returns the device address.
+    fn alloc(&mut self, size: u64) -> Result<u64, Status>;
+    /// Frees the allocation starting at `ptr`; returns its size.
+    fn free(&mut self, ptr: u64) -> Result<u64, Status>;
+    /// Whether `[ptr, ptr+len)` lies inside one allocation.
+    fn contains(&self, ptr: u64, len: u64) -> bool;
+    fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Status>;
+    fn read(&mut self, src: u64, out: &mut [u8]) -> Result<(), Status>;
+    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status>;
+    /// Sets `count` elements of `elem_size` (1, 2 or 4) bytes at `dst` to `value`.
+    fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status>;
+    /// Loads a module image (fatbin, cubin or PTX).
+    fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, Status>;
+    fn unload_module(&mut self, module: ModuleId) -> Result<(), Status>;
+    /// A kernel's parameter layout and attributes.
+    fn function(&mut self, module: ModuleId, name: &str) -> Result<FunctionInfo, Status>;
+    /// A module variable's address and size.
+    fn global(&mut self, module: ModuleId, name: &str) -> Result<(u64, u64), Status>;
+    /// Runs a kernel to completion; returns the device time it took.
+    fn launch(&mut self, launch: &KernelLaunch) -> Result<std::time::Duration, Status>;
+}
+
+/// A kernel launch as the device runs it.
+#[derive(Debug, Clone)]
+pub struct KernelLaunch<'a> {
+    pub module: ModuleId,
+    pub function: &'a str,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub params: &'a [u8],
+}

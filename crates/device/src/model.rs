@@ -1,0 +1,120 @@
+//! The emulated GPU's device model: an NVIDIA A100 (compute capability 8.0, 108 SMs) as the
+//! CUDA driver describes it, with the memory the server was configured with. Features the
+//! emulated GPU does not have (textures, surfaces, peer access, managed memory, mapped host
+//! memory, IPC, cooperative launches) are reported as absent (0).
+
+/// Compute capability: the PTX that nvcc, NVRTC and CuPy emit for it is what the VM runs.
+pub const CC: (i32, i32) = (8, 0);
+pub const NAME: &str = "gpufuse emulated GPU";
+/// PCI domain, bus and device of emulated device `index` (also in the integrity check).
+pub fn pci(index: u32) -> (u32, u32, u32) {
+    (0, 0x40 + index, 0)
+}
+
+/// Every `CUdevice_attribute` id from 1 to 161 (CUDA 13.5) and its value.
+pub fn attributes(index: u32) -> Vec<(i32, i32)> {
+    let (domain, bus, device) = pci(index);
+    let known: &[(i32, i32)] = &[
+        (1, 1024),        // max threads per block
+        (2, 1024),        // max block dim x
+        (3, 1024),        // max block dim y
+        (4, 64),          // max block dim z
+        (5, 2147483647),  // max grid dim x
+        (6, 65535),       // max grid dim y
+        (7, 65535),       // max grid dim z
+        (8, 49152),       // shared memory per block
+        (9, 65536),       // total constant memory
+        (10, 32),         // warp size
+        (11, 2147483647), // max pitch
+        (12, 65536),      // registers per block
+        (13, 1410000),    // clock rate, kHz
+        (14, 512),        // texture alignment
+        (15, 1),          // gpu overlap
+        (16, 108),        // multiprocessors
+        (17, 0),          // kernel exec timeout
+        (18, 0),          // integrated
+        (19, 0),          // can map host memory: no (the device may be on another host)
+        (20, 0),          // compute mode default
+        (30, 512),        // surface alignment
+        (31, 1),          // concurrent kernels
+        (32, 0),          // ECC
+        (33, bus as i32),
+        (34, device as i32),
+        (35, 0),        // TCC
+        (36, 1215000),  // memory clock, kHz
+        (37, 5120),     // memory bus width
+        (38, 41943040), // L2 cache, bytes
+        (39, 2048),     // max threads per multiprocessor
+        (40, 3),        // async engines
+        (41, 1),        // unified addressing
+        (50, domain as i32),
+        (51, 32), // texture pitch alignment
+        (75, CC.0),
+        (76, CC.1),
+        (78, 1),      // stream priorities
+        (79, 1),      // global L1 cache
+        (80, 1),      // local L1 cache
+        (81, 167936), // shared memory per multiprocessor
+        (82, 65536),  // registers per multiprocessor
+        (83, 0),      // managed memory: no
+        (84, 0),      // multi-GPU board
+        (85, 0),
+        (86, 0), // host native atomics
+        (87, 2), // single:double performance ratio
+        (88, 0), // pageable memory access
+        (89, 0), // concurrent managed access
+        (90, 1), // compute preemption
+        (91, 0),
+        (95, 0), // cooperative launch: no (not yet in the VM)
+        (96, 0),
+        (97, 166912), // shared memory per block, opt-in
+        (98, 0),
+        (99, 1),     // host register supported
+        (102, 0),    // virtual memory management: not exposed to clients yet
+        (106, 32),   // max blocks per multiprocessor
+        (108, 0),    // max persisting L2
+        (109, 0),    // max access policy window
+        (111, 1024), // reserved shared memory per block
+        (115, 1),    // memory pools supported
+        (119, 0),    // mempool handle types
+        (120, 0),    // cluster launch
+        (126, 1),    // mem sync domains
+        (130, 0),    // NUMA config: none
+        (131, -1),   // NUMA id
+        (134, -1),   // host NUMA id
+    ];
+    (1..=161)
+        .map(|id| {
+            (
+                id,
+                known.iter().find(|(k, _)| *k == id).map_or(0, |&(_, v)| v),
+            )
+        })
+        .collect()
+}
+
+/// A stable UUID for emulated device `index` (version-4 layout, fixed bytes).
+pub fn uuid(index: u32) -> [u8; 16] {
+    let mut u = *b"gpufuse-emu-dev0";
+    u[15] = b'0' + (index % 10) as u8;
+    u[6] = (u[6] & 0x0f) | 0x40;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    u
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_attribute_is_answered_once() {
+        let a = attributes(0);
+        assert_eq!(a.len(), 161);
+        assert!(a.iter().enumerate().all(|(i, &(id, _))| id == i as i32 + 1));
+        let get = |id| a[id as usize - 1].1;
+        assert_eq!((get(75), get(76)), CC);
+        assert_eq!(get(10), 32);
+        assert_eq!(get(41), 1);
+        assert_eq!(get(115), 1);
+    }
+}
