@@ -88,11 +88,19 @@ impl Connection {
     }
 
     /// Asks the node at `addr` for its status (a one-shot `Status` session).
-    pub fn query_status(addr: &Address, token: String) -> Result<gpufuse_proto::NodeStatus, ClientError> {
-        let hello = Self::hello(gpufuse_proto::SessionKind::Status, token, Default::default());
-        let stream = addr
-            .connect()
-            .map_err(|source| ClientError::Connect { addr: addr.to_string(), source })?;
+    pub fn query_status(
+        addr: &Address,
+        token: String,
+    ) -> Result<gpufuse_proto::NodeStatus, ClientError> {
+        let hello = Self::hello(
+            gpufuse_proto::SessionKind::Status,
+            token,
+            Default::default(),
+        );
+        let stream = addr.connect().map_err(|source| ClientError::Connect {
+            addr: addr.to_string(),
+            source,
+        })?;
         let mut conn = Conn::new(stream);
         let mut frame = Vec::new();
         encode_frame(&mut frame, FrameKind::Hello, 0, 0, &hello);

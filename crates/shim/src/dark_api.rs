@@ -48,7 +48,19 @@ static CUDART_INTERFACE: ExportTable<16> = ExportTable([
     size_slot(16),
     U,
     cudart_primary_context as *const c_void,
-    U, U, U, U, U, U, U, U, U, U, U, U, U,
+    U,
+    U,
+    U,
+    U,
+    U,
+    U,
+    U,
+    U,
+    U,
+    U,
+    U,
+    U,
+    U,
 ]);
 
 // ---- TOOLS_RUNTIME_CALLBACK_HOOKS (a094798c) ----
@@ -57,14 +69,20 @@ static HOOK_BUFFER: Mutex<[usize; 1024]> = Mutex::new([0; 1024]);
 static HOOK_SMALL: Mutex<[u8; 14]> = Mutex::new([0; 14]);
 
 extern "C" fn hooks_buffer(buf: *mut *mut c_void, size: *mut usize) -> CUresult {
-    let p = HOOK_BUFFER.lock().unwrap_or_else(|e| e.into_inner()).as_mut_ptr();
+    let p = HOOK_BUFFER
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_mut_ptr();
     crate::ffi::out_opt(buf, p.cast());
     crate::ffi::out_opt(size, 1024);
     SUCCESS
 }
 
 extern "C" fn hooks_small(buf: *mut *mut c_void, size: *mut usize) -> CUresult {
-    let p = HOOK_SMALL.lock().unwrap_or_else(|e| e.into_inner()).as_mut_ptr();
+    let p = HOOK_SMALL
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_mut_ptr();
     crate::ffi::out_opt(buf, p.cast());
     crate::ffi::out_opt(size, 14);
     SUCCESS
@@ -74,7 +92,9 @@ static HOOKS: ExportTable<8> = ExportTable([
     size_slot(8),
     U,
     hooks_buffer as *const c_void,
-    U, U, U,
+    U,
+    U,
+    U,
     hooks_small as *const c_void,
     U,
 ]);
@@ -90,13 +110,18 @@ static PRIVATE_21318C60: ExportTable<64> = {
 
 // ---- context wrapper (263e8860) ----
 
-extern "C" fn ctx_wrapper_check(_ctx: CUcontext, wrapped: *mut c_uint, other: *mut *mut c_void) -> CUresult {
+extern "C" fn ctx_wrapper_check(
+    _ctx: CUcontext,
+    wrapped: *mut c_uint,
+    other: *mut *mut c_void,
+) -> CUresult {
     crate::ffi::out_opt(wrapped, 0);
     crate::ffi::out_opt(other, std::ptr::null_mut());
     SUCCESS
 }
 
-static CTX_WRAPPER: ExportTable<4> = ExportTable([size_slot(4), U, ctx_wrapper_check as *const c_void, U]);
+static CTX_WRAPPER: ExportTable<4> =
+    ExportTable([size_slot(4), U, ctx_wrapper_check as *const c_void, U]);
 
 // ---- CONTEXT_LOCAL_STORAGE (c693336e): slot 0 is a function, there is no size slot ----
 
@@ -111,13 +136,19 @@ fn cls_context(ctx: CUcontext) -> usize {
     }
 }
 
-extern "C" fn cls_insert(ctx: CUcontext, key: *mut c_void, value: *mut c_void, _dtor: *mut c_void) -> CUresult {
+extern "C" fn cls_insert(
+    ctx: CUcontext,
+    key: *mut c_void,
+    value: *mut c_void,
+    _dtor: *mut c_void,
+) -> CUresult {
     let ctx = cls_context(ctx);
     if ctx == 0 {
         return INVALID_VALUE;
     }
     let mut m = CLS.lock().unwrap_or_else(|e| e.into_inner());
-    m.get_or_insert_with(HashMap::new).insert((ctx, key as usize), value as usize);
+    m.get_or_insert_with(HashMap::new)
+        .insert((ctx, key as usize), value as usize);
     SUCCESS
 }
 
@@ -189,18 +220,33 @@ extern "C" fn integrity_check(version: c_uint, unix_seconds: u64, out: *mut [u8;
     }
 }
 
-static INTEGRITY: ExportTable<4> = ExportTable([size_slot(4), integrity_check as *const c_void, U, U]);
+static INTEGRITY: ExportTable<4> =
+    ExportTable([size_slot(4), integrity_check as *const c_void, U, U]);
 
 /// The table for an export-table UUID, or None to refuse it.
 pub fn table_for(id: &[u8; 16]) -> Option<*const c_void> {
     let t = match id {
-        [0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9] => CUDART_INTERFACE.addr(),
-        [0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66] => HOOKS.addr(),
-        [0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc] => TOOLS_TLS.addr(),
-        [0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2] => PRIVATE_21318C60.addr(),
-        [0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93] => CLS_TABLE.addr(),
-        [0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e] => CTX_WRAPPER.addr(),
-        [0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2] => INTEGRITY.addr(),
+        [0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9] => {
+            CUDART_INTERFACE.addr()
+        }
+        [0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66] => {
+            HOOKS.addr()
+        }
+        [0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc] => {
+            TOOLS_TLS.addr()
+        }
+        [0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2] => {
+            PRIVATE_21318C60.addr()
+        }
+        [0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93] => {
+            CLS_TABLE.addr()
+        }
+        [0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e] => {
+            CTX_WRAPPER.addr()
+        }
+        [0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2] => {
+            INTEGRITY.addr()
+        }
         // f8cff951 (unknown), da9151d3 (NVRTC: a fake table makes it abort) and everything else.
         _ => return None,
     };

@@ -15,7 +15,9 @@ pub fn guard(f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
         Ok(Err(status)) => status,
         Err(_) => {
             if !PANIC_REPORTED.swap(true, Ordering::Relaxed) {
-                eprintln!("gpufuse: internal error in a driver call (reported as CUDA_ERROR_UNKNOWN)");
+                eprintln!(
+                    "gpufuse: internal error in a driver call (reported as CUDA_ERROR_UNKNOWN)"
+                );
             }
             UNKNOWN
         }

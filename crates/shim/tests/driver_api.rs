@@ -62,34 +62,76 @@ fn driver_api_against_a_real_server() {
         let mut d = 0u64;
         ok(memory::cuMemAlloc_v2(&mut d, 4096), "alloc");
         let src: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
-        ok(copy::cuMemcpyHtoD_v2(d, src.as_ptr().cast(), src.len()), "htod");
+        ok(
+            copy::cuMemcpyHtoD_v2(d, src.as_ptr().cast(), src.len()),
+            "htod",
+        );
         let mut back = vec![0u8; 4096];
-        ok(copy::cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), d, back.len()), "dtoh");
+        ok(
+            copy::cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), d, back.len()),
+            "dtoh",
+        );
         assert_eq!(back, src);
-        assert_ne!(memory::cuMemFree_v2(d + 12345), 0, "freeing a bogus pointer must fail");
+        assert_ne!(
+            memory::cuMemFree_v2(d + 12345),
+            0,
+            "freeing a bogus pointer must fail"
+        );
         let mut huge = 0u64;
-        assert_eq!(memory::cuMemAlloc_v2(&mut huge, 1 << 50), 2, "impossible allocation");
+        assert_eq!(
+            memory::cuMemAlloc_v2(&mut huge, 1 << 50),
+            2,
+            "impossible allocation"
+        );
         ok(memory::cuMemFree_v2(d), "free");
 
         // Module and launches: the worker must receive the exact argument bytes.
         let ptx = CString::new(PTX).unwrap();
         let mut m = std::ptr::null_mut();
-        ok(module::cuModuleLoadData(&mut m, ptx.as_ptr().cast()), "load");
+        ok(
+            module::cuModuleLoadData(&mut m, ptx.as_ptr().cast()),
+            "load",
+        );
         let mut f = std::ptr::null_mut();
         let name = CString::new("probe").unwrap();
-        ok(module::cuModuleGetFunction(&mut f, m, name.as_ptr()), "get function");
+        ok(
+            module::cuModuleGetFunction(&mut f, m, name.as_ptr()),
+            "get function",
+        );
         let mut off = 0usize;
         let mut size = 0usize;
-        ok(module::cuFuncGetParamInfo(f, 2, &mut off, &mut size), "param info");
+        ok(
+            module::cuFuncGetParamInfo(f, 2, &mut off, &mut size),
+            "param info",
+        );
         assert_eq!((off, size), (8, 24));
 
         let p0: u64 = 0x1122_3344_5566_7788;
         let p1: f32 = 1.5;
         let p2: [u8; 24] = std::array::from_fn(|i| i as u8 + 1);
         let p3: u8 = 0xAB;
-        let args: [*const c_void; 4] =
-            [(&p0 as *const u64).cast(), (&p1 as *const f32).cast(), p2.as_ptr().cast(), (&p3 as *const u8).cast()];
-        ok(launch::cuLaunchKernel(f, 2, 1, 1, 32, 1, 1, 0, std::ptr::null_mut(), args.as_ptr(), std::ptr::null()), "launch");
+        let args: [*const c_void; 4] = [
+            (&p0 as *const u64).cast(),
+            (&p1 as *const f32).cast(),
+            p2.as_ptr().cast(),
+            (&p3 as *const u8).cast(),
+        ];
+        ok(
+            launch::cuLaunchKernel(
+                f,
+                2,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                args.as_ptr(),
+                std::ptr::null(),
+            ),
+            "launch",
+        );
         let mut expected = Vec::new();
         expected.extend_from_slice(&p0.to_le_bytes());
         expected.extend_from_slice(&p1.to_le_bytes());
@@ -106,9 +148,39 @@ fn driver_api_against_a_real_server() {
             (&mut packed_len as *mut usize).cast(),
             std::ptr::null(),
         ];
-        ok(launch::cuLaunchKernel(f, 1, 1, 1, 64, 1, 1, 0, std::ptr::null_mut(), std::ptr::null(), extra.as_ptr()), "launch extra");
+        ok(
+            launch::cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                64,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                extra.as_ptr(),
+            ),
+            "launch extra",
+        );
         // Both forms at once is an error.
-        assert_eq!(launch::cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, std::ptr::null_mut(), args.as_ptr(), extra.as_ptr()), 1);
+        assert_eq!(
+            launch::cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                args.as_ptr(),
+                extra.as_ptr()
+            ),
+            1
+        );
         ok(context::cuCtxSynchronize(), "sync");
 
         let log = launch_log();

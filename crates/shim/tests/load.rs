@@ -18,7 +18,11 @@ fn loading_starts_no_thread_and_opens_no_connection() {
 
     let exe = std::env::current_exe().unwrap();
     let lib = exe.parent().unwrap().parent().unwrap().join("libcuda.so");
-    assert!(lib.exists(), "{} missing: build the shim first", lib.display());
+    assert!(
+        lib.exists(),
+        "{} missing: build the shim first",
+        lib.display()
+    );
     let before = threads();
     let path = CString::new(lib.to_str().unwrap()).unwrap();
     // SAFETY: dlopen with a valid NUL-terminated path; the handle is closed below.
@@ -29,7 +33,10 @@ fn loading_starts_no_thread_and_opens_no_connection() {
     assert!(!unsafe { libc::dlsym(handle, name.as_ptr()) }.is_null());
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert_eq!(threads(), before, "loading the shim started a thread");
-    assert!(listener.accept().is_err(), "loading the shim connected to the server");
+    assert!(
+        listener.accept().is_err(),
+        "loading the shim connected to the server"
+    );
     // SAFETY: the handle came from dlopen above.
     unsafe { libc::dlclose(handle) };
     let _ = std::fs::remove_dir_all(&dir);

@@ -101,6 +101,12 @@ impl Conn {
         &self.stream
     }
 
+    /// The underlying stream (to hand the connection to another process). Bytes already
+    /// buffered but not yet returned by [`Conn::recv`] are dropped.
+    pub fn into_stream(self) -> Stream {
+        self.stream
+    }
+
     /// Writes pre-encoded frames.
     pub fn send(&mut self, frames: &[u8]) -> io::Result<()> {
         self.stream.write_all(frames)

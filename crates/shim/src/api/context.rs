@@ -29,11 +29,18 @@ pub fn client_err(e: gpufuse_client::ClientError) -> CUresult {
 
 /// The device of `ctx`, or of the current context when `ctx` is 0.
 pub fn context_device(g: &Inner, ctx: u64) -> Result<u32, CUresult> {
-    let ctx = if ctx == 0 { state::current_context() } else { ctx };
+    let ctx = if ctx == 0 {
+        state::current_context()
+    } else {
+        ctx
+    };
     if ctx == 0 {
         return Err(INVALID_CONTEXT);
     }
-    g.contexts.get(&ctx).map(|c| c.device).ok_or(INVALID_CONTEXT)
+    g.contexts
+        .get(&ctx)
+        .map(|c| c.device)
+        .ok_or(INVALID_CONTEXT)
 }
 
 /// The current context and its device.
@@ -49,8 +56,21 @@ pub fn ensure_primary(g: &mut Inner, dev: u32) -> Result<u64, CUresult> {
     if !p.created {
         p.created = true;
         let flags = p.flags;
-        g.contexts.insert(h, Context { device: dev, flags, primary: true });
-        g.conn.quiet(&Request::CtxCreate { ctx: h, device: dev, flags }).map_err(client_err)?;
+        g.contexts.insert(
+            h,
+            Context {
+                device: dev,
+                flags,
+                primary: true,
+            },
+        );
+        g.conn
+            .quiet(&Request::CtxCreate {
+                ctx: h,
+                device: dev,
+                flags,
+            })
+            .map_err(client_err)?;
     }
     Ok(h)
 }
@@ -66,9 +86,15 @@ pub fn async_error(g: &mut Inner) -> Result<(), CUresult> {
 fn synchronize(ctx: u64) -> Result<(), CUresult> {
     let s = session()?;
     let mut g = s.lock();
-    let ctx = if ctx == 0 { state::current_context() } else { ctx };
+    let ctx = if ctx == 0 {
+        state::current_context()
+    } else {
+        ctx
+    };
     context_device(&g, ctx)?;
-    g.conn.call(&Request::CtxSynchronize { ctx }).map_err(client_err)?;
+    g.conn
+        .call(&Request::CtxSynchronize { ctx })
+        .map_err(client_err)?;
     async_error(&mut g)
 }
 
@@ -87,7 +113,10 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
 fn primary_release(dev: CUdevice) -> Result<(), CUresult> {
     let s = session()?;
     let mut g = s.lock();
-    let p = g.primary.get_mut(usize::try_from(dev).map_err(|_| INVALID_DEVICE)?).ok_or(INVALID_DEVICE)?;
+    let p = g
+        .primary
+        .get_mut(usize::try_from(dev).map_err(|_| INVALID_DEVICE)?)
+        .ok_or(INVALID_DEVICE)?;
     if p.refcount == 0 {
         return Err(INVALID_CONTEXT);
     }
@@ -111,19 +140,33 @@ fn primary_reset(dev: CUdevice) -> Result<(), CUresult> {
     let mut g = s.lock();
     let d = u32::try_from(dev).map_err(|_| INVALID_DEVICE)?;
     g.primary.get(d as usize).ok_or(INVALID_DEVICE)?;
-    g.conn.call(&Request::DeviceReset { device: d }).map_err(client_err)?;
+    g.conn
+        .call(&Request::DeviceReset { device: d })
+        .map_err(client_err)?;
     let _ = g.conn.take_async_error();
     g.allocations.retain(|_, a| a.device != d);
-    let modules: Vec<u64> = g.modules.iter().filter(|(_, m)| m.device == d).map(|(&k, _)| k).collect();
+    let modules: Vec<u64> = g
+        .modules
+        .iter()
+        .filter(|(_, m)| m.device == d)
+        .map(|(&k, _)| k)
+        .collect();
     for m in modules {
         g.modules.remove(&m);
         g.functions.retain(|_, f| f.module != m);
     }
     let inner = &mut *g;
-    inner.libraries.retain(|_, l| inner.modules.contains_key(&l.module));
+    inner
+        .libraries
+        .retain(|_, l| inner.modules.contains_key(&l.module));
     let libs: std::collections::HashSet<u64> = inner.libraries.keys().copied().collect();
     inner.kernels.retain(|_, k| libs.contains(&k.library));
-    let ctxs: Vec<u64> = g.contexts.iter().filter(|(_, c)| c.device == d).map(|(&k, _)| k).collect();
+    let ctxs: Vec<u64> = g
+        .contexts
+        .iter()
+        .filter(|(_, c)| c.device == d)
+        .map(|(&k, _)| k)
+        .collect();
     g.streams.retain(|_, st| !ctxs.contains(&st.ctx));
     g.contexts.retain(|_, c| c.device != d);
     for c in ctxs {
@@ -147,11 +190,18 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CUresult {
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
     guard(|| {
         let s = session()?;
         let g = s.lock();
-        let p = g.primary.get(usize::try_from(dev).map_err(|_| INVALID_DEVICE)?).ok_or(INVALID_DEVICE)?;
+        let p = g
+            .primary
+            .get(usize::try_from(dev).map_err(|_| INVALID_DEVICE)?)
+            .ok_or(INVALID_DEVICE)?;
         out(flags, p.flags)?;
         out(active, (p.created && p.refcount > 0) as c_int)
     })
@@ -160,7 +210,10 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c
 fn primary_set_flags(dev: CUdevice, flags: c_uint) -> Result<(), CUresult> {
     let s = session()?;
     let mut g = s.lock();
-    let p = g.primary.get_mut(usize::try_from(dev).map_err(|_| INVALID_DEVICE)?).ok_or(INVALID_DEVICE)?;
+    let p = g
+        .primary
+        .get_mut(usize::try_from(dev).map_err(|_| INVALID_DEVICE)?)
+        .ok_or(INVALID_DEVICE)?;
     p.flags = flags;
     Ok(())
 }
@@ -183,19 +236,40 @@ fn create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Result<(), CUre
         return Err(INVALID_DEVICE);
     }
     let h = handles::mint(Kind::Context);
-    g.contexts.insert(h, Context { device: d, flags, primary: false });
-    g.conn.quiet(&Request::CtxCreate { ctx: h, device: d, flags }).map_err(client_err)?;
+    g.contexts.insert(
+        h,
+        Context {
+            device: d,
+            flags,
+            primary: false,
+        },
+    );
+    g.conn
+        .quiet(&Request::CtxCreate {
+            ctx: h,
+            device: d,
+            flags,
+        })
+        .map_err(client_err)?;
     state::push_context(h);
     out(pctx, as_ctx(h))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| create(pctx, flags, dev))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxCreate(
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| create(pctx, flags, dev))
 }
 
@@ -233,7 +307,9 @@ fn destroy(ctx: CUcontext) -> Result<(), CUresult> {
     g.streams.retain(|_, st| st.ctx != h);
     state::forget_context(h);
     crate::dark_api::cls_forget(h);
-    g.conn.quiet(&Request::CtxDestroy { ctx: h }).map_err(client_err)
+    g.conn
+        .quiet(&Request::CtxDestroy { ctx: h })
+        .map_err(client_err)
 }
 
 #[no_mangle]
@@ -353,7 +429,11 @@ pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint
 pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult {
     guard(|| {
         let s = session()?;
-        let h = if handle(ctx) == 0 { state::current_context() } else { handle(ctx) };
+        let h = if handle(ctx) == 0 {
+            state::current_context()
+        } else {
+            handle(ctx)
+        };
         context_device(&s.lock(), h)?;
         out(id, h & 0xffff_ffff_ffff)
     })
@@ -366,7 +446,11 @@ static LIMITS: Mutex<[usize; 8]> = Mutex::new([1024, 1 << 20, 8 << 20, 2, 2048, 
 pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUresult {
     guard(|| {
         let l = LIMITS.lock().unwrap_or_else(|e| e.into_inner());
-        out(value, *l.get(usize::try_from(limit).map_err(|_| INVALID_VALUE)?).ok_or(INVALID_VALUE)?)
+        out(
+            value,
+            *l.get(usize::try_from(limit).map_err(|_| INVALID_VALUE)?)
+                .ok_or(INVALID_VALUE)?,
+        )
     })
 }
 
@@ -374,7 +458,8 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
 pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
     guard(|| {
         let mut l = LIMITS.lock().unwrap_or_else(|e| e.into_inner());
-        *l.get_mut(usize::try_from(limit).map_err(|_| INVALID_VALUE)?).ok_or(INVALID_VALUE)? = value;
+        *l.get_mut(usize::try_from(limit).map_err(|_| INVALID_VALUE)?)
+            .ok_or(INVALID_VALUE)? = value;
         Ok(())
     })
 }
@@ -400,7 +485,10 @@ pub unsafe extern "C" fn cuCtxSetSharedMemConfig(_config: c_int) -> CUresult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> CUresult {
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
+    least: *mut c_int,
+    greatest: *mut c_int,
+) -> CUresult {
     guard(|| {
         out_opt(least, 0);
         out_opt(greatest, -5);

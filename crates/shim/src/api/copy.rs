@@ -24,12 +24,31 @@ fn check_device_range(g: &Inner, ptr: u64, len: u64) -> Result<(), CUresult> {
     g.find_allocation(ptr, len).map(|_| ()).ok_or(INVALID_VALUE)
 }
 
-pub(crate) fn htod(g: &mut Inner, dst: u64, src: *const c_void, n: usize, stream: u64) -> Result<(), CUresult> {
+pub(crate) fn htod(
+    g: &mut Inner,
+    dst: u64,
+    src: *const c_void,
+    n: usize,
+    stream: u64,
+) -> Result<(), CUresult> {
     check_device_range(g, dst, n as u64)?;
-    let Some(_) = g.graphs.record(stream, Op::HtoD { dst, src_host: src as usize, len: n }) else { return Ok(()) };
+    let Some(_) = g.graphs.record(
+        stream,
+        Op::HtoD {
+            dst,
+            src_host: src as usize,
+            len: n,
+        },
+    ) else {
+        return Ok(());
+    };
     let src = host_bytes(src, n)?;
     for (i, chunk) in src.chunks(MAX_COPY_CHUNK).enumerate() {
-        let req = Request::MemcpyHtoD { dst: dst + (i * MAX_COPY_CHUNK) as u64, stream, data: chunk };
+        let req = Request::MemcpyHtoD {
+            dst: dst + (i * MAX_COPY_CHUNK) as u64,
+            stream,
+            data: chunk,
+        };
         g.conn.quiet(&req).map_err(client_err)?;
     }
     Ok(())
@@ -39,8 +58,14 @@ fn dtoh_sync(g: &mut Inner, dst: &mut [u8], src: u64, stream: u64) -> Result<(),
     check_device_range(g, src, dst.len() as u64)?;
     not_capturing(g, stream)?;
     for (i, chunk) in dst.chunks_mut(MAX_COPY_CHUNK).enumerate() {
-        let req = Request::MemcpyDtoH { src: src + (i * MAX_COPY_CHUNK) as u64, size: chunk.len() as u64, stream };
-        let ReplyBody::Data(data) = g.conn.call(&req).map_err(client_err)? else { return Err(UNKNOWN) };
+        let req = Request::MemcpyDtoH {
+            src: src + (i * MAX_COPY_CHUNK) as u64,
+            size: chunk.len() as u64,
+            stream,
+        };
+        let ReplyBody::Data(data) = g.conn.call(&req).map_err(client_err)? else {
+            return Err(UNKNOWN);
+        };
         if data.len() != chunk.len() {
             return Err(UNKNOWN);
         }
@@ -49,30 +74,65 @@ fn dtoh_sync(g: &mut Inner, dst: &mut [u8], src: u64, stream: u64) -> Result<(),
     async_error(g)
 }
 
-pub(crate) fn dtoh_async(g: &mut Inner, dst: *mut c_void, src: u64, len: usize, stream: u64) -> Result<(), CUresult> {
+pub(crate) fn dtoh_async(
+    g: &mut Inner,
+    dst: *mut c_void,
+    src: u64,
+    len: usize,
+    stream: u64,
+) -> Result<(), CUresult> {
     check_device_range(g, src, len as u64)?;
     if len > 0 && dst.is_null() {
         return Err(INVALID_VALUE);
     }
-    let Some(_) = g.graphs.record(stream, Op::DtoH { dst_host: dst as usize, src, len }) else { return Ok(()) };
+    let Some(_) = g.graphs.record(
+        stream,
+        Op::DtoH {
+            dst_host: dst as usize,
+            src,
+            len,
+        },
+    ) else {
+        return Ok(());
+    };
     let mut off = 0;
     while off < len {
         let n = (len - off).min(MAX_COPY_CHUNK);
         // SAFETY: CUDA requires the destination of an asynchronous copy to stay valid until the
         // stream is synchronized; the data is written no later than that synchronization.
         let tag = unsafe { g.conn.register_copy(dst.cast::<u8>().add(off), n) };
-        let req = Request::MemcpyDtoHAsync { src: src + off as u64, size: n as u64, stream, tag };
+        let req = Request::MemcpyDtoHAsync {
+            src: src + off as u64,
+            size: n as u64,
+            stream,
+            tag,
+        };
         g.conn.quiet(&req).map_err(client_err)?;
         off += n;
     }
     Ok(())
 }
 
-pub(crate) fn dtod(g: &mut Inner, dst: u64, src: u64, len: u64, stream: u64) -> Result<(), CUresult> {
+pub(crate) fn dtod(
+    g: &mut Inner,
+    dst: u64,
+    src: u64,
+    len: u64,
+    stream: u64,
+) -> Result<(), CUresult> {
     check_device_range(g, dst, len)?;
     check_device_range(g, src, len)?;
-    let Some(_) = g.graphs.record(stream, Op::DtoD { dst, src, len }) else { return Ok(()) };
-    g.conn.quiet(&Request::MemcpyDtoD { dst, src, size: len, stream }).map_err(client_err)
+    let Some(_) = g.graphs.record(stream, Op::DtoD { dst, src, len }) else {
+        return Ok(());
+    };
+    g.conn
+        .quiet(&Request::MemcpyDtoD {
+            dst,
+            src,
+            size: len,
+            stream,
+        })
+        .map_err(client_err)
 }
 
 /// Synchronous work cannot be captured into a graph.
@@ -84,7 +144,10 @@ pub(crate) fn not_capturing(g: &Inner, stream: u64) -> Result<(), CUresult> {
 }
 
 /// Runs `f` with the session locked and the stream resolved.
-fn with(stream: CUstream, f: impl FnOnce(&mut Inner, u64) -> Result<(), CUresult>) -> Result<(), CUresult> {
+fn with(
+    stream: CUstream,
+    f: impl FnOnce(&mut Inner, u64) -> Result<(), CUresult>,
+) -> Result<(), CUresult> {
     let s = session()?;
     let mut g = s.lock();
     let id = stream_id(&g, stream)?;
@@ -92,43 +155,82 @@ fn with(stream: CUstream, f: impl FnOnce(&mut Inner, u64) -> Result<(), CUresult
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+) -> CUresult {
     guard(|| with(std::ptr::null_mut(), |g, st| htod(g, dst, src, n, st)))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
     guard(|| with(stream, |g, st| htod(g, dst, src, n, st)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    guard(|| with(std::ptr::null_mut(), |g, st| dtoh_sync(g, host_bytes_mut(dst, n)?, src, st)))
+    guard(|| {
+        with(std::ptr::null_mut(), |g, st| {
+            dtoh_sync(g, host_bytes_mut(dst, n)?, src, st)
+        })
+    })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
     guard(|| with(stream, |g, st| dtoh_async(g, dst, src, n, st)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    guard(|| with(std::ptr::null_mut(), |g, st| dtod(g, dst, src, n as u64, st)))
+    guard(|| {
+        with(std::ptr::null_mut(), |g, st| {
+            dtod(g, dst, src, n as u64, st)
+        })
+    })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
     guard(|| with(stream, |g, st| dtod(g, dst, src, n as u64, st)))
 }
 
 /// A unified-addressing copy: the direction comes from which side is device memory.
-pub(crate) fn unified(g: &mut Inner, dst: u64, src: u64, n: usize, stream: u64, sync: bool) -> Result<(), CUresult> {
+pub(crate) fn unified(
+    g: &mut Inner,
+    dst: u64,
+    src: u64,
+    n: usize,
+    stream: u64,
+    sync: bool,
+) -> Result<(), CUresult> {
     let dst_dev = g.find_allocation(dst, 1).is_some();
     let src_dev = g.find_allocation(src, 1).is_some();
     match (dst_dev, src_dev) {
         (true, true) => dtod(g, dst, src, n as u64, stream),
         (true, false) => htod(g, dst, src as usize as *const c_void, n, stream),
-        (false, true) if sync => dtoh_sync(g, host_bytes_mut(dst as usize as *mut c_void, n)?, src, stream),
+        (false, true) if sync => dtoh_sync(
+            g,
+            host_bytes_mut(dst as usize as *mut c_void, n)?,
+            src,
+            stream,
+        ),
         (false, true) => dtoh_async(g, dst as usize as *mut c_void, src, n, stream),
         (false, false) => {
             let s = host_bytes(src as usize as *const c_void, n)?;
@@ -141,11 +243,20 @@ pub(crate) fn unified(g: &mut Inner, dst: u64, src: u64, n: usize, stream: u64, 
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    guard(|| with(std::ptr::null_mut(), |g, st| unified(g, dst, src, n, st, true)))
+    guard(|| {
+        with(std::ptr::null_mut(), |g, st| {
+            unified(g, dst, src, n, st, true)
+        })
+    })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyAsync(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
     guard(|| with(stream, |g, st| unified(g, dst, src, n, st, false)))
 }
 
@@ -177,7 +288,15 @@ const MEM_ARRAY: c_int = 3;
 const MEM_UNIFIED: c_int = 4;
 
 /// Whether one side of a 2-D copy is device memory, and its address of the first byte.
-fn side(g: &Inner, kind: c_int, host: usize, device: u64, x: usize, y: usize, pitch: usize) -> Result<(bool, u64), CUresult> {
+fn side(
+    g: &Inner,
+    kind: c_int,
+    host: usize,
+    device: u64,
+    x: usize,
+    y: usize,
+    pitch: usize,
+) -> Result<(bool, u64), CUresult> {
     let off = (y * pitch + x) as u64;
     match kind {
         MEM_HOST => Ok((false, host as u64 + off)),
@@ -197,8 +316,24 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
         return Ok(());
     }
     not_capturing(&g, st)?;
-    let (src_dev, src) = side(&g, p.src_memory_type, p.src_host as usize, p.src_device, p.src_x_in_bytes, p.src_y, p.src_pitch)?;
-    let (dst_dev, dst) = side(&g, p.dst_memory_type, p.dst_host as usize, p.dst_device, p.dst_x_in_bytes, p.dst_y, p.dst_pitch)?;
+    let (src_dev, src) = side(
+        &g,
+        p.src_memory_type,
+        p.src_host as usize,
+        p.src_device,
+        p.src_x_in_bytes,
+        p.src_y,
+        p.src_pitch,
+    )?;
+    let (dst_dev, dst) = side(
+        &g,
+        p.dst_memory_type,
+        p.dst_host as usize,
+        p.dst_device,
+        p.dst_x_in_bytes,
+        p.dst_y,
+        p.dst_pitch,
+    )?;
     let (sp, dp) = (p.src_pitch.max(w), p.dst_pitch.max(w));
     if (src_dev && p.src_pitch < w) || (dst_dev && p.dst_pitch < w) {
         return Err(INVALID_VALUE);
@@ -210,31 +345,54 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
     if dst_dev {
         check_device_range(&g, dst, span(dp))?;
     }
-    let rect = |ptr, pitch: usize| Rect { ptr, pitch: pitch as u64 };
+    let rect = |ptr, pitch: usize| Rect {
+        ptr,
+        pitch: pitch as u64,
+    };
     let (w64, h64) = (w as u64, h as u64);
     match (src_dev, dst_dev) {
         (true, true) => g
             .conn
-            .quiet(&Request::Memcpy2DDtoD { dst: rect(dst, dp), src: rect(src, sp), width: w64, height: h64, stream: st })
+            .quiet(&Request::Memcpy2DDtoD {
+                dst: rect(dst, dp),
+                src: rect(src, sp),
+                width: w64,
+                height: h64,
+                stream: st,
+            })
             .map_err(client_err),
         (false, true) => {
             let mut packed = Vec::with_capacity(w * h);
             for row in 0..h {
-                packed.extend_from_slice(host_bytes((src as usize + row * sp) as *const c_void, w)?);
+                packed
+                    .extend_from_slice(host_bytes((src as usize + row * sp) as *const c_void, w)?);
             }
             if packed.len() > MAX_COPY_CHUNK {
                 return Err(NOT_SUPPORTED);
             }
             g.conn
-                .quiet(&Request::Memcpy2DHtoD { dst: rect(dst, dp), width: w64, height: h64, stream: st, data: &packed })
+                .quiet(&Request::Memcpy2DHtoD {
+                    dst: rect(dst, dp),
+                    width: w64,
+                    height: h64,
+                    stream: st,
+                    data: &packed,
+                })
                 .map_err(client_err)
         }
         (true, false) => {
             if w * h > MAX_COPY_CHUNK {
                 return Err(NOT_SUPPORTED);
             }
-            let req = Request::Memcpy2DDtoH { src: rect(src, sp), width: w64, height: h64, stream: st };
-            let ReplyBody::Data(data) = g.conn.call(&req).map_err(client_err)? else { return Err(UNKNOWN) };
+            let req = Request::Memcpy2DDtoH {
+                src: rect(src, sp),
+                width: w64,
+                height: h64,
+                stream: st,
+            };
+            let ReplyBody::Data(data) = g.conn.call(&req).map_err(client_err)? else {
+                return Err(UNKNOWN);
+            };
             if data.len() != w * h {
                 return Err(UNKNOWN);
             }
@@ -277,15 +435,36 @@ fn memset(dst: u64, value: u32, elem: u8, count: usize, stream: CUstream) -> Res
         if count == 0 {
             return Ok(());
         }
-        let op = Op::Memset { dst, value, elem_size: elem, count: count as u64 };
-        let Some(_) = g.graphs.record(st, op) else { return Ok(()) };
+        let op = Op::Memset {
+            dst,
+            value,
+            elem_size: elem,
+            count: count as u64,
+        };
+        let Some(_) = g.graphs.record(st, op) else {
+            return Ok(());
+        };
         g.conn
-            .quiet(&Request::Memset { dst, value, elem_size: elem, count: count as u64, stream: st })
+            .quiet(&Request::Memset {
+                dst,
+                value,
+                elem_size: elem,
+                count: count as u64,
+                stream: st,
+            })
             .map_err(client_err)
     })
 }
 
-fn memset2d(dst: u64, pitch: usize, value: u32, elem: u8, width: usize, height: usize, stream: CUstream) -> Result<(), CUresult> {
+fn memset2d(
+    dst: u64,
+    pitch: usize,
+    value: u32,
+    elem: u8,
+    width: usize,
+    height: usize,
+    stream: CUstream,
+) -> Result<(), CUresult> {
     with(stream, |g, st| {
         let w = width * elem as usize;
         if width == 0 || height == 0 {
@@ -297,13 +476,21 @@ fn memset2d(dst: u64, pitch: usize, value: u32, elem: u8, width: usize, height: 
         check_device_range(g, dst, (pitch * (height - 1) + w) as u64)?;
         if g.graphs.capturing(st).is_some() {
             for row in 0..height {
-                let op = Op::Memset { dst: dst + (row * pitch) as u64, value, elem_size: elem, count: width as u64 };
+                let op = Op::Memset {
+                    dst: dst + (row * pitch) as u64,
+                    value,
+                    elem_size: elem,
+                    count: width as u64,
+                };
                 g.graphs.record(st, op);
             }
             return Ok(());
         }
         let req = Request::Memset2D {
-            dst: Rect { ptr: dst, pitch: pitch as u64 },
+            dst: Rect {
+                ptr: dst,
+                pitch: pitch as u64,
+            },
             value,
             elem_size: elem,
             width: width as u64,

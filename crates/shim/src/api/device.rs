@@ -77,7 +77,11 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(u: *mut [u8; 16], dev: CUdevice) -> 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetLuid(luid: *mut c_char, mask: *mut c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetLuid(
+    luid: *mut c_char,
+    mask: *mut c_uint,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| {
         check_device(dev)?;
         out(luid.cast::<[u8; 8]>(), [0; 8])?;
@@ -89,7 +93,10 @@ pub unsafe extern "C" fn cuDeviceGetLuid(luid: *mut c_char, mask: *mut c_uint, d
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     guard(|| {
         let s = check_device(dev)?;
-        out(bytes, s.device(dev).ok_or(INVALID_DEVICE)?.total_mem as usize)
+        out(
+            bytes,
+            s.device(dev).ok_or(INVALID_DEVICE)?.total_mem as usize,
+        )
     })
 }
 
@@ -103,12 +110,20 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| out(pi, attr(dev, attrib)?))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceComputeCapability(
+    major: *mut c_int,
+    minor: *mut c_int,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| {
         out(major, attr(dev, CC_MAJOR)?)?;
         out(minor, attr(dev, CC_MINOR)?)
@@ -136,8 +151,16 @@ pub unsafe extern "C" fn cuDeviceGetProperties(prop: *mut DevProp, dev: CUdevice
         let a = |id| attr(dev, id);
         let p = DevProp {
             max_threads_per_block: a(MAX_THREADS_PER_BLOCK)?,
-            max_threads_dim: [a(MAX_BLOCK_DIM_X)?, a(MAX_BLOCK_DIM_X + 1)?, a(MAX_BLOCK_DIM_X + 2)?],
-            max_grid_size: [a(MAX_GRID_DIM_X)?, a(MAX_GRID_DIM_X + 1)?, a(MAX_GRID_DIM_X + 2)?],
+            max_threads_dim: [
+                a(MAX_BLOCK_DIM_X)?,
+                a(MAX_BLOCK_DIM_X + 1)?,
+                a(MAX_BLOCK_DIM_X + 2)?,
+            ],
+            max_grid_size: [
+                a(MAX_GRID_DIM_X)?,
+                a(MAX_GRID_DIM_X + 1)?,
+                a(MAX_GRID_DIM_X + 2)?,
+            ],
             shared_mem_per_block: a(MAX_SHARED_MEMORY_PER_BLOCK)?,
             total_constant_memory: a(TOTAL_CONSTANT_MEMORY)?,
             simd_width: a(WARP_SIZE)?,
@@ -151,12 +174,27 @@ pub unsafe extern "C" fn cuDeviceGetProperties(prop: *mut DevProp, dev: CUdevice
 }
 
 fn pci_bus_id(dev: CUdevice) -> Result<String, CUresult> {
-    Ok(format!("{:08x}:{:02x}:{:02x}.0", attr(dev, PCI_DOMAIN_ID)?, attr(dev, PCI_BUS_ID)?, attr(dev, PCI_DEVICE_ID)?))
+    Ok(format!(
+        "{:08x}:{:02x}:{:02x}.0",
+        attr(dev, PCI_DOMAIN_ID)?,
+        attr(dev, PCI_BUS_ID)?,
+        attr(dev, PCI_DEVICE_ID)?
+    ))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetPCIBusId(id: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
-    guard(|| write_cstr(id, usize::try_from(len).map_err(|_| INVALID_VALUE)?, &pci_bus_id(dev)?))
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(
+    id: *mut c_char,
+    len: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    guard(|| {
+        write_cstr(
+            id,
+            usize::try_from(len).map_err(|_| INVALID_VALUE)?,
+            &pci_bus_id(dev)?,
+        )
+    })
 }
 
 #[no_mangle]
@@ -176,7 +214,11 @@ pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, peer: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(
+    can: *mut c_int,
+    dev: CUdevice,
+    peer: CUdevice,
+) -> CUresult {
     guard(|| {
         check_device(dev)?;
         check_device(peer)?;
@@ -185,7 +227,12 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, p
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetP2PAttribute(value: *mut c_int, _attr: c_int, src: CUdevice, dst: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetP2PAttribute(
+    value: *mut c_int,
+    _attr: c_int,
+    src: CUdevice,
+    dst: CUdevice,
+) -> CUresult {
     guard(|| {
         check_device(src)?;
         check_device(dst)?;
@@ -194,7 +241,11 @@ pub unsafe extern "C" fn cuDeviceGetP2PAttribute(value: *mut c_int, _attr: c_int
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(pi: *mut c_int, _kind: c_int, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(
+    pi: *mut c_int,
+    _kind: c_int,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| {
         check_device(dev)?;
         out(pi, 0)

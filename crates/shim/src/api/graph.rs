@@ -77,7 +77,10 @@ fn capture_info(stream: CUstream) -> Result<(c_int, u64), CUresult> {
     let g = s.lock();
     let st = stream_id(&g, stream)?;
     Ok(match g.graphs.capturing(st) {
-        Some(_) => (CAPTURE_STATUS_ACTIVE, g.graphs.capture_ids.get(&st).copied().unwrap_or(0)),
+        Some(_) => (
+            CAPTURE_STATUS_ACTIVE,
+            g.graphs.capture_ids.get(&st).copied().unwrap_or(0),
+        ),
         None => (CAPTURE_STATUS_NONE, 0),
     })
 }
@@ -88,7 +91,11 @@ pub unsafe extern "C" fn cuStreamIsCapturing(stream: CUstream, status: *mut c_in
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo(stream: CUstream, status: *mut c_int, id: *mut u64) -> CUresult {
+pub unsafe extern "C" fn cuStreamGetCaptureInfo(
+    stream: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+) -> CUresult {
     guard(|| {
         let (st, cid) = capture_info(stream)?;
         out_opt(id, cid);
@@ -156,15 +163,29 @@ pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuGraphGetNodes(graph: CUgraph, nodes: *mut *mut c_void, count: *mut usize) -> CUresult {
+pub unsafe extern "C" fn cuGraphGetNodes(
+    graph: CUgraph,
+    nodes: *mut *mut c_void,
+    count: *mut usize,
+) -> CUresult {
     guard(|| {
         let s = session()?;
         let g = s.lock();
-        let n = g.graphs.graphs.get(&h(graph)).ok_or(INVALID_HANDLE)?.ops.len();
+        let n = g
+            .graphs
+            .graphs
+            .get(&h(graph))
+            .ok_or(INVALID_HANDLE)?
+            .ops
+            .len();
         if !nodes.is_null() {
             let want = crate::ffi::read(count)?;
             for i in 0..want.min(n) {
-                crate::ffi::write_at(nodes, i, ((h(graph) & 0xffff_ffff) << 16 | (i as u64 + 1)) as usize as *mut c_void)?;
+                crate::ffi::write_at(
+                    nodes,
+                    i,
+                    ((h(graph) & 0xffff_ffff) << 16 | (i as u64 + 1)) as usize as *mut c_void,
+                )?;
             }
         }
         out(count, n)
@@ -177,7 +198,12 @@ fn instantiate(pexec: *mut CUgraphExec, graph: CUgraph) -> Result<(), CUresult> 
     }
     let s = session()?;
     let mut g = s.lock();
-    let ops = g.graphs.graphs.get(&h(graph)).ok_or(INVALID_HANDLE)?.clone();
+    let ops = g
+        .graphs
+        .graphs
+        .get(&h(graph))
+        .ok_or(INVALID_HANDLE)?
+        .clone();
     let exec = handles::mint(Kind::GraphExec);
     g.graphs.execs.insert(exec, ops);
     out(pexec, exec as usize as CUgraphExec)
@@ -206,12 +232,20 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuGraphInstantiateWithFlags(pexec: *mut CUgraphExec, graph: CUgraph, _flags: u64) -> CUresult {
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    pexec: *mut CUgraphExec,
+    graph: CUgraph,
+    _flags: u64,
+) -> CUresult {
     guard(|| instantiate(pexec, graph))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuGraphInstantiateWithParams(pexec: *mut CUgraphExec, graph: CUgraph, _params: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuGraphInstantiateWithParams(
+    pexec: *mut CUgraphExec,
+    graph: CUgraph,
+    _params: *mut c_void,
+) -> CUresult {
     guard(|| instantiate(pexec, graph))
 }
 
@@ -230,31 +264,57 @@ pub unsafe extern "C" fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> C
         let s = session()?;
         let g = s.lock();
         stream_id(&g, stream)?;
-        g.graphs.execs.get(&h(exec)).map(|_| ()).ok_or(INVALID_HANDLE)
+        g.graphs
+            .execs
+            .get(&h(exec))
+            .map(|_| ())
+            .ok_or(INVALID_HANDLE)
     })
 }
 
 /// Replays one captured operation on `stream`.
 fn run(g: &mut Inner, stream: u64, op: Op) -> Result<(), CUresult> {
     match op {
-        Op::Launch { function, grid, block, shared_mem, params, attributes } => {
-            send_launch(g, function, grid, block, shared_mem, stream, params, attributes)
-        }
+        Op::Launch {
+            function,
+            grid,
+            block,
+            shared_mem,
+            params,
+            attributes,
+        } => send_launch(
+            g, function, grid, block, shared_mem, stream, params, attributes,
+        ),
         Op::HtoD { dst, src_host, len } => htod(g, dst, src_host as *const c_void, len, stream),
         Op::DtoH { dst_host, src, len } => dtoh_async(g, dst_host as *mut c_void, src, len, stream),
         Op::DtoD { dst, src, len } => dtod(g, dst, src, len, stream),
-        Op::Memset { dst, value, elem_size, count } => g
+        Op::Memset {
+            dst,
+            value,
+            elem_size,
+            count,
+        } => g
             .conn
-            .quiet(&Request::Memset { dst, value, elem_size, count, stream })
+            .quiet(&Request::Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+                stream,
+            })
             .map_err(client_err),
         Op::EventRecord { event } => {
             if g.events.contains_key(&event) {
-                g.conn.quiet(&Request::EventRecord { event, stream }).map_err(client_err)?;
+                g.conn
+                    .quiet(&Request::EventRecord { event, stream })
+                    .map_err(client_err)?;
             }
             Ok(())
         }
         Op::HostFn { func, user } => {
-            g.conn.call(&Request::StreamSynchronize { stream }).map_err(client_err)?;
+            g.conn
+                .call(&Request::StreamSynchronize { stream })
+                .map_err(client_err)?;
             // SAFETY: the application registered this host function and argument during capture
             // and CUDA calls it each time the graph runs.
             let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(func) };
@@ -269,7 +329,13 @@ fn launch(exec: CUgraphExec, stream: CUstream) -> Result<(), CUresult> {
     let s = session()?;
     let mut g = s.lock();
     let st = stream_id(&g, stream)?;
-    let ops = g.graphs.execs.get(&h(exec)).ok_or(INVALID_HANDLE)?.ops.clone();
+    let ops = g
+        .graphs
+        .execs
+        .get(&h(exec))
+        .ok_or(INVALID_HANDLE)?
+        .ops
+        .clone();
     for op in ops {
         run(&mut g, st, op)?;
     }

@@ -40,7 +40,12 @@ const FOUND: c_int = 0;
 const SYMBOL_NOT_FOUND: c_int = 1;
 const VERSION_NOT_SUFFICIENT: c_int = 2;
 
-fn lookup(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) -> (CUresult, c_int) {
+fn lookup(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> (CUresult, c_int) {
     let Ok(name) = cstr(symbol) else {
         return (INVALID_VALUE, SYMBOL_NOT_FOUND);
     };
@@ -94,7 +99,10 @@ pub unsafe extern "C" fn cuGetProcAddress(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) -> CUresult {
+pub unsafe extern "C" fn cuGetExportTable(
+    table: *mut *const c_void,
+    id: *const [u8; 16],
+) -> CUresult {
     guard(|| {
         let id = crate::ffi::read(id)?;
         match crate::dark_api::table_for(&id) {
@@ -117,8 +125,15 @@ fn error_strings() -> &'static HashMap<CUresult, (CString, CString)> {
         (-1..1000)
             .filter_map(|code| {
                 let name = gpufuse_cuda_types::result_name(code)?;
-                let text = name.trim_start_matches("CUDA_ERROR_").replace('_', " ").to_lowercase();
-                let text = if code == 0 { "no error".to_string() } else { text };
+                let text = name
+                    .trim_start_matches("CUDA_ERROR_")
+                    .replace('_', " ")
+                    .to_lowercase();
+                let text = if code == 0 {
+                    "no error".to_string()
+                } else {
+                    text
+                };
                 Some((code, (CString::new(name).ok()?, CString::new(text).ok()?)))
             })
             .collect()

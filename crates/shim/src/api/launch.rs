@@ -20,7 +20,11 @@ const PARAM_BUFFER_SIZE: usize = 2;
 const MAX_PARAM_BYTES: usize = 32764;
 
 /// Packs `kernelParams` (one pointer per parameter) or `extra` (a pre-packed buffer).
-fn pack(layout: &[gpufuse_proto::ParamSlot], params: *const *const c_void, extra: *const *const c_void) -> Result<Vec<u8>, CUresult> {
+fn pack(
+    layout: &[gpufuse_proto::ParamSlot],
+    params: *const *const c_void,
+    extra: *const *const c_void,
+) -> Result<Vec<u8>, CUresult> {
     match (params.is_null(), extra.is_null()) {
         (false, false) => Err(INVALID_VALUE),
         (true, true) => {
@@ -31,12 +35,17 @@ fn pack(layout: &[gpufuse_proto::ParamSlot], params: *const *const c_void, extra
             }
         }
         (false, true) => {
-            let len = layout.iter().map(|p| (p.offset + p.size) as usize).max().unwrap_or(0);
+            let len = layout
+                .iter()
+                .map(|p| (p.offset + p.size) as usize)
+                .max()
+                .unwrap_or(0);
             let mut buf = vec![0u8; len];
             for (i, slot) in layout.iter().enumerate() {
                 let arg = read_at(params, i)?;
                 let bytes = host_bytes(arg, slot.size as usize)?;
-                buf[slot.offset as usize..(slot.offset + slot.size) as usize].copy_from_slice(bytes);
+                buf[slot.offset as usize..(slot.offset + slot.size) as usize]
+                    .copy_from_slice(bytes);
             }
             Ok(buf)
         }
@@ -79,9 +88,20 @@ fn launch(
     let s = session()?;
     let mut g = s.lock();
     let st = stream_id(&g, stream)?;
-    let function = g.resolve_function(f as usize as u64).ok_or(INVALID_HANDLE)?;
+    let function = g
+        .resolve_function(f as usize as u64)
+        .ok_or(INVALID_HANDLE)?;
     let packed = pack(&g.functions[&function].info.params, params, extra)?;
-    send_launch(&mut g, function, dims.grid, dims.block, dims.shared_mem, st, packed, attributes)
+    send_launch(
+        &mut g,
+        function,
+        dims.grid,
+        dims.block,
+        dims.shared_mem,
+        st,
+        packed,
+        attributes,
+    )
 }
 
 /// Sends a launch, or records it if `stream` is capturing.
@@ -96,11 +116,27 @@ pub(crate) fn send_launch(
     packed: Vec<u8>,
     attributes: Vec<(u32, [u64; 8])>,
 ) -> Result<(), CUresult> {
-    let op = gpufuse_client::graph::Op::Launch { function, grid, block, shared_mem, params: packed, attributes };
-    let Some(gpufuse_client::graph::Op::Launch { params: packed, attributes, .. }) = g.graphs.record(st, op) else {
+    let op = gpufuse_client::graph::Op::Launch {
+        function,
+        grid,
+        block,
+        shared_mem,
+        params: packed,
+        attributes,
+    };
+    let Some(gpufuse_client::graph::Op::Launch {
+        params: packed,
+        attributes,
+        ..
+    }) = g.graphs.record(st, op)
+    else {
         return Ok(());
     };
-    let dims = Dims { grid, block, shared_mem };
+    let dims = Dims {
+        grid,
+        block,
+        shared_mem,
+    };
     let req = Request::LaunchKernel(Launch {
         function,
         grid: dims.grid,
@@ -177,14 +213,30 @@ pub struct LaunchAttribute {
 const _: () = assert!(std::mem::size_of::<LaunchConfig>() == 56);
 const _: () = assert!(std::mem::size_of::<LaunchAttribute>() == 72);
 
-fn launch_ex(config: *const LaunchConfig, f: CUfunction, params: *const *const c_void, extra: *const *const c_void) -> Result<(), CUresult> {
+fn launch_ex(
+    config: *const LaunchConfig,
+    f: CUfunction,
+    params: *const *const c_void,
+    extra: *const *const c_void,
+) -> Result<(), CUresult> {
     let c = read(config)?;
     let mut attributes = Vec::with_capacity(c.num_attrs as usize);
     for i in 0..c.num_attrs as usize {
         let a = read_at(c.attrs, i)?;
         attributes.push((a.id, a.value));
     }
-    launch(f, Dims { grid: c.grid, block: c.block, shared_mem: c.shared_mem }, c.stream, params, extra, attributes)
+    launch(
+        f,
+        Dims {
+            grid: c.grid,
+            block: c.block,
+            shared_mem: c.shared_mem,
+        },
+        c.stream,
+        params,
+        extra,
+        attributes,
+    )
 }
 
 #[no_mangle]

@@ -22,9 +22,24 @@ fn alloc(g: &mut Inner, size: usize) -> Result<u64, CUresult> {
         return Err(INVALID_VALUE);
     }
     let (_, device) = current(g)?;
-    let body = g.conn.call(&Request::MemAlloc { device, size: size as u64 }).map_err(client_err)?;
-    let ReplyBody::Ptr(p) = body else { return Err(crate::status::UNKNOWN) };
-    g.allocations.insert(p, Allocation { size: size as u64, device, managed: false });
+    let body = g
+        .conn
+        .call(&Request::MemAlloc {
+            device,
+            size: size as u64,
+        })
+        .map_err(client_err)?;
+    let ReplyBody::Ptr(p) = body else {
+        return Err(crate::status::UNKNOWN);
+    };
+    g.allocations.insert(
+        p,
+        Allocation {
+            size: size as u64,
+            device,
+            managed: false,
+        },
+    );
     Ok(p)
 }
 
@@ -52,11 +67,23 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         let s = session()?;
         let mut g = s.lock();
         let (_, device) = current(&g)?;
-        let req = Request::MemAllocPitch { device, width: width as u64, height: height as u64, elem_size };
+        let req = Request::MemAllocPitch {
+            device,
+            width: width as u64,
+            height: height as u64,
+            elem_size,
+        };
         let ReplyBody::Pitch { ptr, pitch: p } = g.conn.call(&req).map_err(client_err)? else {
             return Err(crate::status::UNKNOWN);
         };
-        g.allocations.insert(ptr, Allocation { size: p * height as u64, device, managed: false });
+        g.allocations.insert(
+            ptr,
+            Allocation {
+                size: p * height as u64,
+                device,
+                managed: false,
+            },
+        );
         out(dptr, ptr)?;
         out(pitch, p as usize)
     })
@@ -77,7 +104,11 @@ pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: *mut c_void,
+) -> CUresult {
     guard(|| {
         let s = session()?;
         let mut g = s.lock();
@@ -117,7 +148,9 @@ fn pool_handle(dev: c_int) -> *mut c_void {
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: c_int) -> CUresult {
     guard(|| {
-        session()?.device(dev).ok_or(crate::status::INVALID_DEVICE)?;
+        session()?
+            .device(dev)
+            .ok_or(crate::status::INVALID_DEVICE)?;
         out(pool, pool_handle(dev))
     })
 }
@@ -129,12 +162,20 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut *mut c_void, dev: c_int) 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolSetAttribute(_pool: *mut c_void, _attr: c_int, _value: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    _pool: *mut c_void,
+    _attr: c_int,
+    _value: *mut c_void,
+) -> CUresult {
     SUCCESS
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolGetAttribute(_pool: *mut c_void, attr: c_int, value: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    _pool: *mut c_void,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
     guard(|| match attr {
         // Reuse policies (ints): all enabled.
         1..=3 => out(value.cast::<c_int>(), 1),
@@ -154,8 +195,10 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         let s = session()?;
         let mut g = s.lock();
         let (_, device) = current(&g)?;
-        let ReplyBody::MemInfo { free: f, total: t } =
-            g.conn.call(&Request::MemGetInfo { device }).map_err(client_err)?
+        let ReplyBody::MemInfo { free: f, total: t } = g
+            .conn
+            .call(&Request::MemGetInfo { device })
+            .map_err(client_err)?
         else {
             return Err(crate::status::UNKNOWN);
         };
@@ -166,10 +209,17 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr) -> CUresult {
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(
+    base: *mut CUdeviceptr,
+    size: *mut usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
     guard(|| {
         let s = session()?;
-        let (b, a) = s.lock().find_allocation(dptr, 1).ok_or(crate::status::NOT_FOUND)?;
+        let (b, a) = s
+            .lock()
+            .find_allocation(dptr, 1)
+            .ok_or(crate::status::NOT_FOUND)?;
         out_opt(base, b);
         out_opt(size, a.size as usize);
         Ok(())
@@ -187,7 +237,14 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CUres
     if p.is_null() {
         return Err(OUT_OF_MEMORY);
     }
-    s.lock().host.insert(p as usize, HostAllocation { size: size.max(1), flags, registered: false });
+    s.lock().host.insert(
+        p as usize,
+        HostAllocation {
+            size: size.max(1),
+            flags,
+            registered: false,
+        },
+    );
     out(pp, p.cast())
 }
 
@@ -197,7 +254,11 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) ->
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
     guard(|| host_alloc(pp, size, flags))
 }
 
@@ -210,7 +271,8 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
             Some(h) if !h.registered => {
                 let h = *h;
                 g.host.remove(&(p as usize));
-                let layout = Layout::from_size_align(h.size, HOST_ALIGN).map_err(|_| INVALID_VALUE)?;
+                let layout =
+                    Layout::from_size_align(h.size, HOST_ALIGN).map_err(|_| INVALID_VALUE)?;
                 // SAFETY: `p` was returned by `alloc_zeroed` with this layout in `host_alloc` and
                 // is removed from the table, so it is freed once.
                 unsafe { std::alloc::dealloc(p.cast(), layout) };
@@ -222,7 +284,11 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemHostRegister_v2(
+    p: *mut c_void,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
     guard(|| {
         if p.is_null() || size == 0 {
             return Err(INVALID_VALUE);
@@ -232,7 +298,14 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags
         if g.find_host(p as usize).is_some() {
             return Err(crate::status::HOST_MEMORY_ALREADY_REGISTERED);
         }
-        g.host.insert(p as usize, HostAllocation { size, flags, registered: true });
+        g.host.insert(
+            p as usize,
+            HostAllocation {
+                size,
+                flags,
+                registered: true,
+            },
+        );
         Ok(())
     })
 }
@@ -263,7 +336,11 @@ pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -
 
 /// Mapped (zero-copy) host memory cannot be reached by a remote device.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(_d: *mut CUdeviceptr, _p: *mut c_void, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
+    _d: *mut CUdeviceptr,
+    _p: *mut c_void,
+    _flags: c_uint,
+) -> CUresult {
     NOT_SUPPORTED
 }
 
@@ -301,7 +378,11 @@ enum PointerKind {
 
 fn classify(g: &Inner, ptr: u64) -> PointerKind {
     if let Some((base, a)) = g.find_allocation(ptr, 1) {
-        return PointerKind::Device { base, size: a.size, device: a.device };
+        return PointerKind::Device {
+            base,
+            size: a.size,
+            device: a.device,
+        };
     }
     if let Some((base, h)) = g.find_host(ptr as usize) {
         return PointerKind::Host { base, size: h.size };
@@ -310,11 +391,20 @@ fn classify(g: &Inner, ptr: u64) -> PointerKind {
 }
 
 /// Writes one attribute. Returns false if the pointer is not CUDA memory.
-fn write_attribute(g: &Inner, attr: c_int, data: *mut c_void, ptr: u64, unknown_ok: bool) -> Result<(), CUresult> {
+fn write_attribute(
+    g: &Inner,
+    attr: c_int,
+    data: *mut c_void,
+    ptr: u64,
+    unknown_ok: bool,
+) -> Result<(), CUresult> {
     let kind = classify(g, ptr);
-    let primary = |d: u32| g.primary.get(d as usize).map(|p| p.handle).unwrap_or(0) as usize as CUcontext;
+    let primary =
+        |d: u32| g.primary.get(d as usize).map(|p| p.handle).unwrap_or(0) as usize as CUcontext;
     let (base, size, device, mem_type) = match kind {
-        PointerKind::Device { base, size, device } => (base, size, device as c_int, MEMORYTYPE_DEVICE),
+        PointerKind::Device { base, size, device } => {
+            (base, size, device as c_int, MEMORYTYPE_DEVICE)
+        }
         PointerKind::Host { base, size } => (base as u64, size as u64, 0, MEMORYTYPE_HOST),
         PointerKind::Unknown if unknown_ok => {
             // "Default NULL values" for a non-CUDA pointer (cuda.h): what CuPy expects.
@@ -322,7 +412,9 @@ fn write_attribute(g: &Inner, attr: c_int, data: *mut c_void, ptr: u64, unknown_
                 P_CONTEXT | P_HOST_POINTER | P_RANGE_START | P_MEMPOOL | P_MAPPING_BASE => {
                     out(data.cast::<*mut c_void>(), std::ptr::null_mut())
                 }
-                P_DEVICE_POINTER | P_BUFFER_ID | P_ALLOWED_HANDLE_TYPES | P_BLOCK_ID => out(data.cast::<u64>(), 0),
+                P_DEVICE_POINTER | P_BUFFER_ID | P_ALLOWED_HANDLE_TYPES | P_BLOCK_ID => {
+                    out(data.cast::<u64>(), 0)
+                }
                 P_RANGE_SIZE | P_MAPPING_SIZE => out(data.cast::<usize>(), 0),
                 P_DEVICE_ORDINAL => out(data.cast::<c_int>(), DEVICE_INVALID),
                 _ => out(data.cast::<u32>(), 0),
@@ -336,9 +428,15 @@ fn write_attribute(g: &Inner, attr: c_int, data: *mut c_void, ptr: u64, unknown_
         P_DEVICE_POINTER => out(data.cast::<u64>(), ptr),
         P_HOST_POINTER => out(
             data.cast::<*mut c_void>(),
-            if mem_type == MEMORYTYPE_HOST { ptr as usize as *mut c_void } else { std::ptr::null_mut() },
+            if mem_type == MEMORYTYPE_HOST {
+                ptr as usize as *mut c_void
+            } else {
+                std::ptr::null_mut()
+            },
         ),
-        P_SYNC_MEMOPS | P_IS_MANAGED | P_IS_LEGACY_IPC | P_GDR_CAPABLE => out(data.cast::<u32>(), 0),
+        P_SYNC_MEMOPS | P_IS_MANAGED | P_IS_LEGACY_IPC | P_GDR_CAPABLE => {
+            out(data.cast::<u32>(), 0)
+        }
         P_MAPPED => out(data.cast::<u32>(), 1),
         P_BUFFER_ID | P_BLOCK_ID => out(data.cast::<u64>(), base),
         P_DEVICE_ORDINAL => out(data.cast::<c_int>(), device),
@@ -352,7 +450,11 @@ fn write_attribute(g: &Inner, attr: c_int, data: *mut c_void, ptr: u64, unknown_
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attr: c_int, ptr: CUdeviceptr) -> CUresult {
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attr: c_int,
+    ptr: CUdeviceptr,
+) -> CUresult {
     guard(|| {
         let s = session()?;
         let g = s.lock();
@@ -380,7 +482,11 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuPointerSetAttribute(_value: *const c_void, attr: c_int, ptr: CUdeviceptr) -> CUresult {
+pub unsafe extern "C" fn cuPointerSetAttribute(
+    _value: *const c_void,
+    attr: c_int,
+    ptr: CUdeviceptr,
+) -> CUresult {
     guard(|| {
         let s = session()?;
         if attr != P_SYNC_MEMOPS || s.lock().find_allocation(ptr, 1).is_none() {
@@ -392,7 +498,11 @@ pub unsafe extern "C" fn cuPointerSetAttribute(_value: *const c_void, attr: c_in
 
 /// Managed memory would need the host to fault pages in from a remote device.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocManaged(_dptr: *mut CUdeviceptr, _size: usize, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocManaged(
+    _dptr: *mut CUdeviceptr,
+    _size: usize,
+    _flags: c_uint,
+) -> CUresult {
     NOT_SUPPORTED
 }
 

@@ -37,7 +37,12 @@ fn load(g: &mut Inner, device: u32, image: &[u8], library: Option<u64>) -> Resul
     let module = handles::mint(Kind::Module);
     let mut send = !g.images_sent.contains(&hash);
     loop {
-        let req = Request::ModuleLoad { module, device, hash, image: send.then_some(image) };
+        let req = Request::ModuleLoad {
+            module,
+            device,
+            hash,
+            image: send.then_some(image),
+        };
         match g.conn.call(&req).map_err(client_err)? {
             ReplyBody::NeedImage if !send => send = true,
             ReplyBody::None => break,
@@ -45,7 +50,14 @@ fn load(g: &mut Inner, device: u32, image: &[u8], library: Option<u64>) -> Resul
         }
     }
     g.images_sent.insert(hash);
-    g.modules.insert(module, Module { device, functions: HashMap::new(), library });
+    g.modules.insert(
+        module,
+        Module {
+            device,
+            functions: HashMap::new(),
+            library,
+        },
+    );
     Ok(module)
 }
 
@@ -89,7 +101,10 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuModuleLoadFatBinary(pmod: *mut CUmodule, image: *const c_void) -> CUresult {
+pub unsafe extern "C" fn cuModuleLoadFatBinary(
+    pmod: *mut CUmodule,
+    image: *const c_void,
+) -> CUresult {
     guard(|| module_load(pmod, image))
 }
 
@@ -97,7 +112,9 @@ fn read_file(path: *const c_char) -> Result<Vec<u8>, CUresult> {
     let path = cstr(path)?;
     let mut bytes = std::fs::read(path).map_err(|_| crate::status::FILE_NOT_FOUND)?;
     // A PTX file is text without its terminating NUL.
-    if !bytes.starts_with(&[0x7f, b'E', b'L', b'F']) && !bytes.starts_with(&0xBA55ED50u32.to_le_bytes()) {
+    if !bytes.starts_with(&[0x7f, b'E', b'L', b'F'])
+        && !bytes.starts_with(&0xBA55ED50u32.to_le_bytes())
+    {
         bytes.push(0);
     }
     Ok(bytes)
@@ -118,7 +135,9 @@ pub unsafe extern "C" fn cuModuleLoad(pmod: *mut CUmodule, fname: *const c_char)
 fn unload_module(g: &mut Inner, m: u64) -> Result<(), CUresult> {
     g.modules.remove(&m).ok_or(INVALID_HANDLE)?;
     g.functions.retain(|_, f| f.module != m);
-    g.conn.quiet(&Request::ModuleUnload { module: m }).map_err(client_err)
+    g.conn
+        .quiet(&Request::ModuleUnload { module: m })
+        .map_err(client_err)
 }
 
 #[no_mangle]
@@ -137,13 +156,24 @@ fn function(g: &mut Inner, m: u64, name: &str) -> Result<u64, CUresult> {
         return Ok(f);
     }
     let f = handles::mint(Kind::Function);
-    let req = Request::ModuleGetFunction { module: m, name, function: f };
+    let req = Request::ModuleGetFunction {
+        module: m,
+        name,
+        function: f,
+    };
     let info = match g.conn.call(&req) {
         Ok(ReplyBody::Function(info)) => info,
         Ok(_) => return Err(UNKNOWN),
         Err(e) => return Err(e.status()),
     };
-    g.functions.insert(f, Function { module: m, name: name.to_string(), info });
+    g.functions.insert(
+        f,
+        Function {
+            module: m,
+            name: name.to_string(),
+            info,
+        },
+    );
     if let Some(module) = g.modules.get_mut(&m) {
         module.functions.insert(name.to_string(), f);
     }
@@ -151,7 +181,11 @@ fn function(g: &mut Inner, m: u64, name: &str) -> Result<u64, CUresult> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuModuleGetFunction(pf: *mut CUfunction, hmod: CUmodule, name: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuModuleGetFunction(
+    pf: *mut CUfunction,
+    hmod: CUmodule,
+    name: *const c_char,
+) -> CUresult {
     guard(|| {
         let name = cstr(name)?;
         let s = session()?;
@@ -165,7 +199,13 @@ fn global(g: &mut Inner, m: u64, name: &str) -> Result<(u64, u64), CUresult> {
     match g.conn.call(&Request::ModuleGetGlobal { module: m, name }) {
         Ok(ReplyBody::Global { ptr, size }) => {
             let device = g.modules[&m].device;
-            g.allocations.entry(ptr).or_insert(gpufuse_client::state::Allocation { size, device, managed: false });
+            g.allocations
+                .entry(ptr)
+                .or_insert(gpufuse_client::state::Allocation {
+                    size,
+                    device,
+                    managed: false,
+                });
             Ok((ptr, size))
         }
         Ok(_) => Err(UNKNOWN),
@@ -174,7 +214,12 @@ fn global(g: &mut Inner, m: u64, name: &str) -> Result<(u64, u64), CUresult> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    hmod: CUmodule,
+    name: *const c_char,
+) -> CUresult {
     guard(|| {
         let name = cstr(name)?;
         let s = session()?;
@@ -200,7 +245,13 @@ fn library_load(plib: *mut CUlibrary, bytes: &[u8]) -> Result<(), CUresult> {
     let device = load_device(&mut g)?;
     let lib = handles::mint(Kind::Library);
     let module = load(&mut g, device, bytes, Some(lib))?;
-    g.libraries.insert(lib, Library { module, kernels: HashMap::new() });
+    g.libraries.insert(
+        lib,
+        Library {
+            module,
+            kernels: HashMap::new(),
+        },
+    );
     out(plib, p(lib))
 }
 
@@ -244,7 +295,11 @@ pub unsafe extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuLibraryGetKernel(pk: *mut CUkernel, lib: CUlibrary, name: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuLibraryGetKernel(
+    pk: *mut CUkernel,
+    lib: CUlibrary,
+    name: *const c_char,
+) -> CUresult {
     guard(|| {
         let name = cstr(name)?;
         let s = session()?;
@@ -256,7 +311,13 @@ pub unsafe extern "C" fn cuLibraryGetKernel(pk: *mut CUkernel, lib: CUlibrary, n
         let module = l.module;
         let f = function(&mut g, module, name)?;
         let k = handles::mint(Kind::Kernel);
-        g.kernels.insert(k, Kernel { library: h(lib), function: f });
+        g.kernels.insert(
+            k,
+            Kernel {
+                library: h(lib),
+                function: f,
+            },
+        );
         if let Some(l) = g.libraries.get_mut(&h(lib)) {
             l.kernels.insert(name.to_string(), k);
         }
@@ -268,13 +329,23 @@ pub unsafe extern "C" fn cuLibraryGetKernel(pk: *mut CUkernel, lib: CUlibrary, n
 pub unsafe extern "C" fn cuLibraryGetModule(pmod: *mut CUmodule, lib: CUlibrary) -> CUresult {
     guard(|| {
         let s = session()?;
-        let m = s.lock().libraries.get(&h(lib)).ok_or(INVALID_HANDLE)?.module;
+        let m = s
+            .lock()
+            .libraries
+            .get(&h(lib))
+            .ok_or(INVALID_HANDLE)?
+            .module;
         out(pmod, p(m))
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, lib: CUlibrary, name: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuLibraryGetGlobal(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    lib: CUlibrary,
+    name: *const c_char,
+) -> CUresult {
     guard(|| {
         let name = cstr(name)?;
         let s = session()?;
@@ -291,7 +362,12 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut 
 pub unsafe extern "C" fn cuKernelGetFunction(pf: *mut CUfunction, kernel: CUkernel) -> CUresult {
     guard(|| {
         let s = session()?;
-        let f = s.lock().kernels.get(&h(kernel)).ok_or(INVALID_HANDLE)?.function;
+        let f = s
+            .lock()
+            .kernels
+            .get(&h(kernel))
+            .ok_or(INVALID_HANDLE)?
+            .function;
         out(pf, p(f))
     })
 }
@@ -300,7 +376,12 @@ pub unsafe extern "C" fn cuKernelGetFunction(pf: *mut CUfunction, kernel: CUkern
 pub unsafe extern "C" fn cuKernelGetLibrary(plib: *mut CUlibrary, kernel: CUkernel) -> CUresult {
     guard(|| {
         let s = session()?;
-        let l = s.lock().kernels.get(&h(kernel)).ok_or(INVALID_HANDLE)?.library;
+        let l = s
+            .lock()
+            .kernels
+            .get(&h(kernel))
+            .ok_or(INVALID_HANDLE)?
+            .library;
         out(plib, p(l))
     })
 }
@@ -316,7 +397,10 @@ pub unsafe extern "C" fn cuFuncGetModule(pmod: *mut CUmodule, f: CUfunction) -> 
 }
 
 /// Runs `op` on the function a `CUfunction` or `CUkernel` names.
-fn with_function<T>(f: *mut c_void, op: impl FnOnce(&mut Function) -> Result<T, CUresult>) -> Result<T, CUresult> {
+fn with_function<T>(
+    f: *mut c_void,
+    op: impl FnOnce(&mut Function) -> Result<T, CUresult>,
+) -> Result<T, CUresult> {
     let s = session()?;
     let mut g = s.lock();
     let id = g.resolve_function(h(f)).ok_or(INVALID_HANDLE)?;
@@ -325,7 +409,12 @@ fn with_function<T>(f: *mut c_void, op: impl FnOnce(&mut Function) -> Result<T, 
 
 fn get_attribute(pi: *mut c_int, attrib: c_int, f: *mut c_void) -> Result<(), CUresult> {
     let v = with_function(f, |func| {
-        func.info.attributes.iter().find(|(a, _)| *a == attrib).map(|&(_, v)| v).ok_or(INVALID_VALUE)
+        func.info
+            .attributes
+            .iter()
+            .find(|(a, _)| *a == attrib)
+            .map(|&(_, v)| v)
+            .ok_or(INVALID_VALUE)
     })?;
     out(pi, v)
 }
@@ -341,22 +430,40 @@ fn set_attribute(f: *mut c_void, attrib: c_int, value: c_int) -> Result<(), CUre
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, f: CUfunction) -> CUresult {
+pub unsafe extern "C" fn cuFuncGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    f: CUfunction,
+) -> CUresult {
     guard(|| get_attribute(pi, attrib, f))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuKernelGetAttribute(pi: *mut c_int, attrib: c_int, k: CUkernel, _dev: c_int) -> CUresult {
+pub unsafe extern "C" fn cuKernelGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    k: CUkernel,
+    _dev: c_int,
+) -> CUresult {
     guard(|| get_attribute(pi, attrib, k))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuFuncSetAttribute(f: CUfunction, attrib: c_int, value: c_int) -> CUresult {
+pub unsafe extern "C" fn cuFuncSetAttribute(
+    f: CUfunction,
+    attrib: c_int,
+    value: c_int,
+) -> CUresult {
     guard(|| set_attribute(f, attrib, value))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuKernelSetAttribute(attrib: c_int, value: c_int, k: CUkernel, _dev: c_int) -> CUresult {
+pub unsafe extern "C" fn cuKernelSetAttribute(
+    attrib: c_int,
+    value: c_int,
+    k: CUkernel,
+    _dev: c_int,
+) -> CUresult {
     guard(|| set_attribute(k, attrib, value))
 }
 
@@ -366,7 +473,11 @@ pub unsafe extern "C" fn cuFuncSetCacheConfig(f: CUfunction, _config: c_int) -> 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuKernelSetCacheConfig(k: CUkernel, _config: c_int, _dev: c_int) -> CUresult {
+pub unsafe extern "C" fn cuKernelSetCacheConfig(
+    k: CUkernel,
+    _config: c_int,
+    _dev: c_int,
+) -> CUresult {
     guard(|| with_function(k, |_| Ok(())))
 }
 
@@ -375,20 +486,37 @@ pub unsafe extern "C" fn cuFuncSetSharedMemConfig(f: CUfunction, _config: c_int)
     guard(|| with_function(f, |_| Ok(())))
 }
 
-fn param_info(f: *mut c_void, index: usize, offset: *mut usize, size: *mut usize) -> Result<(), CUresult> {
-    let slot = with_function(f, |func| func.info.params.get(index).copied().ok_or(INVALID_VALUE))?;
+fn param_info(
+    f: *mut c_void,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> Result<(), CUresult> {
+    let slot = with_function(f, |func| {
+        func.info.params.get(index).copied().ok_or(INVALID_VALUE)
+    })?;
     out(offset, slot.offset as usize)?;
     out_opt(size, slot.size as usize);
     Ok(())
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuFuncGetParamInfo(f: CUfunction, index: usize, offset: *mut usize, size: *mut usize) -> CUresult {
+pub unsafe extern "C" fn cuFuncGetParamInfo(
+    f: CUfunction,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
     guard(|| param_info(f, index, offset, size))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuKernelGetParamInfo(k: CUkernel, index: usize, offset: *mut usize, size: *mut usize) -> CUresult {
+pub unsafe extern "C" fn cuKernelGetParamInfo(
+    k: CUkernel,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
     guard(|| param_info(k, index, offset, size))
 }
 
@@ -458,7 +586,10 @@ fn occupancy(f: *mut c_void, block: c_int, dyn_smem: usize) -> Result<c_int, CUr
         let g = s.lock();
         let id = g.resolve_function(h(f)).ok_or(INVALID_HANDLE)?;
         let func = &g.functions[&id];
-        (g.modules.get(&func.module).map_or(0, |m| m.device), func.info.attributes.clone())
+        (
+            g.modules.get(&func.module).map_or(0, |m| m.device),
+            func.info.attributes.clone(),
+        )
     };
     let fa = |a: c_int| attrs.iter().find(|(k, _)| *k == a).map_or(0, |&(_, v)| v);
     let da = |a: c_int| s.attribute(device as c_int, a).unwrap_or(0);
@@ -471,12 +602,19 @@ fn occupancy(f: *mut c_void, block: c_int, dyn_smem: usize) -> Result<c_int, CUr
     let regs = fa(FUNC_NUM_REGS).max(1) * block;
     let by_regs = da(82) / regs.max(1); // registers per multiprocessor
     let smem = fa(FUNC_SHARED) as usize + dyn_smem;
-    let by_smem = (da(81) as usize).checked_div(smem).map_or(c_int::MAX, |n| n.min(c_int::MAX as usize) as c_int);
+    let by_smem = (da(81) as usize)
+        .checked_div(smem)
+        .map_or(c_int::MAX, |n| n.min(c_int::MAX as usize) as c_int);
     Ok(by_threads.min(by_blocks).min(by_regs).min(by_smem).max(0))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut c_int, f: CUfunction, block: c_int, smem: usize) -> CUresult {
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    n: *mut c_int,
+    f: CUfunction,
+    block: c_int,
+    smem: usize,
+) -> CUresult {
     guard(|| out(n, occupancy(f, block, smem)?))
 }
 
@@ -493,12 +631,28 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
 
 pub type SmemForBlock = Option<unsafe extern "C" fn(c_int) -> usize>;
 
-fn potential_block(min_grid: *mut c_int, block: *mut c_int, f: *mut c_void, cb: SmemForBlock, smem: usize, limit: c_int) -> Result<(), CUresult> {
+fn potential_block(
+    min_grid: *mut c_int,
+    block: *mut c_int,
+    f: *mut c_void,
+    cb: SmemForBlock,
+    smem: usize,
+    limit: c_int,
+) -> Result<(), CUresult> {
     let s = session()?;
     let max_threads = with_function(f, |func| {
-        Ok(func.info.attributes.iter().find(|(a, _)| *a == FUNC_MAX_THREADS).map_or(1024, |&(_, v)| v))
+        Ok(func
+            .info
+            .attributes
+            .iter()
+            .find(|(a, _)| *a == FUNC_MAX_THREADS)
+            .map_or(1024, |&(_, v)| v))
     })?;
-    let limit = if limit <= 0 { max_threads } else { limit.min(max_threads) };
+    let limit = if limit <= 0 {
+        max_threads
+    } else {
+        limit.min(max_threads)
+    };
     let sms = s.attribute(0, 16).unwrap_or(1);
     let (mut best_block, mut best_threads) = (32.min(limit).max(1), 0);
     let mut b = 32;
@@ -543,11 +697,21 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, f: CUfunction, _blocks: c_int, _block: c_int) -> CUresult {
+pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
+    size: *mut usize,
+    f: CUfunction,
+    _blocks: c_int,
+    _block: c_int,
+) -> CUresult {
     guard(|| {
         let s = session()?;
         let static_smem = with_function(f, |func| {
-            Ok(func.info.attributes.iter().find(|(a, _)| *a == FUNC_SHARED).map_or(0, |&(_, v)| v))
+            Ok(func
+                .info
+                .attributes
+                .iter()
+                .find(|(a, _)| *a == FUNC_SHARED)
+                .map_or(0, |&(_, v)| v))
         })?;
         let per_block = s.attribute(0, 97).unwrap_or(0); // opt-in shared memory per block
         out(size, (per_block - static_smem).max(0) as usize)

@@ -48,8 +48,21 @@ fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<()
     let (ctx, _) = current(&g)?;
     let h = handles::mint(Kind::Stream);
     let priority = priority.clamp(-5, 0);
-    g.streams.insert(h, Stream { ctx, flags, priority });
-    g.conn.quiet(&Request::StreamCreate { stream: h, flags, priority }).map_err(client_err)?;
+    g.streams.insert(
+        h,
+        Stream {
+            ctx,
+            flags,
+            priority,
+        },
+    );
+    g.conn
+        .quiet(&Request::StreamCreate {
+            stream: h,
+            flags,
+            priority,
+        })
+        .map_err(client_err)?;
     out(ph, h as usize as CUstream)
 }
 
@@ -59,7 +72,11 @@ pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUr
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamCreateWithPriority(ph: *mut CUstream, flags: c_uint, priority: c_int) -> CUresult {
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    ph: *mut CUstream,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
     guard(|| create_stream(ph, flags, priority))
 }
 
@@ -72,7 +89,9 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
         if g.streams.remove(&h).is_none() {
             return Err(INVALID_HANDLE);
         }
-        g.conn.quiet(&Request::StreamDestroy { stream: h }).map_err(client_err)
+        g.conn
+            .quiet(&Request::StreamDestroy { stream: h })
+            .map_err(client_err)
     })
 }
 
@@ -83,7 +102,9 @@ pub unsafe extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
         let mut g = s.lock();
         let id = stream_id(&g, stream)?;
         crate::api::copy::not_capturing(&g, id)?;
-        g.conn.call(&Request::StreamSynchronize { stream: id }).map_err(client_err)?;
+        g.conn
+            .call(&Request::StreamSynchronize { stream: id })
+            .map_err(client_err)?;
         async_error(&mut g)
     })
 }
@@ -95,13 +116,19 @@ pub unsafe extern "C" fn cuStreamQuery(stream: CUstream) -> CUresult {
         let mut g = s.lock();
         let id = stream_id(&g, stream)?;
         crate::api::copy::not_capturing(&g, id)?;
-        g.conn.call(&Request::StreamQuery { stream: id }).map_err(client_err)?;
+        g.conn
+            .call(&Request::StreamQuery { stream: id })
+            .map_err(client_err)?;
         async_error(&mut g)
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamWaitEvent(stream: CUstream, event: CUevent, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuStreamWaitEvent(
+    stream: CUstream,
+    event: CUevent,
+    _flags: c_uint,
+) -> CUresult {
     guard(|| {
         let s = session()?;
         let mut g = s.lock();
@@ -117,11 +144,19 @@ pub unsafe extern "C" fn cuStreamWaitEvent(stream: CUstream, event: CUevent, _fl
         if g.graphs.capturing(st).is_some() {
             return Ok(());
         }
-        g.conn.quiet(&Request::StreamWaitEvent { stream: st, event: ev }).map_err(client_err)
+        g.conn
+            .quiet(&Request::StreamWaitEvent {
+                stream: st,
+                event: ev,
+            })
+            .map_err(client_err)
     })
 }
 
-fn with_stream<T>(stream: CUstream, f: impl FnOnce(&Inner, Option<&Stream>) -> Result<T, CUresult>) -> Result<T, CUresult> {
+fn with_stream<T>(
+    stream: CUstream,
+    f: impl FnOnce(&Inner, Option<&Stream>) -> Result<T, CUresult>,
+) -> Result<T, CUresult> {
     let s = session()?;
     let g = s.lock();
     let id = stream_id(&g, stream)?;
@@ -140,7 +175,18 @@ pub unsafe extern "C" fn cuStreamGetFlags(stream: CUstream, flags: *mut c_uint) 
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetId(stream: CUstream, id: *mut u64) -> CUresult {
-    guard(|| with_stream(stream, |_, st| out(id, if st.is_some() { stream as u64 & 0xffff_ffff } else { 0 })))
+    guard(|| {
+        with_stream(stream, |_, st| {
+            out(
+                id,
+                if st.is_some() {
+                    stream as u64 & 0xffff_ffff
+                } else {
+                    0
+                },
+            )
+        })
+    })
 }
 
 fn stream_ctx(g: &Inner, st: Option<&Stream>) -> Result<u64, CUresult> {
@@ -152,11 +198,19 @@ fn stream_ctx(g: &Inner, st: Option<&Stream>) -> Result<u64, CUresult> {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetCtx(stream: CUstream, pctx: *mut CUcontext) -> CUresult {
-    guard(|| with_stream(stream, |g, st| out(pctx, stream_ctx(g, st)? as usize as CUcontext)))
+    guard(|| {
+        with_stream(stream, |g, st| {
+            out(pctx, stream_ctx(g, st)? as usize as CUcontext)
+        })
+    })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamGetCtx_v2(stream: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuStreamGetCtx_v2(
+    stream: CUstream,
+    pctx: *mut CUcontext,
+    green: *mut *mut c_void,
+) -> CUresult {
     guard(|| {
         with_stream(stream, |g, st| {
             out_opt(green, std::ptr::null_mut());
@@ -184,17 +238,24 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> 
 }
 
 /// Host functions run in stream order: the stream is drained, then the function is called.
-fn run_host_fn(stream: CUstream, capture: Option<(usize, usize)>, f: impl FnOnce()) -> Result<(), CUresult> {
+fn run_host_fn(
+    stream: CUstream,
+    capture: Option<(usize, usize)>,
+    f: impl FnOnce(),
+) -> Result<(), CUresult> {
     {
         let s = session()?;
         let mut g = s.lock();
         let id = stream_id(&g, stream)?;
         if g.graphs.capturing(id).is_some() {
             let (func, user) = capture.ok_or(crate::status::STREAM_CAPTURE_UNSUPPORTED)?;
-            g.graphs.record(id, gpufuse_client::graph::Op::HostFn { func, user });
+            g.graphs
+                .record(id, gpufuse_client::graph::Op::HostFn { func, user });
             return Ok(());
         }
-        g.conn.call(&Request::StreamSynchronize { stream: id }).map_err(client_err)?;
+        g.conn
+            .call(&Request::StreamSynchronize { stream: id })
+            .map_err(client_err)?;
     }
     f();
     Ok(())
@@ -204,16 +265,27 @@ pub type HostFn = Option<unsafe extern "C" fn(*mut c_void)>;
 pub type StreamCallback = Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>;
 
 #[no_mangle]
-pub unsafe extern "C" fn cuLaunchHostFunc(stream: CUstream, f: HostFn, user: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuLaunchHostFunc(
+    stream: CUstream,
+    f: HostFn,
+    user: *mut c_void,
+) -> CUresult {
     guard(|| {
         let f = f.ok_or(INVALID_VALUE)?;
         // SAFETY: the application gave us this callback and its argument to call once.
-        run_host_fn(stream, Some((f as usize, user as usize)), || unsafe { f(user) })
+        run_host_fn(stream, Some((f as usize, user as usize)), || unsafe {
+            f(user)
+        })
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamAddCallback(stream: CUstream, cb: StreamCallback, user: *mut c_void, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuStreamAddCallback(
+    stream: CUstream,
+    cb: StreamCallback,
+    user: *mut c_void,
+    _flags: c_uint,
+) -> CUresult {
     guard(|| {
         let cb = cb.ok_or(INVALID_VALUE)?;
         // SAFETY: the application gave us this callback and its argument to call once.
@@ -233,8 +305,16 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
         let mut g = s.lock();
         current(&g)?;
         let h = handles::mint(Kind::Event);
-        g.events.insert(h, Event { flags, recorded: false });
-        g.conn.quiet(&Request::EventCreate { event: h, flags }).map_err(client_err)?;
+        g.events.insert(
+            h,
+            Event {
+                flags,
+                recorded: false,
+            },
+        );
+        g.conn
+            .quiet(&Request::EventCreate { event: h, flags })
+            .map_err(client_err)?;
         out(ph, h as usize as CUevent)
     })
 }
@@ -246,7 +326,9 @@ pub unsafe extern "C" fn cuEventDestroy_v2(event: CUevent) -> CUresult {
         let mut g = s.lock();
         let h = event_id(&g, event)?;
         g.events.remove(&h);
-        g.conn.quiet(&Request::EventDestroy { event: h }).map_err(client_err)
+        g.conn
+            .quiet(&Request::EventDestroy { event: h })
+            .map_err(client_err)
     })
 }
 
@@ -260,11 +342,17 @@ fn record(event: CUevent, stream: CUstream) -> Result<(), CUresult> {
     }
     if let Some(graph) = g.graphs.capturing(st) {
         g.graphs.captured_events.insert(ev, graph);
-        g.graphs.record(st, gpufuse_client::graph::Op::EventRecord { event: ev });
+        g.graphs
+            .record(st, gpufuse_client::graph::Op::EventRecord { event: ev });
         return Ok(());
     }
     g.graphs.captured_events.remove(&ev);
-    g.conn.quiet(&Request::EventRecord { event: ev, stream: st }).map_err(client_err)
+    g.conn
+        .quiet(&Request::EventRecord {
+            event: ev,
+            stream: st,
+        })
+        .map_err(client_err)
 }
 
 #[no_mangle]
@@ -273,7 +361,11 @@ pub unsafe extern "C" fn cuEventRecord(event: CUevent, stream: CUstream) -> CUre
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuEventRecordWithFlags(event: CUevent, stream: CUstream, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuEventRecordWithFlags(
+    event: CUevent,
+    stream: CUstream,
+    _flags: c_uint,
+) -> CUresult {
     guard(|| record(event, stream))
 }
 
@@ -297,7 +389,9 @@ pub unsafe extern "C" fn cuEventSynchronize(event: CUevent) -> CUresult {
         let s = session()?;
         let mut g = s.lock();
         let ev = event_id(&g, event)?;
-        g.conn.call(&Request::EventSynchronize { event: ev }).map_err(client_err)?;
+        g.conn
+            .call(&Request::EventSynchronize { event: ev })
+            .map_err(client_err)?;
         async_error(&mut g)
     })
 }
@@ -307,19 +401,31 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Result<(), CUresult> {
     let mut g = s.lock();
     let a = event_id(&g, start)?;
     let b = event_id(&g, end)?;
-    let ReplyBody::Elapsed(t) = g.conn.call(&Request::EventElapsedTime { start: a, end: b }).map_err(client_err)? else {
+    let ReplyBody::Elapsed(t) = g
+        .conn
+        .call(&Request::EventElapsedTime { start: a, end: b })
+        .map_err(client_err)?
+    else {
         return Err(crate::status::UNKNOWN);
     };
     out(ms, t)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
     guard(|| elapsed(ms, start, end))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
     guard(|| elapsed(ms, start, end))
 }
 

@@ -22,8 +22,16 @@ impl Drop for Server {
 fn gpufuse_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
     // target/<profile>/deps/<test> -> target/<profile>/gpufuse
-    let bin = exe.parent().and_then(|p| p.parent()).expect("target dir").join("gpufuse");
-    assert!(bin.exists(), "{} is missing: build the workspace first (cargo build)", bin.display());
+    let bin = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("target dir")
+        .join("gpufuse");
+    assert!(
+        bin.exists(),
+        "{} is missing: build the workspace first (cargo build)",
+        bin.display()
+    );
     bin
 }
 
@@ -43,5 +51,9 @@ pub fn start(devices: &str) -> Server {
         assert!(Instant::now() < deadline, "gpufuse serve did not come up");
         std::thread::sleep(Duration::from_millis(20));
     }
-    Server { child, dir, address }
+    Server {
+        child,
+        dir,
+        address,
+    }
 }

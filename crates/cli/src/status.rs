@@ -1,0 +1,70 @@
+//! `gpufuse status`.
+
+use gpufuse_proto::DeviceKind;
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    #[arg(long, env = "GPUFUSE_SERVER")]
+    server: gpufuse_transport::Address,
+    #[arg(long, env = "GPUFUSE_TOKEN", default_value = "")]
+    token: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn kind(k: DeviceKind) -> &'static str {
+    match k {
+        DeviceKind::Emulated => "emu",
+        DeviceKind::Cuda => "cuda",
+    }
+}
+
+pub fn status(a: StatusArgs) -> anyhow::Result<()> {
+    let s = gpufuse_client::Connection::query_status(&a.server, a.token)?;
+    if a.json {
+        let v = serde_json::json!({
+            "devices": s.devices.iter().map(|d| serde_json::json!({
+                "index": d.index, "name": d.name, "kind": kind(d.kind),
+                "total_bytes": d.total_bytes, "used_bytes": d.used_bytes,
+            })).collect::<Vec<_>>(),
+            "sessions": s.sessions.iter().map(|x| serde_json::json!({
+                "id": x.id, "pid": x.pid, "program": x.program, "worker_pid": x.worker_pid,
+                "device": x.device, "used_bytes": x.used_bytes, "limit_bytes": x.limit_bytes,
+            })).collect::<Vec<_>>(),
+            "notes": s.notes,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    println!("devices:");
+    for d in &s.devices {
+        println!(
+            "  {} {:<24} {:<4} {:>10.1} MiB used of {:>10.1} MiB",
+            d.index,
+            d.name,
+            kind(d.kind),
+            mib(d.used_bytes),
+            mib(d.total_bytes)
+        );
+    }
+    println!("sessions: {}", s.sessions.len());
+    for x in &s.sessions {
+        let limit = x
+            .limit_bytes
+            .map_or("none".to_string(), |l| format!("{:.1} MiB", mib(l)));
+        println!(
+            "  #{:<4} pid {:<8} worker {:<8} {:>10.1} MiB used, limit {limit}  {}",
+            x.id,
+            x.pid,
+            x.worker_pid,
+            mib(x.used_bytes),
+            x.program
+        );
+    }
+    for n in &s.notes {
+        println!("note: {n}");
+    }
+    Ok(())
+}

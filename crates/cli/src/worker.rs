@@ -1,0 +1,48 @@
+//! `gpufuse worker`: one session, in its own process. Its stdin is the client's connection and
+//! its stdout the control socket to the node; it logs to stderr only.
+
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+
+use gpufuse_device::emu::EmuDevice;
+use gpufuse_transport::{Conn, Stream};
+use gpufuse_worker::ControlLedger;
+
+#[derive(clap::Args)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    session: u64,
+    #[arg(long)]
+    device_index: u32,
+    #[arg(long)]
+    device_total: u64,
+    #[arg(long)]
+    window_base: u64,
+    #[arg(long)]
+    window_size: u64,
+    #[arg(long)]
+    limit: Option<u64>,
+    /// The connection is a TCP socket (otherwise a unix socket).
+    #[arg(long)]
+    tcp: bool,
+}
+
+pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
+    let client = std::io::stdin().as_fd().try_clone_to_owned()?;
+    let control = std::io::stdout().as_fd().try_clone_to_owned()?;
+    let conn = Conn::new(Stream::from_fd(client, a.tcp));
+    let mut ledger = ControlLedger(UnixStream::from(control));
+    let mut device = EmuDevice::new(a.device_index, a.device_total, a.window_base, a.window_size);
+    let result = gpufuse_worker::serve(
+        conn,
+        a.session,
+        &mut device,
+        &mut ledger,
+        a.device_index,
+        a.limit,
+    );
+    if let Err(e) = &result {
+        tracing::warn!(session = a.session, "session ended: {e}");
+    }
+    Ok(())
+}

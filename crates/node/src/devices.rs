@@ -1,0 +1,177 @@
+//! `--devices auto|emu:N[:SIZE]|cuda`.
+
+use std::str::FromStr;
+
+use gpufuse_device::model;
+use gpufuse_proto::DeviceKind;
+
+use crate::DeviceState;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// NVIDIA GPUs when a driver and a GPU are present, otherwise one emulated GPU.
+    Auto,
+    /// `count` emulated GPUs of `size` bytes.
+    Emulated { count: u32, size: u64 },
+    /// NVIDIA GPUs through the driver; an error without one.
+    Cuda,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceSpecError {
+    #[error("bad --devices {0:?}: expected auto, cuda or emu:N[:SIZE] (e.g. emu:2:16GiB)")]
+    Bad(String),
+    #[error("--devices cuda: {0}")]
+    NoDriver(#[source] gpufuse_cuda_driver::DriverError),
+    #[error("--devices cuda: NVIDIA's driver is present but reports no GPU")]
+    NoGpu,
+    #[error("--devices cuda: the real-GPU backend is not implemented yet (found {0} GPU(s)); use emu:N for now")]
+    CudaBackendMissing(i32),
+}
+
+const DEFAULT_SIZE: u64 = 16 << 30;
+
+/// Parses `16GiB`, `512MiB`, `2G`, `1000000`.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+impl FromStr for DeviceSpec {
+    type Err = DeviceSpecError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || DeviceSpecError::Bad(s.to_string());
+        match s {
+            "auto" => Ok(DeviceSpec::Auto),
+            "cuda" => Ok(DeviceSpec::Cuda),
+            _ => {
+                let rest = s.strip_prefix("emu").ok_or_else(bad)?;
+                let mut parts = rest
+                    .trim_start_matches(':')
+                    .split(':')
+                    .filter(|p| !p.is_empty());
+                let count = parts
+                    .next()
+                    .map_or(Some(1), |c| c.parse().ok())
+                    .ok_or_else(bad)?;
+                let size = parts
+                    .next()
+                    .map_or(Some(DEFAULT_SIZE), parse_size)
+                    .ok_or_else(bad)?;
+                if count == 0 || count > 16 || size == 0 || parts.next().is_some() {
+                    return Err(bad());
+                }
+                Ok(DeviceSpec::Emulated { count, size })
+            }
+        }
+    }
+}
+
+fn emulated(count: u32, size: u64) -> Vec<DeviceState> {
+    (0..count)
+        .map(|i| DeviceState {
+            name: model::NAME.to_string(),
+            kind: DeviceKind::Emulated,
+            total: size,
+            used: 0,
+            promised: 0,
+            uuid: model::uuid(i),
+            pci: model::pci(i),
+        })
+        .collect()
+}
+
+impl DeviceSpec {
+    /// The devices to serve, and notes for the log and `gpufuse status`.
+    pub fn resolve(&self) -> Result<(Vec<DeviceState>, Vec<String>), DeviceSpecError> {
+        match self {
+            DeviceSpec::Emulated { count, size } => Ok((emulated(*count, *size), vec![])),
+            DeviceSpec::Cuda => {
+                let d = gpufuse_cuda_driver::Driver::load().map_err(DeviceSpecError::NoDriver)?;
+                match d.device_count() {
+                    Ok(0) | Err(_) => Err(DeviceSpecError::NoGpu),
+                    Ok(n) => Err(DeviceSpecError::CudaBackendMissing(n)),
+                }
+            }
+            DeviceSpec::Auto => {
+                let why = match gpufuse_cuda_driver::Driver::load() {
+                    Err(e) => format!("no NVIDIA GPU available ({e})"),
+                    Ok(d) => match d.device_count() {
+                        Ok(n) if n > 0 => format!("{n} NVIDIA GPU(s) found, but the real-GPU backend is not implemented yet"),
+                        _ => "NVIDIA's driver reports no GPU".to_string(),
+                    },
+                };
+                Ok((
+                    emulated(1, DEFAULT_SIZE),
+                    vec![format!(
+                        "devices auto: {why}; serving one emulated GPU of 16 GiB"
+                    )],
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse() {
+        assert_eq!(
+            "emu:2:16GiB".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Emulated {
+                count: 2,
+                size: 16 << 30
+            }
+        );
+        assert_eq!(
+            "emu:1".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Emulated {
+                count: 1,
+                size: 16 << 30
+            }
+        );
+        assert_eq!(
+            "emu".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Emulated {
+                count: 1,
+                size: 16 << 30
+            }
+        );
+        assert_eq!("auto".parse::<DeviceSpec>().unwrap(), DeviceSpec::Auto);
+        for bad in ["emu:0", "emu:x", "emu:1:lots", "gpu", "emu:1:1G:3"] {
+            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("2G"), Some(2 << 30));
+        assert_eq!(parse_size("1000000"), Some(1_000_000));
+        assert_eq!(parse_size("12 parsecs"), None);
+    }
+
+    #[test]
+    fn cuda_without_a_driver_names_the_driver() {
+        if let Err(e) = DeviceSpec::Cuda.resolve() {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("libcuda.so.1") || msg.contains("GPU") || msg.contains("backend"),
+                "{msg}"
+            );
+        }
+    }
+}

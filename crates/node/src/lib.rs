@@ -1,0 +1,320 @@
+//! `gpufuse serve`: the node daemon.
+//!
+//! It listens on every address it is given, reads each connection's hello (with a deadline),
+//! checks the protocol version and the session token, answers status queries itself, admits
+//! CUDA sessions against the device's memory, and hands each admitted connection to its own
+//! worker process (`gpufuse worker`, the connection as its stdin, a control socket as its
+//! stdout). The device ledgers live here: workers reserve and release memory through the
+//! control socket, and when a worker exits for any reason (its client left, was killed, or the
+//! worker itself crashed) everything its session held is released. Other sessions never notice.
+
+mod devices;
+mod spawn;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpufuse_proto::{
+    decode_owned, encode_frame, ClientHello, DeviceStatus, FrameKind, NodeStatus, ProtoError,
+    ServerHello, SessionKind, SessionStatus, PROTOCOL_VERSION,
+};
+use gpufuse_transport::{Address, Conn, Stream, TransportError};
+
+pub use devices::{parse_size, DeviceSpec, DeviceSpecError};
+
+/// How a node decides whether a session may start.
+#[derive(Clone)]
+pub enum TokenPolicy {
+    /// Any hello is accepted (a single-user machine).
+    Open,
+    /// Tokens must verify against this secret (`gpufuse token`).
+    Verify(Vec<u8>),
+}
+
+/// What `gpufuse serve` was asked for.
+#[derive(Clone)]
+pub struct NodeConfig {
+    pub listen: Vec<Address>,
+    pub devices: DeviceSpec,
+    pub tokens: TokenPolicy,
+    /// The `gpufuse` binary that runs workers (`gpufuse worker ...`).
+    pub worker_exe: std::path::PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Devices(#[from] DeviceSpecError),
+}
+
+/// One device's ledger.
+#[derive(Debug, Clone)]
+pub struct DeviceState {
+    pub name: String,
+    pub kind: gpufuse_proto::DeviceKind,
+    pub total: u64,
+    pub used: u64,
+    /// Memory promised to sessions that asked for a slice.
+    pub promised: u64,
+    pub uuid: [u8; 16],
+    pub pci: (u32, u32, u32),
+}
+
+/// One live session.
+#[derive(Debug, Clone)]
+pub struct SessionRecord {
+    pub pid: u32,
+    pub program: String,
+    pub worker_pid: u32,
+    pub device: u32,
+    pub used: u64,
+    pub limit: Option<u64>,
+    pub device_time_us: u64,
+}
+
+/// The node's shared state.
+#[derive(Debug, Default)]
+pub struct NodeState {
+    pub devices: Vec<DeviceState>,
+    pub sessions: HashMap<u64, SessionRecord>,
+    pub next_session: u64,
+    pub notes: Vec<String>,
+}
+
+impl NodeState {
+    pub fn status(&self) -> NodeStatus {
+        NodeStatus {
+            devices: self
+                .devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| DeviceStatus {
+                    index: i as u32,
+                    name: d.name.clone(),
+                    kind: d.kind,
+                    total_bytes: d.total,
+                    used_bytes: d.used,
+                    uuid: d.uuid,
+                    compute_capability: (
+                        gpufuse_device::model::CC.0 as u32,
+                        gpufuse_device::model::CC.1 as u32,
+                    ),
+                    pci: d.pci,
+                    utilization_percent: 0,
+                })
+                .collect(),
+            sessions: {
+                let mut v: Vec<_> = self
+                    .sessions
+                    .iter()
+                    .map(|(&id, s)| SessionStatus {
+                        id,
+                        pid: s.pid,
+                        program: s.program.clone(),
+                        worker_pid: s.worker_pid,
+                        device: s.device,
+                        used_bytes: s.used,
+                        limit_bytes: s.limit,
+                        utilization_percent: 0,
+                    })
+                    .collect();
+                v.sort_by_key(|s| s.id);
+                v
+            },
+            notes: self.notes.clone(),
+        }
+    }
+}
+
+pub type Shared = Arc<Mutex<NodeState>>;
+
+fn lock(s: &Shared) -> std::sync::MutexGuard<'_, NodeState> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Binds every address, then serves until the process is stopped.
+pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
+    let (devices, notes) = config.devices.resolve()?;
+    for n in &notes {
+        tracing::info!("{n}");
+    }
+    let state: Shared = Arc::new(Mutex::new(NodeState {
+        devices,
+        notes,
+        next_session: 1,
+        ..Default::default()
+    }));
+    let mut listeners = Vec::new();
+    for addr in &config.listen {
+        let l = addr.bind().map_err(|source| NodeError::Listen {
+            addr: addr.to_string(),
+            source,
+        })?;
+        tracing::info!(
+            "listening on {}",
+            l.local_address().map(|a| a.to_string()).unwrap_or_default()
+        );
+        listeners.push(l);
+    }
+    let config = Arc::new(config);
+    let mut threads = Vec::new();
+    for l in listeners {
+        let (state, config) = (state.clone(), config.clone());
+        threads.push(std::thread::spawn(move || loop {
+            match l.accept() {
+                Ok(stream) => {
+                    let (state, config) = (state.clone(), config.clone());
+                    std::thread::spawn(move || handle_connection(stream, &state, &config));
+                }
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }));
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}
+
+fn answer(conn: &mut Conn, hello: &ServerHello) {
+    let mut out = Vec::new();
+    encode_frame(&mut out, FrameKind::HelloReply, 0, 0, hello);
+    let _ = conn.send(&out);
+}
+
+fn refuse(conn: &mut Conn, reason: String) {
+    tracing::info!("refused a session: {reason}");
+    answer(conn, &ServerHello::Refused { reason });
+}
+
+fn set_timeout(stream: &Stream, t: Option<Duration>) {
+    let _ = match stream {
+        Stream::Unix(s) => s.set_read_timeout(t),
+        Stream::Tcp(s) => s.set_read_timeout(t),
+    };
+}
+
+fn handle_connection(stream: Stream, state: &Shared, config: &NodeConfig) {
+    set_timeout(&stream, Some(Duration::from_secs(10)));
+    let tcp = stream.is_tcp();
+    let mut conn = Conn::new(stream);
+    let hello: ClientHello = match conn.recv() {
+        Ok((h, body)) if h.kind == FrameKind::Hello => match decode_owned(body) {
+            Ok(hello) => hello,
+            Err(e) => return tracing::warn!("malformed hello: {e}"),
+        },
+        Ok((h, _)) => {
+            return refuse(
+                &mut conn,
+                format!("expected a hello, got a {:?} frame", h.kind),
+            )
+        }
+        Err(TransportError::Proto(ProtoError::VersionMismatch { ours, theirs })) => {
+            return refuse(
+                &mut conn,
+                format!("protocol version mismatch: the server speaks {ours}, the client {theirs}"),
+            );
+        }
+        Err(e) => return tracing::debug!("connection closed before its hello: {e}"),
+    };
+    if hello.protocol_version != PROTOCOL_VERSION {
+        return refuse(
+            &mut conn,
+            format!(
+                "protocol version mismatch: the server speaks {PROTOCOL_VERSION}, the client {}",
+                hello.protocol_version
+            ),
+        );
+    }
+    let claims = match &config.tokens {
+        TokenPolicy::Open => None,
+        TokenPolicy::Verify(secret) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            match gpufuse_auth::verify(secret, &hello.token, now) {
+                Ok(c) => Some(c),
+                Err(e) => return refuse(&mut conn, format!("authentication failed: {e}")),
+            }
+        }
+    };
+    match hello.kind {
+        SessionKind::Status => {
+            let status = lock(state).status();
+            answer(&mut conn, &ServerHello::Status(status));
+        }
+        SessionKind::Cuda => {
+            let mut limit = hello.resources.vram_bytes;
+            if let Some(max) = claims.as_ref().and_then(|c| c.max_vram_bytes) {
+                if limit.is_some_and(|l| l > max) {
+                    return refuse(
+                        &mut conn,
+                        format!("the token allows at most {max} bytes of VRAM"),
+                    );
+                }
+                limit = Some(limit.unwrap_or(max));
+            }
+            let admitted = admit(state, &hello, limit);
+            let (id, device, base) = match admitted {
+                Ok(a) => a,
+                Err(reason) => return refuse(&mut conn, reason),
+            };
+            set_timeout(conn.stream(), None);
+            spawn::run_worker(conn, tcp, id, device, base, limit, state, config);
+        }
+    }
+}
+
+/// Address window of each session: 1 TiB, above the host's usual mappings.
+pub const WINDOW: u64 = 1 << 40;
+const WINDOW_BASE: u64 = 0x0000_2000_0000_0000;
+
+/// Registers a session if its device can honour the request: (id, device, address base).
+fn admit(
+    state: &Shared,
+    hello: &ClientHello,
+    limit: Option<u64>,
+) -> Result<(u64, u32, u64), String> {
+    let mut s = lock(state);
+    let device = 0u32;
+    let d = s
+        .devices
+        .get_mut(device as usize)
+        .ok_or("the server has no device")?;
+    if let Some(l) = limit {
+        let unpromised = d.total.saturating_sub(d.promised);
+        if l > unpromised {
+            return Err(format!(
+                "cannot grant {l} bytes of VRAM on device {device}: {unpromised} of {} bytes are not promised to other sessions",
+                d.total
+            ));
+        }
+        d.promised += l;
+    }
+    let id = s.next_session;
+    s.next_session += 1;
+    s.sessions.insert(
+        id,
+        SessionRecord {
+            pid: hello.pid,
+            program: hello.program.clone(),
+            worker_pid: 0,
+            device,
+            used: 0,
+            limit,
+            device_time_us: 0,
+        },
+    );
+    let base = WINDOW_BASE + (id % 4096) * WINDOW;
+    Ok((id, device, base))
+}

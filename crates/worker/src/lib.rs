@@ -1,0 +1,534 @@
+//! One session's server. The node hands a worker process the client's connection after the
+//! hello; the worker answers the hello, then runs requests on its [`Device`] until the client
+//! goes away, and frees everything the session held.
+//!
+//! Every handle (context, stream, event, module, function: ids the client minted) and every
+//! device pointer is checked against this session's own tables, so a session can name only
+//! what it created. Quiet requests produce no reply: their first failure is kept and returned
+//! as the next reply's `deferred_error`. A malformed frame ends the session; it never panics.
+
+pub mod control;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+use gpufuse_device::{status as st, Device, KernelLaunch};
+use gpufuse_proto::{
+    decode_borrowed, encode_frame, FrameKind, LaunchRecord, Rect, Reply, ReplyBody, Request,
+    ServerHello, StagedCopy, Status,
+};
+use gpufuse_transport::{Conn, TransportError};
+use sha2::{Digest, Sha256};
+
+pub use control::{ControlLedger, Ledger, LocalLedger};
+
+/// How many launches the diagnostic launch log keeps.
+const LAUNCH_LOG: usize = 1024;
+/// Images kept for deduplication (by content hash) per session.
+const MAX_CACHED_IMAGES: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("connection")]
+    Transport(#[from] TransportError),
+    #[error("malformed request")]
+    Proto(#[from] gpufuse_proto::ProtoError),
+    #[error("unexpected frame kind {0:?}")]
+    UnexpectedFrame(FrameKind),
+}
+
+/// The session's view of its device and what it holds.
+pub struct Session<'a> {
+    device: &'a mut dyn Device,
+    ledger: &'a mut dyn Ledger,
+    device_index: u32,
+    limit: Option<u64>,
+    used: u64,
+    allocations: HashMap<u64, u64>,
+    contexts: HashSet<u64>,
+    streams: HashSet<u64>,
+    events: HashMap<u64, Option<Instant>>,
+    modules: HashMap<u64, u64>,
+    functions: HashMap<u64, (u64, String)>,
+    images: HashMap<[u8; 32], Vec<u8>>,
+    deferred: Option<Status>,
+    staged: Vec<StagedCopy>,
+    launches: VecDeque<LaunchRecord>,
+    device_time: std::time::Duration,
+}
+
+type R<T> = Result<T, Status>;
+
+impl<'a> Session<'a> {
+    pub fn new(
+        device: &'a mut dyn Device,
+        ledger: &'a mut dyn Ledger,
+        device_index: u32,
+        limit: Option<u64>,
+    ) -> Self {
+        Self {
+            device,
+            ledger,
+            device_index,
+            limit,
+            used: 0,
+            allocations: HashMap::new(),
+            contexts: HashSet::new(),
+            streams: HashSet::new(),
+            events: HashMap::new(),
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            images: HashMap::new(),
+            deferred: None,
+            staged: Vec::new(),
+            launches: VecDeque::new(),
+            device_time: std::time::Duration::ZERO,
+        }
+    }
+
+    /// Bytes this session holds.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    fn check_device(&self, device: u32) -> R<()> {
+        if device == self.device_index {
+            Ok(())
+        } else {
+            Err(101) // CUDA_ERROR_INVALID_DEVICE
+        }
+    }
+
+    fn check_stream(&self, stream: u64) -> R<()> {
+        if stream == 0 || self.streams.contains(&stream) {
+            Ok(())
+        } else {
+            Err(st::INVALID_HANDLE)
+        }
+    }
+
+    /// `[ptr, ptr+len)` must be inside one of this session's allocations.
+    fn check_range(&self, ptr: u64, len: u64) -> R<()> {
+        if len == 0 || self.device.contains(ptr, len) {
+            Ok(())
+        } else {
+            Err(st::INVALID_VALUE)
+        }
+    }
+
+    fn alloc(&mut self, size: u64) -> R<u64> {
+        if size == 0 {
+            return Err(st::INVALID_VALUE);
+        }
+        if self.limit.is_some_and(|l| self.used + size > l) || !self.ledger.reserve(size) {
+            return Err(st::OUT_OF_MEMORY);
+        }
+        match self.device.alloc(size) {
+            Ok(p) => {
+                self.allocations.insert(p, size);
+                self.used += size;
+                Ok(p)
+            }
+            Err(e) => {
+                self.ledger.release(size);
+                Err(e)
+            }
+        }
+    }
+
+    fn free(&mut self, ptr: u64) -> R<()> {
+        let size = self.allocations.remove(&ptr).ok_or(st::INVALID_VALUE)?;
+        self.device.free(ptr)?;
+        self.used -= size;
+        self.ledger.release(size);
+        Ok(())
+    }
+
+    /// Frees everything: at reset and when the session ends.
+    pub fn release_all(&mut self) {
+        let ptrs: Vec<u64> = self.allocations.keys().copied().collect();
+        for p in ptrs {
+            let _ = self.free(p);
+        }
+        for (_, m) in self.modules.drain() {
+            let _ = self.device.unload_module(m);
+        }
+        self.functions.clear();
+        self.streams.clear();
+        self.events.clear();
+        self.contexts.clear();
+        self.deferred = None;
+        self.staged.clear();
+    }
+
+    fn rows(&mut self, r: Rect, width: u64, height: u64) -> R<()> {
+        if width > r.pitch && height > 1 {
+            return Err(st::INVALID_VALUE);
+        }
+        let span = r
+            .pitch
+            .checked_mul(height.saturating_sub(1))
+            .and_then(|s| s.checked_add(width))
+            .ok_or(st::INVALID_VALUE)?;
+        self.check_range(r.ptr, span)
+    }
+
+    /// Runs one request. `Ok` carries the reply body for synchronous requests.
+    pub fn handle(&mut self, req: Request) -> R<ReplyBody> {
+        use Request::*;
+        match req {
+            Ping => {}
+            CtxCreate { ctx, device, .. } => {
+                self.check_device(device)?;
+                self.contexts.insert(ctx);
+            }
+            CtxDestroy { ctx } => {
+                self.contexts.remove(&ctx).then_some(()).ok_or(201)?;
+            }
+            CtxSynchronize { .. } => {}
+            DeviceReset { device } => {
+                self.check_device(device)?;
+                self.release_all();
+            }
+            MemAlloc { device, size } => {
+                self.check_device(device)?;
+                return Ok(ReplyBody::Ptr(self.alloc(size)?));
+            }
+            MemAllocPitch {
+                device,
+                width,
+                height,
+                elem_size,
+            } => {
+                self.check_device(device)?;
+                if width == 0 || height == 0 || !matches!(elem_size, 4 | 8 | 16) {
+                    return Err(st::INVALID_VALUE);
+                }
+                let pitch = width.div_ceil(512) * 512;
+                let ptr = self.alloc(pitch.checked_mul(height).ok_or(st::OUT_OF_MEMORY)?)?;
+                return Ok(ReplyBody::Pitch { ptr, pitch });
+            }
+            MemFree { ptr } => self.free(ptr)?,
+            MemGetInfo { device } => {
+                self.check_device(device)?;
+                let total = self.device.info(self.limit).total_mem;
+                let free = match self.limit {
+                    Some(_) => total.saturating_sub(self.used),
+                    None => total.saturating_sub(self.ledger.device_used()),
+                };
+                return Ok(ReplyBody::MemInfo { free, total });
+            }
+            MemcpyHtoD { dst, stream, data } => {
+                self.check_stream(stream)?;
+                self.check_range(dst, data.len() as u64)?;
+                self.device.write(dst, data)?;
+            }
+            MemcpyDtoH { src, size, stream } => {
+                self.check_stream(stream)?;
+                self.check_range(src, size)?;
+                let mut out = vec![0u8; size as usize];
+                self.device.read(src, &mut out)?;
+                return Ok(ReplyBody::Data(out));
+            }
+            MemcpyDtoHAsync {
+                src,
+                size,
+                stream,
+                tag,
+            } => {
+                self.check_stream(stream)?;
+                self.check_range(src, size)?;
+                let mut data = vec![0u8; size as usize];
+                self.device.read(src, &mut data)?;
+                self.staged.push(StagedCopy { tag, data });
+            }
+            MemcpyDtoD {
+                dst,
+                src,
+                size,
+                stream,
+            } => {
+                self.check_stream(stream)?;
+                self.check_range(dst, size)?;
+                self.check_range(src, size)?;
+                self.device.copy(dst, src, size)?;
+            }
+            Memcpy2DDtoD {
+                dst,
+                src,
+                width,
+                height,
+                stream,
+            } => {
+                self.check_stream(stream)?;
+                self.rows(dst, width, height)?;
+                self.rows(src, width, height)?;
+                for row in 0..height {
+                    self.device.copy(
+                        dst.ptr + row * dst.pitch,
+                        src.ptr + row * src.pitch,
+                        width,
+                    )?;
+                }
+            }
+            Memcpy2DHtoD {
+                dst,
+                width,
+                height,
+                stream,
+                data,
+            } => {
+                self.check_stream(stream)?;
+                self.rows(dst, width, height)?;
+                if data.len() as u64 != width * height {
+                    return Err(st::INVALID_VALUE);
+                }
+                for (row, chunk) in data.chunks(width as usize).enumerate() {
+                    self.device.write(dst.ptr + row as u64 * dst.pitch, chunk)?;
+                }
+            }
+            Memcpy2DDtoH {
+                src,
+                width,
+                height,
+                stream,
+            } => {
+                self.check_stream(stream)?;
+                self.rows(src, width, height)?;
+                let mut out = vec![0u8; (width * height) as usize];
+                for (row, chunk) in out.chunks_mut(width as usize).enumerate() {
+                    self.device.read(src.ptr + row as u64 * src.pitch, chunk)?;
+                }
+                return Ok(ReplyBody::Data(out));
+            }
+            Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+                stream,
+            } => {
+                self.check_stream(stream)?;
+                self.check_range(dst, count.saturating_mul(elem_size as u64))?;
+                self.device.memset(dst, value, elem_size, count)?;
+            }
+            Memset2D {
+                dst,
+                value,
+                elem_size,
+                width,
+                height,
+                stream,
+            } => {
+                self.check_stream(stream)?;
+                self.rows(dst, width * elem_size as u64, height)?;
+                for row in 0..height {
+                    self.device
+                        .memset(dst.ptr + row * dst.pitch, value, elem_size, width)?;
+                }
+            }
+            StreamCreate { stream, .. } => {
+                self.streams.insert(stream);
+            }
+            StreamDestroy { stream } => {
+                self.streams
+                    .remove(&stream)
+                    .then_some(())
+                    .ok_or(st::INVALID_HANDLE)?;
+            }
+            StreamSynchronize { stream } | StreamQuery { stream } => self.check_stream(stream)?,
+            StreamWaitEvent { stream, event } => {
+                self.check_stream(stream)?;
+                self.events.get(&event).ok_or(st::INVALID_HANDLE)?;
+            }
+            EventCreate { event, .. } => {
+                self.events.insert(event, None);
+            }
+            EventDestroy { event } => {
+                self.events.remove(&event).ok_or(st::INVALID_HANDLE)?;
+            }
+            EventRecord { event, stream } => {
+                self.check_stream(stream)?;
+                *self.events.get_mut(&event).ok_or(st::INVALID_HANDLE)? = Some(Instant::now());
+            }
+            EventQuery { event } | EventSynchronize { event } => {
+                self.events.get(&event).ok_or(st::INVALID_HANDLE)?;
+            }
+            EventElapsedTime { start, end } => {
+                let a = self
+                    .events
+                    .get(&start)
+                    .ok_or(st::INVALID_HANDLE)?
+                    .ok_or(st::INVALID_HANDLE)?;
+                let b = self
+                    .events
+                    .get(&end)
+                    .ok_or(st::INVALID_HANDLE)?
+                    .ok_or(st::INVALID_HANDLE)?;
+                let ms = if b >= a {
+                    (b - a).as_secs_f32() * 1e3
+                } else {
+                    -((a - b).as_secs_f32() * 1e3)
+                };
+                return Ok(ReplyBody::Elapsed(ms));
+            }
+            ModuleLoad {
+                module,
+                device,
+                hash,
+                image,
+            } => {
+                self.check_device(device)?;
+                let image = match image {
+                    Some(img) => {
+                        if Sha256::digest(img).as_slice() != hash {
+                            return Err(st::INVALID_VALUE);
+                        }
+                        if self.images.len() >= MAX_CACHED_IMAGES {
+                            self.images.clear();
+                        }
+                        self.images
+                            .entry(hash)
+                            .or_insert_with(|| img.to_vec())
+                            .clone()
+                    }
+                    None => match self.images.get(&hash) {
+                        Some(img) => img.clone(),
+                        None => return Ok(ReplyBody::NeedImage),
+                    },
+                };
+                let id = self.device.load_module(&image)?;
+                if let Some(old) = self.modules.insert(module, id) {
+                    let _ = self.device.unload_module(old);
+                }
+            }
+            ModuleUnload { module } => {
+                let id = self.modules.remove(&module).ok_or(st::INVALID_HANDLE)?;
+                self.functions.retain(|_, (m, _)| *m != module);
+                self.device.unload_module(id)?;
+            }
+            ModuleGetFunction {
+                module,
+                name,
+                function,
+            } => {
+                let id = *self.modules.get(&module).ok_or(st::INVALID_HANDLE)?;
+                let info = self.device.function(id, name)?;
+                self.functions.insert(function, (module, name.to_string()));
+                return Ok(ReplyBody::Function(info));
+            }
+            ModuleGetGlobal { module, name } => {
+                let id = *self.modules.get(&module).ok_or(st::INVALID_HANDLE)?;
+                let (ptr, size) = self.device.global(id, name)?;
+                return Ok(ReplyBody::Global { ptr, size });
+            }
+            LaunchKernel(l) => {
+                self.check_stream(l.stream)?;
+                let (module, name) = self
+                    .functions
+                    .get(&l.function)
+                    .cloned()
+                    .ok_or(st::INVALID_HANDLE)?;
+                let id = *self.modules.get(&module).ok_or(st::INVALID_HANDLE)?;
+                if self.launches.len() == LAUNCH_LOG {
+                    self.launches.pop_front();
+                }
+                self.launches.push_back(LaunchRecord {
+                    function_name: name.clone(),
+                    grid: l.grid,
+                    block: l.block,
+                    shared_mem: l.shared_mem,
+                    stream: l.stream,
+                    params: l.params.to_vec(),
+                });
+                let k = KernelLaunch {
+                    module: id,
+                    function: &name,
+                    grid: l.grid,
+                    block: l.block,
+                    shared_mem: l.shared_mem,
+                    params: l.params,
+                };
+                self.device_time += self.device.launch(&k)?;
+            }
+            DebugLaunchLog { max } => {
+                let n = self.launches.len().saturating_sub(max as usize);
+                return Ok(ReplyBody::Launches(
+                    self.launches.iter().skip(n).cloned().collect(),
+                ));
+            }
+        }
+        Ok(ReplyBody::None)
+    }
+
+    /// Runs a request as the wire sees it: a reply for synchronous requests, and a kept
+    /// failure for quiet ones.
+    pub fn dispatch(&mut self, req: Request, quiet: bool) -> Option<Reply> {
+        let result = self.handle(req);
+        if quiet {
+            if let Err(e) = result {
+                self.deferred.get_or_insert(e);
+            }
+            return None;
+        }
+        let mut reply = match result {
+            Ok(body) => Reply::ok(body),
+            Err(e) => Reply::err(e),
+        };
+        reply.deferred_error = self.deferred.take();
+        reply.staged = std::mem::take(&mut self.staged);
+        Some(reply)
+    }
+}
+
+/// Serves one session on `conn` until the client leaves, then frees everything it held.
+/// Sends the hello answer first.
+pub fn serve(
+    mut conn: Conn,
+    session_id: u64,
+    device: &mut dyn Device,
+    ledger: &mut dyn Ledger,
+    index: u32,
+    limit: Option<u64>,
+) -> Result<(), WorkerError> {
+    let info = device.info(limit);
+    let mut out = Vec::new();
+    encode_frame(
+        &mut out,
+        FrameKind::HelloReply,
+        0,
+        0,
+        &ServerHello::Accepted {
+            session_id,
+            devices: vec![info],
+        },
+    );
+    conn.send(&out).map_err(TransportError::from)?;
+    let mut session = Session::new(device, ledger, index, limit);
+    let result = run(&mut conn, &mut session, &mut out);
+    session.release_all();
+    match result {
+        Err(WorkerError::Transport(TransportError::Closed)) => Ok(()),
+        other => other,
+    }
+}
+
+fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), WorkerError> {
+    loop {
+        let (header, body) = conn.recv()?;
+        if header.kind != FrameKind::Request {
+            return Err(WorkerError::UnexpectedFrame(header.kind));
+        }
+        let quiet = header.is_quiet();
+        let id = header.request_id;
+        let req: Request = decode_borrowed(body)?;
+        if let Some(reply) = session.dispatch(req, quiet) {
+            out.clear();
+            encode_frame(out, FrameKind::Reply, 0, id, &reply);
+            conn.send(out).map_err(TransportError::from)?;
+            if out.capacity() > 1 << 20 {
+                *out = Vec::new();
+            }
+        }
+    }
+}
