@@ -104,7 +104,7 @@ fn driver_api_against_a_real_server() {
             module::cuFuncGetParamInfo(f, 2, &mut off, &mut size),
             "param info",
         );
-        assert_eq!((off, size), (8, 24));
+        assert_eq!((off, size), (16, 24));
 
         let p0: u64 = 0x1122_3344_5566_7788;
         let p1: f32 = 1.5;
@@ -132,9 +132,11 @@ fn driver_api_against_a_real_server() {
             ),
             "launch",
         );
+        // Offsets 0, 8, 16 (aligned to 8), 40; the gap after the f32 stays zero.
         let mut expected = Vec::new();
         expected.extend_from_slice(&p0.to_le_bytes());
         expected.extend_from_slice(&p1.to_le_bytes());
+        expected.extend_from_slice(&[0; 4]);
         expected.extend_from_slice(&p2);
         expected.push(p3);
 
