@@ -52,7 +52,12 @@ pub fn run_worker(
     if let Some(l) = limit {
         cmd.args(["--limit", &l.to_string()]);
     }
-    let mut child = match cmd.spawn() {
+    let spawned = cmd.spawn();
+    // The command holds the parent's copies of the client socket and the worker's end of the
+    // control socket: close them now, or neither the client's exit nor the worker's would be
+    // seen.
+    drop(cmd);
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("cannot start a worker for session {id}: {e}");
