@@ -40,7 +40,8 @@ impl Session {
     /// Launches per second: issued (client side) and until the worker has run them all.
     pub fn quiet_launch_rate(&mut self, n: usize) -> Result<(f64, f64)> {
         let image = EMPTY_PTX.as_bytes();
-        let hash = [0x5au8; 32];
+        let hash: [u8; 32] =
+            sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
         self.conn.call(&Request::ModuleLoad {
             module: 2,
             device: 0,
@@ -93,19 +94,25 @@ impl Session {
     pub fn h2d_gib_s(&mut self, size: usize, reps: usize) -> Result<f64> {
         let dst = self.alloc(size)?;
         let data = vec![9u8; size];
-        self.conn.quiet(&Request::MemcpyHtoD {
-            dst,
-            stream: 0,
-            data: &data,
-        })?;
+        self.conn.quiet_with_tail(
+            &Request::MemcpyHtoD {
+                dst,
+                stream: 0,
+                data: &[],
+            },
+            &data,
+        )?;
         self.conn.call(&Request::CtxSynchronize { ctx: 1 })?;
         let t = Instant::now();
         for _ in 0..reps {
-            self.conn.quiet(&Request::MemcpyHtoD {
-                dst,
-                stream: 0,
-                data: &data,
-            })?;
+            self.conn.quiet_with_tail(
+                &Request::MemcpyHtoD {
+                    dst,
+                    stream: 0,
+                    data: &[],
+                },
+                &data,
+            )?;
         }
         self.conn.call(&Request::CtxSynchronize { ctx: 1 })?;
         let s = t.elapsed().as_secs_f64();
@@ -115,16 +122,16 @@ impl Session {
 
     pub fn d2h_gib_s(&mut self, size: usize, reps: usize) -> Result<f64> {
         let src = self.alloc(size)?;
+        let mut dst = vec![0u8; size];
+        let req = Request::MemcpyDtoH {
+            src,
+            size: size as u64,
+            stream: 0,
+        };
+        self.conn.call_read_into(&req, &mut dst)?;
         let t = Instant::now();
         for _ in 0..reps {
-            match self.conn.call(&Request::MemcpyDtoH {
-                src,
-                size: size as u64,
-                stream: 0,
-            })? {
-                ReplyBody::Data(d) if d.len() == size => {}
-                _ => bail!("short device-to-host copy"),
-            }
+            self.conn.call_read_into(&req, &mut dst)?;
         }
         let s = t.elapsed().as_secs_f64();
         self.conn.quiet(&Request::MemFree { ptr: src })?;

@@ -141,6 +141,32 @@ impl Connection {
         Ok(())
     }
 
+    /// Queues a quiet request whose last field is bulk data (`req` carries an empty slice
+    /// there): large data goes to the socket straight from the caller's buffer.
+    pub fn quiet_with_tail(&mut self, req: &Request, tail: &[u8]) -> Result<(), ClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        gpufuse_proto::encode_frame_head(
+            &mut self.out,
+            FrameKind::Request,
+            FLAG_QUIET,
+            id,
+            req,
+            tail.len(),
+        );
+        if tail.len() < 64 * 1024 {
+            self.out.extend_from_slice(tail);
+            if self.out.len() >= FLUSH_BYTES {
+                self.flush()?;
+            }
+            return Ok(());
+        }
+        self.flush()?;
+        self.conn
+            .send(tail)
+            .map_err(|e| ClientError::Lost(e.into()))
+    }
+
     /// Sends every queued quiet request.
     pub fn flush(&mut self) -> Result<(), ClientError> {
         if self.out.is_empty() {
@@ -173,19 +199,42 @@ impl Connection {
         Ok(reply.body)
     }
 
-    /// Like [`Connection::call`] but returns the whole reply, status included.
-    pub fn call_raw(&mut self, req: &Request) -> Result<Reply, ClientError> {
-        debug_assert!(!req.is_quiet(), "{req:?} is quiet");
-        let id = self.next_id;
-        self.next_id += 1;
-        encode_frame(&mut self.out, FrameKind::Request, 0, id, req);
-        self.flush()?;
+    /// A synchronous request answered with `dst.len()` bytes of data, received straight into
+    /// `dst` from the connection's buffer.
+    pub fn call_read_into(&mut self, req: &Request, dst: &mut [u8]) -> Result<(), ClientError> {
+        let id = self.send_request(req)?;
         let (header, body) = self.conn.recv().map_err(ClientError::Lost)?;
         if header.kind != FrameKind::Reply || header.request_id != id {
             return Err(ClientError::UnexpectedReply);
         }
-        let mut reply: Reply = decode_owned(body).map_err(ClientError::Protocol)?;
-        self.conn.trim();
+        let reply = match gpufuse_proto::decode_with_tail::<Reply>(body, dst.len()) {
+            Some((reply, tail))
+                if reply.status == 0
+                    && reply.body == gpufuse_proto::ReplyBody::Data(Vec::new()) =>
+            {
+                dst.copy_from_slice(tail);
+                reply
+            }
+            _ => decode_owned::<Reply>(body).map_err(ClientError::Protocol)?,
+        };
+        let status = reply.status;
+        self.absorb(reply);
+        match status {
+            0 => Ok(()),
+            s => Err(ClientError::Cuda(s)),
+        }
+    }
+
+    fn send_request(&mut self, req: &Request) -> Result<u64, ClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        encode_frame(&mut self.out, FrameKind::Request, 0, id, req);
+        self.flush()?;
+        Ok(id)
+    }
+
+    /// Takes a reply's deferred error and staged copies.
+    fn absorb(&mut self, mut reply: Reply) -> gpufuse_proto::ReplyBody {
         if let Some(e) = reply.deferred_error {
             self.async_error.get_or_insert(e);
         }
@@ -198,6 +247,25 @@ impl Connection {
                 unsafe { std::ptr::copy_nonoverlapping(staged.data.as_ptr(), p.dst as *mut u8, n) };
             }
         }
+        reply.body
+    }
+
+    /// Like [`Connection::call`] but returns the whole reply, status included.
+    pub fn call_raw(&mut self, req: &Request) -> Result<Reply, ClientError> {
+        debug_assert!(!req.is_quiet(), "{req:?} is quiet");
+        let id = self.send_request(req)?;
+        let (header, body) = self.conn.recv().map_err(ClientError::Lost)?;
+        if header.kind != FrameKind::Reply || header.request_id != id {
+            return Err(ClientError::UnexpectedReply);
+        }
+        let mut reply: Reply = decode_owned(body).map_err(ClientError::Protocol)?;
+        let staged_and_error = Reply {
+            status: reply.status,
+            deferred_error: reply.deferred_error,
+            staged: std::mem::take(&mut reply.staged),
+            body: gpufuse_proto::ReplyBody::None,
+        };
+        self.absorb(staged_and_error);
         Ok(reply)
     }
 

@@ -36,6 +36,11 @@ pub trait Device: Send {
     fn contains(&self, ptr: u64, len: u64) -> bool;
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Status>;
     fn read(&mut self, src: u64, out: &mut [u8]) -> Result<(), Status>;
+    /// The bytes at `[src, src+len)` in place, if the backend keeps device memory in host
+    /// memory (the emulated GPU): device-to-host replies are then sent without a copy.
+    fn view(&self, _src: u64, _len: u64) -> Option<&[u8]> {
+        None
+    }
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status>;
     /// Sets `count` elements of `elem_size` (1, 2 or 4) bytes at `dst` to `value`.
     fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status>;

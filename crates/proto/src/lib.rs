@@ -76,6 +76,56 @@ pub fn encode_frame<T: Serialize + ?Sized>(
     *out = out_vec;
 }
 
+/// Appends the header and body of a frame for `msg` **except the bytes of its last field**, a
+/// byte slice the caller sends right after (`tail_len` bytes), so bulk data is never copied into
+/// the frame buffer. `msg` must have that last field set to an empty slice: the bytes on the
+/// wire are exactly those [`encode_frame`] would produce for the full message.
+pub fn encode_frame_head<T: Serialize + ?Sized>(
+    out: &mut Vec<u8>,
+    kind: FrameKind,
+    flags: u8,
+    request_id: u64,
+    msg: &T,
+    tail_len: usize,
+) {
+    let start = out.len();
+    encode_frame(out, kind, flags, request_id, msg);
+    // The empty slice encoded as its length, varint 0: replace it with the real length.
+    debug_assert_eq!(out.last(), Some(&0));
+    out.pop();
+    varint(tail_len as u64, out);
+    let len = (out.len() - start - HEADER_LEN + tail_len) as u32;
+    out[start + 8..start + 12].copy_from_slice(&len.to_le_bytes());
+}
+
+fn varint(mut n: u64, out: &mut Vec<u8>) {
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// The inverse of [`encode_frame_head`]: if `body` ends in a byte-slice field of exactly
+/// `tail_len` bytes, decodes the message with that field empty and returns the bytes, which
+/// stay where they are in the frame (no copy). `None` if the body is not of that shape.
+pub fn decode_with_tail<T: DeserializeOwned>(body: &[u8], tail_len: usize) -> Option<(T, &[u8])> {
+    let split = body.len().checked_sub(tail_len)?;
+    let (prefix, tail) = body.split_at(split);
+    let mut len = Vec::with_capacity(10);
+    varint(tail_len as u64, &mut len);
+    let head = prefix.strip_suffix(len.as_slice())?;
+    let mut patched = Vec::with_capacity(head.len() + 1);
+    patched.extend_from_slice(head);
+    patched.push(0);
+    let msg = postcard::from_bytes(&patched).ok()?;
+    Some((msg, tail))
+}
+
 /// Decodes a body that borrows from the frame (requests).
 pub fn decode_borrowed<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ProtoError> {
     postcard::from_bytes(body).map_err(ProtoError::Malformed)
@@ -110,6 +160,52 @@ mod tests {
         assert!(h.is_quiet());
         let back: Request = decode_borrowed(body_of(&buf)).unwrap();
         assert_eq!(back, req);
+    }
+
+    #[test]
+    fn split_frames_are_byte_identical_to_whole_ones() {
+        for n in [0usize, 1, 127, 128, 300, 70_000] {
+            let data = vec![3u8; n];
+            let mut whole = Vec::new();
+            encode_frame(
+                &mut whole,
+                FrameKind::Request,
+                FLAG_QUIET,
+                9,
+                &Request::MemcpyHtoD {
+                    dst: 7,
+                    stream: 2,
+                    data: &data,
+                },
+            );
+            let mut split = Vec::new();
+            encode_frame_head(
+                &mut split,
+                FrameKind::Request,
+                FLAG_QUIET,
+                9,
+                &Request::MemcpyHtoD {
+                    dst: 7,
+                    stream: 2,
+                    data: &[],
+                },
+                n,
+            );
+            split.extend_from_slice(&data);
+            assert_eq!(whole, split, "{n}");
+            let mut reply = Reply::ok(ReplyBody::Data(data.clone()));
+            reply.deferred_error = Some(700);
+            let mut whole = Vec::new();
+            encode_frame(&mut whole, FrameKind::Reply, 0, 1, &reply);
+            reply.body = ReplyBody::Data(Vec::new());
+            let mut split = Vec::new();
+            encode_frame_head(&mut split, FrameKind::Reply, 0, 1, &reply, n);
+            split.extend_from_slice(&data);
+            assert_eq!(whole, split, "reply {n}");
+            let (back, tail) = decode_with_tail::<Reply>(&whole[HEADER_LEN..], n).unwrap();
+            assert_eq!(back, reply);
+            assert_eq!(tail, &data[..]);
+        }
     }
 
     #[test]

@@ -348,7 +348,8 @@ pub struct LaunchRecord {
     pub params: Vec<u8>,
 }
 
-/// The payload of a reply.
+/// The payload of a reply. `Data` must stay the variant whose bytes end the encoding (see
+/// [`crate::encode_frame_head`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ReplyBody {
     None,
@@ -378,12 +379,13 @@ pub enum ReplyBody {
 pub struct Reply {
     /// The request's own status.
     pub status: Status,
-    pub body: ReplyBody,
     /// The first failure of a quiet request since the last reply, if any (CUDA's asynchronous
     /// error). The client returns it from the synchronizing call that sees it.
     pub deferred_error: Option<Status>,
     /// Device-to-host data of earlier quiet copies.
     pub staged: Vec<StagedCopy>,
+    /// Last, so that bulk `Data` can be sent without copying it into the frame.
+    pub body: ReplyBody,
 }
 
 impl Reply {

@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use gpufuse_device::{status as st, Device, KernelLaunch};
 use gpufuse_proto::{
-    decode_borrowed, encode_frame, FrameKind, LaunchRecord, Rect, Reply, ReplyBody, Request,
-    ServerHello, StagedCopy, Status,
+    decode_borrowed, encode_frame, encode_frame_head, FrameKind, LaunchRecord, Rect, Reply,
+    ReplyBody, Request, ServerHello, StagedCopy, Status,
 };
 use gpufuse_transport::{Conn, TransportError};
 use sha2::{Digest, Sha256};
@@ -55,6 +55,10 @@ pub struct Session<'a> {
     staged: Vec<StagedCopy>,
     launches: VecDeque<LaunchRecord>,
     device_time: std::time::Duration,
+    /// Reused for large device-to-host replies.
+    scratch: Vec<u8>,
+    /// A device range the current reply's data is sent from, in place.
+    view: Option<(u64, u64)>,
 }
 
 type R<T> = Result<T, Status>;
@@ -83,6 +87,8 @@ impl<'a> Session<'a> {
             staged: Vec::new(),
             launches: VecDeque::new(),
             device_time: std::time::Duration::ZERO,
+            scratch: Vec::new(),
+            view: None,
         }
     }
 
@@ -226,7 +232,15 @@ impl<'a> Session<'a> {
             MemcpyDtoH { src, size, stream } => {
                 self.check_stream(stream)?;
                 self.check_range(src, size)?;
-                let mut out = vec![0u8; size as usize];
+                if size >= 64 * 1024 && self.device.view(src, size).is_some() {
+                    // Sent straight from device memory by `run`.
+                    self.view = Some((src, size));
+                    return Ok(ReplyBody::Data(Vec::new()));
+                }
+                // The buffer of the last large reply is reused: no fresh pages per copy.
+                let mut out = std::mem::take(&mut self.scratch);
+                out.clear();
+                out.resize(size as usize, 0);
                 self.device.read(src, &mut out)?;
                 return Ok(ReplyBody::Data(out));
             }
@@ -522,10 +536,34 @@ fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), 
         let quiet = header.is_quiet();
         let id = header.request_id;
         let req: Request = decode_borrowed(body)?;
-        if let Some(reply) = session.dispatch(req, quiet) {
+        if let Some(mut reply) = session.dispatch(req, quiet) {
             out.clear();
-            encode_frame(out, FrameKind::Reply, 0, id, &reply);
-            conn.send(out).map_err(TransportError::from)?;
+            if let Some((src, size)) = session.view.take() {
+                if reply.status == 0 {
+                    encode_frame_head(out, FrameKind::Reply, 0, id, &reply, size as usize);
+                    conn.send(out).map_err(TransportError::from)?;
+                    let data = session
+                        .device
+                        .view(src, size)
+                        .expect("checked when the request ran");
+                    conn.send(data).map_err(TransportError::from)?;
+                    continue;
+                }
+            }
+            match &mut reply.body {
+                // Bulk data goes out from its own buffer, not copied into the frame.
+                ReplyBody::Data(d) if d.len() >= 64 * 1024 => {
+                    let data = std::mem::take(d);
+                    encode_frame_head(out, FrameKind::Reply, 0, id, &reply, data.len());
+                    conn.send(out).map_err(TransportError::from)?;
+                    conn.send(&data).map_err(TransportError::from)?;
+                    session.scratch = data;
+                }
+                _ => {
+                    encode_frame(out, FrameKind::Reply, 0, id, &reply);
+                    conn.send(out).map_err(TransportError::from)?;
+                }
+            }
             if out.capacity() > 1 << 20 {
                 *out = Vec::new();
             }

@@ -118,6 +118,10 @@ impl Device for EmuDevice {
         Ok(())
     }
 
+    fn view(&self, src: u64, len: u64) -> Option<&[u8]> {
+        self.slice(src, len).ok()
+    }
+
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status> {
         let data = self.slice(src, len)?.to_vec();
         self.write(dst, &data)
