@@ -1,0 +1,332 @@
+//! `gpufuse serve` as a process: sessions, status, faults. Each test starts its own server on a
+//! temporary unix socket.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpufuse_client::Connection;
+use gpufuse_proto::{
+    encode_frame, FrameHeader, FrameKind, NodeStatus, ReplyBody, Request, ResourceRequest,
+    ServerHello, SessionKind, HEADER_LEN,
+};
+use gpufuse_transport::Address;
+
+struct Server {
+    child: Child,
+    dir: std::path::PathBuf,
+    addr: Address,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start(name: &str, devices: &str) -> Server {
+    let dir = std::env::temp_dir().join(format!("gpufuse-node-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("s.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("unix:{}", sock.display()),
+            "--devices",
+            devices,
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Server {
+        child,
+        dir,
+        addr: Address::Unix(sock),
+    }
+}
+
+fn status(s: &Server) -> NodeStatus {
+    Connection::query_status(&s.addr, String::new()).unwrap()
+}
+
+fn session(s: &Server, vram: Option<u64>) -> Connection {
+    let hello = Connection::hello(
+        SessionKind::Cuda,
+        String::new(),
+        ResourceRequest {
+            vram_bytes: vram,
+            ..Default::default()
+        },
+    );
+    let (mut c, _) = Connection::open(&s.addr, &hello).unwrap();
+    c.quiet(&Request::CtxCreate {
+        ctx: 1,
+        device: 0,
+        flags: 0,
+    })
+    .unwrap();
+    c
+}
+
+fn alloc(c: &mut Connection, size: u64) -> u64 {
+    match c.call(&Request::MemAlloc { device: 0, size }).unwrap() {
+        ReplyBody::Ptr(p) => p,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Polls until `f` holds (the node reaps workers asynchronously).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn status_shows_sessions_and_their_memory() {
+    let s = start("status", "emu:1:1GiB");
+    let mut c = session(&s, None);
+    alloc(&mut c, 100 << 20);
+    let st = status(&s);
+    assert_eq!(st.devices.len(), 1);
+    assert_eq!(st.devices[0].total_bytes, 1 << 30);
+    assert_eq!(st.devices[0].used_bytes, 100 << 20);
+    assert_eq!(st.sessions.len(), 1);
+    assert_eq!(st.sessions[0].used_bytes, 100 << 20);
+    assert_eq!(st.sessions[0].pid, std::process::id());
+    drop(c);
+    eventually("session freed after disconnect", || {
+        let st = status(&s);
+        st.sessions.is_empty() && st.devices[0].used_bytes == 0
+    });
+}
+
+#[test]
+fn sigkilled_client_frees_everything_it_held() {
+    let s = start("sigkill", "emu:1:1GiB");
+    // A child process holds a session with memory, then is killed mid-stream.
+    let me = std::env::current_exe().unwrap();
+    let mut child = Command::new(me)
+        .args([
+            "--exact",
+            "hold_memory_until_killed",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("GPUFUSE_TEST_SERVER", s.addr.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("client holds 256 MiB", || {
+        status(&s).devices[0].used_bytes == 256 << 20
+    });
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    eventually("ledger back at baseline", || {
+        let st = status(&s);
+        st.sessions.is_empty() && st.devices[0].used_bytes == 0
+    });
+}
+
+/// Helper process for `sigkilled_client_frees_everything_it_held` (run only by it).
+#[test]
+#[ignore = "helper process: run by sigkilled_client_frees_everything_it_held"]
+fn hold_memory_until_killed() {
+    let addr: Address = std::env::var("GPUFUSE_TEST_SERVER")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let hello = Connection::hello(SessionKind::Cuda, String::new(), ResourceRequest::default());
+    let (mut c, _) = Connection::open(&addr, &hello).unwrap();
+    c.quiet(&Request::CtxCreate {
+        ctx: 1,
+        device: 0,
+        flags: 0,
+    })
+    .unwrap();
+    alloc(&mut c, 256 << 20);
+    loop {
+        let data = vec![1u8; 4096];
+        let p = alloc(&mut c, 4096);
+        c.quiet(&Request::MemcpyHtoD {
+            dst: p,
+            stream: 0,
+            data: &data,
+        })
+        .unwrap();
+        c.quiet(&Request::MemFree { ptr: p }).unwrap();
+        c.call(&Request::Ping).unwrap();
+    }
+}
+
+#[test]
+fn killing_one_worker_leaves_other_sessions_running() {
+    let s = start("killworker", "emu:1:1GiB");
+    let mut a = session(&s, None);
+    let mut b = session(&s, None);
+    alloc(&mut a, 1 << 20);
+    let pb = alloc(&mut b, 1 << 20);
+    let st = status(&s);
+    let worker_a = st.sessions.iter().find(|x| x.id == 1).unwrap().worker_pid;
+    // SAFETY: signalling a worker process of our own server.
+    unsafe { libc::kill(worker_a as i32, libc::SIGKILL) };
+    assert!(a.call(&Request::Ping).is_err(), "session a lost its worker");
+    // b is untouched.
+    b.quiet(&Request::MemcpyHtoD {
+        dst: pb,
+        stream: 0,
+        data: &[7; 16],
+    })
+    .unwrap();
+    let mut out = [0u8; 16];
+    b.call_read_into(
+        &Request::MemcpyDtoH {
+            src: pb,
+            size: 16,
+            stream: 0,
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out, [7; 16]);
+    eventually("a's memory released", || {
+        status(&s).devices[0].used_bytes == 1 << 20
+    });
+}
+
+#[test]
+fn a_malformed_frame_closes_only_its_connection() {
+    let s = start("malformed", "emu:1:1GiB");
+    let mut good = session(&s, None);
+    let mut bad = session(&s, None);
+    let p = alloc(&mut good, 4096);
+    // A valid header announcing a body that is not a request.
+    let Address::Unix(path) = &s.addr else {
+        unreachable!()
+    };
+    let _ = path;
+    let mut raw = Vec::new();
+    encode_frame(&mut raw, FrameKind::Request, 0, 99, &[0xFFu8; 16]);
+    assert!(bad.call(&Request::Ping).is_ok());
+    // Send garbage through a fresh raw connection too: a header with a bad magic.
+    let mut stream = UnixStream::connect(path).unwrap();
+    stream.write_all(&[0xAB; HEADER_LEN]).unwrap();
+    drop(stream);
+    // And an undecodable request on an established session.
+    let mut sock = UnixStream::connect(path).unwrap();
+    let mut hello = Vec::new();
+    encode_frame(
+        &mut hello,
+        FrameKind::Hello,
+        0,
+        0,
+        &Connection::hello(SessionKind::Cuda, String::new(), ResourceRequest::default()),
+    );
+    sock.write_all(&hello).unwrap();
+    let mut h = [0u8; HEADER_LEN];
+    std::io::Read::read_exact(&mut sock, &mut h).unwrap();
+    let len = FrameHeader::decode(&h).unwrap().len as usize;
+    let mut body = vec![0u8; len];
+    std::io::Read::read_exact(&mut sock, &mut body).unwrap();
+    sock.write_all(&raw).unwrap();
+    let mut buf = [0u8; 1];
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(
+        std::io::Read::read(&mut sock, &mut buf).unwrap_or(0),
+        0,
+        "the malformed session is closed"
+    );
+    // The good session still works.
+    good.quiet(&Request::MemcpyHtoD {
+        dst: p,
+        stream: 0,
+        data: &[5; 8],
+    })
+    .unwrap();
+    let mut out = [0u8; 8];
+    good.call_read_into(
+        &Request::MemcpyDtoH {
+            src: p,
+            size: 8,
+            stream: 0,
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out, [5; 8]);
+}
+
+#[test]
+fn a_protocol_version_mismatch_is_refused_with_both_versions() {
+    let s = start("version", "emu:1:1GiB");
+    let Address::Unix(path) = &s.addr else {
+        unreachable!()
+    };
+    let mut sock = UnixStream::connect(path).unwrap();
+    let mut hello = Vec::new();
+    encode_frame(
+        &mut hello,
+        FrameKind::Hello,
+        0,
+        0,
+        &Connection::hello(SessionKind::Cuda, String::new(), ResourceRequest::default()),
+    );
+    hello[4] = 99; // protocol version in the header
+    sock.write_all(&hello).unwrap();
+    let mut h = [0u8; HEADER_LEN];
+    std::io::Read::read_exact(&mut sock, &mut h).unwrap();
+    let header = FrameHeader::decode(&h).unwrap();
+    let mut body = vec![0u8; header.len as usize];
+    std::io::Read::read_exact(&mut sock, &mut body).unwrap();
+    match gpufuse_proto::decode_owned::<ServerHello>(&body).unwrap() {
+        ServerHello::Refused { reason } => assert!(
+            reason.contains("99") && reason.contains("version"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_slice_larger_than_the_device_is_refused_and_limits_apply() {
+    let s = start("slice", "emu:1:1GiB");
+    let hello = Connection::hello(
+        SessionKind::Cuda,
+        String::new(),
+        ResourceRequest {
+            vram_bytes: Some(2 << 30),
+            ..Default::default()
+        },
+    );
+    let err = Connection::open(&s.addr, &hello).unwrap_err();
+    assert!(err.to_string().contains("refused"), "{err}");
+    let mut c = session(&s, Some(64 << 20));
+    match c.call(&Request::MemGetInfo { device: 0 }).unwrap() {
+        ReplyBody::MemInfo { free, total } => assert_eq!((free, total), (64 << 20, 64 << 20)),
+        other => panic!("{other:?}"),
+    }
+    alloc(&mut c, 60 << 20);
+    assert!(matches!(
+        c.call(&Request::MemAlloc {
+            device: 0,
+            size: 8 << 20
+        }),
+        Err(gpufuse_client::ClientError::Cuda(2))
+    ));
+    // The process goes on: a smaller allocation still works.
+    alloc(&mut c, 1 << 20);
+}
