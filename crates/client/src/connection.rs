@@ -49,6 +49,14 @@ impl Connection {
             addr: addr.to_string(),
             source,
         })?;
+        Self::handshake(stream, hello)
+    }
+
+    /// Performs the handshake on a connected stream.
+    pub fn handshake(
+        stream: gpufuse_transport::Stream,
+        hello: &ClientHello,
+    ) -> Result<(Self, Accepted), ClientError> {
         let mut c = Self {
             conn: Conn::new(stream),
             out: Vec::with_capacity(FLUSH_BYTES + 4096),

@@ -1,0 +1,148 @@
+//! Client core and worker in one process over a socketpair, on the emulated GPU.
+
+use std::os::unix::net::UnixStream;
+
+use gpufuse_client::{ClientError, Connection};
+use gpufuse_device::emu::EmuDevice;
+use gpufuse_proto::{ReplyBody, Request};
+use gpufuse_transport::{Conn, Stream};
+use gpufuse_worker::LocalLedger;
+
+/// Runs a worker on a thread and hands back a connected client.
+fn pair() -> (Connection, std::thread::JoinHandle<u64>) {
+    let (a, b) = UnixStream::pair().unwrap();
+    let worker = std::thread::spawn(move || {
+        let mut dev = EmuDevice::new(0, 1 << 30, 0x2000_0000_0000, 1 << 40);
+        let mut ledger = LocalLedger {
+            total: 1 << 30,
+            used: 0,
+        };
+        let mut conn = Conn::new(Stream::Unix(b));
+        // The node reads the hello before it hands the connection to a worker.
+        conn.recv().unwrap();
+        gpufuse_worker::serve(conn, 1, &mut dev, &mut ledger, 0, None).unwrap();
+        ledger.used
+    });
+    let hello = Connection::hello(
+        gpufuse_proto::SessionKind::Cuda,
+        String::new(),
+        Default::default(),
+    );
+    let client = Connection::handshake(Stream::Unix(a), &hello).unwrap().0;
+    (client, worker)
+}
+
+fn alloc(c: &mut Connection, size: u64) -> u64 {
+    match c.call(&Request::MemAlloc { device: 0, size }).unwrap() {
+        ReplyBody::Ptr(p) => p,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn quiet_failures_are_reported_by_the_next_synchronizing_call() {
+    let (mut c, w) = pair();
+    let p = alloc(&mut c, 64);
+    // Quiet, and out of bounds: no error now...
+    c.quiet(&Request::MemcpyHtoD {
+        dst: p + 60,
+        stream: 0,
+        data: &[1; 8],
+    })
+    .unwrap();
+    c.quiet(&Request::MemFree { ptr: 0xdead_beef }).unwrap();
+    // ...the first one comes back with the next reply.
+    c.call(&Request::CtxSynchronize { ctx: 0 }).unwrap();
+    assert_eq!(c.take_async_error(), Some(1));
+    assert_eq!(c.take_async_error(), None);
+    drop(c);
+    assert_eq!(w.join().unwrap(), 0, "everything freed at disconnect");
+}
+
+#[test]
+fn async_device_to_host_data_arrives_by_the_next_synchronization() {
+    let (mut c, w) = pair();
+    let p = alloc(&mut c, 1 << 20);
+    let data: Vec<u8> = (0..1 << 20).map(|i| (i % 253) as u8).collect();
+    c.quiet_with_tail(
+        &Request::MemcpyHtoD {
+            dst: p,
+            stream: 0,
+            data: &[],
+        },
+        &data,
+    )
+    .unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    // SAFETY: `back` outlives the synchronization below.
+    let tag = unsafe { c.register_copy(back.as_mut_ptr(), back.len()) };
+    c.quiet(&Request::MemcpyDtoHAsync {
+        src: p,
+        size: 1 << 20,
+        stream: 0,
+        tag,
+    })
+    .unwrap();
+    c.call(&Request::StreamSynchronize { stream: 0 }).unwrap();
+    assert_eq!(back, data);
+    drop(c);
+    w.join().unwrap();
+}
+
+#[test]
+fn sessions_cannot_name_memory_or_handles_they_do_not_own() {
+    let (mut c, w) = pair();
+    let p = alloc(&mut c, 4096);
+    let err = |r: Result<ReplyBody, ClientError>| match r {
+        Err(ClientError::Cuda(s)) => s,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        err(c.call(&Request::MemcpyDtoH {
+            src: p + 4096,
+            size: 1,
+            stream: 0
+        })),
+        1
+    );
+    assert_eq!(
+        err(c.call(&Request::MemcpyDtoH {
+            src: 0x1000,
+            size: 8,
+            stream: 0
+        })),
+        1
+    );
+    assert_eq!(
+        err(c.call(&Request::StreamSynchronize { stream: 12345 })),
+        400
+    );
+    assert_eq!(
+        err(c.call(&Request::ModuleGetFunction {
+            module: 77,
+            name: "k",
+            function: 1
+        })),
+        400
+    );
+    assert_eq!(
+        err(c.call(&Request::MemAlloc {
+            device: 0,
+            size: 2 << 30
+        })),
+        2
+    );
+    // Unknown image hash: the worker asks for the image instead of guessing.
+    assert_eq!(
+        c.call(&Request::ModuleLoad {
+            module: 1,
+            device: 0,
+            hash: [1; 32],
+            image: None
+        })
+        .unwrap(),
+        ReplyBody::NeedImage
+    );
+    drop(c);
+    w.join().unwrap();
+}
