@@ -12,10 +12,5 @@ cargo build --release --workspace
 echo "== unit and component tests =="
 cargo test --release --workspace
 
-if [ -d crates/shim ] && grep -q 'crates/shim' Cargo.toml; then
-  echo "== shim tests =="
-  cargo test --release --manifest-path crates/shim/Cargo.toml
-fi
-
 echo "== real-client suites =="
 bash scripts/run-real-clients.sh
