@@ -25,7 +25,7 @@ print_env() {
   echo "setup-test-deps: ready (source $deps/env.sh)"
   echo "  python          $GPUFUSE_PY"
   echo "  nvcc            $GPUFUSE_NVCC"
-  echo "  include 12.9    $GPUFUSE_CUDA12_INCLUDE"
+  echo "  include 12.9    $GPUFUSE_CUDA12_INCLUDE (crt/: $GPUFUSE_CUDA12_CRT_INCLUDE)"
   echo "  include 13.5    $GPUFUSE_CUDA13_INCLUDE"
   echo "  libcudart 12.9  $GPUFUSE_CUDART12_LIB"
   echo "  libcudart 13.5  $GPUFUSE_CUDART13_LIB"
@@ -65,12 +65,14 @@ echo "setup-test-deps: installing pinned packages (first run downloads about 1 G
 # --- locate the pieces ------------------------------------------------------------------------
 nv=$("$venv/bin/python" -c 'import nvidia, os; print(os.path.realpath(list(nvidia.__path__)[0]))')
 cu12_inc=$nv/cuda_runtime/include
+cu12_crt_inc=$nv/cuda_nvcc/include
 cu12_lib=$nv/cuda_runtime/lib
 nvrtc12_lib=$nv/cuda_nvrtc/lib
 nvrtc12_inc=$nv/cuda_nvrtc/include
 cu13=$nv/cu13
 for f in "$cu13/bin/nvcc" "$cu13/include/cuda_runtime_api.h" "$cu13/lib/libcudart.so.13" \
          "$cu13/lib/libcudart_static.a" "$cu13/lib/libnvrtc.so.13" "$cu12_inc/cuda_runtime_api.h" \
+         "$cu12_crt_inc/crt/host_defines.h" \
          "$cu12_lib/libcudart.so.12" "$nvrtc12_lib/libnvrtc.so.12" "$nvrtc12_inc/nvrtc.h"; do
   [ -e "$f" ] || { echo "setup-test-deps: expected $f after installing the wheels" >&2; exit 1; }
 done
@@ -82,7 +84,11 @@ export GPUFUSE_PY=$venv/bin/python
 export GPUFUSE_NVIDIA=$nv
 export GPUFUSE_NVCC=$cu13/bin/nvcc
 export GPUFUSE_CUDA12_INCLUDE=$cu12_inc
+export GPUFUSE_CUDA12_CRT_INCLUDE=$cu12_crt_inc
 export GPUFUSE_CUDA13_INCLUDE=$cu13/include
+# Compiler flags for host code against each runtime's headers.
+export GPUFUSE_CUDA12_CFLAGS="-I$cu12_inc -I$cu12_crt_inc"
+export GPUFUSE_CUDA13_CFLAGS="-I$cu13/include"
 export GPUFUSE_CUDART12_LIB=$cu12_lib
 export GPUFUSE_CUDART13_LIB=$cu13/lib
 export GPUFUSE_NVRTC12_INCLUDE=$nvrtc12_inc

@@ -1,0 +1,196 @@
+"""cuda-python (cuda.bindings.driver + nvrtc) through whatever libcuda.so.1 the loader finds:
+cuInit, device queries, primary and created contexts, cuMemAlloc, cuMemcpyHtoD/DtoH (sync and
+async), streams, events, and a PTX module from NVRTC launched with cuLaunchKernel.
+
+Usage: python cuda_bindings_driver.py [--launch-only]
+--launch-only: the kernel launch must succeed and synchronize; its result is not checked.
+"""
+import sys
+
+import numpy as np
+from cuda.bindings import driver as cu
+from cuda.bindings import nvrtc
+
+MiB = 1 << 20
+verify = "--launch-only" not in sys.argv[1:]
+
+
+def fail(msg):
+    print(f"FAIL {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def expect(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def ck(result, what=""):
+    """Unpacks a cuda-bindings (err, values...) tuple, failing on an error."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if isinstance(err, nvrtc.nvrtcResult):
+        ok = err == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    else:
+        ok = err == cu.CUresult.CUDA_SUCCESS
+    if not ok:
+        fail(f"{what}: {err!r}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+def main():
+    ck(cu.cuInit(0), "cuInit")
+    version = ck(cu.cuDriverGetVersion(), "cuDriverGetVersion")
+    print(f"driver={version}")
+    expect(version >= 12000, f"driver version {version}")
+    count = ck(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+    expect(count >= 1, f"device count {count}")
+    dev = ck(cu.cuDeviceGet(0), "cuDeviceGet")
+    name = ck(cu.cuDeviceGetName(256, dev), "cuDeviceGetName").split(b"\0")[0].decode()
+    print(f"name={name}")
+    total = ck(cu.cuDeviceTotalMem(dev), "cuDeviceTotalMem")
+    A = cu.CUdevice_attribute
+    major = ck(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cc")
+    minor = ck(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cc")
+    warp = ck(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_WARP_SIZE, dev), "warp size")
+    sms = ck(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "SMs")
+    ua = ck(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, dev), "UVA")
+    expect(major * 10 + minor >= 80, f"cc {major}.{minor}")
+    expect(warp == 32, f"warp size {warp}")
+    expect(sms >= 1, f"SM count {sms}")
+    expect(ua == 1, f"unified addressing {ua}")
+    uuid = ck(cu.cuDeviceGetUuid(dev), "cuDeviceGetUuid")
+    expect(len(bytes(uuid.bytes)) == 16, "uuid length")
+    print("PASS device_queries", flush=True)
+
+    # Primary context.
+    ctx = ck(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    ck(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    cur = ck(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    expect(int(cur) == int(ctx), "current context is not the primary context")
+    expect(int(ck(cu.cuCtxGetDevice(), "cuCtxGetDevice")) == int(dev), "cuCtxGetDevice")
+    free, total2 = ck(cu.cuMemGetInfo(), "cuMemGetInfo")
+    expect(total2 == total, f"cuMemGetInfo total {total2} != cuDeviceTotalMem {total}")
+    expect(0 < free <= total, f"free {free} total {total}")
+
+    # Memory and synchronous copies.
+    rng = np.random.default_rng(3)
+    for n in (1, 4097, 3 * MiB + 1, 64 * MiB):
+        host = np.frombuffer(rng.bytes(n), dtype=np.uint8).copy()
+        out = np.zeros(n, dtype=np.uint8)
+        d = ck(cu.cuMemAlloc(n), "cuMemAlloc")
+        ck(cu.cuMemcpyHtoD(d, host, n), "cuMemcpyHtoD")
+        ck(cu.cuMemcpyDtoH(out, d, n), "cuMemcpyDtoH")
+        expect(np.array_equal(host, out), f"HtoD/DtoH round trip of {n} bytes")
+        d2 = ck(cu.cuMemAlloc(n), "cuMemAlloc")
+        ck(cu.cuMemcpyDtoD(d2, d, n), "cuMemcpyDtoD")
+        out[:] = 0
+        ck(cu.cuMemcpyDtoH(out, d2, n), "cuMemcpyDtoH")
+        expect(np.array_equal(host, out), f"DtoD round trip of {n} bytes")
+        ck(cu.cuMemsetD8(d2, 0x42, n), "cuMemsetD8")
+        ck(cu.cuMemcpyDtoH(out, d2, n), "cuMemcpyDtoH")
+        expect(bool((out == 0x42).all()), f"cuMemsetD8 of {n} bytes")
+        ck(cu.cuMemFree(d), "cuMemFree")
+        ck(cu.cuMemFree(d2), "cuMemFree")
+    err, _ = cu.cuMemAlloc(1 << 50)
+    expect(err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY, f"cuMemAlloc(1 PiB) returned {err!r}")
+    print("PASS memory", flush=True)
+
+    # Streams, events and async copies with page-locked memory.
+    n = 8 * MiB
+    hbuf = ck(cu.cuMemHostAlloc(n, cu.CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc")
+    hin = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * n).from_address(int(hbuf)))
+    hin[:] = np.frombuffer(rng.bytes(n), dtype=np.uint8)
+    hout = np.zeros(n, dtype=np.uint8)
+    stream = ck(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+    start = ck(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+    stop = ck(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+    d = ck(cu.cuMemAlloc(n), "cuMemAlloc")
+    ck(cu.cuEventRecord(start, stream), "cuEventRecord")
+    ck(cu.cuMemcpyHtoDAsync(d, hbuf, n, stream), "cuMemcpyHtoDAsync")
+    ck(cu.cuMemcpyDtoHAsync(hout, d, n, stream), "cuMemcpyDtoHAsync")
+    ck(cu.cuEventRecord(stop, stream), "cuEventRecord")
+    ck(cu.cuEventSynchronize(stop), "cuEventSynchronize")
+    ck(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    ck(cu.cuStreamQuery(stream), "cuStreamQuery")
+    ck(cu.cuEventQuery(stop), "cuEventQuery")
+    expect(np.array_equal(hin, hout), "async round trip")
+    ms = ck(cu.cuEventElapsedTime(start, stop), "cuEventElapsedTime")
+    expect(0.0 <= ms < 60000.0, f"elapsed {ms} ms")
+    print("PASS streams_events", flush=True)
+
+    # NVRTC -> PTX -> cuModuleLoadData -> cuLaunchKernel.
+    src = rb'''
+extern "C" __global__ void affine(const float* x, float* y, float a, float b, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + b;
+}
+'''
+    prog = ck(nvrtc.nvrtcCreateProgram(src, b"affine.cu", 0, [], []), "nvrtcCreateProgram")
+    opts = [b"--gpu-architecture=compute_80"]
+    err, = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        size = ck(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        fail(f"nvrtcCompileProgram: {err!r}\n{log.decode(errors='replace')}")
+    size = ck(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+    ptx = b" " * size
+    ck(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+    expect(b".target sm_80" in ptx, "PTX target")
+    module = ck(cu.cuModuleLoadData(ptx), "cuModuleLoadData")
+    fn = ck(cu.cuModuleGetFunction(module, b"affine"), "cuModuleGetFunction")
+
+    count = 100_001
+    x = (np.arange(count, dtype=np.float32) % 300) - 50
+    dx = ck(cu.cuMemAlloc(x.nbytes), "cuMemAlloc")
+    dy = ck(cu.cuMemAlloc(x.nbytes), "cuMemAlloc")
+    ck(cu.cuMemcpyHtoD(dx, x, x.nbytes), "cuMemcpyHtoD")
+    ck(cu.cuMemsetD8(dy, 0xFF, x.nbytes), "cuMemsetD8")
+    args = [np.array([int(dx)], dtype=np.uint64), np.array([int(dy)], dtype=np.uint64),
+            np.array([1.5], dtype=np.float32), np.array([-2.0], dtype=np.float32),
+            np.array([count], dtype=np.int32)]
+    arg_ptrs = np.array([a.ctypes.data for a in args], dtype=np.uint64)
+    ck(cu.cuLaunchKernel(fn, (count + 255) // 256, 1, 1, 256, 1, 1, 0, stream,
+                         arg_ptrs.ctypes.data, 0), "cuLaunchKernel")
+    ck(cu.cuStreamSynchronize(stream), "cuStreamSynchronize after launch")
+    ck(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+    print("launched affine")
+    y = np.zeros_like(x)
+    ck(cu.cuMemcpyDtoH(y, dy, y.nbytes), "cuMemcpyDtoH")
+    if verify and not np.array_equal(y, 1.5 * x - 2.0):
+        bad = int(np.argmax(y != 1.5 * x - 2.0))
+        print(f"MISMATCH y[{bad}] = {y[bad]}, want {1.5 * x[bad] - 2.0}", file=sys.stderr)
+        fail("cuda_bindings_driver: kernel results differ")
+    print("PASS nvrtc_module_launch", flush=True)
+
+    for h in (dx, dy, d):
+        ck(cu.cuMemFree(h), "cuMemFree")
+    ck(cu.cuMemFreeHost(hbuf), "cuMemFreeHost")
+    ck(cu.cuModuleUnload(module), "cuModuleUnload")
+    ck(cu.cuEventDestroy(start), "cuEventDestroy")
+    ck(cu.cuEventDestroy(stop), "cuEventDestroy")
+    ck(cu.cuStreamDestroy(stream), "cuStreamDestroy")
+    ck(cu.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
+
+    # A created (non-primary) context: push, work, pop, destroy.
+    own = ck(cu.cuCtxCreate(None, 0, dev), "cuCtxCreate")
+    expect(int(ck(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")) == int(own), "created ctx not current")
+    d = ck(cu.cuMemAlloc(MiB), "cuMemAlloc in created context")
+    host = np.frombuffer(rng.bytes(MiB), dtype=np.uint8).copy()
+    out = np.zeros_like(host)
+    ck(cu.cuMemcpyHtoD(d, host, MiB), "cuMemcpyHtoD")
+    ck(cu.cuMemcpyDtoH(out, d, MiB), "cuMemcpyDtoH")
+    expect(np.array_equal(host, out), "round trip in a created context")
+    ck(cu.cuMemFree(d), "cuMemFree")
+    popped = ck(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+    expect(int(popped) == int(own), "popped context")
+    ck(cu.cuCtxDestroy(own), "cuCtxDestroy")
+    print("PASS created_context", flush=True)
+    print("PASS cuda_bindings_driver (results checked)" if verify
+          else "PASS cuda_bindings_driver (launches only)")
+
+
+if __name__ == "__main__":
+    main()
