@@ -1,0 +1,725 @@
+//! Decoded instructions: opcode, types and modifiers resolved once at load, operands bound to
+//! register indices. An opcode the interpreter does not implement is an error at load, naming it.
+
+use std::collections::HashMap;
+
+use crate::PtxError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ty {
+    B,
+    U,
+    S,
+    F,
+    Pred,
+}
+
+/// A scalar type: kind and size in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Type {
+    pub kind: Ty,
+    pub size: u8,
+}
+
+impl Type {
+    fn parse(t: &str) -> Option<Type> {
+        let (kind, bits) = match t.as_bytes().first()? {
+            b'b' => (Ty::B, &t[1..]),
+            b'u' => (Ty::U, &t[1..]),
+            b's' => (Ty::S, &t[1..]),
+            b'f' => (Ty::F, &t[1..]),
+            b'p' if t == "pred" => {
+                return Some(Type {
+                    kind: Ty::Pred,
+                    size: 1,
+                })
+            }
+            _ => return None,
+        };
+        let bits: u8 = bits.parse().ok()?;
+        matches!(bits, 8 | 16 | 32 | 64).then_some(Type {
+            kind,
+            size: bits / 8,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Mov,
+    Ld,
+    St,
+    Ldu,
+    Cvta,
+    Cvt,
+    Add,
+    Sub,
+    Mul,
+    Mad,
+    Fma,
+    Div,
+    Rem,
+    Min,
+    Max,
+    Abs,
+    Neg,
+    And,
+    Or,
+    Xor,
+    Not,
+    Shl,
+    Shr,
+    Setp,
+    Selp,
+    Set,
+    Bra,
+    Ret,
+    Exit,
+    Bar,
+    Atom,
+    Red,
+    Shfl,
+    Vote,
+    Activemask,
+    Rcp,
+    Sqrt,
+    Rsqrt,
+    Sin,
+    Cos,
+    Ex2,
+    Lg2,
+    Tanh,
+    Popc,
+    Clz,
+    Brev,
+    Bfe,
+    Bfi,
+    Prmt,
+    Shf,
+    Membar,
+    Fence,
+    Addc,
+    Subc,
+    Madc,
+    Mul24,
+    Mad24,
+    Sad,
+    Trap,
+    Copysign,
+    Testp,
+    Cnot,
+    Lop3,
+    Match,
+    Brkpt,
+    Nanosleep,
+    Prefetch,
+    Isspacep,
+    Mov64Split,
+    Dp4a,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Space {
+    Generic,
+    Global,
+    Shared,
+    Local,
+    Param,
+    Const,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sreg {
+    Tid(u8),
+    Ntid(u8),
+    Ctaid(u8),
+    Nctaid(u8),
+    Laneid,
+    Warpid,
+    Nwarpid,
+    Smid,
+    Nsmid,
+    Clock,
+    Clock64,
+    LanemaskEq,
+    LanemaskLt,
+    LanemaskLe,
+    LanemaskGt,
+    LanemaskGe,
+    DynSmem,
+    Globaltimer,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Base {
+    Reg(u32),
+    Sym(String),
+    Abs,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Operand {
+    Reg(u32),
+    /// A register negated (`!%p` in selp/set/and of predicates).
+    NotReg(u32),
+    Imm(u64),
+    Special(Sreg),
+    Addr {
+        base: Base,
+        offset: i64,
+    },
+    Vector(Vec<Operand>),
+    Sym(String),
+    Label(usize),
+    Sink,
+}
+
+/// Flags and sub-opcodes.
+#[derive(Debug, Clone, Default)]
+pub struct Mods {
+    pub hi: bool,
+    pub lo: bool,
+    pub wide: bool,
+    pub cc: bool,
+    pub sat: bool,
+    pub rnd_int: Option<char>, // 'n','z','m','p' for cvt.rni/rzi/...
+    pub vec: u8,
+    pub cmp: &'static str,
+    pub bool_op: &'static str,
+    pub atom_op: &'static str,
+    pub shfl_mode: &'static str,
+    pub vote_mode: &'static str,
+    pub shf_left: bool,
+    pub shf_wrap: bool,
+    pub space2: Option<Space>,
+    pub to: bool,
+    pub uni: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Inst {
+    pub pred: Option<(u32, bool)>,
+    pub op: Op,
+    pub ty: Type,
+    pub ty2: Type,
+    pub space: Space,
+    pub mods: Mods,
+    pub args: Vec<Operand>,
+    pub text: String,
+}
+
+impl Inst {
+    pub fn resolve_label(&mut self, target: usize) {
+        for a in &mut self.args {
+            if let Operand::Label(l) = a {
+                *l = target;
+            }
+        }
+    }
+}
+
+/// A number as raw bits of the given float width (if `float`) or as an integer.
+pub fn parse_number(tok: &str, float: bool, f32: bool) -> Option<u64> {
+    let t = tok.trim();
+    if let Some(h) = t.strip_prefix("0f").or_else(|| t.strip_prefix("0F")) {
+        let bits = u32::from_str_radix(h, 16).ok()?;
+        return Some(if f32 || !float {
+            bits as u64
+        } else {
+            (f32::from_bits(bits) as f64).to_bits()
+        });
+    }
+    if let Some(h) = t.strip_prefix("0d").or_else(|| t.strip_prefix("0D")) {
+        let bits = u64::from_str_radix(h, 16).ok()?;
+        return Some(if f32 {
+            (f64::from_bits(bits) as f32).to_bits() as u64
+        } else {
+            bits
+        });
+    }
+    let (neg, body) = match t.strip_prefix('-') {
+        Some(b) => (true, b),
+        None => (false, t),
+    };
+    let body = body.trim_end_matches('U');
+    let int = if let Some(h) = body.strip_prefix("0x").or_else(|| body.strip_prefix("0X")) {
+        u64::from_str_radix(h, 16).ok()
+    } else if body.len() > 1 && body.starts_with('0') && body.bytes().all(|b| b.is_ascii_digit()) {
+        u64::from_str_radix(&body[1..], 8).ok()
+    } else {
+        body.parse::<u64>().ok()
+    };
+    match int {
+        Some(v) if !float || !body.contains(['.', 'e', 'E']) => {
+            if float {
+                let f = if neg { -(v as f64) } else { v as f64 };
+                return Some(if f32 {
+                    (f as f32).to_bits() as u64
+                } else {
+                    f.to_bits()
+                });
+            }
+            Some(if neg { v.wrapping_neg() } else { v })
+        }
+        _ => {
+            let f: f64 = t.parse().ok()?;
+            Some(if f32 {
+                (f as f32).to_bits() as u64
+            } else {
+                f.to_bits()
+            })
+        }
+    }
+}
+
+fn special(name: &str) -> Option<Sreg> {
+    let dim = |s: &str| match s {
+        "x" => Some(0),
+        "y" => Some(1),
+        "z" => Some(2),
+        _ => None,
+    };
+    if let Some((base, d)) = name.split_once('.') {
+        let d = dim(d)?;
+        return Some(match base {
+            "%tid" => Sreg::Tid(d),
+            "%ntid" => Sreg::Ntid(d),
+            "%ctaid" => Sreg::Ctaid(d),
+            "%nctaid" => Sreg::Nctaid(d),
+            _ => return None,
+        });
+    }
+    Some(match name {
+        "%laneid" => Sreg::Laneid,
+        "%warpid" => Sreg::Warpid,
+        "%nwarpid" => Sreg::Nwarpid,
+        "%smid" => Sreg::Smid,
+        "%nsmid" => Sreg::Nsmid,
+        "%clock" => Sreg::Clock,
+        "%clock64" => Sreg::Clock64,
+        "%lanemask_eq" => Sreg::LanemaskEq,
+        "%lanemask_lt" => Sreg::LanemaskLt,
+        "%lanemask_le" => Sreg::LanemaskLe,
+        "%lanemask_gt" => Sreg::LanemaskGt,
+        "%lanemask_ge" => Sreg::LanemaskGe,
+        "%dynamic_smem_size" => Sreg::DynSmem,
+        "%globaltimer" => Sreg::Globaltimer,
+        _ => return None,
+    })
+}
+
+fn operand(
+    text: &str,
+    regs: &HashMap<String, u32>,
+    float: bool,
+    f32: bool,
+    label: &mut dyn FnMut(&str),
+    is_branch: bool,
+) -> Result<Operand, PtxError> {
+    let t = text.trim();
+    if t == "_" {
+        return Ok(Operand::Sink);
+    }
+    if let Some((d, p)) = t.split_once('|') {
+        // `d|p`: a value and a predicate destination (shfl, setp).
+        return Ok(Operand::Vector(vec![
+            operand(d, regs, float, f32, label, false)?,
+            operand(p, regs, float, f32, label, false)?,
+        ]));
+    }
+    if let Some(inner) = t.strip_prefix('{').and_then(|x| x.strip_suffix('}')) {
+        let items = inner
+            .split(',')
+            .map(|x| operand(x, regs, float, f32, label, false))
+            .collect::<Result<_, _>>()?;
+        return Ok(Operand::Vector(items));
+    }
+    if let Some(inner) = t.strip_prefix('[').and_then(|x| x.strip_suffix(']')) {
+        let inner = inner.replace(' ', "");
+        let (base, off) = match inner.find(['+', '-']).filter(|&p| p > 0) {
+            Some(p) => (
+                &inner[..p],
+                parse_number(&inner[p..].trim_start_matches('+'), false, false).map(|v| v as i64),
+            ),
+            None => (inner.as_str(), Some(0)),
+        };
+        let offset = off.ok_or_else(|| PtxError::Syntax(format!("bad address {t}")))?;
+        let base = if let Some(&r) = regs.get(base) {
+            Base::Reg(r)
+        } else if let Some(v) = parse_number(base, false, false) {
+            return Ok(Operand::Addr {
+                base: Base::Abs,
+                offset: v as i64 + offset,
+            });
+        } else {
+            Base::Sym(base.to_string())
+        };
+        return Ok(Operand::Addr { base, offset });
+    }
+    if let Some(r) = t.strip_prefix('!') {
+        return regs
+            .get(r)
+            .map(|&i| Operand::NotReg(i))
+            .ok_or_else(|| PtxError::Syntax(format!("unknown register {r}")));
+    }
+    if let Some(&r) = regs.get(t) {
+        return Ok(Operand::Reg(r));
+    }
+    if let Some(s) = special(t) {
+        return Ok(Operand::Special(s));
+    }
+    if t.starts_with('%') {
+        return Err(PtxError::Syntax(format!("unknown register {t}")));
+    }
+    if let Some(v) = parse_number(t, float, f32) {
+        return Ok(Operand::Imm(v));
+    }
+    if is_branch {
+        label(t);
+        return Ok(Operand::Label(usize::MAX));
+    }
+    Ok(Operand::Sym(t.to_string()))
+}
+
+fn space_of(m: &str) -> Option<Space> {
+    Some(match m {
+        "global" => Space::Global,
+        "shared" | "shared::cta" | "shared::cluster" => Space::Shared,
+        "local" => Space::Local,
+        "param" => Space::Param,
+        "const" => Space::Const,
+        _ => return None,
+    })
+}
+
+const CMPS: &[&str] = &[
+    "eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi", "hs", "equ", "neu", "ltu", "leu", "gtu",
+    "geu", "num", "nan",
+];
+const ATOMS: &[&str] = &[
+    "add", "min", "max", "exch", "cas", "and", "or", "xor", "inc", "dec",
+];
+
+/// Decodes one statement.
+pub fn decode(
+    stmt: &str,
+    regs: &mut HashMap<String, u32>,
+    label: &mut dyn FnMut(&str),
+) -> Result<Inst, PtxError> {
+    let mut s = stmt.trim();
+    let mut pred = None;
+    if let Some(p) = s.strip_prefix('@') {
+        let (name, rest) = p
+            .split_once(char::is_whitespace)
+            .ok_or_else(|| PtxError::Syntax(stmt.to_string()))?;
+        let (neg, name) = match name.strip_prefix('!') {
+            Some(n) => (true, n),
+            None => (false, name),
+        };
+        let r = *regs
+            .get(name)
+            .ok_or_else(|| PtxError::Syntax(format!("unknown predicate {name}")))?;
+        pred = Some((r, neg));
+        s = rest.trim();
+    }
+    let (opcode, rest) = s.split_once(char::is_whitespace).unwrap_or((s, ""));
+    let mut parts = opcode.split('.');
+    let base = parts.next().unwrap_or("");
+    let mods_s: Vec<&str> = parts.collect();
+    let unsupported = || PtxError::Unsupported {
+        opcode: opcode.to_string(),
+    };
+    let op = match base {
+        "mov" => Op::Mov,
+        "ld" => Op::Ld,
+        "ldu" => Op::Ldu,
+        "st" => Op::St,
+        "cvta" => Op::Cvta,
+        "cvt" => Op::Cvt,
+        "add" => Op::Add,
+        "sub" => Op::Sub,
+        "mul" => Op::Mul,
+        "mad" => Op::Mad,
+        "fma" => Op::Fma,
+        "div" => Op::Div,
+        "rem" => Op::Rem,
+        "min" => Op::Min,
+        "max" => Op::Max,
+        "abs" => Op::Abs,
+        "neg" => Op::Neg,
+        "and" => Op::And,
+        "or" => Op::Or,
+        "xor" => Op::Xor,
+        "not" => Op::Not,
+        "cnot" => Op::Cnot,
+        "shl" => Op::Shl,
+        "shr" => Op::Shr,
+        "setp" => Op::Setp,
+        "selp" => Op::Selp,
+        "set" => Op::Set,
+        "bra" => Op::Bra,
+        "ret" => Op::Ret,
+        "exit" => Op::Exit,
+        "bar" | "barrier" => Op::Bar,
+        "atom" => Op::Atom,
+        "red" => Op::Red,
+        "shfl" => Op::Shfl,
+        "vote" => Op::Vote,
+        "activemask" => Op::Activemask,
+        "rcp" => Op::Rcp,
+        "sqrt" => Op::Sqrt,
+        "rsqrt" => Op::Rsqrt,
+        "sin" => Op::Sin,
+        "cos" => Op::Cos,
+        "ex2" => Op::Ex2,
+        "lg2" => Op::Lg2,
+        "tanh" => Op::Tanh,
+        "popc" => Op::Popc,
+        "clz" => Op::Clz,
+        "brev" => Op::Brev,
+        "bfe" => Op::Bfe,
+        "bfi" => Op::Bfi,
+        "prmt" => Op::Prmt,
+        "shf" => Op::Shf,
+        "membar" => Op::Membar,
+        "fence" => Op::Fence,
+        "addc" => Op::Addc,
+        "subc" => Op::Subc,
+        "madc" => Op::Madc,
+        "mul24" => Op::Mul24,
+        "mad24" => Op::Mad24,
+        "sad" => Op::Sad,
+        "trap" => Op::Trap,
+        "copysign" => Op::Copysign,
+        "testp" => Op::Testp,
+        "lop3" => Op::Lop3,
+        "match" => Op::Match,
+        "brkpt" => Op::Brkpt,
+        "nanosleep" => Op::Nanosleep,
+        "prefetch" | "prefetchu" => Op::Prefetch,
+        "isspacep" => Op::Isspacep,
+        "dp4a" => Op::Dp4a,
+        _ => return Err(unsupported()),
+    };
+    let _ = Op::Mov64Split;
+    let mut mods = Mods::default();
+    let mut types = Vec::new();
+    let mut space = Space::Generic;
+    for m in &mods_s {
+        if let Some(t) = Type::parse(m) {
+            types.push(t);
+            continue;
+        }
+        if let Some(sp) = space_of(m) {
+            if op == Op::Cvta || op == Op::Isspacep {
+                mods.space2 = Some(sp);
+            } else {
+                space = sp;
+            }
+            continue;
+        }
+        match *m {
+            "hi" => mods.hi = true,
+            "lo" => mods.lo = true,
+            "wide" => mods.wide = true,
+            "cc" => mods.cc = true,
+            "sat" | "satfinite" => mods.sat = true,
+            "rni" => mods.rnd_int = Some('n'),
+            "rzi" => mods.rnd_int = Some('z'),
+            "rmi" => mods.rnd_int = Some('m'),
+            "rpi" => mods.rnd_int = Some('p'),
+            "v2" => mods.vec = 2,
+            "v4" => mods.vec = 4,
+            "to" => mods.to = true,
+            "l" if op == Op::Shf => mods.shf_left = true,
+            "wrap" => mods.shf_wrap = true,
+            "up" | "down" | "bfly" | "idx" if op == Op::Shfl => {
+                mods.shfl_mode = CMPS
+                    .iter()
+                    .chain(["up", "down", "bfly", "idx"].iter())
+                    .find(|x| *x == m)
+                    .copied()
+                    .unwrap_or("")
+            }
+            "all" | "any" | "uni" | "ballot" if op == Op::Vote => {
+                mods.vote_mode = ["all", "any", "uni", "ballot"]
+                    .iter()
+                    .find(|x| *x == m)
+                    .copied()
+                    .unwrap_or("")
+            }
+            "uni" => mods.uni = true,
+            "any" | "all" if op == Op::Match => {
+                mods.vote_mode = ["all", "any"]
+                    .iter()
+                    .find(|x| *x == m)
+                    .copied()
+                    .unwrap_or("")
+            }
+            _ if (op == Op::Atom || op == Op::Red) && ATOMS.contains(m) => {
+                mods.atom_op = ATOMS.iter().find(|x| *x == m).copied().unwrap_or("")
+            }
+            _ if (op == Op::Setp || op == Op::Set) && CMPS.contains(m) => {
+                mods.cmp = CMPS.iter().find(|x| *x == m).copied().unwrap_or("")
+            }
+            "and" | "or" | "xor" if op == Op::Setp || op == Op::Set => {
+                mods.bool_op = ["and", "or", "xor"]
+                    .iter()
+                    .find(|x| *x == m)
+                    .copied()
+                    .unwrap_or("")
+            }
+            // Rounding, caching, ordering, scope and approximation qualifiers change nothing here.
+            "rn"
+            | "rz"
+            | "rm"
+            | "rp"
+            | "approx"
+            | "full"
+            | "ftz"
+            | "nc"
+            | "ca"
+            | "cg"
+            | "cs"
+            | "lu"
+            | "cv"
+            | "wb"
+            | "wt"
+            | "sync"
+            | "aligned"
+            | "volatile"
+            | "relaxed"
+            | "acquire"
+            | "release"
+            | "acq_rel"
+            | "sc"
+            | "gpu"
+            | "cta"
+            | "sys"
+            | "gl"
+            | "L1"
+            | "L2"
+            | "noftz"
+            | "arrive"
+            | "red"
+            | "popc"
+            | "f4e"
+            | "b4e"
+            | "rc8"
+            | "ecl"
+            | "ecr"
+            | "rc16"
+            | "clamp"
+            | "r"
+            | "shiftamt"
+            | "ptr"
+            | "weak"
+            | "mmio"
+            | "cluster"
+            | "proxy"
+            | "async"
+            | "L2::64B"
+            | "L2::128B"
+            | "L2::256B"
+            | "L1::no_allocate"
+            | "L1::evict_last"
+            | "L1::evict_first"
+            | "L1::evict_normal"
+            | "L1::evict_unchanged"
+            | "L2::cache_hint"
+            | "u32x2"
+            | "infinite"
+            | "finite"
+            | "number"
+            | "notanumber"
+            | "normal"
+            | "subnormal" => {}
+            _ => return Err(unsupported()),
+        }
+    }
+    let b32 = Type {
+        kind: Ty::B,
+        size: 4,
+    };
+    let ty = types.first().copied().unwrap_or(b32);
+    let ty2 = types.get(1).copied().unwrap_or(ty);
+    let float = ty.kind == Ty::F;
+    let f32 = ty.size == 4;
+    let is_branch = op == Op::Bra;
+    let mut args = Vec::new();
+    for a in crate::parse::split_top(rest) {
+        // `call`-free PTX only; `{a, b}` vectors and `[...]` addresses are single operands.
+        // Immediates of cvt are typed by the source type.
+        let (fl, f3) = if op == Op::Cvt {
+            (ty2.kind == Ty::F, ty2.size == 4)
+        } else {
+            (float, f32)
+        };
+        args.push(operand(&a, regs, fl, f3, label, is_branch)?);
+    }
+    if op == Op::Bar
+        && !mods_s
+            .iter()
+            .any(|m| matches!(*m, "sync" | "arrive" | "red"))
+        && base == "bar"
+        && !mods_s.is_empty()
+        && mods_s[0] == "warp"
+    {
+        // bar.warp.sync: a warp-level no-op here (warps run in lockstep).
+        return Ok(Inst {
+            pred,
+            op: Op::Membar,
+            ty,
+            ty2,
+            space,
+            mods,
+            args: Vec::new(),
+            text: stmt.to_string(),
+        });
+    }
+    Ok(Inst {
+        pred,
+        op,
+        ty,
+        ty2,
+        space,
+        mods,
+        args,
+        text: stmt.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers() {
+        assert_eq!(
+            parse_number("0f3F800000", true, true),
+            Some(1.0f32.to_bits() as u64)
+        );
+        assert_eq!(
+            parse_number("0d3FF0000000000000", true, false),
+            Some(1.0f64.to_bits())
+        );
+        assert_eq!(parse_number("-1", false, false), Some(u64::MAX));
+        assert_eq!(parse_number("0x10", false, false), Some(16));
+        assert_eq!(
+            parse_number("1.5", true, true),
+            Some(1.5f32.to_bits() as u64)
+        );
+    }
+
+    #[test]
+    fn unknown_opcodes_are_named() {
+        let mut regs = HashMap::new();
+        let e = decode(
+            "wmma.load.a.sync.aligned.row.m16n16k16.f16 {%r1}, [%rd1]",
+            &mut regs,
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("wmma"), "{e}");
+    }
+}

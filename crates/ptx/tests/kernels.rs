@@ -1,0 +1,331 @@
+//! nvcc 13.5 kernels (tests/fixtures/kernels.cu) run by the interpreter, checked against CPU
+//! references.
+
+use gpufuse_ptx::{ExecError, LaunchConfig, Module, VecMemory};
+
+const BASE: u64 = 0x2000_0000_0000;
+
+fn module() -> Module {
+    Module::parse(include_str!("fixtures/kernels.ptx")).unwrap()
+}
+
+/// A memory with room for `n` buffers of `size` bytes each at BASE + k * size.
+fn memory(n: usize, size: usize) -> VecMemory {
+    VecMemory {
+        base: BASE,
+        bytes: vec![0; n * size],
+    }
+}
+
+fn f32s(m: &VecMemory, off: usize, n: usize) -> Vec<f32> {
+    m.bytes[off..off + 4 * n]
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn u32s(m: &VecMemory, off: usize, n: usize) -> Vec<u32> {
+    m.bytes[off..off + 4 * n]
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn write_f32(m: &mut VecMemory, off: usize, v: &[f32]) {
+    for (i, x) in v.iter().enumerate() {
+        m.bytes[off + 4 * i..off + 4 * i + 4].copy_from_slice(&x.to_le_bytes());
+    }
+}
+
+fn write_u32(m: &mut VecMemory, off: usize, v: &[u32]) {
+    for (i, x) in v.iter().enumerate() {
+        m.bytes[off + 4 * i..off + 4 * i + 4].copy_from_slice(&x.to_le_bytes());
+    }
+}
+
+fn params(parts: &[&[u8]], layout: &[gpufuse_ptx::Param]) -> Vec<u8> {
+    let len = layout.last().map_or(0, |p| (p.offset + p.size) as usize);
+    let mut buf = vec![0u8; len];
+    for (p, bytes) in layout.iter().zip(parts) {
+        buf[p.offset as usize..p.offset as usize + bytes.len()].copy_from_slice(bytes);
+    }
+    buf
+}
+
+fn launch(
+    m: &Module,
+    mem: &mut VecMemory,
+    name: &str,
+    grid: [u32; 3],
+    block: [u32; 3],
+    args: &[&[u8]],
+) -> Result<(), ExecError> {
+    let k = m.kernel(name).unwrap();
+    let p = params(args, &k.params);
+    m.launch(
+        name,
+        &LaunchConfig {
+            grid,
+            block,
+            dynamic_shared_bytes: 0,
+        },
+        &p,
+        mem,
+        &|_| None,
+    )
+    .map(|_| ())
+}
+
+const MB: usize = 1 << 20;
+
+#[test]
+fn vector_add() {
+    let m = module();
+    let mut mem = memory(3, MB);
+    let n = 1000usize;
+    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let b: Vec<f32> = (0..n).map(|i| 1000.0 - i as f32).collect();
+    write_f32(&mut mem, 0, &a);
+    write_f32(&mut mem, MB, &b);
+    let (pa, pb, pc) = (BASE, BASE + MB as u64, BASE + 2 * MB as u64);
+    launch(
+        &m,
+        &mut mem,
+        "vadd",
+        [4, 1, 1],
+        [256, 1, 1],
+        &[
+            &pa.to_le_bytes(),
+            &pb.to_le_bytes(),
+            &pc.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    let c = f32s(&mem, 2 * MB, n);
+    assert!(c.iter().enumerate().all(|(i, &x)| x == a[i] + b[i]));
+}
+
+#[test]
+fn saxpy() {
+    let m = module();
+    let mut mem = memory(2, MB);
+    let n = 300usize;
+    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let y: Vec<f32> = (0..n).map(|i| 2.0 * i as f32).collect();
+    write_f32(&mut mem, 0, &x);
+    write_f32(&mut mem, MB, &y);
+    launch(
+        &m,
+        &mut mem,
+        "saxpy",
+        [2, 1, 1],
+        [256, 1, 1],
+        &[
+            &(n as i32).to_le_bytes(),
+            &3.0f32.to_le_bytes(),
+            &BASE.to_le_bytes(),
+            &(BASE + MB as u64).to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    let out = f32s(&mem, MB, n);
+    assert!(
+        out.iter()
+            .enumerate()
+            .all(|(i, &v)| v == 3.0f32.mul_add(x[i], y[i])),
+        "{:?}",
+        &out[..4]
+    );
+}
+
+#[test]
+fn shared_memory_reduction_with_barriers_and_atomics() {
+    let m = module();
+    let mut mem = memory(2, MB);
+    let n = 2000usize;
+    let v: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    write_f32(&mut mem, 0, &v);
+    launch(
+        &m,
+        &mut mem,
+        "reduce",
+        [8, 1, 1],
+        [256, 1, 1],
+        &[
+            &BASE.to_le_bytes(),
+            &(BASE + MB as u64).to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    assert_eq!(f32s(&mem, MB, 1)[0], v.iter().sum::<f32>());
+}
+
+#[test]
+fn warp_shuffle_reduction() {
+    let m = module();
+    let mut mem = memory(2, MB);
+    let v: Vec<u32> = (0..128).map(|i| i * 3 + 1).collect();
+    write_u32(&mut mem, 0, &v);
+    launch(
+        &m,
+        &mut mem,
+        "warpsum",
+        [1, 1, 1],
+        [128, 1, 1],
+        &[&BASE.to_le_bytes(), &(BASE + MB as u64).to_le_bytes()],
+    )
+    .unwrap();
+    let out = u32s(&mem, MB, 4);
+    for w in 0..4 {
+        assert_eq!(
+            out[w],
+            v[w * 32..w * 32 + 32].iter().sum::<u32>(),
+            "warp {w}"
+        );
+    }
+}
+
+#[test]
+fn atomic_histogram_is_exact_under_contention() {
+    let m = module();
+    let mut mem = memory(2, MB);
+    let n = 5000usize;
+    let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+    mem.bytes[..n].copy_from_slice(&data);
+    launch(
+        &m,
+        &mut mem,
+        "histogram",
+        [20, 1, 1],
+        [256, 1, 1],
+        &[
+            &BASE.to_le_bytes(),
+            &(BASE + MB as u64).to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    let mut want = [0u32; 16];
+    for d in &data {
+        want[(d % 16) as usize] += 1;
+    }
+    assert_eq!(u32s(&mem, MB, 16), want);
+}
+
+#[test]
+fn tiled_matmul() {
+    let m = module();
+    let n = 32usize;
+    let mut mem = memory(3, MB);
+    let a: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| (i % 3) as f32 - 1.0).collect();
+    write_f32(&mut mem, 0, &a);
+    write_f32(&mut mem, MB, &b);
+    launch(
+        &m,
+        &mut mem,
+        "matmul",
+        [2, 2, 1],
+        [16, 16, 1],
+        &[
+            &BASE.to_le_bytes(),
+            &(BASE + MB as u64).to_le_bytes(),
+            &(BASE + 2 * MB as u64).to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    let c = f32s(&mem, 2 * MB, n * n);
+    for r in 0..n {
+        for col in 0..n {
+            let want: f32 = (0..n).map(|k| a[r * n + k] * b[k * n + col]).sum();
+            assert_eq!(c[r * n + col], want, "C[{r}][{col}]");
+        }
+    }
+}
+
+#[test]
+fn double_precision() {
+    let m = module();
+    let mut mem = memory(1, MB);
+    let x: Vec<f64> = (0..64).map(|i| i as f64 * 1.5).collect();
+    for (i, v) in x.iter().enumerate() {
+        mem.bytes[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    launch(
+        &m,
+        &mut mem,
+        "dscale",
+        [1, 1, 1],
+        [64, 1, 1],
+        &[
+            &BASE.to_le_bytes(),
+            &2.5f64.to_le_bytes(),
+            &64i32.to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    for (i, v) in x.iter().enumerate() {
+        let got = f64::from_le_bytes(mem.bytes[8 * i..8 * i + 8].try_into().unwrap());
+        assert_eq!(got, v.sqrt().mul_add(2.5, i as f64), "{i}");
+    }
+}
+
+#[test]
+fn bit_operations() {
+    let m = module();
+    let mut mem = memory(2, MB);
+    let v: Vec<u32> = (0..32)
+        .map(|i| (i as u32).wrapping_mul(0x9E37_79B9) ^ (1 << i))
+        .collect();
+    write_u32(&mut mem, 0, &v);
+    launch(
+        &m,
+        &mut mem,
+        "bits",
+        [1, 1, 1],
+        [32, 1, 1],
+        &[&BASE.to_le_bytes(), &(BASE + MB as u64).to_le_bytes()],
+    )
+    .unwrap();
+    let out = u32s(&mem, MB, 128);
+    for (i, &x) in v.iter().enumerate() {
+        assert_eq!(out[4 * i], x.count_ones());
+        assert_eq!(out[4 * i + 1], x.leading_zeros());
+        assert_eq!(out[4 * i + 2], x.reverse_bits());
+        // __byte_perm(x, 0x11223344, 0x5140): bytes [x0, x4=0x44.., ...] per selector nibbles.
+        let bytes = ((0x1122_3344u64) << 32) | x as u64;
+        let sel = [0u32, 4, 1, 5];
+        let want = sel.iter().enumerate().fold(0u32, |acc, (k, s)| {
+            acc | ((((bytes >> (s * 8)) & 0xff) as u32) << (k * 8))
+        });
+        assert_eq!(out[4 * i + 3], want);
+    }
+}
+
+#[test]
+fn out_of_bounds_access_is_an_illegal_address() {
+    let m = module();
+    let mut mem = memory(1, MB);
+    let e = launch(
+        &m,
+        &mut mem,
+        "oob",
+        [1, 1, 1],
+        [32, 1, 1],
+        &[&BASE.to_le_bytes()],
+    )
+    .unwrap_err();
+    assert!(matches!(e, ExecError::IllegalAddress(_)), "{e:?}");
+}
+
+#[test]
+fn layouts_match_the_rule() {
+    let m = module();
+    let k = m.kernel("saxpy").unwrap();
+    let offs: Vec<_> = k.params.iter().map(|p| (p.offset, p.size)).collect();
+    assert_eq!(offs, vec![(0, 4), (4, 4), (8, 8), (16, 8)]);
+    assert_eq!(m.kernel("reduce").unwrap().static_shared_bytes, 1024);
+}
