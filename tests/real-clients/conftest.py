@@ -1,0 +1,58 @@
+"""Fixtures of the real-client suite: the built test programs (session-wide, cached in build/)
+and one `gpufuse serve` on a fresh unix socket plus a TCP port, restarted if a test kills it.
+On a failure the server's log lines written during that test are attached to the report.
+Run with scripts/run-real-clients.sh (it installs .deps/ and builds the release binaries).
+"""
+from __future__ import annotations
+
+import pytest
+
+import support
+
+
+@pytest.fixture(scope="session")
+def programs() -> support.Programs:
+    try:
+        return support.build_programs()
+    except support.BuildError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def _server_session(request):
+    missing = [p for p in (support.GPUFUSE, support.SHIM) if not p.exists()]
+    if missing:
+        pytest.fail(f"missing {', '.join(map(str, missing))}: run cargo build --release",
+                    pytrace=False)
+    server = support.Server()
+    request.config._gpufuse_server = server
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def server(_server_session, request):
+    """The running server; if an earlier test left it dead, it is restarted (and said so)."""
+    was_alive = _server_session.ensure_alive()
+    if not was_alive:
+        request.node.add_report_section(
+            "setup", "gpufuse server", "the server had died before this test; restarted")
+    request.node._gpufuse_log_offset = _server_session.log_size()
+    return _server_session
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    server = getattr(item.config, "_gpufuse_server", None)
+    if server is None:
+        return
+    offset = getattr(item, "_gpufuse_log_offset", 0)
+    text = server.log_since(offset)
+    state = "running" if server.alive() else f"DEAD (exit {server.proc.returncode if server.proc else '?'})"
+    report.sections.append(
+        ("gpufuse server log during this test", f"server is {state}\n{text or '(nothing logged)'}"))

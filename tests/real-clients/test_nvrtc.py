@@ -1,0 +1,21 @@
+"""NVRTC 12.9 and 13.5: PTX compiled at run time, cuModuleLoadData, cuLaunchKernel with
+kernelParams and with the `extra` packed buffer."""
+import pytest
+
+from support import assert_ok, kernel_results, run_client
+
+VERSIONS = [12, 13]
+IDS = ["nvrtc12.9", "nvrtc13.5"]
+
+
+@pytest.mark.parametrize("cuda", VERSIONS, ids=IDS)
+def test_nvrtc_module_launches(programs, server, cuda):
+    res = run_client(programs, server.unix, [programs.nvrtc[cuda], "--launch-only"])
+    assert_ok(res, ["launched kernelParams", "launched extra", "PASS nvrtc_launch (launches only)"])
+
+
+@kernel_results
+@pytest.mark.parametrize("cuda", VERSIONS, ids=IDS)
+def test_nvrtc_kernel_results(programs, server, cuda):
+    res = run_client(programs, server.unix, [programs.nvrtc[cuda]])
+    assert_ok(res, ["PASS nvrtc_launch (results checked)"])

@@ -1,0 +1,47 @@
+"""CuPy (cupy-cuda12x) and cuda-python (cuda.bindings) through the shim."""
+import pytest
+
+from support import HERE, assert_ok, kernel_results, run_client
+
+PY = HERE / "python"
+CUPY_CHECKS = ["device", "transfers", "runtime_calls", "memory_info", "streams_events"]
+# The emulated GPU executes PTX: make CuPy embed PTX instead of an sm_80 cubin.
+CUPY_PTX = {"CUPY_COMPILE_WITH_PTX": "1"}
+
+
+@pytest.mark.parametrize("check", CUPY_CHECKS)
+def test_cupy(programs, server, check):
+    res = run_client(programs, server.unix, [programs.python, PY / "cupy_transfers.py", check])
+    assert_ok(res, [f"PASS {check}"])
+
+
+def test_cupy_transfers_over_tcp(programs, server):
+    res = run_client(programs, server.tcp, [programs.python, PY / "cupy_transfers.py",
+                                            "transfers", "streams_events"])
+    assert_ok(res, ["PASS transfers", "PASS streams_events"])
+
+
+def test_cupy_kernel_launches(programs, server):
+    res = run_client(programs, server.unix,
+                     [programs.python, PY / "cupy_kernels.py", "--launch-only"], env=CUPY_PTX)
+    assert_ok(res, ["PASS cupy_kernels (launches only)"])
+
+
+@kernel_results
+def test_cupy_kernel_results(programs, server):
+    res = run_client(programs, server.unix, [programs.python, PY / "cupy_kernels.py"],
+                     env=CUPY_PTX)
+    assert_ok(res, ["PASS cupy_kernels (results checked)"])
+
+
+def test_cuda_bindings_driver(programs, server):
+    res = run_client(programs, server.unix,
+                     [programs.python, PY / "cuda_bindings_driver.py", "--launch-only"])
+    assert_ok(res, ["PASS device_queries", "PASS memory", "PASS streams_events",
+                    "PASS nvrtc_module_launch", "PASS created_context"])
+
+
+@kernel_results
+def test_cuda_bindings_kernel_results(programs, server):
+    res = run_client(programs, server.unix, [programs.python, PY / "cuda_bindings_driver.py"])
+    assert_ok(res, ["PASS cuda_bindings_driver (results checked)"])
