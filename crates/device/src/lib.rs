@@ -53,6 +53,11 @@ pub trait Device: Send {
     fn global(&mut self, module: ModuleId, name: &str) -> Result<(u64, u64), Status>;
     /// Runs a kernel to completion; returns the device time it took.
     fn launch(&mut self, launch: &KernelLaunch) -> Result<std::time::Duration, Status>;
+    /// A human-readable reason for the last failed launch (an unsupported instruction, the
+    /// illegal address), for the worker's log.
+    fn take_error_detail(&mut self) -> Option<String> {
+        None
+    }
 }
 
 /// A kernel launch as the device runs it.

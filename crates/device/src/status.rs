@@ -14,3 +14,4 @@ pub const ILLEGAL_ADDRESS: Status = 700;
 pub const LAUNCH_OUT_OF_RESOURCES: Status = 701;
 pub const INVALID_CONFIGURATION: Status = 9;
 pub const NOT_SUPPORTED: Status = 801;
+pub const LAUNCH_FAILED: Status = 719;

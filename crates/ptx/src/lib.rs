@@ -32,7 +32,7 @@ pub enum PtxError {
     Unsupported { opcode: String },
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ExecError {
     #[error("illegal address {0:#x}")]
     IllegalAddress(u64),

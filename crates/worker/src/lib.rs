@@ -59,6 +59,8 @@ pub struct Session<'a> {
     scratch: Vec<u8>,
     /// A device range the current reply's data is sent from, in place.
     view: Option<(u64, u64)>,
+    /// A fault (illegal address, trap) that poisoned the session until a device reset.
+    sticky: Option<Status>,
 }
 
 type R<T> = Result<T, Status>;
@@ -89,6 +91,7 @@ impl<'a> Session<'a> {
             device_time: std::time::Duration::ZERO,
             scratch: Vec::new(),
             view: None,
+            sticky: None,
         }
     }
 
@@ -478,7 +481,17 @@ impl<'a> Session<'a> {
     /// Runs a request as the wire sees it: a reply for synchronous requests, and a kept
     /// failure for quiet ones.
     pub fn dispatch(&mut self, req: Request, quiet: bool) -> Option<Reply> {
-        let result = self.handle(req);
+        let result = match (self.sticky, &req) {
+            (Some(_), Request::DeviceReset { .. }) => {
+                self.sticky = None;
+                self.handle(req)
+            }
+            (Some(e), Request::Ping | Request::DebugLaunchLog { .. }) => {
+                self.handle(req).map_err(|_| e)
+            }
+            (Some(e), _) => Err(e),
+            (None, _) => self.handle(req),
+        };
         if quiet {
             if let Err(e) = result {
                 self.deferred.get_or_insert(e);

@@ -18,6 +18,8 @@ const ALIGN: u64 = 256;
 
 struct Module {
     layout: Layout,
+    /// The decoded program, or why the interpreter cannot run it (reported at launch).
+    program: Result<gpufuse_ptx::Module, String>,
     /// Device addresses of the module's variables.
     variables: HashMap<String, (u64, u64)>,
 }
@@ -31,6 +33,44 @@ pub struct EmuDevice {
     window_end: u64,
     modules: HashMap<ModuleId, Module>,
     next_module: ModuleId,
+    /// What the last failed launch said (for the worker's log).
+    last_error: Option<String>,
+}
+
+/// Device memory as the interpreter sees it: the session's allocations.
+struct Memory<'a>(&'a mut BTreeMap<u64, Vec<u8>>);
+
+impl Memory<'_> {
+    fn locate(
+        &mut self,
+        addr: u64,
+        len: usize,
+    ) -> Result<(&mut Vec<u8>, usize), gpufuse_ptx::ExecError> {
+        let illegal = gpufuse_ptx::ExecError::IllegalAddress(addr);
+        let (&base, buf) = self
+            .0
+            .range_mut(..=addr)
+            .next_back()
+            .ok_or(illegal.clone())?;
+        let off = (addr - base) as usize;
+        if off.checked_add(len).is_none_or(|end| end > buf.len()) {
+            return Err(illegal);
+        }
+        Ok((buf, off))
+    }
+}
+
+impl gpufuse_ptx::DeviceMemory for Memory<'_> {
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> Result<(), gpufuse_ptx::ExecError> {
+        let (buf, off) = self.locate(addr, out.len())?;
+        out.copy_from_slice(&buf[off..off + out.len()]);
+        Ok(())
+    }
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), gpufuse_ptx::ExecError> {
+        let (buf, off) = self.locate(addr, data.len())?;
+        buf[off..off + data.len()].copy_from_slice(data);
+        Ok(())
+    }
 }
 
 impl EmuDevice {
@@ -44,6 +84,7 @@ impl EmuDevice {
             window_end: base + window,
             modules: HashMap::new(),
             next_module: 1,
+            last_error: None,
         }
     }
 
@@ -151,6 +192,7 @@ impl Device for EmuDevice {
                 _ => INVALID_IMAGE,
             })?;
         let layout = ptx_layout::parse(&ptx).map_err(|_| INVALID_PTX)?;
+        let program = gpufuse_ptx::Module::parse(&ptx).map_err(|e| e.to_string());
         let mut variables = HashMap::new();
         for v in &layout.variables {
             let ptr = self.alloc(v.size.max(1))?;
@@ -162,7 +204,14 @@ impl Device for EmuDevice {
         }
         let id = self.next_module;
         self.next_module += 1;
-        self.modules.insert(id, Module { layout, variables });
+        self.modules.insert(
+            id,
+            Module {
+                layout,
+                program,
+                variables,
+            },
+        );
         Ok(id)
     }
 
@@ -235,7 +284,41 @@ impl Device for EmuDevice {
         if l.params.len() < need {
             return Err(INVALID_VALUE);
         }
-        Ok(Duration::ZERO)
+        let program = match &m.program {
+            Ok(p) => p,
+            Err(why) => {
+                self.last_error = Some(why.clone());
+                return Err(INVALID_PTX);
+            }
+        };
+        let cfg = gpufuse_ptx::LaunchConfig {
+            grid: l.grid,
+            block: l.block,
+            dynamic_shared_bytes: l.shared_mem,
+        };
+        let variables = &m.variables;
+        let mut mem = Memory(&mut self.allocations);
+        let result = program.launch(l.function, &cfg, l.params, &mut mem, &|name| {
+            variables.get(name).map(|&(p, _)| p)
+        });
+        match result {
+            Ok(stats) => Ok(stats.elapsed),
+            Err(e) => {
+                let status = match e {
+                    gpufuse_ptx::ExecError::IllegalAddress(_) => ILLEGAL_ADDRESS,
+                    gpufuse_ptx::ExecError::Trap => LAUNCH_FAILED,
+                    gpufuse_ptx::ExecError::InvalidLaunch(_) => INVALID_VALUE,
+                    gpufuse_ptx::ExecError::NoKernel(_) => INVALID_HANDLE,
+                    gpufuse_ptx::ExecError::Unsupported(_) => NOT_SUPPORTED,
+                };
+                self.last_error = Some(e.to_string());
+                Err(status)
+            }
+        }
+    }
+
+    fn take_error_detail(&mut self) -> Option<String> {
+        self.last_error.take()
     }
 }
 
