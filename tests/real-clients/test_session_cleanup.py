@@ -12,27 +12,38 @@ def _device_used(status):
     return status["devices"][0]["used_bytes"]
 
 
+def _wait_for_ready(proc, timeout):
+    """Reads the client's stdout (unbuffered) until its READY line; fails if it exits first."""
+    fd = proc.stdout.fileno()
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([fd], [], [], 0.2)
+        if readable:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            seen += chunk
+            for line in seen.decode(errors="replace").splitlines():
+                if line.startswith("READY"):
+                    return line
+        elif proc.poll() is not None:
+            break
+    err = proc.stderr.read().decode(errors="replace") if proc.poll() is not None else ""
+    raise AssertionError(f"client never got ready (exit {proc.poll()}): stdout {seen!r}\n{err}")
+
+
 def test_sigkilled_client_releases_memory_and_session(programs, server):
     baseline = server.status()
     base_used = _device_used(baseline)
     base_sessions = {s["id"] for s in baseline["sessions"]}
 
     proc = subprocess.Popen(client_argv(server.unix, [programs.rt[13], "hold_1gib"]),
-                            env=programs.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            env=programs.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         # `gpufuse run` execs the program, so proc.pid is the client itself.
-        deadline = time.monotonic() + 60
-        line = ""
-        while time.monotonic() < deadline and proc.poll() is None:
-            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-            if ready:
-                line = proc.stdout.readline()
-                if line.startswith("READY"):
-                    break
-        assert line.startswith("READY"), (
-            f"client never got ready (exit {proc.poll()}): {line!r}\n{proc.stderr.read() if proc.poll() is not None else ''}")
-        assert int(line.split("pid=")[1]) == proc.pid
+        ready = _wait_for_ready(proc, timeout=60)
+        assert int(ready.split("pid=")[1]) == proc.pid
 
         during = server.status()
         ours = [s for s in during["sessions"] if s["pid"] == proc.pid]

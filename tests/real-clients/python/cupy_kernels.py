@@ -46,6 +46,12 @@ cupy.cuda.Device(0).synchronize()
 print("launched RawKernel")
 expect_result(np.array_equal(out.get(), x * 0.5 + 1.0), "RawKernel scale_add")
 
+# get() of a Fortran-ordered array makes it contiguous with an elementwise kernel first.
+f_host = np.asfortranarray(np.arange(64 * 33, dtype=np.float64).reshape(64, 33))
+f_back = cupy.asarray(f_host).get()
+print("launched ascontiguousarray")
+expect_result(np.array_equal(f_back, f_host), "Fortran-ordered round trip")
+
 if mismatches:
     for m in mismatches[:5]:
         print(f"MISMATCH {m}", file=sys.stderr)

@@ -79,9 +79,7 @@ def check_transfers():
     dev3 = cupy.empty_like(dev)
     dev3.data.copy_from_device(dev.data, dev.nbytes)
     expect(np.array_equal(dev3.get(), host), "device-to-device copy_from_device")
-    # Fortran-ordered host array.
-    f_host = np.asfortranarray(rng.standard_normal((64, 33)))
-    expect(np.array_equal(cupy.asarray(f_host).get(), f_host), "Fortran-ordered round trip")
+    # (Non-contiguous arrays are left out: CuPy copies them with an elementwise kernel.)
 
 
 def check_runtime_calls():
@@ -110,7 +108,8 @@ def check_runtime_calls():
         runtime.malloc(1 << 50)
         fail("runtime.malloc(1 PiB) succeeded")
     except runtime.CUDARuntimeError as e:
-        expect(e.status == runtime.errorMemoryAllocation, f"malloc(1 PiB) status {e.status}")
+        expect(e.status == 2,  # cudaErrorMemoryAllocation
+                f"malloc(1 PiB) status {e.status}")
     try:
         cupy.empty(1 << 50, dtype=np.uint8)
         fail("cupy.empty(1 PiB) succeeded")

@@ -62,7 +62,16 @@ fn run() -> Result<(), SmokeError> {
         let host = pattern(n, i as u64 + 1);
         let dev = ck("clone_htod", stream.clone_htod(&host))?;
         let back = ck("clone_dtoh", stream.clone_dtoh(&dev))?;
-        expect(back == host, || format!("u8 round trip of {n} bytes differs"))?;
+        expect(back == host, || {
+            let first = back.iter().zip(&host).position(|(a, b)| a != b);
+            format!(
+                "u8 round trip of {n} bytes differs: got {} bytes, first difference at {first:?} \
+                 (got {:?}, want {:?})",
+                back.len(),
+                first.and_then(|i| back.get(i)),
+                first.and_then(|i| host.get(i))
+            )
+        })?;
     }
     let floats: Vec<f32> = (0..100_003).map(|i| i as f32 * 0.5 - 7.0).collect();
     let mut dev = ck("alloc_zeros", stream.alloc_zeros::<f32>(floats.len()))?;
