@@ -5,9 +5,33 @@ Run with scripts/run-real-clients.sh (it installs .deps/ and builds the release 
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import support
+
+# ---- the one switch for kernel results -----------------------------------------------------
+# Tests marked `kernel_results` check what kernels computed. While this is False
+# (GPUFUSE_KERNELS_EXECUTE=0) they are strict xfails: for a server whose GPU accepts launches
+# without executing them, as before the PTX VM was wired in. A strict xfail that passes (XPASS)
+# fails the run, so a stale False cannot hide anything. Flipped to True when "READY: kernels
+# execute on the emulated GPU" landed (commit 9709191).
+KERNELS_EXECUTE = os.environ.get("GPUFUSE_KERNELS_EXECUTE", "1") == "1"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "kernel_results: checks kernel results (see KERNELS_EXECUTE in conftest.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if KERNELS_EXECUTE:
+        return
+    xfail = pytest.mark.xfail(strict=True, reason="kernels execute once the PTX VM lands (issue 3)")
+    for item in items:
+        if item.get_closest_marker("kernel_results"):
+            item.add_marker(xfail)
 
 
 @pytest.fixture(scope="session")

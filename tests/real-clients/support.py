@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -23,19 +24,6 @@ ROOT = HERE.parents[1]
 BUILD = HERE / "build"
 GPUFUSE = ROOT / "target" / "release" / "gpufuse"
 SHIM = ROOT / "target" / "release" / "libcuda.so"
-
-# ---- the one switch for kernel results -----------------------------------------------------
-# Kernels do not execute on the emulated GPU until the PTX VM is wired in: launches are
-# accepted but output buffers are not written. Flip this to True (or set
-# GPUFUSE_KERNELS_EXECUTE=1) once they do; the result checks are strict xfails until then, so
-# they start failing (XPASS) the moment kernels execute and the flag was not flipped.
-KERNELS_EXECUTE = os.environ.get("GPUFUSE_KERNELS_EXECUTE", "0") == "1"
-
-kernel_results = pytest.mark.xfail(
-    not KERNELS_EXECUTE,
-    strict=True,
-    reason="kernels execute once the PTX VM lands (issue 3)",
-)
 
 # The emulated device the suite serves: one GPU of 16 GiB.
 DEVICES = "emu:1:16GiB"
@@ -210,11 +198,14 @@ class Server:
         log = open(self.log_path, "ab")
         log.write(f"==== gpufuse serve started at {time.strftime('%H:%M:%S')} ====\n".encode())
         log.flush()
+        env = dict(os.environ)
+        # More detail in the server log: GPUFUSE_TEST_SERVER_LOG=debug.
+        env["GPUFUSE_LOG"] = os.environ.get("GPUFUSE_TEST_SERVER_LOG", "info")
         self.proc = subprocess.Popen(
             [str(GPUFUSE), "serve", "--listen", self.unix, "--listen", self.tcp,
              "--devices", DEVICES],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, env=env,
         )
         log.close()
         deadline = time.monotonic() + 30
@@ -263,7 +254,7 @@ class Server:
         with open(self.log_path, "rb") as f:
             f.seek(offset)
             data = f.read()
-        text = data.decode(errors="replace")
+        text = re.sub(r"\x1b\[[0-9;]*m", "", data.decode(errors="replace"))
         if len(text) > limit:
             text = f"... ({len(text) - limit} characters left out)\n" + text[-limit:]
         return text

@@ -2,7 +2,7 @@
 import pytest
 
 import support
-from support import assert_ok, kernel_results, run_client
+from support import assert_ok, run_client
 
 PROGRAMS = support.KERNEL_SOURCES + [f"{n}_shared" for n in support.SHARED_CUDART_KERNELS]
 
@@ -17,7 +17,7 @@ def test_launches_succeed_and_synchronize(programs, server, prog):
     assert_ok(res, [f"PASS {_stem(prog)} (launches only)"])
 
 
-@kernel_results
+@pytest.mark.kernel_results
 @pytest.mark.parametrize("prog", PROGRAMS)
 def test_kernel_results(programs, server, prog):
     res = run_client(programs, server.unix, [programs.kernels[prog]])

@@ -2,7 +2,7 @@
 kernelParams and with the `extra` packed buffer."""
 import pytest
 
-from support import assert_ok, kernel_results, run_client
+from support import assert_ok, run_client
 
 VERSIONS = [12, 13]
 IDS = ["nvrtc12.9", "nvrtc13.5"]
@@ -14,7 +14,7 @@ def test_nvrtc_module_launches(programs, server, cuda):
     assert_ok(res, ["launched kernelParams", "launched extra", "PASS nvrtc_launch (launches only)"])
 
 
-@kernel_results
+@pytest.mark.kernel_results
 @pytest.mark.parametrize("cuda", VERSIONS, ids=IDS)
 def test_nvrtc_kernel_results(programs, server, cuda):
     res = run_client(programs, server.unix, [programs.nvrtc[cuda]])

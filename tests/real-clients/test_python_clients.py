@@ -1,7 +1,7 @@
 """CuPy (cupy-cuda12x) and cuda-python (cuda.bindings) through the shim."""
 import pytest
 
-from support import HERE, assert_ok, kernel_results, run_client
+from support import HERE, assert_ok, run_client
 
 PY = HERE / "python"
 CUPY_CHECKS = ["device", "transfers", "runtime_calls", "memory_info", "streams_events"]
@@ -27,10 +27,15 @@ def test_cupy_kernel_launches(programs, server):
     assert_ok(res, ["PASS cupy_kernels (launches only)"])
 
 
-@kernel_results
-def test_cupy_kernel_results(programs, server):
-    res = run_client(programs, server.unix, [programs.python, PY / "cupy_kernels.py"],
-                     env=CUPY_PTX)
+@pytest.mark.kernel_results
+@pytest.mark.parametrize("accelerators", ["default", "none"])
+def test_cupy_kernel_results(programs, server, accelerators):
+    """CuPy's defaults reduce with CUB (device code from CuPy's own fatbins, loaded through
+    cudart); with no accelerators every kernel is NVRTC-compiled PTX."""
+    env = dict(CUPY_PTX)
+    if accelerators == "none":
+        env["CUPY_ACCELERATORS"] = ""
+    res = run_client(programs, server.unix, [programs.python, PY / "cupy_kernels.py"], env=env)
     assert_ok(res, ["PASS cupy_kernels (results checked)"])
 
 
@@ -41,7 +46,7 @@ def test_cuda_bindings_driver(programs, server):
                     "PASS nvrtc_module_launch", "PASS created_context"])
 
 
-@kernel_results
+@pytest.mark.kernel_results
 def test_cuda_bindings_kernel_results(programs, server):
     res = run_client(programs, server.unix, [programs.python, PY / "cuda_bindings_driver.py"])
     assert_ok(res, ["PASS cuda_bindings_driver (results checked)"])

@@ -26,7 +26,8 @@ void check_alloc_free(void) {
   for (int i = 0; i < 200; i += 2) CK(cudaFree(many[i]));
   for (int i = 199; i > 0; i -= 2) CK(cudaFree(many[i]));
 
-  /* A zero-byte allocation succeeds (the runtime returns NULL or a pointer). */
+  /* A zero-byte allocation succeeds (the runtime gives NULL) and can be freed. Last, so
+   * that a failure here leaves the other checks run. */
   void *z = (void *)0x1;
   CK(cudaMalloc(&z, 0));
   CK(cudaFree(z));
