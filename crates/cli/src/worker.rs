@@ -33,6 +33,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
     let conn = Conn::new(Stream::from_fd(client, a.tcp));
     let mut ledger = ControlLedger(UnixStream::from(control));
     let mut device = EmuDevice::new(a.device_index, a.device_total, a.window_base, a.window_size);
+    tracing::debug!(session = a.session, "worker serving");
     let result = gpufuse_worker::serve(
         conn,
         a.session,

@@ -85,6 +85,8 @@ pub struct Module {
     functions: Vec<parse::Function>,
     kernels: Vec<KernelInfo>,
     globals: Vec<Var>,
+    /// Module-scope `.shared` variables (each block gets its own copy).
+    shared: Vec<Var>,
 }
 
 fn round_up(x: u64, a: u64) -> u64 {
@@ -125,16 +127,15 @@ impl Module {
                 });
             }
         }
+        let (shared, globals): (Vec<Var>, Vec<Var>) =
+            p.globals.into_iter().partition(|g| g.space == "shared");
         Ok(Module {
             version: p.version,
             target: p.target,
             functions: p.functions,
             kernels,
-            globals: p
-                .globals
-                .into_iter()
-                .filter(|g| g.space != "shared")
-                .collect(),
+            globals,
+            shared,
         })
     }
 
@@ -243,7 +244,7 @@ impl Module {
     }
 
     fn shared_globals(&self) -> impl Iterator<Item = &Var> {
-        std::iter::empty()
+        self.shared.iter()
     }
 }
 

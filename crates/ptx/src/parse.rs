@@ -229,13 +229,27 @@ pub struct Parsed {
 }
 
 pub fn parse(src: &str) -> Result<Parsed, PtxError> {
-    let src = strip_comments(src);
     let mut parsed = Parsed {
         version: (0, 0),
         target: 0,
         functions: Vec::new(),
         globals: Vec::new(),
     };
+    // `.version`, `.target` and `.address_size` end at the end of their line, not at a ';'.
+    let src: String = strip_comments(src)
+        .lines()
+        .filter(|line| {
+            let t = line.trim_start();
+            let header = t.starts_with(".version")
+                || t.starts_with(".target")
+                || t.starts_with(".address_size");
+            if header {
+                let _ = top_directive(t, &mut parsed);
+            }
+            !header
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
     let mut rest = src.as_str();
     loop {
         rest = rest.trim_start();
@@ -315,8 +329,11 @@ fn top_directive(stmt: &str, parsed: &mut Parsed) -> Result<(), PtxError> {
                 .unwrap_or(0);
         }
         _ => {
-            if stmt.contains(".extern") || stmt.contains(".func") || stmt.contains(".entry") {
-                return Ok(()); // declarations of functions and externs
+            if stmt.contains(".func") || stmt.contains(".entry") {
+                return Ok(()); // declarations of functions
+            }
+            if stmt.contains(".extern") && !stmt.contains(".shared") {
+                return Ok(()); // externs resolved elsewhere
             }
             for space in [".global", ".const"] {
                 if let Some(pos) = stmt.find(space) {
@@ -403,7 +420,7 @@ fn function(header: &str, body: &str) -> Result<Function, PtxError> {
                 _ => break,
             }
         }
-        let stmt = stmt.trim_end_matches(['{', '}']).trim();
+        let stmt = stmt.trim();
         if stmt.is_empty() {
             continue;
         }

@@ -329,3 +329,25 @@ fn layouts_match_the_rule() {
     assert_eq!(offs, vec![(0, 4), (4, 4), (8, 8), (16, 8)]);
     assert_eq!(m.kernel("reduce").unwrap().static_shared_bytes, 1024);
 }
+
+/// Regressions: a module variable right after the header directives (which end at their line,
+/// not at a ';'), and a vector operand closing a statement.
+#[test]
+fn header_directives_and_vector_operands() {
+    let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n.extern .shared .align 16 .b8 dyn[];\n\
+        .visible .entry k(.param .u64 out)\n{\n.reg .b32 %r<4>;\n.reg .b64 %rd<4>;\n.reg .b16 %rs<3>;\n\
+        mov.u32 %r1, dyn;\nmov.u32 %r2, 7;\nst.shared.u32 [%r1], %r2;\nld.shared.u32 %r3, [%r1];\n\
+        mov.u16 %rs1, 1;\nmov.u16 %rs2, 2;\nmov.b32 %r0, {%rs1, %rs2};\nadd.u32 %r3, %r3, %r0;\n\
+        ld.param.u64 %rd1, [out];\nst.global.u32 [%rd1], %r3;\nret;\n}\n";
+    let m = Module::parse(ptx).unwrap();
+    assert_eq!(m.target_sm(), 80);
+    let mut mem = memory(1, 64);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        dynamic_shared_bytes: 16,
+    };
+    m.launch("k", &cfg, &BASE.to_le_bytes(), &mut mem, &|_| None)
+        .unwrap();
+    assert_eq!(u32s(&mem, 0, 1)[0], 7 + 0x0002_0001);
+}

@@ -466,7 +466,18 @@ impl<'a> Session<'a> {
                     shared_mem: l.shared_mem,
                     params: l.params,
                 };
-                self.device_time += self.device.launch(&k)?;
+                match self.device.launch(&k) {
+                    Ok(t) => self.device_time += t,
+                    Err(e) => {
+                        let detail = self.device.take_error_detail().unwrap_or_default();
+                        tracing::warn!(kernel = %name, status = e, "launch failed: {detail}");
+                        if matches!(e, st::ILLEGAL_ADDRESS | st::LAUNCH_FAILED) {
+                            // Like a GPU context after a fault: every later call fails until reset.
+                            self.sticky = Some(e);
+                        }
+                        return Err(e);
+                    }
+                }
             }
             DebugLaunchLog { max } => {
                 let n = self.launches.len().saturating_sub(max as usize);
@@ -494,6 +505,10 @@ impl<'a> Session<'a> {
         };
         if quiet {
             if let Err(e) = result {
+                tracing::debug!(
+                    status = e,
+                    "a quiet request failed; reported with the next reply"
+                );
                 self.deferred.get_or_insert(e);
             }
             return None;

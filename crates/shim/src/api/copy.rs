@@ -63,13 +63,7 @@ fn dtoh_sync(g: &mut Inner, dst: &mut [u8], src: u64, stream: u64) -> Result<(),
             size: chunk.len() as u64,
             stream,
         };
-        let ReplyBody::Data(data) = g.conn.call(&req).map_err(client_err)? else {
-            return Err(UNKNOWN);
-        };
-        if data.len() != chunk.len() {
-            return Err(UNKNOWN);
-        }
-        chunk.copy_from_slice(&data);
+        g.conn.call_read_into(&req, chunk).map_err(client_err)?;
     }
     async_error(g)
 }
@@ -95,6 +89,11 @@ pub(crate) fn dtoh_async(
     ) else {
         return Ok(());
     };
+    // To pageable memory the driver completes the copy before returning (cudarc's clone_dtoh
+    // relies on it); only page-locked destinations are filled at the next synchronization.
+    if g.find_host(dst as usize).is_none() {
+        return dtoh_sync(g, host_bytes_mut(dst, len)?, src, stream);
+    }
     let mut off = 0;
     while off < len {
         let n = (len - off).min(MAX_COPY_CHUNK);

@@ -90,6 +90,10 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 }
 
 fn free(ptr: u64) -> Result<(), CUresult> {
+    // Freeing NULL does nothing, as the driver does (the runtime forwards cudaFree(NULL)).
+    if ptr == 0 {
+        return Ok(());
+    }
     let s = session()?;
     let mut g = s.lock();
     if g.allocations.remove(&ptr).is_none() {

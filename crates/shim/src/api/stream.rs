@@ -401,6 +401,13 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Result<(), CUresult> {
     let mut g = s.lock();
     let a = event_id(&g, start)?;
     let b = event_id(&g, end)?;
+    // CU_EVENT_DISABLE_TIMING events cannot be timed.
+    if [a, b]
+        .iter()
+        .any(|e| g.events.get(e).is_some_and(|ev| ev.flags & 0x2 != 0))
+    {
+        return Err(INVALID_HANDLE);
+    }
     let ReplyBody::Elapsed(t) = g
         .conn
         .call(&Request::EventElapsedTime { start: a, end: b })
