@@ -27,6 +27,7 @@ static const struct check checks[] = {
     {"error_paths", check_error_paths, 1},
     {"threads", check_threads, 1},
     {"device_reset", check_device_reset, 1},
+    {"vram_limit", check_vram_limit, 0},
     {"hold_1gib", hold_1gib, 0},
 };
 
@@ -181,6 +182,39 @@ void check_device_reset(void) {
   CK(cudaFree(c));
   free(h);
   free(r);
+}
+
+/* Run under `gpufuse run --vram SIZE`: the session sees SIZE as the device's memory and cannot
+ * allocate past it. Prints total= for the test to compare with SIZE. */
+void check_vram_limit(void) {
+  struct cudaDeviceProp p;
+  size_t free_b = 0, total_b = 0;
+  CK(cudaGetDeviceProperties(&p, 0));
+  CK(cudaMemGetInfo(&free_b, &total_b));
+  printf("total=%zu\n", total_b);
+  printf("totalGlobalMem=%zu\n", p.totalGlobalMem);
+  EXPECT(p.totalGlobalMem == total_b, "totalGlobalMem %zu != cudaMemGetInfo total %zu",
+         p.totalGlobalMem, total_b);
+  EXPECT(free_b <= total_b, "free %zu > total %zu", free_b, total_b);
+
+  /* Half of it fits; then more than what is left does not, and the process goes on. */
+  void *half = NULL, *more = NULL;
+  CK(cudaMalloc(&half, total_b / 2));
+  cudaError_t e = cudaMalloc(&more, total_b / 2 + 64 * MiB);
+  EXPECT(e == cudaErrorMemoryAllocation, "allocating past the limit returned %d (%s)", (int)e,
+         cudaGetErrorName(e));
+  (void)cudaGetLastError();
+  e = cudaMalloc(&more, total_b + 1);
+  EXPECT(e == cudaErrorMemoryAllocation, "allocating more than the limit returned %d (%s)",
+         (int)e, cudaGetErrorName(e));
+  (void)cudaGetLastError();
+  size_t free2 = 0, total2 = 0;
+  CK(cudaMemGetInfo(&free2, &total2));
+  EXPECT(total2 == total_b && free2 + total_b / 2 <= free_b + MiB,
+         "after allocating half: free %zu total %zu (before: free %zu)", free2, total2, free_b);
+  CK(cudaFree(half));
+  CK(cudaMalloc(&more, total_b / 2 + 64 * MiB));
+  CK(cudaFree(more));
 }
 
 /* For the crash-cleanup test: allocate 1 GiB (touched), say so, then sleep until killed. */
