@@ -1,10 +1,16 @@
-//! The emulated GPU's device model: an NVIDIA A100 (compute capability 8.0, 108 SMs) as the
-//! CUDA driver describes it, with the memory the server was configured with. Features the
+//! The emulated GPU's device model: an NVIDIA B200-class GPU (compute capability 10.0, 148 SMs)
+//! as the CUDA driver describes it, with the memory the server was configured with. 10.0 because
+//! the VM runs PTX, and a driver refuses PTX that targets a newer architecture than the device:
+//! libraries built for many architectures (CuPy's CUB, for one) embed PTX only for the newest
+//! (`compute_100`), and every older PTX target still loads on a 10.0 device. Features the
 //! emulated GPU does not have (textures, surfaces, peer access, managed memory, mapped host
 //! memory, IPC, cooperative launches) are reported as absent (0).
 
 /// Compute capability: the PTX that nvcc, NVRTC and CuPy emit for it is what the VM runs.
-pub const CC: (i32, i32) = (8, 0);
+pub const CC: (i32, i32) = (10, 0);
+/// Shared memory per block without opting in, and the opt-in maximum (bytes).
+pub const SHARED_PER_BLOCK: i32 = 49152;
+pub const SHARED_PER_BLOCK_OPTIN: i32 = 232448;
 pub const NAME: &str = "gpufuse emulated GPU";
 /// PCI domain, bus and device of emulated device `index` (also in the integrity check).
 pub fn pci(index: u32) -> (u32, u32, u32) {
@@ -15,38 +21,38 @@ pub fn pci(index: u32) -> (u32, u32, u32) {
 pub fn attributes(index: u32) -> Vec<(i32, i32)> {
     let (domain, bus, device) = pci(index);
     let known: &[(i32, i32)] = &[
-        (1, 1024),        // max threads per block
-        (2, 1024),        // max block dim x
-        (3, 1024),        // max block dim y
-        (4, 64),          // max block dim z
-        (5, 2147483647),  // max grid dim x
-        (6, 65535),       // max grid dim y
-        (7, 65535),       // max grid dim z
-        (8, 49152),       // shared memory per block
-        (9, 65536),       // total constant memory
-        (10, 32),         // warp size
-        (11, 2147483647), // max pitch
-        (12, 65536),      // registers per block
-        (13, 1410000),    // clock rate, kHz
-        (14, 512),        // texture alignment
-        (15, 1),          // gpu overlap
-        (16, 108),        // multiprocessors
-        (17, 0),          // kernel exec timeout
-        (18, 0),          // integrated
-        (19, 0),          // can map host memory: no (the device may be on another host)
-        (20, 0),          // compute mode default
-        (30, 512),        // surface alignment
-        (31, 1),          // concurrent kernels
-        (32, 0),          // ECC
+        (1, 1024),             // max threads per block
+        (2, 1024),             // max block dim x
+        (3, 1024),             // max block dim y
+        (4, 64),               // max block dim z
+        (5, 2147483647),       // max grid dim x
+        (6, 65535),            // max grid dim y
+        (7, 65535),            // max grid dim z
+        (8, SHARED_PER_BLOCK), // shared memory per block
+        (9, 65536),            // total constant memory
+        (10, 32),              // warp size
+        (11, 2147483647),      // max pitch
+        (12, 65536),           // registers per block
+        (13, 1965000),         // clock rate, kHz
+        (14, 512),             // texture alignment
+        (15, 1),               // gpu overlap
+        (16, 148),             // multiprocessors
+        (17, 0),               // kernel exec timeout
+        (18, 0),               // integrated
+        (19, 0),               // can map host memory: no (the device may be on another host)
+        (20, 0),               // compute mode default
+        (30, 512),             // surface alignment
+        (31, 1),               // concurrent kernels
+        (32, 0),               // ECC
         (33, bus as i32),
         (34, device as i32),
-        (35, 0),        // TCC
-        (36, 1215000),  // memory clock, kHz
-        (37, 5120),     // memory bus width
-        (38, 41943040), // L2 cache, bytes
-        (39, 2048),     // max threads per multiprocessor
-        (40, 3),        // async engines
-        (41, 1),        // unified addressing
+        (35, 0),         // TCC
+        (36, 3996000),   // memory clock, kHz
+        (37, 8192),      // memory bus width
+        (38, 132120576), // L2 cache, bytes
+        (39, 2048),      // max threads per multiprocessor
+        (40, 3),         // async engines
+        (41, 1),         // unified addressing
         (50, domain as i32),
         (51, 32), // texture pitch alignment
         (75, CC.0),
@@ -54,7 +60,7 @@ pub fn attributes(index: u32) -> Vec<(i32, i32)> {
         (78, 1),      // stream priorities
         (79, 1),      // global L1 cache
         (80, 1),      // local L1 cache
-        (81, 167936), // shared memory per multiprocessor
+        (81, 233472), // shared memory per multiprocessor
         (82, 65536),  // registers per multiprocessor
         (83, 0),      // managed memory: no
         (84, 0),      // multi-GPU board
@@ -67,7 +73,7 @@ pub fn attributes(index: u32) -> Vec<(i32, i32)> {
         (91, 0),
         (95, 0), // cooperative launch: no (not yet in the VM)
         (96, 0),
-        (97, 166912), // shared memory per block, opt-in
+        (97, SHARED_PER_BLOCK_OPTIN),
         (98, 0),
         (99, 1),     // host register supported
         (102, 0),    // virtual memory management: not exposed to clients yet

@@ -310,9 +310,19 @@ fn cmp(op: &str, a: u64, b: u64, ty: Type) -> bool {
     }
 }
 
-/// Integer or float arithmetic of two operands.
+/// Integer or float arithmetic of two operands (of each half, for packed pairs).
 fn arith(i: &Inst, a: u64, b: u64) -> Result<u64, ExecError> {
-    let t = i.ty;
+    match i.mods.x2 {
+        Some(e) => {
+            let lo = arith_of(i, e, a & 0xffff, b & 0xffff)?;
+            let hi = arith_of(i, e, (a >> 16) & 0xffff, (b >> 16) & 0xffff)?;
+            Ok((hi & 0xffff) << 16 | (lo & 0xffff))
+        }
+        None => arith_of(i, i.ty, a, b),
+    }
+}
+
+fn arith_of(i: &Inst, t: Type, a: u64, b: u64) -> Result<u64, ExecError> {
     let m = mask(t.size);
     if t.kind == Ty::F {
         let (x, y) = (fv(a, t), fv(b, t));
@@ -605,7 +615,7 @@ fn step(
         .collect();
     let lane_of = |l: usize| (l % 32) as u32;
     match i.op {
-        Op::Shfl | Op::Vote | Op::Activemask | Op::Match => {
+        Op::Shfl | Op::Vote | Op::Activemask | Op::Match | Op::Redux => {
             let warp_mask: u64 = runs.iter().map(|&l| 1u64 << lane_of(l)).sum();
             let ty = Type {
                 kind: Ty::B,
@@ -647,6 +657,23 @@ fn step(
                         "uni" => (vals.iter().all(|(_, v)| *v) || ballot == 0) as u64,
                         _ => ballot,
                     };
+                    for &l in &runs {
+                        Block::set(&mut threads[l], &i.args[0], r);
+                    }
+                }
+                Op::Redux => {
+                    // redux.sync.op.type d, a, membermask: every lane gets the whole reduction.
+                    let t = i.ty;
+                    let mut acc: Option<u64> = None;
+                    for &l in &runs {
+                        let x = b.val(&threads[l], lane_of(l), warp, &i.args[1], t)? & 0xffff_ffff;
+                        acc = Some(match acc {
+                            None => x,
+                            Some(y) => redux_op(i.mods.atom_op, t, y, x)
+                                .ok_or_else(|| ExecError::Unsupported(i.text.clone()))?,
+                        });
+                    }
+                    let r = acc.unwrap_or(0);
                     for &l in &runs {
                         Block::set(&mut threads[l], &i.args[0], r);
                     }
@@ -1310,9 +1337,26 @@ fn exec_lane(
             }
             Block::set(t, &a[0], s as u64 & 0xffff_ffff);
         }
-        Op::Shfl | Op::Vote | Op::Activemask | Op::Match | Op::Mov64Split => {
+        Op::Shfl | Op::Vote | Op::Activemask | Op::Match | Op::Redux | Op::Mov64Split => {
             unreachable!("warp-wide, handled in step")
         }
     }
     Ok(())
+}
+
+/// One step of a `redux.sync` reduction on 32-bit values.
+fn redux_op(op: &str, t: Type, a: u64, b: u64) -> Option<u64> {
+    let (sa, sb) = (a as u32 as i32, b as u32 as i32);
+    let signed = t.kind == Ty::S;
+    Some(match op {
+        "add" => (a as u32).wrapping_add(b as u32) as u64,
+        "min" if signed => sa.min(sb) as u32 as u64,
+        "max" if signed => sa.max(sb) as u32 as u64,
+        "min" => a.min(b),
+        "max" => a.max(b),
+        "and" => a & b,
+        "or" => a | b,
+        "xor" => a ^ b,
+        _ => return None,
+    })
 }

@@ -116,6 +116,7 @@ pub enum Op {
     Isspacep,
     Mov64Split,
     Dp4a,
+    Redux,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,6 +195,8 @@ pub struct Mods {
     pub space2: Option<Space>,
     pub to: bool,
     pub uni: bool,
+    /// Packed pairs (`f16x2`, `s16x2`, `u16x2`): the element type; the register is 32 bits.
+    pub x2: Option<Type>,
 }
 
 #[derive(Debug, Clone)]
@@ -209,6 +212,24 @@ pub struct Inst {
 }
 
 impl Inst {
+    /// A `trap` standing in for a statement the VM cannot run.
+    pub fn trap(text: &str) -> Inst {
+        let b32 = Type {
+            kind: Ty::B,
+            size: 4,
+        };
+        Inst {
+            pred: None,
+            op: Op::Trap,
+            ty: b32,
+            ty2: b32,
+            space: Space::Generic,
+            mods: Mods::default(),
+            args: Vec::new(),
+            text: text.to_string(),
+        }
+    }
+
     pub fn resolve_label(&mut self, target: usize) {
         for a in &mut self.args {
             if let Operand::Label(l) = a {
@@ -499,6 +520,7 @@ pub fn decode(
         "prefetch" | "prefetchu" => Op::Prefetch,
         "isspacep" => Op::Isspacep,
         "dp4a" => Op::Dp4a,
+        "redux" => Op::Redux,
         _ => return Err(unsupported()),
     };
     let _ = Op::Mov64Split;
@@ -508,6 +530,17 @@ pub fn decode(
     for m in &mods_s {
         if let Some(t) = Type::parse(m) {
             types.push(t);
+            continue;
+        }
+        if let Some(elem) = m.strip_suffix("x2").and_then(Type::parse) {
+            if !matches!(op, Op::Add | Op::Sub | Op::Mul | Op::Min | Op::Max) || elem.size != 2 {
+                return Err(unsupported());
+            }
+            mods.x2 = Some(elem);
+            types.push(Type {
+                kind: Ty::B,
+                size: 4,
+            });
             continue;
         }
         if let Some(sp) = space_of(m) {
@@ -556,12 +589,13 @@ pub fn decode(
                     .copied()
                     .unwrap_or("")
             }
-            _ if (op == Op::Atom || op == Op::Red) && ATOMS.contains(m) => {
+            _ if matches!(op, Op::Atom | Op::Red | Op::Redux) && ATOMS.contains(m) => {
                 mods.atom_op = ATOMS.iter().find(|x| *x == m).copied().unwrap_or("")
             }
             _ if (op == Op::Setp || op == Op::Set) && CMPS.contains(m) => {
                 mods.cmp = CMPS.iter().find(|x| *x == m).copied().unwrap_or("")
             }
+            "warp" if op == Op::Bar => {}
             "and" | "or" | "xor" if op == Op::Setp || op == Op::Set => {
                 mods.bool_op = ["and", "or", "xor"]
                     .iter()

@@ -9,8 +9,10 @@
 //! const and global state spaces, atomics, and an illegal-address error for any access outside
 //! device memory. Blocks run one after another on the calling thread in this version.
 //!
-//! Not yet: calls to device functions (`call`), textures, tensor-core instructions; they are
-//! rejected at load, never run wrongly.
+//! Not yet: calls to device functions (`call`), textures, tensor-core instructions. A module
+//! holding them still loads (libraries ship thousands of kernels in one module); launching a
+//! kernel that holds one fails with an error naming the instruction, so nothing runs wrongly.
+//! `cargo run -p gpufuse-ptx --example ptx_check -- FILE.ptx` lists them for a module.
 
 #![forbid(unsafe_code)]
 
@@ -120,13 +122,6 @@ impl Module {
                 max_threads: f.max_threads,
             })
             .collect();
-        for f in &p.functions {
-            if f.insts.iter().any(|i| i.text.starts_with("call")) {
-                return Err(PtxError::Unsupported {
-                    opcode: "call".into(),
-                });
-            }
-        }
         let (shared, globals): (Vec<Var>, Vec<Var>) =
             p.globals.into_iter().partition(|g| g.space == "shared");
         Ok(Module {
@@ -145,6 +140,13 @@ impl Module {
 
     pub fn target_sm(&self) -> u32 {
         self.target
+    }
+
+    /// Functions that hold an instruction the VM does not implement, with the first such.
+    pub fn unsupported(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.functions
+            .iter()
+            .filter_map(|f| Some((f.name.as_str(), f.unsupported.as_deref()?)))
     }
 
     pub fn kernels(&self) -> &[KernelInfo] {
@@ -174,6 +176,11 @@ impl Module {
             .iter()
             .find(|f| f.is_entry && f.name == kernel)
             .ok_or_else(|| ExecError::NoKernel(kernel.to_string()))?;
+        if let Some(op) = &f.unsupported {
+            return Err(ExecError::Unsupported(format!(
+                "PTX instruction `{op}` in {kernel} is not supported by the emulated GPU"
+            )));
+        }
         let threads: u64 = cfg.block.iter().map(|&d| d as u64).product();
         if threads == 0 || threads > 1024 || cfg.grid.contains(&0) {
             return Err(ExecError::InvalidLaunch(format!(

@@ -43,6 +43,9 @@ pub struct Function {
     /// Variables declared in the body (`.shared`, `.local`, `.param` for calls).
     pub locals: Vec<Var>,
     pub max_threads: Option<u32>,
+    /// The first instruction the VM does not implement, if any: the function still loads (a
+    /// module holds many kernels), and launching it fails naming the instruction.
+    pub unsupported: Option<String>,
 }
 
 fn strip_comments(src: &str) -> String {
@@ -397,6 +400,7 @@ fn function(header: &str, body: &str) -> Result<Function, PtxError> {
         insts: Vec::new(),
         locals: Vec::new(),
         max_threads,
+        unsupported: None,
     };
     for p in f.params.clone().iter().chain(f.returns.clone().iter()) {
         let _ = p;
@@ -407,7 +411,7 @@ fn function(header: &str, body: &str) -> Result<Function, PtxError> {
         let mut stmt = raw.trim();
         // Labels (possibly several) before a statement; braces of nested scopes are ignored.
         loop {
-            stmt = stmt.trim_start_matches(['{', '}']).trim();
+            stmt = stmt.trim_start_matches(|c: char| c == '{' || c == '}' || c.is_whitespace());
             match stmt.find(':') {
                 Some(c)
                     if !stmt[..c].contains(char::is_whitespace)
@@ -445,10 +449,18 @@ fn function(header: &str, body: &str) -> Result<Function, PtxError> {
             continue;
         }
         let at = f.insts.len();
-        let inst = decode(stmt, &mut f.regs, &mut |label: &str| {
+        match decode(stmt, &mut f.regs, &mut |label: &str| {
             pending.push((at, label.to_string()))
-        })?;
-        f.insts.push(inst);
+        }) {
+            Ok(inst) => f.insts.push(inst),
+            Err(PtxError::Unsupported { opcode }) => {
+                f.unsupported.get_or_insert(opcode);
+                // A trap keeps the instruction indices (branch targets) right; it never runs,
+                // because launching a function with an unsupported instruction fails first.
+                f.insts.push(Inst::trap(stmt));
+            }
+            Err(e) => return Err(e),
+        }
     }
     for (at, label) in pending {
         let target = *labels

@@ -351,3 +351,58 @@ fn header_directives_and_vector_operands() {
         .unwrap();
     assert_eq!(u32s(&mem, 0, 1)[0], 7 + 0x0002_0001);
 }
+
+/// Regressions from CuPy's CUB kernels (PTX for sm_100): `redux.sync`, packed `f16x2`/`s16x2`
+/// arithmetic, `bar.warp.sync`, and statements opened by a `{` after a closing `}`.
+#[test]
+fn redux_packed_pairs_and_scoped_statements() {
+    let ptx = ".version 8.8\n.target sm_100\n.address_size 64\n\
+        .visible .entry k(.param .u64 out)\n{\n.reg .b32 %r<12>;\n.reg .b64 %rd<4>;\n\
+        mov.u32 %r1, %laneid;\nld.param.u64 %rd1, [out];\n\
+        bar.warp.sync -1;\n\
+        redux.sync.add.s32 %r2, %r1, -1;\nredux.sync.max.s32 %r3, %r1, -1;\n\
+        sub.s32 %r4, 0, %r1;\nredux.sync.min.s32 %r5, %r4, -1;\nredux.sync.or.b32 %r6, %r1, -1;\n\
+        mov.b32 %r7, 0x3C004000;\n{\n}\n{add.f16x2 %r8, %r7, %r7;\n}\n\
+        mov.b32 %r9, 0x0001FFFF;\nmax.s16x2 %r10, %r9, 0;\n\
+        setp.ne.s32 %p1, %r1, 0;\n@%p1 bra $L_end;\n\
+        st.global.v4.u32 [%rd1], {%r2, %r3, %r5, %r6};\nst.global.v2.u32 [%rd1+16], {%r8, %r10};\n\
+        $L_end:\nret;\n}\n";
+    let ptx = ptx.replace(".reg .b64 %rd<4>;", ".reg .b64 %rd<4>;\n.reg .pred %p<2>;");
+    let m = Module::parse(&ptx).unwrap();
+    assert_eq!(m.unsupported().count(), 0);
+    let mut mem = memory(1, 64);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    m.launch("k", &cfg, &BASE.to_le_bytes(), &mut mem, &|_| None)
+        .unwrap();
+    let got = u32s(&mem, 0, 6);
+    assert_eq!(got[0], (0..32).sum::<u32>());
+    assert_eq!(got[1], 31);
+    assert_eq!(got[2] as i32, -31);
+    assert_eq!(got[3], 31);
+    // 1.0 + 1.0 = 2.0 (0x4000) and 2.0 + 2.0 = 4.0 (0x4400), per half.
+    assert_eq!(got[4], 0x4000_4400);
+    // max(1, 0) = 1 in the high half, max(-1, 0) = 0 in the low half.
+    assert_eq!(got[5], 0x0001_0000);
+}
+
+/// An instruction the VM lacks fails only the kernels that hold it, naming it at launch.
+#[test]
+fn unsupported_instructions_fail_their_kernel_only() {
+    let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\
+        .visible .entry good()\n{\nret;\n}\n\
+        .visible .entry bad()\n{\n.reg .b32 %r<2>;\nwmma.load.a.sync.aligned.row.m16n16k16.f16 {%r1}, [%r1];\nret;\n}\n";
+    let m = Module::parse(ptx).unwrap();
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    let mut mem = memory(1, 16);
+    m.launch("good", &cfg, &[], &mut mem, &|_| None).unwrap();
+    let e = m.launch("bad", &cfg, &[], &mut mem, &|_| None).unwrap_err();
+    assert!(e.to_string().contains("wmma.load"), "{e}");
+}

@@ -9,10 +9,18 @@ static PANIC_REPORTED: AtomicBool = AtomicBool::new(false);
 
 /// Runs `f`; `Err(status)` and panics become the returned `CUresult`. No panic crosses the
 /// FFI boundary.
+/// With `GPUFUSE_LOG=errors`, every failing call prints where in the shim it failed.
+#[track_caller]
 pub fn guard(f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
+    let at = std::panic::Location::caller();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => SUCCESS,
-        Ok(Err(status)) => status,
+        Ok(Err(status)) => {
+            if log_errors() {
+                eprintln!("gpufuse: {}:{} returned {status}", at.file(), at.line());
+            }
+            status
+        }
         Err(_) => {
             if !PANIC_REPORTED.swap(true, Ordering::Relaxed) {
                 eprintln!(
@@ -22,6 +30,12 @@ pub fn guard(f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
             UNKNOWN
         }
     }
+}
+
+/// Whether `GPUFUSE_LOG` asks for failing calls (read once).
+fn log_errors() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GPUFUSE_LOG").is_ok_and(|v| v.contains("errors")))
 }
 
 #[cfg(test)]

@@ -458,6 +458,14 @@ impl<'a> Session<'a> {
                     stream: l.stream,
                     params: l.params.to_vec(),
                 });
+                tracing::debug!(
+                    kernel = %name,
+                    grid = ?l.grid,
+                    block = ?l.block,
+                    shared = l.shared_mem,
+                    params = %hex(l.params),
+                    "launch"
+                );
                 let k = KernelLaunch {
                     module: id,
                     function: &name,
@@ -564,6 +572,11 @@ fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), 
         let quiet = header.is_quiet();
         let id = header.request_id;
         let req: Request = decode_borrowed(body)?;
+        if tracing::enabled!(tracing::Level::TRACE) {
+            let mut text = format!("{req:?}");
+            text.truncate(200);
+            tracing::trace!(quiet, "request {text}");
+        }
         if let Some(mut reply) = session.dispatch(req, quiet) {
             out.clear();
             if let Some((src, size)) = session.view.take() {
@@ -597,4 +610,9 @@ fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), 
             }
         }
     }
+}
+
+/// Lower-case hex of `bytes`, for logs.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -191,6 +191,7 @@ impl Device for EmuDevice {
                 gpufuse_fatbin::FatbinError::UnsupportedPtxVersion(..) => UNSUPPORTED_PTX_VERSION,
                 _ => INVALID_IMAGE,
             })?;
+        dump_ptx(&ptx);
         let layout = ptx_layout::parse(&ptx).map_err(|_| INVALID_PTX)?;
         let program = gpufuse_ptx::Module::parse(&ptx).map_err(|e| e.to_string());
         let mut variables = HashMap::new();
@@ -231,17 +232,32 @@ impl Device for EmuDevice {
             .iter()
             .find(|k| k.name == name)
             .ok_or(NOT_FOUND)?;
+        // From the decoded program when it parsed; a module whose program did not parse still
+        // loads (its launches fail, naming what the VM lacks).
+        let info = m.program.as_ref().ok().and_then(|p| p.kernel(name));
+        let static_shared = info.map_or(0, |i| i.static_shared_bytes as i32);
+        let max_threads = info.and_then(|i| i.max_threads).unwrap_or(1024).min(1024) as i32;
+        let ptx_arch = m
+            .program
+            .as_ref()
+            .map_or(model::CC.0 * 10, |p| p.target_sm() as i32);
         let attributes = vec![
-            (0, 1024),      // max threads per block
-            (1, 0),         // static shared bytes
-            (2, 0),         // constant bytes
-            (3, 0),         // local bytes
-            (4, 32),        // registers
-            (5, 80),        // PTX version
-            (6, 80),        // binary version
-            (7, 0),         // cache mode CA
-            (8, 49152 - 0), // max dynamic shared bytes
-            (9, -1),        // preferred carveout
+            (0, max_threads),
+            (1, static_shared),
+            (2, 0),  // constant bytes
+            (3, 0),  // local bytes
+            (4, 32), // registers
+            (5, ptx_arch),
+            (6, model::CC.0 * 10 + model::CC.1), // binary version: JIT-compiled for the device
+            (7, 0),                              // cache mode CA
+            (8, model::SHARED_PER_BLOCK - static_shared),
+            (9, -1), // preferred carveout
+            (10, 0), // cluster size must be set
+            (11, 0), // required cluster width, height, depth
+            (12, 0),
+            (13, 0),
+            (14, 0), // non-portable cluster size allowed
+            (15, 0), // cluster scheduling policy
         ];
         Ok(FunctionInfo {
             params: k.params.clone(),
@@ -272,7 +288,7 @@ impl Device for EmuDevice {
         {
             return Err(INVALID_CONFIGURATION);
         }
-        if l.shared_mem > 166912 {
+        if l.shared_mem as i64 > model::SHARED_PER_BLOCK_OPTIN as i64 {
             return Err(INVALID_VALUE);
         }
         let need = k
@@ -367,5 +383,20 @@ mod tests {
         assert_eq!((u32::from_le_bytes(v), size), (7, 4));
         assert_eq!(d.function(m, "nope"), Err(NOT_FOUND));
         assert_eq!(d.load_module(b"\x7fELF\x02garbage"), Err(NO_BINARY_FOR_GPU));
+    }
+}
+
+/// A diagnostic: with `GPUFUSE_EMU_DUMP_PTX=DIR`, every loaded module's PTX is written to
+/// `DIR/<sha256 prefix>.ptx`.
+fn dump_ptx(ptx: &str) {
+    use sha2::{Digest, Sha256};
+    let Some(dir) = std::env::var_os("GPUFUSE_EMU_DUMP_PTX") else {
+        return;
+    };
+    let hash = Sha256::digest(ptx.as_bytes());
+    let name: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let path = std::path::Path::new(&dir).join(format!("{name}.ptx"));
+    if let Err(e) = std::fs::write(&path, ptx) {
+        tracing::warn!("cannot dump PTX to {}: {e}", path.display());
     }
 }
