@@ -4,7 +4,9 @@
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 
+use gpufuse_device::cuda::CudaDevice;
 use gpufuse_device::emu::EmuDevice;
+use gpufuse_device::Device;
 use gpufuse_transport::{Conn, Stream};
 use gpufuse_worker::ControlLedger;
 
@@ -25,6 +27,9 @@ pub struct WorkerArgs {
     /// The connection is a TCP socket (otherwise a unix socket).
     #[arg(long)]
     tcp: bool,
+    /// `emu` (the emulated GPU) or `cuda` (an NVIDIA GPU through its driver).
+    #[arg(long, default_value = "emu")]
+    backend: String,
 }
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
@@ -32,12 +37,33 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
     let control = std::io::stdout().as_fd().try_clone_to_owned()?;
     let conn = Conn::new(Stream::from_fd(client, a.tcp));
     let mut ledger = ControlLedger(UnixStream::from(control));
-    let mut device = EmuDevice::new(a.device_index, a.device_total, a.window_base, a.window_size);
-    tracing::debug!(session = a.session, "worker serving");
+    let mut device: Box<dyn Device> = match a.backend.as_str() {
+        "cuda" => {
+            let opened = gpufuse_cuda_driver::Driver::load().and_then(|driver| {
+                CudaDevice::new(driver, a.device_index, a.window_base, a.window_size)
+            });
+            match opened {
+                Ok(d) => Box::new(d),
+                Err(e) => {
+                    let reason = format!("GPU {} could not be opened: {e}", a.device_index);
+                    tracing::warn!(session = a.session, "{reason}");
+                    let _ = gpufuse_worker::refuse(conn, reason);
+                    return Ok(());
+                }
+            }
+        }
+        _ => Box::new(EmuDevice::new(
+            a.device_index,
+            a.device_total,
+            a.window_base,
+            a.window_size,
+        )),
+    };
+    tracing::debug!(session = a.session, backend = %a.backend, "worker serving");
     let result = gpufuse_worker::serve(
         conn,
         a.session,
-        &mut device,
+        device.as_mut(),
         &mut ledger,
         a.device_index,
         a.limit,

@@ -28,6 +28,10 @@ impl Drop for Server {
 }
 
 fn start(name: &str, devices: &str) -> Server {
+    start_with_env(name, devices, &[])
+}
+
+fn start_with_env(name: &str, devices: &str, env: &[(&str, &str)]) -> Server {
     let dir = std::env::temp_dir().join(format!("gpufuse-node-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("s.sock");
@@ -39,6 +43,7 @@ fn start(name: &str, devices: &str) -> Server {
             "--devices",
             devices,
         ])
+        .envs(env.iter().copied())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -329,4 +334,45 @@ fn a_slice_larger_than_the_device_is_refused_and_limits_apply() {
     ));
     // The process goes on: a smaller allocation still works.
     alloc(&mut c, 1 << 20);
+}
+
+/// Without NVIDIA's driver, `--devices cuda` exits non-zero within seconds naming it.
+#[test]
+fn devices_cuda_without_a_driver_names_the_missing_driver() {
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
+        .args([
+            "serve",
+            "--listen",
+            "unix:/nonexistent-dir/s.sock",
+            "--devices",
+            "cuda",
+        ])
+        .env("GPUFUSE_CUDA_DRIVER", "/nonexistent/libcuda.so.1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("libcuda.so.1"), "{err}");
+}
+
+/// Without NVIDIA's driver, `--devices auto` serves one emulated GPU and says why in status.
+#[test]
+fn devices_auto_without_a_driver_falls_back_and_says_so() {
+    let s = start_with_env(
+        "auto",
+        "auto",
+        &[("GPUFUSE_CUDA_DRIVER", "/nonexistent/libcuda.so.1")],
+    );
+    let st = status(&s);
+    assert_eq!(st.devices.len(), 1);
+    assert_eq!(st.devices[0].kind, gpufuse_proto::DeviceKind::Emulated);
+    assert!(
+        st.notes
+            .iter()
+            .any(|n| n.contains("emulated") && n.contains("libcuda.so.1")),
+        "{:?}",
+        st.notes
+    );
 }

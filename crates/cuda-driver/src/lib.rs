@@ -85,10 +85,16 @@ const CANDIDATES: &[&str] = &[
 
 impl Driver {
     /// Loads NVIDIA's driver and calls `cuInit(0)`.
+    /// `GPUFUSE_CUDA_DRIVER=PATH` names the one library to try instead of the usual places.
     pub fn load() -> Result<Self, DriverError> {
         let mut last = String::from("no candidate path");
         let mut saw_shim = false;
-        for path in CANDIDATES {
+        let chosen = std::env::var("GPUFUSE_CUDA_DRIVER").ok();
+        let candidates: Vec<&str> = match &chosen {
+            Some(p) => vec![p.as_str()],
+            None => CANDIDATES.to_vec(),
+        };
+        for path in candidates {
             // SAFETY: loading NVIDIA's driver runs its initializers, which have no preconditions.
             let lib = match unsafe { libloading::Library::new(path) } {
                 Ok(l) => l,
@@ -318,6 +324,28 @@ impl Driver {
         self.check("cuMemsetD32_v2", unsafe {
             (self.fns.cuMemsetD32_v2)(dst, value, count)
         })
+    }
+
+    pub fn memset_d16(&self, dst: u64, value: u16, count: usize) -> Result<(), DriverError> {
+        // SAFETY: the range was validated by the caller.
+        self.check("cuMemsetD16_v2", unsafe {
+            (self.fns.cuMemsetD16_v2)(dst, value, count)
+        })
+    }
+
+    /// A module variable's device address and size.
+    pub fn global(&self, m: Module, name: &str) -> Result<(u64, u64), DriverError> {
+        let name = CString::new(name).map_err(|_| DriverError::Cuda {
+            call: "cuModuleGetGlobal",
+            code: 1,
+            name: "CUDA_ERROR_INVALID_VALUE".into(),
+        })?;
+        let (mut ptr, mut size) = (0u64, 0usize);
+        // SAFETY: valid module, name and out-pointers.
+        self.check("cuModuleGetGlobal_v2", unsafe {
+            (self.fns.cuModuleGetGlobal_v2)(&mut ptr, &mut size, m.0, name.as_ptr())
+        })?;
+        Ok((ptr, size as u64))
     }
 
     pub fn load_module(&self, image: &[u8]) -> Result<Module, DriverError> {

@@ -117,6 +117,8 @@ fns! {
     cuMemcpyDtoD_v2: fn(CUdeviceptr, CUdeviceptr, usize);
     cuMemsetD8_v2: fn(CUdeviceptr, u8, usize);
     cuMemsetD32_v2: fn(CUdeviceptr, u32, usize);
+    cuMemsetD16_v2: fn(CUdeviceptr, u16, usize);
+    cuModuleGetGlobal_v2: fn(*mut CUdeviceptr, *mut usize, CUmodule, *const c_char);
     cuModuleLoadData: fn(*mut CUmodule, *const c_void);
     cuModuleUnload: fn(CUmodule);
     cuModuleGetFunction: fn(*mut CUfunction, CUmodule, *const c_char);

@@ -1,7 +1,7 @@
 //! The `Device` trait: what a gpufuse worker needs from a GPU, and its backends.
 //!
-//! - [`emu`]: the emulated GPU (host memory, modules from PTX; executing kernels arrives with
-//!   the PTX virtual machine).
+//! - [`emu`]: the emulated GPU (host memory, modules from PTX run by `gpufuse-ptx`).
+//! - [`cuda`]: a real NVIDIA GPU through NVIDIA's driver, loaded at run time.
 //!
 //! A device owns memory at stable device addresses (each session gets its own address window),
 //! loaded modules and their functions. Streams and events are ordered by the worker: every
@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cuda;
 pub mod emu;
 pub mod model;
 pub mod ptx_layout;

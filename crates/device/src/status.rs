@@ -15,3 +15,4 @@ pub const LAUNCH_OUT_OF_RESOURCES: Status = 701;
 pub const INVALID_CONFIGURATION: Status = 9;
 pub const NOT_SUPPORTED: Status = 801;
 pub const LAUNCH_FAILED: Status = 719;
+pub const UNKNOWN: Status = 999;

@@ -25,8 +25,6 @@ pub enum DeviceSpecError {
     NoDriver(#[source] gpufuse_cuda_driver::DriverError),
     #[error("--devices cuda: NVIDIA's driver is present but reports no GPU")]
     NoGpu,
-    #[error("--devices cuda: the real-GPU backend is not implemented yet (found {0} GPU(s)); use emu:N for now")]
-    CudaBackendMissing(i32),
 }
 
 const DEFAULT_SIZE: u64 = 16 << 30;
@@ -99,18 +97,22 @@ impl DeviceSpec {
             DeviceSpec::Emulated { count, size } => Ok((emulated(*count, *size), vec![])),
             DeviceSpec::Cuda => {
                 let d = gpufuse_cuda_driver::Driver::load().map_err(DeviceSpecError::NoDriver)?;
-                match d.device_count() {
-                    Ok(0) | Err(_) => Err(DeviceSpecError::NoGpu),
-                    Ok(n) => Err(DeviceSpecError::CudaBackendMissing(n)),
+                let gpus = real_gpus(&d);
+                if gpus.is_empty() {
+                    return Err(DeviceSpecError::NoGpu);
                 }
+                Ok((gpus, vec![]))
             }
             DeviceSpec::Auto => {
                 let why = match gpufuse_cuda_driver::Driver::load() {
                     Err(e) => format!("no NVIDIA GPU available ({e})"),
-                    Ok(d) => match d.device_count() {
-                        Ok(n) if n > 0 => format!("{n} NVIDIA GPU(s) found, but the real-GPU backend is not implemented yet"),
-                        _ => "NVIDIA's driver reports no GPU".to_string(),
-                    },
+                    Ok(d) => {
+                        let gpus = real_gpus(&d);
+                        if !gpus.is_empty() {
+                            return Ok((gpus, vec![]));
+                        }
+                        "NVIDIA's driver reports no GPU".to_string()
+                    }
                 };
                 Ok((
                     emulated(1, DEFAULT_SIZE),
@@ -121,6 +123,26 @@ impl DeviceSpec {
             }
         }
     }
+}
+
+/// Every GPU the driver can open, described for the node's ledger.
+fn real_gpus(d: &gpufuse_cuda_driver::Driver) -> Vec<DeviceState> {
+    let n = d.device_count().unwrap_or(0).max(0);
+    (0..n)
+        .filter_map(|i| {
+            let dev = d.device(i).ok()?;
+            let attr = |a| d.attribute(dev, a).unwrap_or(0) as u32;
+            Some(DeviceState {
+                name: d.device_name(dev).ok()?,
+                kind: DeviceKind::Cuda,
+                total: d.total_mem(dev).ok()?,
+                used: 0,
+                promised: 0,
+                uuid: d.uuid(dev).ok()?,
+                pci: (attr(50), attr(33), attr(34)),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -24,7 +24,11 @@ pub fn run_worker(
     state: &Shared,
     config: &NodeConfig,
 ) {
-    let total = lock(state).devices[device as usize].total;
+    let (total, kind) = {
+        let s = lock(state);
+        let d = &s.devices[device as usize];
+        (d.total, d.kind)
+    };
     let (mut control, child_end) = match UnixStream::pair() {
         Ok(p) => p,
         Err(e) => {
@@ -43,6 +47,13 @@ pub fn run_worker(
         .args(["--device-total", &total.to_string()])
         .args(["--window-base", &base.to_string()])
         .args(["--window-size", &WINDOW.to_string()])
+        .args([
+            "--backend",
+            match kind {
+                gpufuse_proto::DeviceKind::Cuda => "cuda",
+                gpufuse_proto::DeviceKind::Emulated => "emu",
+            },
+        ])
         .stdin(Stdio::from(client_fd))
         .stdout(Stdio::from(OwnedFd::from(child_end)))
         .stderr(Stdio::inherit());

@@ -563,6 +563,20 @@ pub fn serve(
     }
 }
 
+/// Answers the hello with a refusal (the worker could not open its device).
+pub fn refuse(mut conn: Conn, reason: String) -> Result<(), WorkerError> {
+    let mut out = Vec::new();
+    encode_frame(
+        &mut out,
+        FrameKind::HelloReply,
+        0,
+        0,
+        &ServerHello::Refused { reason },
+    );
+    conn.send(&out).map_err(TransportError::from)?;
+    Ok(())
+}
+
 fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), WorkerError> {
     loop {
         let (header, body) = conn.recv()?;

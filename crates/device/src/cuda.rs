@@ -1,0 +1,294 @@
+//! The real-GPU backend: one NVIDIA GPU driven through NVIDIA's `libcuda.so.1`, loaded at run
+//! time by `gpufuse-cuda-driver` (building needs no CUDA).
+//!
+//! Memory: the session's whole address window is reserved once with `cuMemAddressReserve`
+//! (at the window's base when the driver grants it), and each allocation maps fresh physical
+//! memory (`cuMemCreate` + `cuMemMap`) at the next free range of that reservation. Device
+//! addresses therefore belong to gpufuse, not to the driver's allocator: evicting a session's
+//! memory or moving it to another GPU can remap the same addresses later.
+//!
+//! Modules are the client's own images (fatbins with SASS and PTX, cubins, PTX), loaded with
+//! `cuModuleLoadData`; parameter layouts come from `cuFuncGetParamInfo` (driver >= 12.4).
+//! Launches run on the context's default stream and are timed to completion: the worker charges
+//! that time to the session's compute share.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use gpufuse_cuda_driver::{CUdevice, Driver, DriverError, Function, Module};
+use gpufuse_proto::{DeviceInfo, DeviceKind, FunctionInfo, ParamSlot};
+
+use crate::status::*;
+use crate::{Device, KernelLaunch, ModuleId};
+
+/// One mapping: its size as asked, its mapped (granularity-rounded) size, its physical handle.
+struct Mapping {
+    size: u64,
+    mapped: u64,
+    handle: u64,
+}
+
+struct Loaded {
+    module: Module,
+    functions: HashMap<String, Function>,
+}
+
+/// A GPU as one session sees it.
+pub struct CudaDevice {
+    driver: Driver,
+    dev: CUdevice,
+    index: u32,
+    /// The reserved window: `[base, base + window)`.
+    base: u64,
+    window: u64,
+    next: u64,
+    granularity: u64,
+    mappings: BTreeMap<u64, Mapping>,
+    modules: HashMap<ModuleId, Loaded>,
+    next_module: ModuleId,
+    info: DeviceInfo,
+    last_error: Option<String>,
+}
+
+fn status_of(e: &DriverError) -> Status {
+    match Driver::status(e) {
+        999 => UNKNOWN,
+        c => c,
+    }
+}
+
+impl CudaDevice {
+    /// GPU `index` through `driver`, with this session's window `[base, base + window)`.
+    pub fn new(driver: Driver, index: u32, base: u64, window: u64) -> Result<Self, DriverError> {
+        let dev = driver.device(index as i32)?;
+        driver.primary_context(dev)?;
+        let granularity = driver.granularity(dev)?.max(1) as u64;
+        let window = window / granularity * granularity;
+        let base = driver.reserve(window as usize, base)?;
+        let info = describe(&driver, dev)?;
+        Ok(Self {
+            driver,
+            dev,
+            index,
+            base,
+            window,
+            next: base,
+            granularity,
+            mappings: BTreeMap::new(),
+            modules: HashMap::new(),
+            next_module: 1,
+            info,
+            last_error: None,
+        })
+    }
+
+    fn fail(&mut self, e: DriverError) -> Status {
+        let s = status_of(&e);
+        self.last_error = Some(e.to_string());
+        s
+    }
+
+    fn loaded(&self, m: ModuleId) -> Result<&Loaded, Status> {
+        self.modules.get(&m).ok_or(INVALID_HANDLE)
+    }
+
+    fn function_handle(&mut self, m: ModuleId, name: &str) -> Result<Function, Status> {
+        if let Some(&f) = self.loaded(m)?.functions.get(name) {
+            return Ok(f);
+        }
+        let module = self.loaded(m)?.module;
+        let f = self
+            .driver
+            .function(module, name)
+            .map_err(|e| status_of(&e))?;
+        if let Some(l) = self.modules.get_mut(&m) {
+            l.functions.insert(name.to_string(), f);
+        }
+        Ok(f)
+    }
+}
+
+/// Name, memory, identity and every attribute the driver answers, as the client caches them.
+fn describe(driver: &Driver, dev: CUdevice) -> Result<DeviceInfo, DriverError> {
+    let attributes: Vec<(i32, i32)> = (1..=161)
+        .map(|a| (a, driver.attribute(dev, a).unwrap_or(0)))
+        .collect();
+    Ok(DeviceInfo {
+        index: dev as u32,
+        name: driver.device_name(dev)?,
+        kind: DeviceKind::Cuda,
+        uuid: driver.uuid(dev)?,
+        total_mem: driver.total_mem(dev)?,
+        attributes,
+    })
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        let _ = self.driver.synchronize();
+        for (_, l) in self.modules.drain() {
+            let _ = self.driver.unload_module(l.module);
+        }
+        for (addr, m) in std::mem::take(&mut self.mappings) {
+            let _ = self.driver.unmap_release(addr, m.mapped as usize, m.handle);
+        }
+        let _ = self
+            .driver
+            .free_reservation(self.base, self.window as usize);
+    }
+}
+
+impl Device for CudaDevice {
+    fn info(&self, limit: Option<u64>) -> DeviceInfo {
+        let mut info = self.info.clone();
+        if let Some(l) = limit {
+            info.total_mem = info.total_mem.min(l);
+        }
+        info
+    }
+
+    fn alloc(&mut self, size: u64) -> Result<u64, Status> {
+        if size == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let mapped = size.div_ceil(self.granularity) * self.granularity;
+        let addr = self.next;
+        if addr + mapped > self.base + self.window {
+            return Err(OUT_OF_MEMORY);
+        }
+        let handle = self
+            .driver
+            .map_new(self.dev, addr, mapped as usize)
+            .map_err(|e| match status_of(&e) {
+                OUT_OF_MEMORY => OUT_OF_MEMORY,
+                _ => self.fail(e),
+            })?;
+        self.next += mapped;
+        self.mappings.insert(
+            addr,
+            Mapping {
+                size,
+                mapped,
+                handle,
+            },
+        );
+        Ok(addr)
+    }
+
+    fn free(&mut self, ptr: u64) -> Result<u64, Status> {
+        let m = self.mappings.remove(&ptr).ok_or(INVALID_VALUE)?;
+        // The GPU may still be using the memory: free is ordered after earlier work.
+        self.driver.synchronize().map_err(|e| self.fail(e))?;
+        self.driver
+            .unmap_release(ptr, m.mapped as usize, m.handle)
+            .map_err(|e| self.fail(e))?;
+        Ok(m.size)
+    }
+
+    fn contains(&self, ptr: u64, len: u64) -> bool {
+        self.mappings
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&a, m)| ptr.checked_add(len).is_some_and(|end| end <= a + m.size))
+    }
+
+    fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Status> {
+        self.driver.htod(dst, data).map_err(|e| self.fail(e))
+    }
+
+    fn read(&mut self, src: u64, out: &mut [u8]) -> Result<(), Status> {
+        self.driver.dtoh(out, src).map_err(|e| self.fail(e))
+    }
+
+    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status> {
+        self.driver
+            .dtod(dst, src, len as usize)
+            .map_err(|e| self.fail(e))
+    }
+
+    fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status> {
+        let n = count as usize;
+        let r = match elem_size {
+            1 => self.driver.memset_d8(dst, value as u8, n),
+            2 => self.driver.memset_d16(dst, value as u16, n),
+            4 => self.driver.memset_d32(dst, value, n),
+            _ => return Err(INVALID_VALUE),
+        };
+        r.map_err(|e| self.fail(e))
+    }
+
+    fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, Status> {
+        // A PTX image must end in NUL for the driver; fatbins and cubins carry their sizes.
+        let owned;
+        let image = if gpufuse_fatbin::classify(image) == gpufuse_fatbin::ImageKind::Ptx
+            && image.last() != Some(&0)
+        {
+            owned = [image, &[0]].concat();
+            &owned[..]
+        } else {
+            image
+        };
+        let module = self.driver.load_module(image).map_err(|e| self.fail(e))?;
+        let id = self.next_module;
+        self.next_module += 1;
+        self.modules.insert(
+            id,
+            Loaded {
+                module,
+                functions: HashMap::new(),
+            },
+        );
+        Ok(id)
+    }
+
+    fn unload_module(&mut self, module: ModuleId) -> Result<(), Status> {
+        let l = self.modules.remove(&module).ok_or(INVALID_HANDLE)?;
+        self.driver
+            .unload_module(l.module)
+            .map_err(|e| self.fail(e))
+    }
+
+    fn function(&mut self, module: ModuleId, name: &str) -> Result<FunctionInfo, Status> {
+        let f = self.function_handle(module, name)?;
+        let params = self
+            .driver
+            .param_layout(f)
+            .map_err(|e| self.fail(e))?
+            .into_iter()
+            .map(|(offset, size)| ParamSlot { offset, size })
+            .collect();
+        // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK .. CLUSTER_SCHEDULING_POLICY_PREFERENCE.
+        let attributes = (0..=15)
+            .filter_map(|a| Some((a, self.driver.function_attribute(f, a).ok()?)))
+            .collect();
+        Ok(FunctionInfo { params, attributes })
+    }
+
+    fn global(&mut self, module: ModuleId, name: &str) -> Result<(u64, u64), Status> {
+        let m = self.loaded(module)?.module;
+        self.driver.global(m, name).map_err(|e| status_of(&e))
+    }
+
+    fn launch(&mut self, l: &KernelLaunch) -> Result<Duration, Status> {
+        let f = self.function_handle(l.module, l.function)?;
+        let start = Instant::now();
+        self.driver
+            .launch(
+                f,
+                l.grid,
+                l.block,
+                l.shared_mem,
+                gpufuse_cuda_driver::Stream::NULL,
+                l.params,
+            )
+            .map_err(|e| self.fail(e))?;
+        self.driver.synchronize().map_err(|e| self.fail(e))?;
+        Ok(start.elapsed())
+    }
+
+    fn take_error_detail(&mut self) -> Option<String> {
+        self.last_error
+            .take()
+            .map(|e| format!("GPU {}: {e}", self.index))
+    }
+}
