@@ -55,7 +55,18 @@ fn init_logs() {
         .init();
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors are printed once, as a chain of causes on one line, without a backtrace.
+fn main() -> std::process::ExitCode {
+    match run_cli() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpufuse: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_cli() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(a) => {

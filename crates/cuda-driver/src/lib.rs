@@ -94,7 +94,7 @@ impl Driver {
             Some(p) => vec![p.as_str()],
             None => CANDIDATES.to_vec(),
         };
-        for path in candidates {
+        for path in candidates.iter().copied() {
             // SAFETY: loading NVIDIA's driver runs its initializers, which have no preconditions.
             let lib = match unsafe { libloading::Library::new(path) } {
                 Ok(l) => l,
@@ -117,7 +117,7 @@ impl Driver {
         Err(if saw_shim {
             DriverError::IsShim
         } else {
-            DriverError::NotFound(last)
+            DriverError::NotFound(format!("looked in {} ({last})", candidates.join(", ")))
         })
     }
 

@@ -22,7 +22,7 @@ pub enum DeviceSpecError {
     #[error("bad --devices {0:?}: expected auto, cuda or emu:N[:SIZE] (e.g. emu:2:16GiB)")]
     Bad(String),
     #[error("--devices cuda: {0}")]
-    NoDriver(#[source] gpufuse_cuda_driver::DriverError),
+    NoDriver(gpufuse_cuda_driver::DriverError),
     #[error("--devices cuda: NVIDIA's driver is present but reports no GPU")]
     NoGpu,
 }
