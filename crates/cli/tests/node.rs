@@ -376,3 +376,76 @@ fn devices_auto_without_a_driver_falls_back_and_says_so() {
         st.notes
     );
 }
+
+/// A session can name only its own memory: reads, writes, memsets, copies and frees of another
+/// session's allocation on the same device fail with CUDA_ERROR_INVALID_VALUE, and the owner's
+/// data and allocation are untouched.
+#[test]
+fn a_session_cannot_touch_another_sessions_memory() {
+    const INVALID_VALUE: i32 = 1;
+    let s = start("isolation", "emu:1:1GiB");
+    let mut a = session(&s, None);
+    let mut b = session(&s, None);
+    let pa = alloc(&mut a, 4096);
+    let pb = alloc(&mut b, 4096);
+    a.quiet(&Request::MemcpyHtoD {
+        dst: pa,
+        stream: 0,
+        data: &[0xA5; 64],
+    })
+    .unwrap();
+    let read = |c: &mut Connection, src: u64| {
+        let mut out = [0u8; 64];
+        c.call_read_into(
+            &Request::MemcpyDtoH {
+                src,
+                size: 64,
+                stream: 0,
+            },
+            &mut out,
+        )
+        .map(|_| out)
+    };
+    assert!(matches!(
+        read(&mut b, pa),
+        Err(gpufuse_client::ClientError::Cuda(INVALID_VALUE))
+    ));
+    // Each quiet trespass is reported by the next reply.
+    let trespasses = [
+        Request::MemcpyHtoD {
+            dst: pa,
+            stream: 0,
+            data: &[0; 64],
+        },
+        Request::Memset {
+            dst: pa,
+            value: 0,
+            elem_size: 1,
+            count: 64,
+            stream: 0,
+        },
+        Request::MemcpyDtoD {
+            dst: pb,
+            src: pa,
+            size: 64,
+            stream: 0,
+        },
+        Request::MemcpyDtoD {
+            dst: pa,
+            src: pb,
+            size: 64,
+            stream: 0,
+        },
+        Request::MemFree { ptr: pa },
+    ];
+    for t in &trespasses {
+        b.quiet(t).unwrap();
+        let reply = b.call_raw(&Request::Ping).unwrap();
+        assert_eq!(reply.deferred_error, Some(INVALID_VALUE), "{t:?}");
+    }
+    // b still works with its own memory; a's data and allocation are intact.
+    read(&mut b, pb).unwrap();
+    assert_eq!(read(&mut a, pa).unwrap(), [0xA5; 64]);
+    a.quiet(&Request::MemFree { ptr: pa }).unwrap();
+    assert_eq!(a.call_raw(&Request::Ping).unwrap().deferred_error, None);
+}
