@@ -1,7 +1,7 @@
 //! The `Device` trait: what a gpufuse worker needs from a GPU, and its backends.
 //!
-//! - [`emu`]: the emulated GPU (host memory, modules from PTX; executing kernels arrives with
-//!   the PTX virtual machine).
+//! - [`emu`]: the emulated GPU (host memory, modules from PTX, kernels run by the PTX
+//!   interpreter with a launch's blocks spread over the host's cores).
 //!
 //! A device owns memory at stable device addresses (each session gets its own address window),
 //! loaded modules and their functions. Streams and events are ordered by the worker: every
@@ -9,7 +9,7 @@
 //!
 //! Errors are CUDA status codes (`CUresult`), because that is what reaches the application.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)] // allowed only in emu/words.rs, the word views of device memory
 
 pub mod emu;
 pub mod model;

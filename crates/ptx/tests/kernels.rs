@@ -11,36 +11,31 @@ fn module() -> Module {
 
 /// A memory with room for `n` buffers of `size` bytes each at BASE + k * size.
 fn memory(n: usize, size: usize) -> VecMemory {
-    VecMemory {
-        base: BASE,
-        bytes: vec![0; n * size],
-    }
+    VecMemory::new(BASE, n * size)
 }
 
 fn f32s(m: &VecMemory, off: usize, n: usize) -> Vec<f32> {
-    m.bytes[off..off + 4 * n]
+    m.read(off, 4 * n)
         .chunks(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
 
 fn u32s(m: &VecMemory, off: usize, n: usize) -> Vec<u32> {
-    m.bytes[off..off + 4 * n]
+    m.read(off, 4 * n)
         .chunks(4)
         .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
 
 fn write_f32(m: &mut VecMemory, off: usize, v: &[f32]) {
-    for (i, x) in v.iter().enumerate() {
-        m.bytes[off + 4 * i..off + 4 * i + 4].copy_from_slice(&x.to_le_bytes());
-    }
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    m.write(off, &bytes);
 }
 
 fn write_u32(m: &mut VecMemory, off: usize, v: &[u32]) {
-    for (i, x) in v.iter().enumerate() {
-        m.bytes[off + 4 * i..off + 4 * i + 4].copy_from_slice(&x.to_le_bytes());
-    }
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    m.write(off, &bytes);
 }
 
 fn params(parts: &[&[u8]], layout: &[gpufuse_ptx::Param]) -> Vec<u8> {
@@ -193,7 +188,7 @@ fn atomic_histogram_is_exact_under_contention() {
     let mut mem = memory(2, MB);
     let n = 5000usize;
     let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
-    mem.bytes[..n].copy_from_slice(&data);
+    mem.write(0, &data);
     launch(
         &m,
         &mut mem,
@@ -252,7 +247,7 @@ fn double_precision() {
     let mut mem = memory(1, MB);
     let x: Vec<f64> = (0..64).map(|i| i as f64 * 1.5).collect();
     for (i, v) in x.iter().enumerate() {
-        mem.bytes[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        mem.write(8 * i, &v.to_le_bytes());
     }
     launch(
         &m,
@@ -268,7 +263,7 @@ fn double_precision() {
     )
     .unwrap();
     for (i, v) in x.iter().enumerate() {
-        let got = f64::from_le_bytes(mem.bytes[8 * i..8 * i + 8].try_into().unwrap());
+        let got = f64::from_le_bytes(mem.read(8 * i, 8).try_into().unwrap());
         assert_eq!(got, v.sqrt().mul_add(2.5, i as f64), "{i}");
     }
 }
