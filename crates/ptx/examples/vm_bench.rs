@@ -1,6 +1,7 @@
 //! Lane-instructions per second of the PTX interpreter on reference kernels (tiled matmul,
 //! shared-memory reduction, from tests/fixtures/kernels.cu), on one host thread and on all:
 //! `cargo run --release -p gpufuse-ptx --example vm_bench [-- MATMUL_N [REDUCE_N]]`.
+//! Each figure is the best of three launches (other work on the host only slows a run down).
 
 use std::time::Instant;
 

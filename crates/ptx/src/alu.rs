@@ -43,6 +43,28 @@ pub fn f32v(v: u64) -> f32 {
     f32::from_bits(v as u32)
 }
 
+/// `fma.rn.f32`, exactly rounded. The product of two f32 is exact in f64, so the f64 sum is
+/// rounded once; rounding that to f32 is exact unless it lies exactly halfway between two f32
+/// (or in the subnormal range), where the libm `fmaf` decides. This avoids a call per lane.
+#[inline(always)]
+pub fn fma_f32(a: f32, b: f32, c: f32) -> f32 {
+    let r = a as f64 * b as f64 + c as f64;
+    let bits = r.to_bits();
+    let exp = (bits >> 52) & 0x7ff;
+    if (bits & 0x1fff_ffff != 0x1000_0000 && exp >= 0x3ff - 126) || r == 0.0 {
+        r as f32
+    } else {
+        fma_exact(a, b, c)
+    }
+}
+
+/// The libm `fmaf`, out of line so that it is not computed speculatively on the fast path.
+#[cold]
+#[inline(never)]
+fn fma_exact(a: f32, b: f32, c: f32) -> f32 {
+    a.mul_add(b, c)
+}
+
 /// A float of type `t` (f16, f32, f64) as an f64.
 #[inline(always)]
 pub fn fv(v: u64, t: Type) -> f64 {
@@ -374,7 +396,7 @@ pub fn mad(i: &Ins, x: u64, y: u64, z: u64, carry: &mut bool) -> u64 {
     let ty = i.ty;
     if ty.kind == Ty::F {
         let r = if ty.size == 4 {
-            f32v(x).mul_add(f32v(y), f32v(z)) as f64
+            fma_f32(f32v(x), f32v(y), f32v(z)) as f64
         } else {
             fv(x, ty).mul_add(fv(y, ty), fv(z, ty))
         };
@@ -571,4 +593,37 @@ pub fn dp4a(i: &Ins, x: u64, y: u64, z: u64) -> u64 {
         s = s.wrapping_add(xa * ya);
     }
     s as u64 & 0xffff_ffff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fma_f32_is_exactly_rounded() {
+        let mut x = 0x1234_5678u32;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            f32::from_bits(x)
+        };
+        for _ in 0..200_000 {
+            let (a, b, c) = (next(), next(), next());
+            let (want, got) = (a.mul_add(b, c), fma_f32(a, b, c));
+            assert!(want.to_bits() == got.to_bits() || want.is_nan() && got.is_nan());
+        }
+        // Halfway cases and tiny results take the exact path.
+        let a = 1.0 + f32::EPSILON;
+        assert_eq!(fma_f32(a, a, -1.0), a.mul_add(a, -1.0));
+        assert_eq!(fma_f32(1e-30, 1e-10, 0.0), 1e-30f32.mul_add(1e-10, 0.0));
+        assert_eq!(
+            fma_f32(
+                1.0 + 2.0f32.powi(-12),
+                1.0 + 2.0f32.powi(-12),
+                2.0f32.powi(-48)
+            ),
+            (1.0 + 2.0f32.powi(-12)).mul_add(1.0 + 2.0f32.powi(-12), 2.0f32.powi(-48))
+        );
+    }
 }

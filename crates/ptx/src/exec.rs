@@ -111,17 +111,37 @@ fn bad_operand() -> ExecError {
 }
 
 /// An operand's value in every lane, read as `size` bytes.
-#[inline(always)]
 pub fn val(w: &Warp, env: &Env, g: &Group, s: Src, size: u8) -> Result<Lanes, ExecError> {
+    let mut out = [0u64; 32];
+    val_into(w, env, g, s, size, &mut out)?;
+    Ok(out)
+}
+
+/// [`val`] into `out`.
+#[inline(always)]
+fn val_into(
+    w: &Warp,
+    env: &Env,
+    g: &Group,
+    s: Src,
+    size: u8,
+    out: &mut Lanes,
+) -> Result<(), ExecError> {
     let m = mask(size);
-    Ok(match s {
+    *out = match s {
         Src::Reg(r) => {
             let row = &w.levels[g.depth][r as usize];
-            std::array::from_fn(|l| row[l] & m)
+            for l in 0..32 {
+                out[l] = row[l] & m;
+            }
+            return Ok(());
         }
         Src::NotReg(r) => {
             let row = &w.levels[g.depth][r as usize];
-            std::array::from_fn(|l| (row[l] == 0) as u64)
+            for l in 0..32 {
+                out[l] = (row[l] == 0) as u64;
+            }
+            return Ok(());
         }
         Src::Imm(v) => [v & m; 32],
         Src::Sreg(s @ (Sreg::Clock | Sreg::Clock64 | Sreg::Globaltimer)) => {
@@ -148,7 +168,8 @@ pub fn val(w: &Warp, env: &Env, g: &Group, s: Src, size: u8) -> Result<Lanes, Ex
         Src::FrameParam(off) => [LOCAL_WINDOW + g.base.wrapping_add(off); 32],
         Src::KernelParam(off) => [PARAM_WINDOW + off; 32],
         Src::Bad => return Err(bad_operand()),
-    })
+    };
+    Ok(())
 }
 
 /// Writes `v` to a destination register in `run`'s lanes.
@@ -184,23 +205,23 @@ fn guard(w: &Warp, g: &Group, ins: &Ins) -> u32 {
 
 /// The address of the `[...]` operand in every lane: shared, local and parameter-space
 /// addresses become generic addresses in their window.
-fn addrs(w: &Warp, env: &Env, g: &Group, ins: &Ins) -> Result<Lanes, ExecError> {
+#[inline(always)]
+fn addrs(w: &Warp, env: &Env, g: &Group, ins: &Ins, out: &mut Lanes) -> Result<(), ExecError> {
     let (base, off) = ins.addr.ok_or_else(bad_operand)?;
-    let b = val(w, env, g, base, 8)?;
+    val_into(w, env, g, base, 8, out)?;
     let win = match ins.space {
         Space::Shared => SHARED_WINDOW,
         Space::Local => LOCAL_WINDOW,
         Space::Param => PARAM_WINDOW,
         _ => 0,
     };
-    Ok(std::array::from_fn(|l| {
-        let a = b[l].wrapping_add(off as u64);
-        if win != 0 && a & WINDOW_MASK == 0 {
-            a + win
-        } else {
-            a
+    for a in out.iter_mut() {
+        *a = a.wrapping_add(off as u64);
+        if win != 0 && *a & WINDOW_MASK == 0 {
+            *a += win;
         }
-    }))
+    }
+    Ok(())
 }
 
 /// The device memory region holding `[a, a + n)`, from the cache or the device.
@@ -214,6 +235,22 @@ fn region<'a>(env: &mut Env<'a>, a: u64, n: u64) -> Result<crate::Region<'a>, Ex
     let r = env.l.mem.region(a).ok_or(ExecError::IllegalAddress(a))?;
     env.region = Some(r);
     Ok(r)
+}
+
+/// Loads element `k` of `N` bytes at each lane's address.
+#[inline(always)]
+fn load_lanes<const N: u64>(
+    w: &Warp,
+    env: &mut Env,
+    a: &Lanes,
+    k: usize,
+    run: u32,
+    out: &mut Lanes,
+) -> Result<(), ExecError> {
+    for l in Bits(run) {
+        out[l] = load(w, env, l, a[l].wrapping_add(k as u64 * N), N)?;
+    }
+    Ok(())
 }
 
 /// Loads `n` bytes at generic or window address `a` for lane `l`.
@@ -423,12 +460,19 @@ pub fn exec(
     if run == 0 {
         return Ok(Flow::Next);
     }
-    let v = |w: &Warp, env: &Env, k: usize, t: Type| val(w, env, g, ins.src(k), t.size);
+    // An operand's value in every lane (the k-th source, as type t).
+    macro_rules! v {
+        ($w:expr, $env:expr, $k:expr, $t:expr) => {{
+            let mut o = [0u64; 32];
+            val_into($w, $env, g, ins.src($k), $t.size, &mut o)?;
+            o
+        }};
+    }
     let d0 = ins.d[0];
     match ins.op {
         Op::Mov if ins.dvec => {
             // Unpack: mov.b64 {lo, hi}, %rd
-            let x = v(w, env, 0, ty)?;
+            let x = v!(w, env, 0, ty);
             let n = ins.nd as u32;
             let bits = (ty.size as u32 * 8) / n.max(1);
             let m = low_bits(bits);
@@ -449,7 +493,7 @@ pub fn exec(
             let m = low_bits(bits);
             let mut x = [0u64; 32];
             for k in 0..ins.ns as usize {
-                let p = v(w, env, k, part_ty)?;
+                let p = v!(w, env, k, part_ty);
                 let sh = bits * k as u32;
                 for l in Bits(run) {
                     x[l] |= (p[l] & m).checked_shl(sh).unwrap_or(0);
@@ -458,37 +502,39 @@ pub fn exec(
             put(w, g, d0, &x, run);
         }
         Op::Mov => {
-            let x = v(w, env, 0, ty)?;
+            let x = v!(w, env, 0, ty);
             put(w, g, d0, &x, run);
         }
         Op::Ld | Op::Ldu => {
-            let a = addrs(w, env, g, ins)?;
-            let n = ty.size as u64;
+            let mut a = [0u64; 32];
+            addrs(w, env, g, ins, &mut a)?;
             for k in 0..ins.nd as usize {
                 let mut out = [0u64; 32];
-                for l in Bits(run) {
-                    let x = load(w, env, l, a[l].wrapping_add(k as u64 * n), n)?;
-                    out[l] = if ty.kind == Ty::S {
-                        sext(x, ty.size) as u64
-                    } else {
-                        x
-                    };
+                match ty.size {
+                    4 => load_lanes::<4>(w, env, &a, k, run, &mut out)?,
+                    8 => load_lanes::<8>(w, env, &a, k, run, &mut out)?,
+                    2 => load_lanes::<2>(w, env, &a, k, run, &mut out)?,
+                    _ => load_lanes::<1>(w, env, &a, k, run, &mut out)?,
+                }
+                if ty.kind == Ty::S {
+                    out = map1(&out, run, |x| sext(x, ty.size) as u64);
                 }
                 put(w, g, ins.d[k], &out, run);
             }
         }
         Op::St => {
-            let a = addrs(w, env, g, ins)?;
+            let mut a = [0u64; 32];
+            addrs(w, env, g, ins, &mut a)?;
             let n = ty.size as u64;
             for k in 0..ins.ns as usize {
-                let x = v(w, env, k, ty)?;
+                let x = v!(w, env, k, ty);
                 for l in Bits(run) {
                     store(w, env, l, a[l].wrapping_add(k as u64 * n), n, x[l])?;
                 }
             }
         }
         Op::Cvta => {
-            let x = v(w, env, 0, ty)?;
+            let x = v!(w, env, 0, ty);
             let win = match ins.m.space2 {
                 Some(Space::Shared) => SHARED_WINDOW,
                 Some(Space::Local) => LOCAL_WINDOW,
@@ -512,15 +558,15 @@ pub fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Isspacep => {
-            let x = v(
+            let x = v!(
                 w,
                 env,
                 0,
                 Type {
                     kind: Ty::U,
-                    size: 8,
-                },
-            )?;
+                    size: 8
+                }
+            );
             let space = ins.m.space2;
             let r = map1(&x, run, |x| {
                 (match space {
@@ -533,14 +579,14 @@ pub fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Cvt => {
-            let x = v(w, env, 0, ins.ty2)?;
+            let x = v!(w, env, 0, ins.ty2);
             let r = map1(&x, run, |x| alu::cvt(ins, x));
             put(w, g, d0, &r, run);
         }
         Op::Add | Op::Sub | Op::Addc | Op::Subc
             if ins.m.cc || matches!(ins.op, Op::Addc | Op::Subc) =>
         {
-            let (x, y) = (v(w, env, 0, ty)?, v(w, env, 1, ty)?);
+            let (x, y) = (v!(w, env, 0, ty), v!(w, env, 1, ty));
             let mut r = [0u64; 32];
             for l in Bits(run) {
                 let mut c = w.carry & (1 << l) != 0;
@@ -568,7 +614,7 @@ pub fn exec(
             } else {
                 ty
             };
-            let (x, y) = (v(w, env, 0, ty)?, v(w, env, 1, sty)?);
+            let (x, y) = (v!(w, env, 0, ty), v!(w, env, 1, sty));
             let r = if ty.kind == Ty::Pred {
                 match ins.op {
                     Op::And => map2(&x, &y, run, |a, b| a & b),
@@ -590,7 +636,7 @@ pub fn exec(
             } else {
                 ty
             };
-            let (x, y, z) = (v(w, env, 0, ty)?, v(w, env, 1, ty)?, v(w, env, 2, zty)?);
+            let (x, y, z) = (v!(w, env, 0, ty), v!(w, env, 1, ty), v!(w, env, 2, zty));
             let r = if ty.kind == Ty::F && ty.size == 4 && !ins.m.sat {
                 map3(&x, &y, &z, run, |a, b, c| {
                     alu::f32v(a).mul_add(alu::f32v(b), alu::f32v(c)).to_bits() as u64
@@ -607,7 +653,7 @@ pub fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Abs | Op::Neg if ty.kind != Ty::F => {
-            let x = v(w, env, 0, ty)?;
+            let x = v!(w, env, 0, ty);
             let (abs, size) = (ins.op == Op::Abs, ty.size);
             let r = map1(&x, run, |x| {
                 let x = sext(x, size);
@@ -630,7 +676,7 @@ pub fn exec(
         | Op::Ex2
         | Op::Lg2
         | Op::Tanh => {
-            let x = v(w, env, 0, ty)?;
+            let x = v!(w, env, 0, ty);
             let mut r = [0u64; 32];
             for l in Bits(run) {
                 r[l] = alu::unary_float(ins, x[l]).ok_or_else(unsupported)?;
@@ -638,21 +684,21 @@ pub fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Not => {
-            let x = v(w, env, 0, ty)?;
+            let x = v!(w, env, 0, ty);
             let (pred, m) = (ty.kind == Ty::Pred, mask(ty.size));
             let r = map1(&x, run, |x| if pred { (x == 0) as u64 } else { !x & m });
             put(w, g, d0, &r, run);
         }
         Op::Cnot => {
-            let x = v(w, env, 0, ty)?;
+            let x = v!(w, env, 0, ty);
             put(w, g, d0, &map1(&x, run, |x| (x == 0) as u64), run);
         }
         Op::Setp | Op::Set => {
-            let (x, y) = (v(w, env, 0, ty)?, v(w, env, 1, ty)?);
+            let (x, y) = (v!(w, env, 0, ty), v!(w, env, 1, ty));
             let cmp = ins.m.cmp;
             let mut r = map2(&x, &y, run, |a, b| alu::cmp(cmp, a, b, ty) as u64);
             if ins.m.bool_op != crate::inst::BoolOp::None {
-                let c = v(w, env, 2, PRED)?;
+                let c = v!(w, env, 2, PRED);
                 let op = ins.m.bool_op;
                 r = map2(&r, &c, run, |r, c| {
                     let (r, c) = (r != 0, c != 0);
@@ -681,20 +727,21 @@ pub fn exec(
             }
         }
         Op::Selp => {
-            let c = v(w, env, 2, PRED)?;
-            let (x, y) = (v(w, env, 0, ty)?, v(w, env, 1, ty)?);
+            let c = v!(w, env, 2, PRED);
+            let (x, y) = (v!(w, env, 0, ty), v!(w, env, 1, ty));
             let r = map3(&c, &x, &y, run, |c, x, y| if c != 0 { x } else { y });
             put(w, g, d0, &r, run);
         }
         Op::Atom | Op::Red => {
-            let a = addrs(w, env, g, ins)?;
+            let mut a = [0u64; 32];
+            addrs(w, env, g, ins, &mut a)?;
             let (op, n) = (ins.m.atom_op, ty.size as u64);
             if alu::atom(op, ty, 0, 0, 0).is_none() {
                 return Err(unsupported());
             }
-            let x = v(w, env, 0, ty)?;
+            let x = v!(w, env, 0, ty);
             let y = if op == crate::inst::AtomOp::Cas {
-                v(w, env, 1, ty)?
+                v!(w, env, 1, ty)
             } else {
                 [0; 32]
             };
@@ -710,31 +757,31 @@ pub fn exec(
             }
         }
         Op::Popc => {
-            let x = v(w, env, 0, ty)?;
+            let x = v!(w, env, 0, ty);
             put(w, g, d0, &map1(&x, run, |x| x.count_ones() as u64), run);
         }
         Op::Clz => {
-            let x = v(w, env, 0, ty)?;
+            let x = v!(w, env, 0, ty);
             let unused = 64 - ty.size as u32 * 8;
             let r = map1(&x, run, |x| (x.leading_zeros() - unused) as u64);
             put(w, g, d0, &r, run);
         }
         Op::Brev => {
-            let x = v(w, env, 0, ty)?;
+            let x = v!(w, env, 0, ty);
             let sh = 64 - ty.size as u32 * 8;
             put(w, g, d0, &map1(&x, run, |x| x.reverse_bits() >> sh), run);
         }
         Op::Bfe => {
-            let x = v(w, env, 0, ty)?;
-            let (pos, len) = (v(w, env, 1, U32)?, v(w, env, 2, U32)?);
+            let x = v!(w, env, 0, ty);
+            let (pos, len) = (v!(w, env, 1, U32), v!(w, env, 2, U32));
             let r = map3(&x, &pos, &len, run, |x, p, n| {
                 alu::bfe(ty, x, p & 0xff, n & 0xff)
             });
             put(w, g, d0, &r, run);
         }
         Op::Bfi => {
-            let (x, y) = (v(w, env, 0, ty)?, v(w, env, 1, ty)?);
-            let (pos, len) = (v(w, env, 2, U32)?, v(w, env, 3, U32)?);
+            let (x, y) = (v!(w, env, 0, ty), v!(w, env, 1, ty));
+            let (pos, len) = (v!(w, env, 2, U32), v!(w, env, 3, U32));
             let mut r = [0u64; 32];
             for l in Bits(run) {
                 r[l] = alu::bfi(ty, x[l], y[l], pos[l] & 0xff, len[l] & 0xff);
@@ -742,11 +789,11 @@ pub fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Prmt => {
-            let (x, y, s) = (v(w, env, 0, ty)?, v(w, env, 1, ty)?, v(w, env, 2, ty)?);
+            let (x, y, s) = (v!(w, env, 0, ty), v!(w, env, 1, ty), v!(w, env, 2, ty));
             put(w, g, d0, &map3(&x, &y, &s, run, alu::prmt), run);
         }
         Op::Shf => {
-            let (lo, hi, sh) = (v(w, env, 0, ty)?, v(w, env, 1, ty)?, v(w, env, 2, ty)?);
+            let (lo, hi, sh) = (v!(w, env, 0, ty), v!(w, env, 1, ty), v!(w, env, 2, ty));
             let (wrap, left) = (ins.m.shf_wrap, ins.m.shf_left);
             let r = map3(&lo, &hi, &sh, run, |lo, hi, sh| {
                 let sh = if wrap { sh & 31 } else { sh.min(32) };
@@ -756,8 +803,8 @@ pub fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Lop3 => {
-            let (x, y, z) = (v(w, env, 0, ty)?, v(w, env, 1, ty)?, v(w, env, 2, ty)?);
-            let lut = v(w, env, 3, ty)?;
+            let (x, y, z) = (v!(w, env, 0, ty), v!(w, env, 1, ty), v!(w, env, 2, ty));
+            let lut = v!(w, env, 3, ty);
             let mut r = [0u64; 32];
             for l in Bits(run) {
                 r[l] = alu::lop3(x[l], y[l], z[l], lut[l]);
@@ -765,12 +812,12 @@ pub fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Testp => {
-            let x = v(w, env, 0, ty)?;
+            let x = v!(w, env, 0, ty);
             let r = map1(&x, run, |x| alu::fv(x, ty).is_finite() as u64);
             put(w, g, d0, &r, run);
         }
         Op::Sad => {
-            let (x, y, z) = (v(w, env, 0, ty)?, v(w, env, 1, ty)?, v(w, env, 2, ty)?);
+            let (x, y, z) = (v!(w, env, 0, ty), v!(w, env, 1, ty), v!(w, env, 2, ty));
             let r = map3(&x, &y, &z, run, |x, y, z| {
                 let d = if ty.kind == Ty::S {
                     sext(x, ty.size)
@@ -784,7 +831,7 @@ pub fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Dp4a => {
-            let (x, y, z) = (v(w, env, 0, ty)?, v(w, env, 1, ins.ty2)?, v(w, env, 2, ty)?);
+            let (x, y, z) = (v!(w, env, 0, ty), v!(w, env, 1, ins.ty2), v!(w, env, 2, ty));
             put(
                 w,
                 g,
