@@ -131,15 +131,15 @@ fn val_into(
     *out = match s {
         Src::Reg(r) => {
             let row = &w.levels[g.depth][r as usize];
-            for l in 0..32 {
-                out[l] = row[l] & m;
+            for (o, &x) in out.iter_mut().zip(row) {
+                *o = x & m;
             }
             return Ok(());
         }
         Src::NotReg(r) => {
             let row = &w.levels[g.depth][r as usize];
-            for l in 0..32 {
-                out[l] = (row[l] == 0) as u64;
+            for (o, &x) in out.iter_mut().zip(row) {
+                *o = (x == 0) as u64;
             }
             return Ok(());
         }
@@ -195,8 +195,8 @@ fn guard(w: &Warp, g: &Group, ins: &Ins) -> u32 {
         Some((r, neg)) => {
             let row = &w.levels[g.depth][r as usize];
             let mut m = 0u32;
-            for l in 0..32 {
-                m |= (((row[l] != 0) != neg) as u32) << l;
+            for (l, &x) in row.iter().enumerate() {
+                m |= (((x != 0) != neg) as u32) << l;
             }
             m & g.mask
         }
@@ -639,7 +639,7 @@ pub fn exec(
             let (x, y, z) = (v!(w, env, 0, ty), v!(w, env, 1, ty), v!(w, env, 2, zty));
             let r = if ty.kind == Ty::F && ty.size == 4 && !ins.m.sat {
                 map3(&x, &y, &z, run, |a, b, c| {
-                    alu::f32v(a).mul_add(alu::f32v(b), alu::f32v(c)).to_bits() as u64
+                    alu::fma_f32(alu::f32v(a), alu::f32v(b), alu::f32v(c)).to_bits() as u64
                 })
             } else {
                 let mut r = [0u64; 32];

@@ -434,7 +434,7 @@ fn operand(
         let (base, off) = match inner.find(['+', '-']).filter(|&p| p > 0) {
             Some(p) => (
                 &inner[..p],
-                parse_number(&inner[p..].trim_start_matches('+'), false, false).map(|v| v as i64),
+                parse_number(inner[p..].trim_start_matches('+'), false, false).map(|v| v as i64),
             ),
             None => (inner.as_str(), Some(0)),
         };

@@ -13,6 +13,9 @@ use crate::parse::Var;
 use crate::warp::{Block, Launch, MAX_LOCAL};
 use crate::{DeviceMemory, ExecError, LaunchConfig, LaunchStats};
 
+/// Shared memory a block may have (far above any GPU's; the device checks its own limit).
+const MAX_SHARED: u64 = 16 << 20;
+
 fn round_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a.max(1)) * a.max(1)
 }
@@ -88,9 +91,9 @@ pub fn run(
     for (id, v) in kernel_vars.chain(module_vars).chain(callee_vars) {
         if v.size == 0 {
             dynamic.push(id);
-        } else if !offsets.contains_key(&id) {
+        } else if let std::collections::hash_map::Entry::Vacant(e) = offsets.entry(id) {
             shared = round_up(shared, v.align);
-            offsets.insert(id, shared);
+            e.insert(shared);
             shared += v.size;
         }
     }
@@ -98,7 +101,13 @@ pub fn run(
     for id in dynamic {
         offsets.insert(id, shared);
     }
-    let shared_bytes = shared as usize + cfg.dynamic_shared_bytes as usize;
+    let shared_bytes = shared + cfg.dynamic_shared_bytes as u64;
+    if shared_bytes > MAX_SHARED {
+        return Err(ExecError::InvalidLaunch(format!(
+            "{shared_bytes} bytes of shared memory per block"
+        )));
+    }
+    let shared_bytes = shared_bytes as usize;
     let mut syms = vec![None; prog.symbols.len()];
     for &f in &funcs {
         for &id in &prog.funcs[f].symbols {
@@ -175,7 +184,7 @@ pub fn run(
         for _ in 1..workers {
             if std::thread::Builder::new()
                 .name("gpufuse-block".into())
-                .spawn_scoped(s, &work)
+                .spawn_scoped(s, work)
                 .is_ok()
             {
                 started += 1;

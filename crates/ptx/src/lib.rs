@@ -338,10 +338,12 @@ impl VecMemory {
 
 impl DeviceMemory for VecMemory {
     fn region(&self, addr: u64) -> Option<Region<'_>> {
-        (addr >= self.base && addr - self.base < self.len && self.base % 8 == 0).then_some(Region {
-            start: self.base,
-            len: self.len,
-            words: &self.words,
-        })
+        (addr >= self.base && addr - self.base < self.len && self.base.is_multiple_of(8)).then_some(
+            Region {
+                start: self.base,
+                len: self.len,
+                words: &self.words,
+            },
+        )
     }
 }

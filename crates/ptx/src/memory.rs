@@ -20,7 +20,7 @@ use crate::Region;
 #[inline(always)]
 fn locate<'r>(r: &Region<'r>, addr: u64, n: u64) -> Option<Placement<'r>> {
     let off = addr.checked_sub(r.start)?;
-    if off.checked_add(n)? > r.len || r.start % 8 != 0 {
+    if off.checked_add(n)? > r.len || !r.start.is_multiple_of(8) {
         return None;
     }
     let (w, byte) = ((off / 8) as usize, off % 8);

@@ -336,13 +336,13 @@ fn header_directives_and_vector_operands() {
         ld.param.u64 %rd1, [out];\nst.global.u32 [%rd1], %r3;\nret;\n}\n";
     let m = Module::parse(ptx).unwrap();
     assert_eq!(m.target_sm(), 80);
-    let mut mem = memory(1, 64);
+    let mem = memory(1, 64);
     let cfg = LaunchConfig {
         grid: [1, 1, 1],
         block: [1, 1, 1],
         dynamic_shared_bytes: 16,
     };
-    m.launch("k", &cfg, &BASE.to_le_bytes(), &mut mem, &|_| None)
+    m.launch("k", &cfg, &BASE.to_le_bytes(), &mem, &|_| None)
         .unwrap();
     assert_eq!(u32s(&mem, 0, 1)[0], 7 + 0x0002_0001);
 }
@@ -365,13 +365,13 @@ fn redux_packed_pairs_and_scoped_statements() {
     let ptx = ptx.replace(".reg .b64 %rd<4>;", ".reg .b64 %rd<4>;\n.reg .pred %p<2>;");
     let m = Module::parse(&ptx).unwrap();
     assert_eq!(m.unsupported().count(), 0);
-    let mut mem = memory(1, 64);
+    let mem = memory(1, 64);
     let cfg = LaunchConfig {
         grid: [1, 1, 1],
         block: [32, 1, 1],
         dynamic_shared_bytes: 0,
     };
-    m.launch("k", &cfg, &BASE.to_le_bytes(), &mut mem, &|_| None)
+    m.launch("k", &cfg, &BASE.to_le_bytes(), &mem, &|_| None)
         .unwrap();
     let got = u32s(&mem, 0, 6);
     assert_eq!(got[0], (0..32).sum::<u32>());
@@ -396,9 +396,9 @@ fn unsupported_instructions_fail_their_kernel_only() {
         block: [1, 1, 1],
         dynamic_shared_bytes: 0,
     };
-    let mut mem = memory(1, 16);
-    m.launch("good", &cfg, &[], &mut mem, &|_| None).unwrap();
-    let e = m.launch("bad", &cfg, &[], &mut mem, &|_| None).unwrap_err();
+    let mem = memory(1, 16);
+    m.launch("good", &cfg, &[], &mem, &|_| None).unwrap();
+    let e = m.launch("bad", &cfg, &[], &mem, &|_| None).unwrap_err();
     assert!(e.to_string().contains("wmma.load"), "{e}");
 }
 

@@ -335,6 +335,21 @@ impl Device for EmuDevice {
     }
 }
 
+/// A diagnostic: with `GPUFUSE_EMU_DUMP_PTX=DIR`, every loaded module's PTX is written to
+/// `DIR/<sha256 prefix>.ptx`.
+fn dump_ptx(ptx: &str) {
+    use sha2::{Digest, Sha256};
+    let Some(dir) = std::env::var_os("GPUFUSE_EMU_DUMP_PTX") else {
+        return;
+    };
+    let hash = Sha256::digest(ptx.as_bytes());
+    let name: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let path = std::path::Path::new(&dir).join(format!("{name}.ptx"));
+    if let Err(e) = std::fs::write(&path, ptx) {
+        tracing::warn!("cannot dump PTX to {}: {e}", path.display());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,20 +474,5 @@ mod tests {
         );
         assert!(d.take_error_detail().unwrap().contains("illegal address"));
         run(&mut d, m, "oob_block", 64, 128, &params(-1)).unwrap();
-    }
-}
-
-/// A diagnostic: with `GPUFUSE_EMU_DUMP_PTX=DIR`, every loaded module's PTX is written to
-/// `DIR/<sha256 prefix>.ptx`.
-fn dump_ptx(ptx: &str) {
-    use sha2::{Digest, Sha256};
-    let Some(dir) = std::env::var_os("GPUFUSE_EMU_DUMP_PTX") else {
-        return;
-    };
-    let hash = Sha256::digest(ptx.as_bytes());
-    let name: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
-    let path = std::path::Path::new(&dir).join(format!("{name}.ptx"));
-    if let Err(e) = std::fs::write(&path, ptx) {
-        tracing::warn!("cannot dump PTX to {}: {e}", path.display());
     }
 }
