@@ -368,7 +368,7 @@ fn compile_inst(
         };
         let &callee = by_name
             .get(callee.as_str())
-            .ok_or_else(|| format!("call to {callee}, which has no body"))?;
+            .ok_or_else(|| format!("call {callee} (a function without a body)"))?;
         let target = &functions[callee];
         if target.is_entry || target.params.len() != a.len() || target.returns.len() != rets.len() {
             return Err(format!(

@@ -1,5 +1,6 @@
 //! Decoded instructions: opcode, types and modifiers resolved once at load, operands bound to
 //! register indices. An opcode the interpreter does not implement is an error at load, naming it.
+//! `code.rs` then compiles these into the compact form the interpreter runs.
 
 use std::collections::HashMap;
 
@@ -774,7 +775,7 @@ pub fn decode(
     }
     let mut args = Vec::new();
     for a in crate::parse::split_top(rest) {
-        // `call`-free PTX only; `{a, b}` vectors and `[...]` addresses are single operands.
+        // `{a, b}` vectors and `[...]` addresses are single operands (calls are decoded above).
         // Immediates of cvt are typed by the source type.
         let (fl, f3) = if op == Op::Cvt {
             (ty2.kind == Ty::F, ty2.size == 4)
