@@ -36,11 +36,14 @@
 
 mod alu;
 mod code;
+mod collective;
 mod exec;
 mod inst;
+mod lanes;
 mod launch;
 mod memory;
 mod parse;
+mod space;
 mod warp;
 
 use std::sync::atomic::AtomicU64;

@@ -12,7 +12,9 @@ use std::cmp::Ordering;
 
 use crate::code::{Code, Program, Src};
 use crate::exec::{self, Flow};
+use crate::lanes;
 use crate::memory;
+use crate::space::LOCAL_WINDOW;
 use crate::{DeviceMemory, ExecError, LaunchConfig, Region};
 
 /// Calls nested deeper than this fail the launch (a GPU's stack overflows too).
@@ -362,7 +364,7 @@ pub fn call(
     for (a, &(_, size)) in cs.args.iter().zip(&callee.params) {
         values.push(match a {
             Src::FrameParam(_) => None,
-            &a => Some(exec::val(w, env, g, a, size.min(8) as u8)?),
+            &a => Some(lanes::val(w, env, g, a, size.min(8) as u8)?),
         });
     }
     for l in Bits(run) {
@@ -377,7 +379,7 @@ pub fn call(
                     let src = g.base + src;
                     let (s, d, n) = (src as usize, dst as usize, size as usize);
                     if src + size > end {
-                        return Err(ExecError::IllegalAddress(crate::exec::LOCAL_WINDOW + src));
+                        return Err(ExecError::IllegalAddress(LOCAL_WINDOW + src));
                     }
                     local.copy_within(s..s + n, d);
                 }
@@ -389,7 +391,7 @@ pub fn call(
                         )));
                     }
                     memory::write_bytes(local, dst, size, v[l])
-                        .ok_or(ExecError::IllegalAddress(crate::exec::LOCAL_WINDOW + dst))?;
+                        .ok_or(ExecError::IllegalAddress(LOCAL_WINDOW + dst))?;
                 }
                 _ => {}
             }
@@ -441,13 +443,13 @@ pub fn ret(w: &mut Warp, env: &mut Env, g: &Group, lanes: u32) -> Result<(), Exe
                     let dst = caller_base + o;
                     let (s, d, n) = (src as usize, dst as usize, size as usize);
                     if src + size > local.len() as u64 || dst + size > frame.base {
-                        return Err(ExecError::IllegalAddress(crate::exec::LOCAL_WINDOW + dst));
+                        return Err(ExecError::IllegalAddress(LOCAL_WINDOW + dst));
                     }
                     local.copy_within(s..s + n, d);
                 }
                 Src::Reg(reg) => {
                     let v = memory::read_bytes(local, src, size.min(8))
-                        .ok_or(ExecError::IllegalAddress(crate::exec::LOCAL_WINDOW + src))?;
+                        .ok_or(ExecError::IllegalAddress(LOCAL_WINDOW + src))?;
                     if let Some(row) = w.levels[caller_depth].get_mut(reg as usize) {
                         row[l] = v;
                     }
