@@ -1,6 +1,7 @@
 //! The `Device` trait: what a gpufuse worker needs from a GPU, and its backends.
 //!
-//! - [`emu`]: the emulated GPU (host memory, modules from PTX run by `gpufuse-ptx`).
+//! - [`emu`]: the emulated GPU (host memory, modules from PTX, kernels run by the PTX
+//!   interpreter with a launch's blocks spread over the host's cores).
 //! - [`cuda`]: a real NVIDIA GPU through NVIDIA's driver, loaded at run time.
 //!
 //! A device owns memory at stable device addresses (each session gets its own address window),
@@ -9,7 +10,7 @@
 //!
 //! Errors are CUDA status codes (`CUresult`), because that is what reaches the application.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)] // allowed only in emu/words.rs, the word views of device memory
 
 pub mod cuda;
 pub mod emu;

@@ -189,7 +189,7 @@ pub fn parse(src: &str) -> Result<Layout, LayoutError> {
                         if t[i] == ".param" {
                             let (_, elem, count, align, next) = declaration(&t, i + 1)?;
                             let size = (elem * count.max(1)) as u32;
-                            let offset = (end + align as u32 - 1) / align as u32 * align as u32;
+                            let offset = end.div_ceil(align as u32) * align as u32;
                             params.push(ParamSlot { offset, size });
                             end = offset + size;
                             i = next;

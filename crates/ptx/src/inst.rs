@@ -1,5 +1,6 @@
 //! Decoded instructions: opcode, types and modifiers resolved once at load, operands bound to
 //! register indices. An opcode the interpreter does not implement is an error at load, naming it.
+//! `code.rs` then compiles these into the compact form the interpreter runs.
 
 use std::collections::HashMap;
 
@@ -117,6 +118,9 @@ pub enum Op {
     Mov64Split,
     Dp4a,
     Redux,
+    /// `call (rets), func, (args)`: args[0] is a vector of return operands, args[1] the
+    /// function's name, args[2] a vector of arguments.
+    Call,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,8 +179,79 @@ pub enum Operand {
     Sink,
 }
 
+/// A comparison of `setp`/`set`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Cmp {
+    #[default]
+    None,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Lo,
+    Ls,
+    Hi,
+    Hs,
+    Equ,
+    Neu,
+    Ltu,
+    Leu,
+    Gtu,
+    Geu,
+    Num,
+    Nan,
+}
+
+/// The boolean combination of `setp.cmp.bop`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BoolOp {
+    #[default]
+    None,
+    And,
+    Or,
+    Xor,
+}
+
+/// The operation of `atom`, `red` and `redux`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AtomOp {
+    #[default]
+    None,
+    Add,
+    Min,
+    Max,
+    Exch,
+    Cas,
+    And,
+    Or,
+    Xor,
+    Inc,
+    Dec,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShflMode {
+    #[default]
+    Idx,
+    Up,
+    Down,
+    Bfly,
+}
+
+/// `vote` modes, and `match.any`/`match.all`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VoteMode {
+    #[default]
+    Ballot,
+    All,
+    Any,
+    Uni,
+}
+
 /// Flags and sub-opcodes.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Mods {
     pub hi: bool,
     pub lo: bool,
@@ -185,11 +260,11 @@ pub struct Mods {
     pub sat: bool,
     pub rnd_int: Option<char>, // 'n','z','m','p' for cvt.rni/rzi/...
     pub vec: u8,
-    pub cmp: &'static str,
-    pub bool_op: &'static str,
-    pub atom_op: &'static str,
-    pub shfl_mode: &'static str,
-    pub vote_mode: &'static str,
+    pub cmp: Cmp,
+    pub bool_op: BoolOp,
+    pub atom_op: AtomOp,
+    pub shfl_mode: ShflMode,
+    pub vote_mode: VoteMode,
     pub shf_left: bool,
     pub shf_wrap: bool,
     pub space2: Option<Space>,
@@ -360,7 +435,7 @@ fn operand(
         let (base, off) = match inner.find(['+', '-']).filter(|&p| p > 0) {
             Some(p) => (
                 &inner[..p],
-                parse_number(&inner[p..].trim_start_matches('+'), false, false).map(|v| v as i64),
+                parse_number(inner[p..].trim_start_matches('+'), false, false).map(|v| v as i64),
             ),
             None => (inner.as_str(), Some(0)),
         };
@@ -413,13 +488,45 @@ fn space_of(m: &str) -> Option<Space> {
     })
 }
 
-const CMPS: &[&str] = &[
-    "eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi", "hs", "equ", "neu", "ltu", "leu", "gtu",
-    "geu", "num", "nan",
-];
-const ATOMS: &[&str] = &[
-    "add", "min", "max", "exch", "cas", "and", "or", "xor", "inc", "dec",
-];
+fn cmp_of(m: &str) -> Option<Cmp> {
+    Some(match m {
+        "eq" => Cmp::Eq,
+        "ne" => Cmp::Ne,
+        "lt" => Cmp::Lt,
+        "le" => Cmp::Le,
+        "gt" => Cmp::Gt,
+        "ge" => Cmp::Ge,
+        "lo" => Cmp::Lo,
+        "ls" => Cmp::Ls,
+        "hi" => Cmp::Hi,
+        "hs" => Cmp::Hs,
+        "equ" => Cmp::Equ,
+        "neu" => Cmp::Neu,
+        "ltu" => Cmp::Ltu,
+        "leu" => Cmp::Leu,
+        "gtu" => Cmp::Gtu,
+        "geu" => Cmp::Geu,
+        "num" => Cmp::Num,
+        "nan" => Cmp::Nan,
+        _ => return None,
+    })
+}
+
+fn atom_of(m: &str) -> Option<AtomOp> {
+    Some(match m {
+        "add" => AtomOp::Add,
+        "min" => AtomOp::Min,
+        "max" => AtomOp::Max,
+        "exch" => AtomOp::Exch,
+        "cas" => AtomOp::Cas,
+        "and" => AtomOp::And,
+        "or" => AtomOp::Or,
+        "xor" => AtomOp::Xor,
+        "inc" => AtomOp::Inc,
+        "dec" => AtomOp::Dec,
+        _ => return None,
+    })
+}
 
 /// Decodes one statement.
 pub fn decode(
@@ -521,6 +628,7 @@ pub fn decode(
         "isspacep" => Op::Isspacep,
         "dp4a" => Op::Dp4a,
         "redux" => Op::Redux,
+        "call" => Op::Call,
         _ => return Err(unsupported()),
     };
     let _ = Op::Mov64Split;
@@ -566,43 +674,25 @@ pub fn decode(
             "to" => mods.to = true,
             "l" if op == Op::Shf => mods.shf_left = true,
             "wrap" => mods.shf_wrap = true,
-            "up" | "down" | "bfly" | "idx" if op == Op::Shfl => {
-                mods.shfl_mode = CMPS
-                    .iter()
-                    .chain(["up", "down", "bfly", "idx"].iter())
-                    .find(|x| *x == m)
-                    .copied()
-                    .unwrap_or("")
-            }
-            "all" | "any" | "uni" | "ballot" if op == Op::Vote => {
-                mods.vote_mode = ["all", "any", "uni", "ballot"]
-                    .iter()
-                    .find(|x| *x == m)
-                    .copied()
-                    .unwrap_or("")
-            }
+            "up" if op == Op::Shfl => mods.shfl_mode = ShflMode::Up,
+            "down" if op == Op::Shfl => mods.shfl_mode = ShflMode::Down,
+            "bfly" if op == Op::Shfl => mods.shfl_mode = ShflMode::Bfly,
+            "idx" if op == Op::Shfl => mods.shfl_mode = ShflMode::Idx,
+            "all" if matches!(op, Op::Vote | Op::Match) => mods.vote_mode = VoteMode::All,
+            "any" if matches!(op, Op::Vote | Op::Match) => mods.vote_mode = VoteMode::Any,
+            "uni" if op == Op::Vote => mods.vote_mode = VoteMode::Uni,
+            "ballot" if op == Op::Vote => mods.vote_mode = VoteMode::Ballot,
             "uni" => mods.uni = true,
-            "any" | "all" if op == Op::Match => {
-                mods.vote_mode = ["all", "any"]
-                    .iter()
-                    .find(|x| *x == m)
-                    .copied()
-                    .unwrap_or("")
+            _ if matches!(op, Op::Atom | Op::Red | Op::Redux) && atom_of(m).is_some() => {
+                mods.atom_op = atom_of(m).unwrap_or_default()
             }
-            _ if matches!(op, Op::Atom | Op::Red | Op::Redux) && ATOMS.contains(m) => {
-                mods.atom_op = ATOMS.iter().find(|x| *x == m).copied().unwrap_or("")
-            }
-            _ if (op == Op::Setp || op == Op::Set) && CMPS.contains(m) => {
-                mods.cmp = CMPS.iter().find(|x| *x == m).copied().unwrap_or("")
+            _ if (op == Op::Setp || op == Op::Set) && cmp_of(m).is_some() => {
+                mods.cmp = cmp_of(m).unwrap_or_default()
             }
             "warp" if op == Op::Bar => {}
-            "and" | "or" | "xor" if op == Op::Setp || op == Op::Set => {
-                mods.bool_op = ["and", "or", "xor"]
-                    .iter()
-                    .find(|x| *x == m)
-                    .copied()
-                    .unwrap_or("")
-            }
+            "and" if op == Op::Setp || op == Op::Set => mods.bool_op = BoolOp::And,
+            "or" if op == Op::Setp || op == Op::Set => mods.bool_op = BoolOp::Or,
+            "xor" if op == Op::Setp || op == Op::Set => mods.bool_op = BoolOp::Xor,
             // Rounding, caching, ordering, scope and approximation qualifiers change nothing here.
             "rn"
             | "rz"
@@ -680,9 +770,12 @@ pub fn decode(
     let float = ty.kind == Ty::F;
     let f32 = ty.size == 4;
     let is_branch = op == Op::Bra;
+    if op == Op::Call {
+        return decode_call(stmt, pred, mods, rest, regs, &unsupported);
+    }
     let mut args = Vec::new();
     for a in crate::parse::split_top(rest) {
-        // `call`-free PTX only; `{a, b}` vectors and `[...]` addresses are single operands.
+        // `{a, b}` vectors and `[...]` addresses are single operands (calls are decoded above).
         // Immediates of cvt are typed by the source type.
         let (fl, f3) = if op == Op::Cvt {
             (ty2.kind == Ty::F, ty2.size == 4)
@@ -719,6 +812,71 @@ pub fn decode(
         space,
         mods,
         args,
+        text: stmt.to_string(),
+    })
+}
+
+/// `call{.uni} [(rets),] func[, (args)]`: the callee by name; a call through a register (a
+/// function pointer, with a prototype) is not supported.
+fn decode_call(
+    stmt: &str,
+    pred: Option<(u32, bool)>,
+    mods: Mods,
+    rest: &str,
+    regs: &HashMap<String, u32>,
+    unsupported: &dyn Fn() -> PtxError,
+) -> Result<Inst, PtxError> {
+    let items = crate::parse::split_top(rest);
+    let list = |t: &str| -> Option<Result<Vec<Operand>, PtxError>> {
+        let inner = t.trim().strip_prefix('(')?.strip_suffix(')')?;
+        Some(
+            inner
+                .split(',')
+                .map(str::trim)
+                .filter(|x| !x.is_empty())
+                .map(|x| operand(x, regs, false, false, &mut |_| {}, false))
+                .collect(),
+        )
+    };
+    let mut it = items.iter().map(String::as_str).peekable();
+    let rets = match it.peek().and_then(|t| list(t)) {
+        Some(r) => {
+            it.next();
+            r?
+        }
+        None => Vec::new(),
+    };
+    let callee = it
+        .next()
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| PtxError::Syntax(format!("call without a function: {stmt}")))?;
+    if regs.contains_key(callee) || callee.starts_with('%') {
+        return Err(unsupported());
+    }
+    let args = match it.next() {
+        Some(a) => list(a).ok_or_else(|| PtxError::Syntax(format!("bad call: {stmt}")))??,
+        None => Vec::new(),
+    };
+    if it.next().is_some() {
+        return Err(unsupported());
+    }
+    let b32 = Type {
+        kind: Ty::B,
+        size: 4,
+    };
+    Ok(Inst {
+        pred,
+        op: Op::Call,
+        ty: b32,
+        ty2: b32,
+        space: Space::Generic,
+        mods,
+        args: vec![
+            Operand::Vector(rets),
+            Operand::Sym(callee.to_string()),
+            Operand::Vector(args),
+        ],
         text: stmt.to_string(),
     })
 }

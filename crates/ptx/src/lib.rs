@@ -1,27 +1,54 @@
 //! PTX for gpufuse's emulated GPU: a parser and an interpreter.
 //!
-//! [`Module::parse`] reads the PTX that nvcc, NVRTC and CuPy emit (entries, device functions'
-//! declarations, module variables, parameter layouts) and decodes every instruction once; an
-//! opcode the interpreter does not implement fails the load with an error naming it.
-//! [`Module::launch`] runs a kernel over its grid with CUDA's semantics for the implemented
-//! instructions: per-thread registers, warps of 32 in lockstep under min-PC scheduling (so
-//! shuffles and votes see their partners), `bar.sync` across a block, shared, local, param,
-//! const and global state spaces, atomics, and an illegal-address error for any access outside
-//! device memory. Blocks run one after another on the calling thread in this version.
+//! [`Module::parse`] reads the PTX that nvcc, NVRTC and CuPy emit (entries, device functions,
+//! module variables, parameter layouts) and compiles every instruction once into a compact form
+//! whose operands are register indices, immediates, special registers or resolved variables
+//! (`code.rs`); an opcode the interpreter does not implement fails only the kernels that reach
+//! it, at launch, naming it.
 //!
-//! Not yet: calls to device functions (`call`), textures, tensor-core instructions. A module
-//! holding them still loads (libraries ship thousands of kernels in one module); launching a
-//! kernel that holds one fails with an error naming the instruction, so nothing runs wrongly.
-//! `cargo run -p gpufuse-ptx --example ptx_check -- FILE.ptx` lists them for a module.
+//! [`Module::launch`] runs a kernel over its grid with CUDA's semantics for the implemented
+//! instructions:
+//! - a warp's 32 lanes execute each instruction together: registers are stored per warp as
+//!   structure-of-arrays, each instruction runs in a tight loop over the active lanes (a 32-bit
+//!   mask), with no allocation per instruction (`exec.rs`, `alu.rs`);
+//! - min-PC scheduling keeps lanes in lockstep and reconverges divergent paths, so shuffles,
+//!   votes, `redux`, `match` and `activemask` see their partners; `bar.sync` waits for the
+//!   block's live threads (`warp.rs`);
+//! - calls to device functions (`call`, `call.uni`) with `.param` arguments and return values:
+//!   the callee gets its own registers and a local-memory frame on the thread's stack, so
+//!   recursion works, and pointers into a caller's local arrays stay valid; calls nested deeper
+//!   than 256 fail the launch with [`ExecError::StackOverflow`];
+//! - shared, local, param, const and global state spaces, generic addressing, atomics, fences,
+//!   and [`ExecError::IllegalAddress`] for any access outside device memory;
+//! - the blocks of a launch run in parallel on the host's cores (`launch.rs`): as many threads
+//!   as [`std::thread::available_parallelism`] (or `GPUFUSE_EMU_THREADS`), each taking the next
+//!   block. Device memory is therefore shared: [`DeviceMemory`] hands out regions of
+//!   `AtomicU64` words, every global access is atomic at the word level (no data race in Rust's
+//!   sense, whatever the kernel does), and atomic instructions are exact across threads
+//!   (`memory.rs`).
+//!
+//! Not yet: indirect calls (function pointers), `vprintf`, textures, tensor-core instructions.
+//! `cargo run -p gpufuse-ptx --example ptx_check -- FILE.ptx` lists what a module lacks;
+//! `cargo run --release -p gpufuse-ptx --example vm_bench` measures lane-instructions per
+//! second.
 
 #![forbid(unsafe_code)]
 
+mod alu;
+mod code;
+mod collective;
 mod exec;
 mod inst;
+mod lanes;
+mod launch;
+mod memory;
 mod parse;
+mod space;
+mod warp;
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicU64;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 pub use inst::Space;
 pub use parse::{Param, Var};
@@ -40,6 +67,8 @@ pub enum ExecError {
     IllegalAddress(u64),
     #[error("kernel executed a trap")]
     Trap,
+    #[error("call stack overflow")]
+    StackOverflow,
     #[error("not supported: {0}")]
     Unsupported(String),
     #[error("invalid launch: {0}")]
@@ -48,11 +77,23 @@ pub enum ExecError {
     NoKernel(String),
 }
 
-/// Device memory as the interpreter sees it. An access outside device memory is
+/// Device memory as the interpreter sees it: allocations as regions of words that the host
+/// threads running a launch's blocks share. An address in no region is
 /// [`ExecError::IllegalAddress`].
-pub trait DeviceMemory {
-    fn read(&mut self, addr: u64, out: &mut [u8]) -> Result<(), ExecError>;
-    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), ExecError>;
+pub trait DeviceMemory: Sync {
+    /// The region holding `addr`, if any.
+    fn region(&self, addr: u64) -> Option<Region<'_>>;
+}
+
+/// One allocation of device memory. Byte `k` of it is bits `8 * (k % 8)..` of `words[k / 8]`
+/// (little-endian); `start` is a multiple of 8.
+#[derive(Debug, Clone, Copy)]
+pub struct Region<'a> {
+    /// The device address of the first byte.
+    pub start: u64,
+    /// The length in bytes (at most `8 * words.len()`).
+    pub len: u64,
+    pub words: &'a [AtomicU64],
 }
 
 /// Grid, block and dynamic shared memory of a launch.
@@ -66,8 +107,11 @@ pub struct LaunchConfig {
 /// What a launch cost.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LaunchStats {
+    /// Wall-clock time from the first block to the last.
     pub elapsed: Duration,
     pub lane_instructions: u64,
+    /// Host threads that ran its blocks.
+    pub threads: usize,
 }
 
 /// A kernel's interface.
@@ -80,11 +124,11 @@ pub struct KernelInfo {
     pub max_threads: Option<u32>,
 }
 
-/// A parsed, decoded PTX module.
+/// A parsed, compiled PTX module.
 pub struct Module {
     version: (u32, u32),
     target: u32,
-    functions: Vec<parse::Function>,
+    program: code::Program,
     kernels: Vec<KernelInfo>,
     globals: Vec<Var>,
     /// Module-scope `.shared` variables (each block gets its own copy).
@@ -93,6 +137,18 @@ pub struct Module {
 
 fn round_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a.max(1)) * a.max(1)
+}
+
+/// Host threads a launch uses by default: `GPUFUSE_EMU_THREADS`, else every core.
+pub fn default_threads() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("GPUFUSE_EMU_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    })
 }
 
 impl Module {
@@ -124,10 +180,11 @@ impl Module {
             .collect();
         let (shared, globals): (Vec<Var>, Vec<Var>) =
             p.globals.into_iter().partition(|g| g.space == "shared");
+        let program = code::compile(&p.functions, &shared);
         Ok(Module {
             version: p.version,
             target: p.target,
-            functions: p.functions,
+            program,
             kernels,
             globals,
             shared,
@@ -144,7 +201,8 @@ impl Module {
 
     /// Functions that hold an instruction the VM does not implement, with the first such.
     pub fn unsupported(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.functions
+        self.program
+            .funcs
             .iter()
             .filter_map(|f| Some((f.name.as_str(), f.unsupported.as_deref()?)))
     }
@@ -162,126 +220,133 @@ impl Module {
         &self.globals
     }
 
-    /// Runs `kernel` over its grid. `symbols` gives the device address of each module variable.
+    /// Runs `kernel` over its grid on [`default_threads`] host threads. `symbols` gives the
+    /// device address of each module variable.
     pub fn launch(
         &self,
         kernel: &str,
         cfg: &LaunchConfig,
         params: &[u8],
-        mem: &mut dyn DeviceMemory,
+        mem: &dyn DeviceMemory,
         symbols: &dyn Fn(&str) -> Option<u64>,
     ) -> Result<LaunchStats, ExecError> {
-        let f = self
-            .functions
+        self.launch_on(kernel, cfg, params, mem, symbols, default_threads())
+    }
+
+    /// [`Module::launch`] on at most `threads` host threads.
+    pub fn launch_on(
+        &self,
+        kernel: &str,
+        cfg: &LaunchConfig,
+        params: &[u8],
+        mem: &dyn DeviceMemory,
+        symbols: &dyn Fn(&str) -> Option<u64>,
+        threads: usize,
+    ) -> Result<LaunchStats, ExecError> {
+        let k = self
+            .program
+            .funcs
             .iter()
-            .find(|f| f.is_entry && f.name == kernel)
+            .position(|f| f.is_entry && f.name == kernel)
             .ok_or_else(|| ExecError::NoKernel(kernel.to_string()))?;
-        if let Some(op) = &f.unsupported {
+        let info = self
+            .kernel(kernel)
+            .ok_or_else(|| ExecError::NoKernel(kernel.to_string()))?;
+        if let Some(op) = &self.program.funcs[k].unsupported {
             return Err(ExecError::Unsupported(format!(
                 "PTX instruction `{op}` in {kernel} is not supported by the emulated GPU"
             )));
         }
-        let threads: u64 = cfg.block.iter().map(|&d| d as u64).product();
-        if threads == 0 || threads > 1024 || cfg.grid.contains(&0) {
+        let threads_per_block: u64 = cfg.block.iter().map(|&d| d as u64).product();
+        if threads_per_block == 0 || threads_per_block > 1024 || cfg.grid.contains(&0) {
             return Err(ExecError::InvalidLaunch(format!(
                 "grid {:?} block {:?}",
                 cfg.grid, cfg.block
             )));
         }
-        if (params.len() as u32) < f.param_bytes {
+        if (params.len() as u32) < info.param_bytes {
             return Err(ExecError::InvalidLaunch(format!(
                 "{} parameter bytes, the kernel takes {}",
                 params.len(),
-                f.param_bytes
+                info.param_bytes
             )));
         }
-        // Lay out shared and local variables: static shared first, dynamic (`.extern`) after.
-        let mut layout: HashMap<String, (Space, u64)> = HashMap::new();
-        let (mut shared, mut local) = (0u64, 0u64);
-        let module_shared = self.functions.is_empty();
-        let _ = module_shared;
-        let mut dynamic = Vec::new();
-        for v in f.locals.iter().chain(self.shared_globals()) {
-            match v.space.as_str() {
-                "shared" if v.size == 0 => dynamic.push(v),
-                "shared" => {
-                    shared = round_up(shared, v.align);
-                    layout.insert(v.name.clone(), (Space::Shared, shared));
-                    shared += v.size;
-                }
-                "local" | "param" => {
-                    local = round_up(local, v.align);
-                    layout.insert(v.name.clone(), (Space::Local, local));
-                    local += v.size;
-                }
-                _ => {}
-            }
-        }
-        shared = round_up(shared, 16);
-        for v in dynamic {
-            layout.insert(v.name.clone(), (Space::Shared, shared));
-        }
-        let shared_total = shared as usize + cfg.dynamic_shared_bytes as usize;
-        let syms = exec::Symbols {
-            global: symbols,
-            local: &layout,
-        };
-        let start = Instant::now();
-        let mut lane_instructions = 0;
-        for z in 0..cfg.grid[2] {
-            for y in 0..cfg.grid[1] {
-                for x in 0..cfg.grid[0] {
-                    lane_instructions += exec::run_block(
-                        f,
-                        cfg,
-                        [x, y, z],
-                        params,
-                        shared_total,
-                        local as usize,
-                        &syms,
-                        mem,
-                    )?;
-                }
-            }
-        }
-        Ok(LaunchStats {
-            elapsed: start.elapsed(),
-            lane_instructions,
-        })
-    }
-
-    fn shared_globals(&self) -> impl Iterator<Item = &Var> {
-        self.shared.iter()
+        launch::run(
+            &self.program,
+            &self.shared,
+            k,
+            cfg,
+            params,
+            mem,
+            symbols,
+            threads,
+        )
     }
 }
 
-/// Device memory backed by one vector at a base address: for tests.
+/// Device memory of one region at a base address: for tests and benchmarks.
 pub struct VecMemory {
-    pub base: u64,
-    pub bytes: Vec<u8>,
+    base: u64,
+    len: u64,
+    words: Vec<AtomicU64>,
+}
+
+impl VecMemory {
+    /// `len` zeroed bytes at `base` (a multiple of 8).
+    pub fn new(base: u64, len: usize) -> VecMemory {
+        VecMemory {
+            base,
+            len: len as u64,
+            words: (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes at `[off, off + len)`; zeros past the end.
+    pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        (off..off + len)
+            .map(|k| match self.words.get(k / 8) {
+                Some(w) if (k as u64) < self.len => {
+                    (w.load(std::sync::atomic::Ordering::Relaxed) >> (8 * (k % 8))) as u8
+                }
+                _ => 0,
+            })
+            .collect()
+    }
+
+    /// Writes `data` at `off`; bytes past the end are dropped.
+    pub fn write(&mut self, off: usize, data: &[u8]) {
+        for (k, &b) in (off..).zip(data) {
+            if (k as u64) >= self.len {
+                break;
+            }
+            if let Some(w) = self.words.get_mut(k / 8) {
+                let sh = 8 * (k % 8);
+                *w.get_mut() = (*w.get_mut() & !(0xff << sh)) | (b as u64) << sh;
+            }
+        }
+    }
 }
 
 impl DeviceMemory for VecMemory {
-    fn read(&mut self, addr: u64, out: &mut [u8]) -> Result<(), ExecError> {
-        let off = addr
-            .checked_sub(self.base)
-            .ok_or(ExecError::IllegalAddress(addr))? as usize;
-        let src = self
-            .bytes
-            .get(off..off + out.len())
-            .ok_or(ExecError::IllegalAddress(addr))?;
-        out.copy_from_slice(src);
-        Ok(())
-    }
-    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), ExecError> {
-        let off = addr
-            .checked_sub(self.base)
-            .ok_or(ExecError::IllegalAddress(addr))? as usize;
-        let dst = self
-            .bytes
-            .get_mut(off..off + data.len())
-            .ok_or(ExecError::IllegalAddress(addr))?;
-        dst.copy_from_slice(data);
-        Ok(())
+    fn region(&self, addr: u64) -> Option<Region<'_>> {
+        (addr >= self.base && addr - self.base < self.len && self.base.is_multiple_of(8)).then_some(
+            Region {
+                start: self.base,
+                len: self.len,
+                words: &self.words,
+            },
+        )
     }
 }

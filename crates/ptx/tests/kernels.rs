@@ -11,36 +11,31 @@ fn module() -> Module {
 
 /// A memory with room for `n` buffers of `size` bytes each at BASE + k * size.
 fn memory(n: usize, size: usize) -> VecMemory {
-    VecMemory {
-        base: BASE,
-        bytes: vec![0; n * size],
-    }
+    VecMemory::new(BASE, n * size)
 }
 
 fn f32s(m: &VecMemory, off: usize, n: usize) -> Vec<f32> {
-    m.bytes[off..off + 4 * n]
+    m.read(off, 4 * n)
         .chunks(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
 
 fn u32s(m: &VecMemory, off: usize, n: usize) -> Vec<u32> {
-    m.bytes[off..off + 4 * n]
+    m.read(off, 4 * n)
         .chunks(4)
         .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
 
 fn write_f32(m: &mut VecMemory, off: usize, v: &[f32]) {
-    for (i, x) in v.iter().enumerate() {
-        m.bytes[off + 4 * i..off + 4 * i + 4].copy_from_slice(&x.to_le_bytes());
-    }
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    m.write(off, &bytes);
 }
 
 fn write_u32(m: &mut VecMemory, off: usize, v: &[u32]) {
-    for (i, x) in v.iter().enumerate() {
-        m.bytes[off + 4 * i..off + 4 * i + 4].copy_from_slice(&x.to_le_bytes());
-    }
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    m.write(off, &bytes);
 }
 
 fn params(parts: &[&[u8]], layout: &[gpufuse_ptx::Param]) -> Vec<u8> {
@@ -193,7 +188,7 @@ fn atomic_histogram_is_exact_under_contention() {
     let mut mem = memory(2, MB);
     let n = 5000usize;
     let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
-    mem.bytes[..n].copy_from_slice(&data);
+    mem.write(0, &data);
     launch(
         &m,
         &mut mem,
@@ -252,7 +247,7 @@ fn double_precision() {
     let mut mem = memory(1, MB);
     let x: Vec<f64> = (0..64).map(|i| i as f64 * 1.5).collect();
     for (i, v) in x.iter().enumerate() {
-        mem.bytes[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        mem.write(8 * i, &v.to_le_bytes());
     }
     launch(
         &m,
@@ -268,7 +263,7 @@ fn double_precision() {
     )
     .unwrap();
     for (i, v) in x.iter().enumerate() {
-        let got = f64::from_le_bytes(mem.bytes[8 * i..8 * i + 8].try_into().unwrap());
+        let got = f64::from_le_bytes(mem.read(8 * i, 8).try_into().unwrap());
         assert_eq!(got, v.sqrt().mul_add(2.5, i as f64), "{i}");
     }
 }
@@ -341,13 +336,13 @@ fn header_directives_and_vector_operands() {
         ld.param.u64 %rd1, [out];\nst.global.u32 [%rd1], %r3;\nret;\n}\n";
     let m = Module::parse(ptx).unwrap();
     assert_eq!(m.target_sm(), 80);
-    let mut mem = memory(1, 64);
+    let mem = memory(1, 64);
     let cfg = LaunchConfig {
         grid: [1, 1, 1],
         block: [1, 1, 1],
         dynamic_shared_bytes: 16,
     };
-    m.launch("k", &cfg, &BASE.to_le_bytes(), &mut mem, &|_| None)
+    m.launch("k", &cfg, &BASE.to_le_bytes(), &mem, &|_| None)
         .unwrap();
     assert_eq!(u32s(&mem, 0, 1)[0], 7 + 0x0002_0001);
 }
@@ -370,13 +365,13 @@ fn redux_packed_pairs_and_scoped_statements() {
     let ptx = ptx.replace(".reg .b64 %rd<4>;", ".reg .b64 %rd<4>;\n.reg .pred %p<2>;");
     let m = Module::parse(&ptx).unwrap();
     assert_eq!(m.unsupported().count(), 0);
-    let mut mem = memory(1, 64);
+    let mem = memory(1, 64);
     let cfg = LaunchConfig {
         grid: [1, 1, 1],
         block: [32, 1, 1],
         dynamic_shared_bytes: 0,
     };
-    m.launch("k", &cfg, &BASE.to_le_bytes(), &mut mem, &|_| None)
+    m.launch("k", &cfg, &BASE.to_le_bytes(), &mem, &|_| None)
         .unwrap();
     let got = u32s(&mem, 0, 6);
     assert_eq!(got[0], (0..32).sum::<u32>());
@@ -401,8 +396,196 @@ fn unsupported_instructions_fail_their_kernel_only() {
         block: [1, 1, 1],
         dynamic_shared_bytes: 0,
     };
-    let mut mem = memory(1, 16);
-    m.launch("good", &cfg, &[], &mut mem, &|_| None).unwrap();
-    let e = m.launch("bad", &cfg, &[], &mut mem, &|_| None).unwrap_err();
+    let mem = memory(1, 16);
+    m.launch("good", &cfg, &[], &mem, &|_| None).unwrap();
+    let e = m.launch("bad", &cfg, &[], &mem, &|_| None).unwrap_err();
     assert!(e.to_string().contains("wmma.load"), "{e}");
+}
+
+fn launch_on(
+    m: &Module,
+    mem: &VecMemory,
+    name: &str,
+    grid: [u32; 3],
+    block: [u32; 3],
+    args: &[&[u8]],
+    threads: usize,
+) -> Result<gpufuse_ptx::LaunchStats, ExecError> {
+    let k = m.kernel(name).unwrap();
+    let p = params(args, &k.params);
+    let cfg = LaunchConfig {
+        grid,
+        block,
+        dynamic_shared_bytes: 0,
+    };
+    m.launch_on(name, &cfg, &p, mem, &|_| None, threads)
+}
+
+/// Device functions: recursion whose depth differs between the lanes of a warp, values
+/// returned through `.param`, a callee writing through a pointer into its caller's local array,
+/// and warp shuffles inside a callee that every lane entered.
+#[test]
+fn calls_to_device_functions() {
+    let m = module();
+    let mut mem = memory(3, MB);
+    let n = 64usize;
+    let input: Vec<u32> = (0..n as u32).map(|t| t % 15).collect();
+    write_u32(&mut mem, 0, &input);
+    let (a, b) = (2.5f32, -1.0f32);
+    launch(
+        &m,
+        &mut mem,
+        "calls",
+        [1, 1, 1],
+        [n as u32, 1, 1],
+        &[
+            &BASE.to_le_bytes(),
+            &(BASE + MB as u64).to_le_bytes(),
+            &(BASE + 2 * MB as u64).to_le_bytes(),
+            &a.to_le_bytes(),
+            &b.to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    fn fib(n: u32) -> u32 {
+        if n < 2 {
+            n
+        } else {
+            fib(n - 1) + fib(n - 2)
+        }
+    }
+    let out = u32s(&mem, MB, 4 * n);
+    let fout = f32s(&mem, 2 * MB, n);
+    for t in 0..n as u32 {
+        let o = &out[4 * t as usize..4 * t as usize + 3];
+        let warp_sum: u32 = (t / 32 * 32..t / 32 * 32 + 32).sum();
+        assert_eq!(o, [fib(t % 15), 8 * t + 28, warp_sum], "thread {t}");
+        let x = t as f32;
+        assert_eq!(fout[t as usize], (a * x).mul_add(x, b), "thread {t}");
+    }
+}
+
+/// A recursive device function written by hand: `down(n)` returns n after n nested calls;
+/// calls nested too deep fail the launch instead of exhausting the host.
+#[test]
+fn recursion_depth_is_limited() {
+    let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\
+        .func (.param .b32 r) down(.param .b32 n)\n{\n.reg .b32 %r<4>;\n.reg .pred %p<2>;\n\
+        ld.param.u32 %r1, [n];\nsetp.eq.u32 %p1, %r1, 0;\n@%p1 bra DONE;\nsub.u32 %r2, %r1, 1;\n\
+        {\n.param .b32 a;\nst.param.b32 [a], %r2;\n.param .b32 q;\ncall.uni (q), down, (a);\n\
+        ld.param.b32 %r3, [q];\n}\nadd.u32 %r1, %r3, 1;\nDONE:\nst.param.b32 [r], %r1;\nret;\n}\n\
+        .visible .entry k(.param .u64 out, .param .u32 n)\n{\n.reg .b32 %r<4>;\n.reg .b64 %rd<2>;\n\
+        ld.param.u64 %rd1, [out];\nld.param.u32 %r1, [n];\nmov.u32 %r3, %tid.x;\nadd.u32 %r1, %r1, %r3;\n\
+        {\n.param .b32 a;\nst.param.b32 [a], %r1;\n.param .b32 q;\ncall.uni (q), down, (a);\n\
+        ld.param.b32 %r2, [q];\n}\nmul.wide.u32 %rd0, %r3, 4;\nadd.u64 %rd1, %rd1, %rd0;\n\
+        st.global.u32 [%rd1], %r2;\nret;\n}\n";
+    let m = Module::parse(ptx).unwrap();
+    assert_eq!(m.unsupported().count(), 0);
+    let mem = memory(1, 1024);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    let args = |n: u32| [BASE.to_le_bytes().as_slice(), &n.to_le_bytes()].concat();
+    m.launch("k", &cfg, &args(100), &mem, &|_| None).unwrap();
+    assert_eq!(u32s(&mem, 0, 32), (100..132).collect::<Vec<u32>>());
+    let e = m
+        .launch("k", &cfg, &args(1000), &mem, &|_| None)
+        .unwrap_err();
+    assert_eq!(e, ExecError::StackOverflow);
+}
+
+/// A call to a function without a body (`vprintf`) fails the kernel's launch, naming it.
+#[test]
+fn calls_to_undefined_functions_fail_their_kernel() {
+    let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\
+        .extern .func (.param .b32 func_retval0) vprintf(.param .b64 a, .param .b64 b);\n\
+        .visible .entry k()\n{\n.reg .b32 %r<2>;\n{\n.param .b64 p0;\nst.param.b64 [p0], 0;\n\
+        .param .b64 p1;\nst.param.b64 [p1], 0;\n.param .b32 rv;\n\
+        call.uni (rv), vprintf, (p0, p1);\n}\nret;\n}\n";
+    let m = Module::parse(ptx).unwrap();
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    let e = m
+        .launch("k", &cfg, &[], &memory(1, 16), &|_| None)
+        .unwrap_err();
+    assert!(e.to_string().contains("vprintf"), "{e}");
+}
+
+/// Blocks on several host threads: atomics of every kind on the same words give exact results,
+/// and byte stores from different blocks into the same words do not clobber each other.
+#[test]
+fn parallel_blocks_with_contended_atomics_are_exact() {
+    let m = module();
+    let (blocks, threads) = (64u32, 256u32);
+    let total = blocks * threads;
+    for host_threads in [4, 1] {
+        let mem = memory(4, MB);
+        let s = launch_on(
+            &m,
+            &mem,
+            "contend",
+            [blocks, 1, 1],
+            [threads, 1, 1],
+            &[
+                &BASE.to_le_bytes(),
+                &(BASE + MB as u64).to_le_bytes(),
+                &(BASE + 2 * MB as u64).to_le_bytes(),
+                &(BASE + 3 * MB as u64).to_le_bytes(),
+            ],
+            host_threads,
+        )
+        .unwrap();
+        assert_eq!(s.threads, host_threads);
+        let c = u32s(&mem, 0, 7);
+        let sum = |k: u32| (0..total).filter(|g| g % 3 == k).sum::<u32>();
+        assert_eq!(
+            c,
+            [total, sum(0), sum(1), sum(2), total - 1, total, 2 * total],
+            "{host_threads} host threads"
+        );
+        let wide = u64::from_le_bytes(mem.read(MB, 8).try_into().unwrap());
+        assert_eq!(wide, total as u64 * ((1 << 32) + 1));
+        assert_eq!(f32s(&mem, 2 * MB, 1)[0], total as f32);
+        let bytes = mem.read(3 * MB, total as usize);
+        assert!(bytes
+            .iter()
+            .enumerate()
+            .all(|(g, &b)| b == (g as u32 * 7) as u8));
+    }
+}
+
+/// An illegal address in one block of many, with blocks on several threads, fails the launch.
+#[test]
+fn illegal_address_in_one_parallel_block_fails_the_launch() {
+    let m = module();
+    let mem = memory(1, MB);
+    for bad in [0i32, 37, 63] {
+        let e = launch_on(
+            &m,
+            &mem,
+            "oob_block",
+            [64, 1, 1],
+            [128, 1, 1],
+            &[&BASE.to_le_bytes(), &bad.to_le_bytes()],
+            4,
+        )
+        .unwrap_err();
+        assert!(matches!(e, ExecError::IllegalAddress(_)), "{e:?}");
+    }
+    launch_on(
+        &m,
+        &mem,
+        "oob_block",
+        [64, 1, 1],
+        [128, 1, 1],
+        &[&BASE.to_le_bytes(), &(-1i32).to_le_bytes()],
+        4,
+    )
+    .unwrap();
+    assert!(u32s(&mem, 0, 64 * 128).iter().all(|&x| x == 1));
 }

@@ -1,11 +1,16 @@
 //! The emulated GPU: device memory in host memory, modules from PTX.
 //!
 //! Memory is a map of allocations (address -> zeroed buffer) in the session's address window;
-//! every access must lie inside one allocation. Modules keep their PTX and layout; kernels run
-//! on the PTX virtual machine once it is wired in (until then a launch is validated and
-//! accepted, and its arguments reach the worker's launch log).
+//! every access must lie inside one allocation. Allocations are kept as 64-bit words
+//! ([`words::Words`]): a launch hands them to the PTX interpreter as `AtomicU64` regions, which
+//! the host threads running the launch's blocks share (every access atomic, so a kernel's own
+//! races are never undefined behaviour in the host). Modules keep their PTX, its layout and the
+//! compiled program; kernels run on the interpreter (`gpufuse_ptx`).
+
+mod words;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use gpufuse_proto::{DeviceInfo, DeviceKind, FunctionInfo};
@@ -28,7 +33,7 @@ struct Module {
 pub struct EmuDevice {
     index: u32,
     total: u64,
-    allocations: BTreeMap<u64, Vec<u8>>,
+    allocations: BTreeMap<u64, words::Words>,
     next: u64,
     window_end: u64,
     modules: HashMap<ModuleId, Module>,
@@ -37,39 +42,29 @@ pub struct EmuDevice {
     last_error: Option<String>,
 }
 
-/// Device memory as the interpreter sees it: the session's allocations.
-struct Memory<'a>(&'a mut BTreeMap<u64, Vec<u8>>);
+/// Device memory as the interpreter sees it during a launch: every allocation's words, by
+/// address.
+struct Memory<'a> {
+    regions: Vec<(u64, &'a [AtomicU64], u64)>,
+}
 
-impl Memory<'_> {
-    fn locate(
-        &mut self,
-        addr: u64,
-        len: usize,
-    ) -> Result<(&mut Vec<u8>, usize), gpufuse_ptx::ExecError> {
-        let illegal = gpufuse_ptx::ExecError::IllegalAddress(addr);
-        let (&base, buf) = self
-            .0
-            .range_mut(..=addr)
-            .next_back()
-            .ok_or(illegal.clone())?;
-        let off = (addr - base) as usize;
-        if off.checked_add(len).is_none_or(|end| end > buf.len()) {
-            return Err(illegal);
+impl<'a> Memory<'a> {
+    fn new(allocations: &'a mut BTreeMap<u64, words::Words>) -> Self {
+        Memory {
+            regions: allocations
+                .iter_mut()
+                .map(|(&start, w)| (start, w.len() as u64, w))
+                .map(|(start, len, w)| (start, w.atomic(), len))
+                .collect(),
         }
-        Ok((buf, off))
     }
 }
 
 impl gpufuse_ptx::DeviceMemory for Memory<'_> {
-    fn read(&mut self, addr: u64, out: &mut [u8]) -> Result<(), gpufuse_ptx::ExecError> {
-        let (buf, off) = self.locate(addr, out.len())?;
-        out.copy_from_slice(&buf[off..off + out.len()]);
-        Ok(())
-    }
-    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), gpufuse_ptx::ExecError> {
-        let (buf, off) = self.locate(addr, data.len())?;
-        buf[off..off + data.len()].copy_from_slice(data);
-        Ok(())
+    fn region(&self, addr: u64) -> Option<gpufuse_ptx::Region<'_>> {
+        let i = self.regions.partition_point(|r| r.0 <= addr);
+        let &(start, words, len) = self.regions.get(i.checked_sub(1)?)?;
+        (addr - start < len).then_some(gpufuse_ptx::Region { start, len, words })
     }
 }
 
@@ -90,6 +85,7 @@ impl EmuDevice {
 
     fn find(&self, ptr: u64, len: u64) -> Option<(u64, usize)> {
         let (&base, buf) = self.allocations.range(..=ptr).next_back()?;
+        let buf = buf.bytes();
         let off = ptr - base;
         (off.checked_add(len)? <= buf.len() as u64 && (len > 0 || off < buf.len().max(1) as u64))
             .then_some((base, off as usize))
@@ -98,12 +94,13 @@ impl EmuDevice {
     fn slice_mut(&mut self, ptr: u64, len: u64) -> Result<&mut [u8], Status> {
         let (base, off) = self.find(ptr, len).ok_or(INVALID_VALUE)?;
         let buf = self.allocations.get_mut(&base).ok_or(INVALID_VALUE)?;
-        Ok(&mut buf[off..off + len as usize])
+        Ok(&mut buf.bytes_mut()[off..off + len as usize])
     }
 
     fn slice(&self, ptr: u64, len: u64) -> Result<&[u8], Status> {
         let (base, off) = self.find(ptr, len).ok_or(INVALID_VALUE)?;
-        Ok(&self.allocations[&base][off..off + len as usize])
+        let buf = self.allocations.get(&base).ok_or(INVALID_VALUE)?;
+        Ok(&buf.bytes()[off..off + len as usize])
     }
 }
 
@@ -127,10 +124,8 @@ impl Device for EmuDevice {
         if size > self.total || self.next + rounded > self.window_end {
             return Err(OUT_OF_MEMORY);
         }
-        let mut buf = Vec::new();
-        buf.try_reserve_exact(size as usize)
-            .map_err(|_| OUT_OF_MEMORY)?;
-        buf.resize(size as usize, 0);
+        let size = usize::try_from(size).map_err(|_| OUT_OF_MEMORY)?;
+        let buf = words::Words::zeroed(size).ok_or(OUT_OF_MEMORY)?;
         let ptr = self.next;
         self.next += rounded;
         self.allocations.insert(ptr, buf);
@@ -313,8 +308,8 @@ impl Device for EmuDevice {
             dynamic_shared_bytes: l.shared_mem,
         };
         let variables = &m.variables;
-        let mut mem = Memory(&mut self.allocations);
-        let result = program.launch(l.function, &cfg, l.params, &mut mem, &|name| {
+        let mem = Memory::new(&mut self.allocations);
+        let result = program.launch(l.function, &cfg, l.params, &mem, &|name| {
             variables.get(name).map(|&(p, _)| p)
         });
         match result {
@@ -322,7 +317,9 @@ impl Device for EmuDevice {
             Err(e) => {
                 let status = match e {
                     gpufuse_ptx::ExecError::IllegalAddress(_) => ILLEGAL_ADDRESS,
-                    gpufuse_ptx::ExecError::Trap => LAUNCH_FAILED,
+                    gpufuse_ptx::ExecError::Trap | gpufuse_ptx::ExecError::StackOverflow => {
+                        LAUNCH_FAILED
+                    }
                     gpufuse_ptx::ExecError::InvalidLaunch(_) => INVALID_VALUE,
                     gpufuse_ptx::ExecError::NoKernel(_) => INVALID_HANDLE,
                     gpufuse_ptx::ExecError::Unsupported(_) => NOT_SUPPORTED,
@@ -335,6 +332,21 @@ impl Device for EmuDevice {
 
     fn take_error_detail(&mut self) -> Option<String> {
         self.last_error.take()
+    }
+}
+
+/// A diagnostic: with `GPUFUSE_EMU_DUMP_PTX=DIR`, every loaded module's PTX is written to
+/// `DIR/<sha256 prefix>.ptx`.
+fn dump_ptx(ptx: &str) {
+    use sha2::{Digest, Sha256};
+    let Some(dir) = std::env::var_os("GPUFUSE_EMU_DUMP_PTX") else {
+        return;
+    };
+    let hash = Sha256::digest(ptx.as_bytes());
+    let name: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let path = std::path::Path::new(&dir).join(format!("{name}.ptx"));
+    if let Err(e) = std::fs::write(&path, ptx) {
+        tracing::warn!("cannot dump PTX to {}: {e}", path.display());
     }
 }
 
@@ -384,19 +396,83 @@ mod tests {
         assert_eq!(d.function(m, "nope"), Err(NOT_FOUND));
         assert_eq!(d.load_module(b"\x7fELF\x02garbage"), Err(NO_BINARY_FOR_GPU));
     }
-}
 
-/// A diagnostic: with `GPUFUSE_EMU_DUMP_PTX=DIR`, every loaded module's PTX is written to
-/// `DIR/<sha256 prefix>.ptx`.
-fn dump_ptx(ptx: &str) {
-    use sha2::{Digest, Sha256};
-    let Some(dir) = std::env::var_os("GPUFUSE_EMU_DUMP_PTX") else {
-        return;
-    };
-    let hash = Sha256::digest(ptx.as_bytes());
-    let name: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
-    let path = std::path::Path::new(&dir).join(format!("{name}.ptx"));
-    if let Err(e) = std::fs::write(&path, ptx) {
-        tracing::warn!("cannot dump PTX to {}: {e}", path.display());
+    /// The reference kernels (crates/ptx/tests/fixtures), loaded as a PTX image.
+    fn fixtures(d: &mut EmuDevice) -> ModuleId {
+        let ptx = include_str!("../../../ptx/tests/fixtures/kernels.ptx");
+        d.load_module(format!("{ptx}\0").as_bytes()).unwrap()
+    }
+
+    fn run(
+        d: &mut EmuDevice,
+        m: ModuleId,
+        name: &str,
+        grid: u32,
+        block: u32,
+        params: &[u8],
+    ) -> Result<Duration, Status> {
+        d.launch(&KernelLaunch {
+            module: m,
+            function: name,
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            shared_mem: 0,
+            params,
+        })
+    }
+
+    /// Blocks run in parallel over the device's memory: atomics are exact under contention,
+    /// and neighbouring byte stores from different blocks all land.
+    #[test]
+    fn parallel_blocks_share_device_memory_exactly() {
+        let mut d = dev();
+        let m = fixtures(&mut d);
+        let (blocks, threads) = (48u32, 256u32);
+        let total = blocks * threads;
+        let c = d.alloc(64).unwrap();
+        let wide = d.alloc(8).unwrap();
+        let f = d.alloc(4).unwrap();
+        let bytes = d.alloc(total as u64).unwrap();
+        let params: Vec<u8> = [c, wide, f, bytes]
+            .iter()
+            .flat_map(|p| p.to_le_bytes())
+            .collect();
+        run(&mut d, m, "contend", blocks, threads, &params).unwrap();
+        let mut out = [0u8; 28];
+        d.read(c, &mut out).unwrap();
+        let got: Vec<u32> = out
+            .chunks(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let sum = |k: u32| (0..total).filter(|g| g % 3 == k).sum::<u32>();
+        assert_eq!(
+            got,
+            [total, sum(0), sum(1), sum(2), total - 1, total, 2 * total]
+        );
+        let mut w = [0u8; 8];
+        d.read(wide, &mut w).unwrap();
+        assert_eq!(u64::from_le_bytes(w), total as u64 * ((1 << 32) + 1));
+        let mut b = vec![0u8; total as usize];
+        d.read(bytes, &mut b).unwrap();
+        assert!(b
+            .iter()
+            .enumerate()
+            .all(|(g, &x)| x == (g as u32 * 7) as u8));
+    }
+
+    /// An illegal address in one block of a parallel launch fails it with
+    /// CUDA_ERROR_ILLEGAL_ADDRESS; the failure is described for the worker's log.
+    #[test]
+    fn illegal_address_in_one_block_fails_the_launch() {
+        let mut d = dev();
+        let m = fixtures(&mut d);
+        let p = d.alloc(64 * 128 * 4).unwrap();
+        let params = |bad: i32| [p.to_le_bytes().as_slice(), &bad.to_le_bytes()].concat();
+        assert_eq!(
+            run(&mut d, m, "oob_block", 64, 128, &params(41)),
+            Err(ILLEGAL_ADDRESS)
+        );
+        assert!(d.take_error_detail().unwrap().contains("illegal address"));
+        run(&mut d, m, "oob_block", 64, 128, &params(-1)).unwrap();
     }
 }

@@ -1,0 +1,495 @@
+//! The program as the interpreter runs it. Every instruction is compiled once, when the module
+//! loads, into a compact [`Ins`]: operands resolved to a register index, an immediate, a special
+//! register, a frame-relative variable or a module symbol (whose address the launch supplies),
+//! branch targets to instruction indices, and calls to the callee's index with the frame
+//! offsets of their arguments and return values. Nothing in it is looked up by name at run
+//! time.
+
+use std::collections::HashMap;
+
+use crate::inst::{Base, Inst, Mods, Op, Operand, Space, Sreg, Type};
+use crate::parse::{Function, Var};
+
+/// A source operand.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Src {
+    Reg(u32),
+    /// A predicate negated (`!%p`).
+    NotReg(u32),
+    Imm(u64),
+    Sreg(Sreg),
+    /// A module symbol (a global or constant variable's address, a shared variable's offset):
+    /// an index into [`Program::symbols`], resolved by each launch.
+    Sym(u32),
+    /// A `.local` variable of the frame: its local-space address is the frame's base plus this.
+    Local(u64),
+    /// A `.param` variable of the frame (a device function's parameters and return values, the
+    /// arguments a function passes to its callees): a generic address in the local window.
+    FrameParam(u64),
+    /// A kernel parameter: its address in the parameter window.
+    KernelParam(u64),
+    /// No value (a vector or label where a value belongs): reading it fails the launch.
+    Bad,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Dst {
+    Reg(u32),
+    Sink,
+}
+
+/// Sources an instruction holds at most (`bfi`, `lop3`, `shfl` take four).
+pub const MAX_SRCS: usize = 5;
+/// Destinations an instruction holds at most (`ld.v4`, `mov.b64 {a, b, c, d}`).
+pub const MAX_DSTS: usize = 4;
+
+/// One compiled instruction.
+#[derive(Debug, Clone)]
+pub struct Ins {
+    pub op: Op,
+    pub ty: Type,
+    pub ty2: Type,
+    pub space: Space,
+    pub m: Mods,
+    pub guard: Option<(u32, bool)>,
+    pub nd: u8,
+    /// The destination was a vector (`{a, b}`, or `d|p`).
+    pub dvec: bool,
+    pub d: [Dst; MAX_DSTS],
+    pub ns: u8,
+    /// The first source was a vector (`mov.b64 %rd, {lo, hi}`).
+    pub svec: bool,
+    pub s: [Src; MAX_SRCS],
+    /// The `[base+offset]` operand of memory instructions.
+    pub addr: Option<(Src, i64)>,
+    /// A branch's target, or a call's index in [`Code::calls`].
+    pub target: u32,
+}
+
+impl Ins {
+    #[inline(always)]
+    pub fn src(&self, k: usize) -> Src {
+        if k < self.ns as usize {
+            self.s[k]
+        } else {
+            Src::Bad
+        }
+    }
+}
+
+/// A call site: the callee and where its arguments come from and its return values go.
+#[derive(Debug, Clone)]
+pub struct CallSite {
+    pub callee: u32,
+    pub args: Vec<Src>,
+    pub rets: Vec<Src>,
+}
+
+/// A compiled function.
+#[derive(Debug)]
+pub struct Code {
+    pub name: String,
+    pub is_entry: bool,
+    pub nregs: usize,
+    pub insts: Vec<Ins>,
+    /// Each instruction's text, for error messages.
+    pub texts: Vec<Box<str>>,
+    pub calls: Vec<CallSite>,
+    /// Bytes of local memory a frame of this function takes (parameters, return values,
+    /// `.local` and `.param` variables), a multiple of 16.
+    pub frame: u64,
+    /// Frame offset and size of each parameter and return value (device functions).
+    pub params: Vec<(u64, u64)>,
+    pub returns: Vec<(u64, u64)>,
+    /// Symbols the code names, to be resolved by a launch.
+    pub symbols: Vec<u32>,
+    /// `.shared` variables declared in the body: (symbol, variable).
+    pub shared: Vec<(u32, Var)>,
+    /// The first instruction the VM cannot run, if any.
+    pub unsupported: Option<String>,
+}
+
+/// What a module symbol is.
+#[derive(Debug, Clone)]
+pub enum SymKind {
+    /// A module variable in device memory (the launch's `symbols` gives its address), or a name
+    /// nothing declares.
+    Global(String),
+    /// A module-scope `.shared` variable (index into the module's shared variables).
+    ModuleShared(usize),
+    /// A `.shared` variable declared in a function's body.
+    BodyShared,
+}
+
+/// All the functions of a module, compiled.
+#[derive(Debug)]
+pub struct Program {
+    pub funcs: Vec<Code>,
+    pub symbols: Vec<SymKind>,
+}
+
+fn round_up(x: u64, a: u64) -> u64 {
+    x.div_ceil(a.max(1)) * a.max(1)
+}
+
+/// Module-wide symbol interning.
+struct Symbols<'a> {
+    kinds: Vec<SymKind>,
+    index: HashMap<(Option<usize>, String), u32>,
+    module_shared: &'a [Var],
+}
+
+impl Symbols<'_> {
+    fn intern(&mut self, scope: Option<usize>, name: &str, kind: SymKind) -> u32 {
+        let key = (scope, name.to_string());
+        if let Some(&id) = self.index.get(&key) {
+            return id;
+        }
+        let id = self.kinds.len() as u32;
+        self.kinds.push(kind);
+        self.index.insert(key, id);
+        id
+    }
+
+    fn module(&mut self, name: &str) -> u32 {
+        match self.module_shared.iter().position(|v| v.name == name) {
+            Some(i) => self.intern(None, name, SymKind::ModuleShared(i)),
+            None => self.intern(None, name, SymKind::Global(name.to_string())),
+        }
+    }
+}
+
+/// Where a function's names live.
+struct Scope {
+    /// name -> operand for the function's own variables and parameters.
+    names: HashMap<String, Src>,
+}
+
+impl Scope {
+    fn resolve(&self, name: &str, syms: &mut Symbols, used: &mut Vec<u32>) -> Src {
+        if let Some(&s) = self.names.get(name) {
+            if let Src::Sym(id) = s {
+                used.push(id);
+            }
+            return s;
+        }
+        let id = syms.module(name);
+        used.push(id);
+        Src::Sym(id)
+    }
+}
+
+/// Compiles every function of a module.
+pub fn compile(functions: &[Function], module_shared: &[Var]) -> Program {
+    let mut syms = Symbols {
+        kinds: Vec::new(),
+        index: HashMap::new(),
+        module_shared,
+    };
+    let by_name: HashMap<&str, usize> = functions
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.name.as_str(), i))
+        .collect();
+    let mut funcs = Vec::with_capacity(functions.len());
+    for (fi, f) in functions.iter().enumerate() {
+        funcs.push(compile_function(fi, f, functions, &by_name, &mut syms));
+    }
+    Program {
+        funcs,
+        symbols: syms.kinds,
+    }
+}
+
+fn compile_function(
+    fi: usize,
+    f: &Function,
+    functions: &[Function],
+    by_name: &HashMap<&str, usize>,
+    syms: &mut Symbols,
+) -> Code {
+    // The frame: parameters and return values (device functions), then the body's `.local`
+    // and `.param` variables. A name declared again (the `.param param0` of each call
+    // sequence) shares one slot, large enough for each declaration.
+    let mut frame = 0u64;
+    let mut names: HashMap<String, Src> = HashMap::new();
+    let mut params = Vec::new();
+    let mut returns = Vec::new();
+    if !f.is_entry {
+        for (list, out) in [(&f.params, &mut params), (&f.returns, &mut returns)] {
+            for p in list {
+                frame = round_up(frame, p.align as u64);
+                names.insert(p.name.clone(), Src::FrameParam(frame));
+                out.push((frame, p.size as u64));
+                frame += p.size as u64;
+            }
+        }
+    }
+    let mut body: Vec<(&Var, u64, u64)> = Vec::new(); // (var, size, align) merged by name
+    for v in f
+        .locals
+        .iter()
+        .filter(|v| v.space == "local" || v.space == "param")
+    {
+        match body
+            .iter_mut()
+            .find(|(b, _, _)| b.name == v.name && b.space == v.space)
+        {
+            Some(b) => {
+                b.1 = b.1.max(v.size);
+                b.2 = b.2.max(v.align);
+            }
+            None => body.push((v, v.size, v.align)),
+        }
+    }
+    for (v, size, align) in body {
+        frame = round_up(frame, align);
+        let src = if v.space == "local" {
+            Src::Local(frame)
+        } else {
+            Src::FrameParam(frame)
+        };
+        names.entry(v.name.clone()).or_insert(src);
+        frame += size;
+    }
+    let mut shared = Vec::new();
+    for v in f.locals.iter().filter(|v| v.space == "shared") {
+        let id = syms.intern(Some(fi), &v.name, SymKind::BodyShared);
+        if !shared.iter().any(|(s, _)| *s == id) {
+            shared.push((id, v.clone()));
+        }
+        names.entry(v.name.clone()).or_insert(Src::Sym(id));
+    }
+    if f.is_entry {
+        for p in &f.params {
+            names
+                .entry(p.name.clone())
+                .or_insert(Src::KernelParam(p.offset as u64));
+        }
+    }
+    let scope = Scope { names };
+    let mut code = Code {
+        name: f.name.clone(),
+        is_entry: f.is_entry,
+        nregs: f.regs.len(),
+        insts: Vec::with_capacity(f.insts.len()),
+        texts: Vec::with_capacity(f.insts.len()),
+        calls: Vec::new(),
+        frame: round_up(frame, 16),
+        params,
+        returns,
+        symbols: Vec::new(),
+        shared,
+        unsupported: f.unsupported.clone(),
+    };
+    for inst in &f.insts {
+        let ins = match compile_inst(inst, &scope, syms, &mut code, functions, by_name) {
+            Ok(ins) => ins,
+            Err(why) => {
+                code.unsupported.get_or_insert(why);
+                trap_ins()
+            }
+        };
+        code.insts.push(ins);
+        code.texts.push(inst.text.as_str().into());
+    }
+    code.symbols.sort_unstable();
+    code.symbols.dedup();
+    code
+}
+
+fn trap_ins() -> Ins {
+    let b32 = crate::alu::B32;
+    Ins {
+        op: Op::Trap,
+        ty: b32,
+        ty2: b32,
+        space: Space::Generic,
+        m: Mods::default(),
+        guard: None,
+        nd: 0,
+        dvec: false,
+        d: [Dst::Sink; MAX_DSTS],
+        ns: 0,
+        svec: false,
+        s: [Src::Bad; MAX_SRCS],
+        addr: None,
+        target: 0,
+    }
+}
+
+/// Instructions whose first operand is not a destination.
+fn has_dst(op: Op) -> bool {
+    !matches!(
+        op,
+        Op::St
+            | Op::Red
+            | Op::Bra
+            | Op::Ret
+            | Op::Exit
+            | Op::Bar
+            | Op::Membar
+            | Op::Fence
+            | Op::Trap
+            | Op::Brkpt
+            | Op::Nanosleep
+            | Op::Prefetch
+            | Op::Call
+    )
+}
+
+fn compile_inst(
+    inst: &Inst,
+    scope: &Scope,
+    syms: &mut Symbols,
+    code: &mut Code,
+    functions: &[Function],
+    by_name: &HashMap<&str, usize>,
+) -> Result<Ins, String> {
+    let mut ins = trap_ins();
+    ins.op = inst.op;
+    ins.ty = inst.ty;
+    ins.ty2 = inst.ty2;
+    ins.space = inst.space;
+    ins.m = inst.mods;
+    ins.guard = inst.pred;
+    let too_many = || format!("too many operands: {}", inst.text);
+    let dst = |o: &Operand| match o {
+        Operand::Reg(r) => Dst::Reg(*r),
+        _ => Dst::Sink,
+    };
+    let mut used = Vec::new();
+    let mut args = inst.args.iter();
+    if inst.op == Op::Call {
+        let (Some(Operand::Vector(rets)), Some(Operand::Sym(callee)), Some(Operand::Vector(a))) =
+            (inst.args.first(), inst.args.get(1), inst.args.get(2))
+        else {
+            return Err(format!("bad call: {}", inst.text));
+        };
+        let &callee = by_name
+            .get(callee.as_str())
+            .ok_or_else(|| format!("call {callee} (a function without a body)"))?;
+        let target = &functions[callee];
+        if target.is_entry || target.params.len() != a.len() || target.returns.len() != rets.len() {
+            return Err(format!(
+                "call that does not match its callee: {}",
+                inst.text
+            ));
+        }
+        let site = CallSite {
+            callee: callee as u32,
+            args: a
+                .iter()
+                .map(|o| to_src(o, scope, syms, &mut used))
+                .collect(),
+            rets: rets
+                .iter()
+                .map(|o| to_src(o, scope, syms, &mut used))
+                .collect(),
+        };
+        ins.target = code.calls.len() as u32;
+        code.calls.push(site);
+        code.symbols.extend(used);
+        return Ok(ins);
+    }
+    match inst.op {
+        Op::St | Op::Red | Op::Prefetch => {
+            ins.addr = mem_operand(args.next(), scope, syms, &mut used);
+        }
+        Op::Bra => {
+            ins.target = match inst.args.last() {
+                Some(Operand::Label(t)) => u32::try_from(*t).unwrap_or(u32::MAX),
+                _ => return Err(format!("branch without a label: {}", inst.text)),
+            };
+            return Ok(ins);
+        }
+        _ => {}
+    }
+    if has_dst(inst.op) {
+        match args.next() {
+            Some(Operand::Vector(v)) => {
+                if v.len() > MAX_DSTS {
+                    return Err(too_many());
+                }
+                ins.dvec = true;
+                for (k, o) in v.iter().enumerate() {
+                    ins.d[k] = dst(o);
+                }
+                ins.nd = v.len() as u8;
+            }
+            Some(o) => {
+                ins.d[0] = dst(o);
+                ins.nd = 1;
+            }
+            None => {}
+        }
+    }
+    if matches!(inst.op, Op::Ld | Op::Ldu | Op::Atom) {
+        ins.addr = mem_operand(args.next(), scope, syms, &mut used);
+    }
+    let mut n = 0;
+    for (k, o) in args.enumerate() {
+        match o {
+            Operand::Vector(v) if k == 0 && inst.op == Op::Mov || inst.op == Op::St => {
+                if n + v.len() > MAX_SRCS {
+                    return Err(too_many());
+                }
+                ins.svec = true;
+                for x in v {
+                    ins.s[n] = to_src(x, scope, syms, &mut used);
+                    n += 1;
+                }
+            }
+            o => {
+                if n >= MAX_SRCS {
+                    return Err(too_many());
+                }
+                ins.s[n] = to_src(o, scope, syms, &mut used);
+                n += 1;
+            }
+        }
+    }
+    ins.ns = n as u8;
+    if matches!(
+        inst.op,
+        Op::Ld | Op::Ldu | Op::St | Op::Atom | Op::Red | Op::Prefetch
+    ) && ins.addr.is_none()
+    {
+        return Err(format!(
+            "memory instruction without an address: {}",
+            inst.text
+        ));
+    }
+    code.symbols.extend(used);
+    Ok(ins)
+}
+
+fn to_src(o: &Operand, scope: &Scope, syms: &mut Symbols, used: &mut Vec<u32>) -> Src {
+    match o {
+        Operand::Reg(r) => Src::Reg(*r),
+        Operand::NotReg(r) => Src::NotReg(*r),
+        Operand::Imm(v) => Src::Imm(*v),
+        Operand::Special(s) => Src::Sreg(*s),
+        Operand::Sym(name) => scope.resolve(name, syms, used),
+        _ => Src::Bad,
+    }
+}
+
+fn mem_operand(
+    o: Option<&Operand>,
+    scope: &Scope,
+    syms: &mut Symbols,
+    used: &mut Vec<u32>,
+) -> Option<(Src, i64)> {
+    match o {
+        Some(Operand::Addr { base, offset }) => Some((
+            match base {
+                Base::Reg(r) => Src::Reg(*r),
+                Base::Abs => Src::Imm(0),
+                Base::Sym(name) => scope.resolve(name, syms, used),
+            },
+            *offset,
+        )),
+        _ => None,
+    }
+}

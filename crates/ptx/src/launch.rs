@@ -1,0 +1,203 @@
+//! A launch: the code it reaches, its shared-memory layout, its symbols, and its blocks run on
+//! host threads. Blocks are independent (as on a GPU), so each thread takes the next block
+//! index from a shared counter and runs it with its own block runner; the first failure stops
+//! the others at their next block and fails the launch.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::code::{Program, SymKind};
+use crate::parse::Var;
+use crate::warp::{Block, Launch, MAX_LOCAL};
+use crate::{DeviceMemory, ExecError, LaunchConfig, LaunchStats};
+
+/// Shared memory a block may have (far above any GPU's; the device checks its own limit).
+const MAX_SHARED: u64 = 16 << 20;
+
+fn round_up(x: u64, a: u64) -> u64 {
+    x.div_ceil(a.max(1)) * a.max(1)
+}
+
+/// The functions a kernel can reach through calls, the kernel first.
+fn reachable(prog: &Program, kernel: usize) -> Vec<usize> {
+    let mut seen = vec![false; prog.funcs.len()];
+    let mut out = vec![kernel];
+    seen[kernel] = true;
+    let mut i = 0;
+    while let Some(&f) = out.get(i) {
+        for c in &prog.funcs[f].calls {
+            let c = c.callee as usize;
+            if !seen[c] {
+                seen[c] = true;
+                out.push(c);
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    prog: &Program,
+    module_shared: &[Var],
+    kernel: usize,
+    cfg: &LaunchConfig,
+    params: &[u8],
+    mem: &dyn DeviceMemory,
+    symbols: &dyn Fn(&str) -> Option<u64>,
+    threads: usize,
+) -> Result<LaunchStats, ExecError> {
+    let funcs = reachable(prog, kernel);
+    let name = &prog.funcs[kernel].name;
+    for &f in &funcs {
+        let code = &prog.funcs[f];
+        if let Some(op) = &code.unsupported {
+            let via = if f == kernel {
+                String::new()
+            } else {
+                format!(" (called function {})", code.name)
+            };
+            return Err(ExecError::Unsupported(format!(
+                "PTX instruction `{op}` in {name}{via} is not supported by the emulated GPU"
+            )));
+        }
+        if code.frame > MAX_LOCAL {
+            return Err(ExecError::InvalidLaunch(format!(
+                "{} needs {} bytes of local memory per thread",
+                code.name, code.frame
+            )));
+        }
+    }
+    // Shared memory: the kernel's static variables, the module's, those of the functions it
+    // calls; dynamic (`.extern`) variables after them.
+    let mut offsets: HashMap<u32, u64> = HashMap::new();
+    let mut shared = 0u64;
+    let mut dynamic = Vec::new();
+    let kernel_vars = prog.funcs[kernel].shared.iter().map(|(id, v)| (*id, v));
+    let module_vars = prog
+        .symbols
+        .iter()
+        .enumerate()
+        .filter_map(|(id, k)| match k {
+            SymKind::ModuleShared(i) => Some((id as u32, module_shared.get(*i)?)),
+            _ => None,
+        });
+    let callee_vars = funcs[1..]
+        .iter()
+        .flat_map(|&f| prog.funcs[f].shared.iter().map(|(id, v)| (*id, v)));
+    for (id, v) in kernel_vars.chain(module_vars).chain(callee_vars) {
+        if v.size == 0 {
+            dynamic.push(id);
+        } else if let std::collections::hash_map::Entry::Vacant(e) = offsets.entry(id) {
+            shared = round_up(shared, v.align);
+            e.insert(shared);
+            shared += v.size;
+        }
+    }
+    shared = round_up(shared, 16);
+    for id in dynamic {
+        offsets.insert(id, shared);
+    }
+    let shared_bytes = shared + cfg.dynamic_shared_bytes as u64;
+    if shared_bytes > MAX_SHARED {
+        return Err(ExecError::InvalidLaunch(format!(
+            "{shared_bytes} bytes of shared memory per block"
+        )));
+    }
+    let shared_bytes = shared_bytes as usize;
+    let mut syms = vec![None; prog.symbols.len()];
+    for &f in &funcs {
+        for &id in &prog.funcs[f].symbols {
+            let slot = &mut syms[id as usize];
+            if slot.is_some() {
+                continue;
+            }
+            *slot = match &prog.symbols[id as usize] {
+                SymKind::Global(name) => symbols(name),
+                SymKind::ModuleShared(_) | SymKind::BodyShared => offsets.get(&id).copied(),
+            };
+        }
+    }
+    let blocks: u64 = cfg.grid.iter().map(|&d| d as u64).product();
+    let workers = threads.clamp(1, blocks.clamp(1, 1024) as usize);
+    let launch = Launch {
+        prog,
+        kernel,
+        cfg: *cfg,
+        params,
+        syms,
+        mem,
+        shared_bytes,
+        exclusive: workers == 1,
+    };
+    let ctaid = |i: u64| {
+        let (gx, gy) = (cfg.grid[0] as u64, cfg.grid[1] as u64);
+        [
+            (i % gx) as u32,
+            ((i / gx) % gy) as u32,
+            (i / (gx * gy)) as u32,
+        ]
+    };
+    let start = Instant::now();
+    if workers == 1 {
+        let mut block = Block::new(&launch);
+        let mut lane_instructions = 0;
+        for i in 0..blocks {
+            lane_instructions += block.run(ctaid(i))?;
+        }
+        return Ok(LaunchStats {
+            elapsed: start.elapsed(),
+            lane_instructions,
+            threads: 1,
+        });
+    }
+    let next = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let total = AtomicU64::new(0);
+    let failure: Mutex<Option<(u64, ExecError)>> = Mutex::new(None);
+    let work = || {
+        let mut block = Block::new(&launch);
+        let mut count = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= blocks {
+                break;
+            }
+            match block.run(ctaid(i)) {
+                Ok(c) => count += c,
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    let mut f = failure.lock().unwrap_or_else(|p| p.into_inner());
+                    if f.as_ref().is_none_or(|(j, _)| i < *j) {
+                        *f = Some((i, e));
+                    }
+                }
+            }
+        }
+        total.fetch_add(count, Ordering::Relaxed);
+    };
+    let mut started = 1;
+    std::thread::scope(|s| {
+        for _ in 1..workers {
+            if std::thread::Builder::new()
+                .name("gpufuse-block".into())
+                .spawn_scoped(s, work)
+                .is_ok()
+            {
+                started += 1;
+            }
+        }
+        work();
+    });
+    if let Some((_, e)) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    Ok(LaunchStats {
+        elapsed: start.elapsed(),
+        lane_instructions: total.into_inner(),
+        threads: started,
+    })
+}

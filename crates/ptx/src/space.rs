@@ -1,0 +1,123 @@
+//! State spaces as a lane sees them: shared, local and parameter memory live in windows of the
+//! generic address space; everything else is device memory, reached through the region of the
+//! last access (`memory.rs` does the word-level access).
+
+use crate::code::Ins;
+use crate::inst::Space;
+use crate::lanes::{bad_operand, val_into};
+use crate::memory;
+use crate::warp::{Bits, Env, Group, Lanes, Warp};
+use crate::ExecError;
+
+/// Generic-address windows of the state spaces that are not device memory.
+pub const SHARED_WINDOW: u64 = 0x7F00_0000_0000_0000;
+pub const LOCAL_WINDOW: u64 = 0x7E00_0000_0000_0000;
+pub const PARAM_WINDOW: u64 = 0x7D00_0000_0000_0000;
+pub const WINDOW_MASK: u64 = 0xFF00_0000_0000_0000;
+
+/// The address of the `[...]` operand in every lane: shared, local and parameter-space
+/// addresses become generic addresses in their window.
+#[inline(always)]
+pub fn addrs(w: &Warp, env: &Env, g: &Group, ins: &Ins, out: &mut Lanes) -> Result<(), ExecError> {
+    let (base, off) = ins.addr.ok_or_else(bad_operand)?;
+    val_into(w, env, g, base, 8, out)?;
+    let win = match ins.space {
+        Space::Shared => SHARED_WINDOW,
+        Space::Local => LOCAL_WINDOW,
+        Space::Param => PARAM_WINDOW,
+        _ => 0,
+    };
+    for a in out.iter_mut() {
+        *a = a.wrapping_add(off as u64);
+        if win != 0 && *a & WINDOW_MASK == 0 {
+            *a += win;
+        }
+    }
+    Ok(())
+}
+
+/// The device memory region holding `[a, a + n)`, from the cache or the device.
+#[inline(always)]
+pub fn region<'a>(env: &mut Env<'a>, a: u64, n: u64) -> Result<crate::Region<'a>, ExecError> {
+    if let Some(r) = env.region {
+        if memory::contains(&r, a, n) {
+            return Ok(r);
+        }
+    }
+    let r = env.l.mem.region(a).ok_or(ExecError::IllegalAddress(a))?;
+    env.region = Some(r);
+    Ok(r)
+}
+
+/// Loads element `k` of `N` bytes at each lane's address.
+#[inline(always)]
+pub fn load_lanes<const N: u64>(
+    w: &Warp,
+    env: &mut Env,
+    a: &Lanes,
+    k: usize,
+    run: u32,
+    out: &mut Lanes,
+) -> Result<(), ExecError> {
+    for l in Bits(run) {
+        out[l] = load(w, env, l, a[l].wrapping_add(k as u64 * N), N)?;
+    }
+    Ok(())
+}
+
+/// Loads `n` bytes at generic or window address `a` for lane `l`.
+#[inline(always)]
+pub fn load(w: &Warp, env: &mut Env, l: usize, a: u64, n: u64) -> Result<u64, ExecError> {
+    let v = match a & WINDOW_MASK {
+        SHARED_WINDOW => memory::read_bytes(&env.shared, a - SHARED_WINDOW, n),
+        LOCAL_WINDOW => memory::read_bytes(&w.local[l], a - LOCAL_WINDOW, n),
+        PARAM_WINDOW => memory::read_bytes(env.l.params, a - PARAM_WINDOW, n),
+        _ => memory::load(&region(env, a, n)?, a, n),
+    };
+    v.ok_or(ExecError::IllegalAddress(a))
+}
+
+#[inline(always)]
+pub fn store(
+    w: &mut Warp,
+    env: &mut Env,
+    l: usize,
+    a: u64,
+    n: u64,
+    v: u64,
+) -> Result<(), ExecError> {
+    let ok = match a & WINDOW_MASK {
+        SHARED_WINDOW => memory::write_bytes(&mut env.shared, a - SHARED_WINDOW, n, v),
+        LOCAL_WINDOW => memory::write_bytes(&mut w.local[l], a - LOCAL_WINDOW, n, v),
+        PARAM_WINDOW => None,
+        _ => {
+            let exclusive = env.l.exclusive;
+            memory::store(&region(env, a, n)?, a, n, v, exclusive)
+        }
+    };
+    ok.ok_or(ExecError::IllegalAddress(a))
+}
+
+/// An atomic read-modify-write for lane `l`; returns the old value.
+pub fn atomic(
+    w: &mut Warp,
+    env: &mut Env,
+    l: usize,
+    a: u64,
+    n: u64,
+    f: impl Fn(u64) -> u64,
+) -> Result<u64, ExecError> {
+    let illegal = ExecError::IllegalAddress(a);
+    let plain = |buf: &mut [u8], off: u64| -> Option<u64> {
+        let old = memory::read_bytes(buf, off, n)?;
+        memory::write_bytes(buf, off, n, f(old))?;
+        Some(old)
+    };
+    match a & WINDOW_MASK {
+        SHARED_WINDOW => plain(&mut env.shared, a - SHARED_WINDOW),
+        LOCAL_WINDOW => plain(&mut w.local[l], a - LOCAL_WINDOW),
+        PARAM_WINDOW => None,
+        _ => memory::rmw(&region(env, a, n)?, a, n, &f),
+    }
+    .ok_or(illegal)
+}

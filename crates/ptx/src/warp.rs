@@ -1,0 +1,468 @@
+//! Warps and blocks. A warp keeps its 32 lanes' registers as structure-of-arrays
+//! (`levels[call depth][register][lane]`), program counters, call stacks and local memory.
+//! Scheduling is min-PC: the lanes whose position is lowest run the next instruction together,
+//! so converged code runs in lockstep (shuffles and votes see their partners) and divergent
+//! paths reconverge. A lane inside a call is positioned by its call sites and then its PC,
+//! compared in that order, so lanes in a callee run before their caller moves on. While the
+//! running group is every runnable lane of the warp and the instruction did not branch apart,
+//! the next instruction runs for the same group without a scan. `bar.sync` parks lanes until
+//! every live thread of the block arrives.
+
+use std::cmp::Ordering;
+
+use crate::code::{Code, Program, Src};
+use crate::exec::{self, Flow};
+use crate::lanes;
+use crate::memory;
+use crate::space::LOCAL_WINDOW;
+use crate::{DeviceMemory, ExecError, LaunchConfig, Region};
+
+/// Calls nested deeper than this fail the launch (a GPU's stack overflows too).
+pub const MAX_DEPTH: usize = 256;
+/// Local memory one thread may use, all frames together (CUDA's limit per thread).
+pub const MAX_LOCAL: u64 = 512 << 10;
+
+/// The lanes of a mask, lowest first.
+#[derive(Clone, Copy)]
+pub struct Bits(pub u32);
+
+impl Iterator for Bits {
+    type Item = usize;
+    #[inline(always)]
+    fn next(&mut self) -> Option<usize> {
+        if self.0 == 0 {
+            return None;
+        }
+        let l = self.0.trailing_zeros() as usize;
+        self.0 &= self.0 - 1;
+        Some(l)
+    }
+}
+
+/// A call in progress: the callee, where it was called from, and its frame.
+#[derive(Debug, Clone, Copy)]
+pub struct Frame {
+    pub func: u32,
+    /// The caller's PC of the `call`.
+    pub site: u32,
+    /// The local-memory address of the callee's frame.
+    pub base: u64,
+}
+
+/// The lanes that run one instruction together, and where they are.
+#[derive(Debug, Clone, Copy)]
+pub struct Group {
+    pub pc: u32,
+    pub mask: u32,
+    pub func: usize,
+    pub depth: usize,
+    /// The local-memory address of the running frame.
+    pub base: u64,
+}
+
+pub type Lanes = [u64; 32];
+
+pub struct Warp {
+    pub index: u32,
+    /// Lanes that exist (the last warp of a block may be partial).
+    pub exists: u32,
+    /// Lanes that have not exited.
+    pub live: u32,
+    /// Lanes waiting at a barrier.
+    pub bar: u32,
+    /// Carry flags (`add.cc`).
+    pub carry: u32,
+    /// Lanes inside a call.
+    pub calling: u32,
+    pub pc: [u32; 32],
+    pub tid: [[u32; 3]; 32],
+    /// Registers by call depth: `levels[depth][register][lane]`.
+    pub levels: Vec<Vec<Lanes>>,
+    pub stacks: Vec<Vec<Frame>>,
+    pub local: Vec<Vec<u8>>,
+}
+
+impl Warp {
+    fn new(index: u32, threads: u32, block: [u32; 3]) -> Warp {
+        let first = index * 32;
+        let n = threads.saturating_sub(first).min(32);
+        let exists = if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
+        let [bx, by, _] = block;
+        let mut tid = [[0u32; 3]; 32];
+        for (l, t) in tid.iter_mut().enumerate() {
+            let i = first + l as u32;
+            *t = [
+                i % bx.max(1),
+                (i / bx.max(1)) % by.max(1),
+                i / (bx * by).max(1),
+            ];
+        }
+        Warp {
+            index,
+            exists,
+            live: exists,
+            bar: 0,
+            carry: 0,
+            calling: 0,
+            pc: [0; 32],
+            tid,
+            levels: vec![Vec::new()],
+            stacks: vec![Vec::new(); 32],
+            local: vec![Vec::new(); 32],
+        }
+    }
+
+    fn reset(&mut self, kernel: &Code) {
+        self.live = self.exists;
+        self.bar = 0;
+        self.carry = 0;
+        self.calling = 0;
+        self.pc = [0; 32];
+        let regs = &mut self.levels[0];
+        regs.clear();
+        regs.resize(kernel.nregs, [0; 32]);
+        for s in &mut self.stacks {
+            s.clear();
+        }
+        let frame = kernel.frame as usize;
+        for l in Bits(self.exists) {
+            let local = &mut self.local[l];
+            if local.len() < frame {
+                local.resize(frame, 0);
+            }
+            local[..frame].fill(0);
+        }
+    }
+
+    /// Lanes that can run now.
+    #[inline(always)]
+    pub fn runnable(&self) -> u32 {
+        self.live & !self.bar
+    }
+
+    /// A lane's position: its call sites, outermost first, then its PC.
+    fn position(&self, l: usize) -> impl Iterator<Item = u32> + '_ {
+        self.stacks[l]
+            .iter()
+            .map(|f| f.site)
+            .chain(std::iter::once(self.pc[l]))
+    }
+
+    /// The lanes at the lowest position, if any can run.
+    fn pick(&self, kernel: usize) -> Option<Group> {
+        let run = self.runnable();
+        if run == 0 {
+            return None;
+        }
+        if self.calling & run == 0 {
+            let (mut best, mut mask) = (u32::MAX, 0u32);
+            for l in Bits(run) {
+                let p = self.pc[l];
+                if p < best {
+                    best = p;
+                    mask = 1 << l;
+                } else if p == best {
+                    mask |= 1 << l;
+                }
+            }
+            return Some(Group {
+                pc: best,
+                mask,
+                func: kernel,
+                depth: 0,
+                base: 0,
+            });
+        }
+        let mut lanes = Bits(run);
+        let mut best = lanes.next()?;
+        let mut mask = 1u32 << best;
+        for l in lanes {
+            match self.position(l).cmp(self.position(best)) {
+                Ordering::Less => {
+                    best = l;
+                    mask = 1 << l;
+                }
+                Ordering::Equal => mask |= 1 << l,
+                Ordering::Greater => {}
+            }
+        }
+        let top = self.stacks[best].last();
+        Some(Group {
+            pc: self.pc[best],
+            mask,
+            func: top.map_or(kernel, |f| f.func as usize),
+            depth: self.stacks[best].len(),
+            base: top.map_or(0, |f| f.base),
+        })
+    }
+
+    /// Sets the PC of `mask`'s lanes.
+    #[inline(always)]
+    pub fn goto(&mut self, mask: u32, pc: u32) {
+        for l in Bits(mask) {
+            self.pc[l] = pc;
+        }
+    }
+}
+
+/// What every block of a launch shares.
+pub struct Launch<'a> {
+    pub prog: &'a Program,
+    pub kernel: usize,
+    pub cfg: LaunchConfig,
+    pub params: &'a [u8],
+    /// Each module symbol's value, for the symbols the reachable code names.
+    pub syms: Vec<Option<u64>>,
+    pub mem: &'a dyn DeviceMemory,
+    pub shared_bytes: usize,
+    /// One host thread runs the whole launch.
+    pub exclusive: bool,
+}
+
+/// A block's own state, apart from its warps.
+pub struct Env<'a> {
+    pub l: &'a Launch<'a>,
+    pub shared: Vec<u8>,
+    pub ctaid: [u32; 3],
+    /// The device memory region of the last global access.
+    pub region: Option<Region<'a>>,
+}
+
+/// A block runner, reused for every block one host thread runs.
+pub struct Block<'a> {
+    pub env: Env<'a>,
+    warps: Vec<Warp>,
+}
+
+impl<'a> Block<'a> {
+    pub fn new(l: &'a Launch<'a>) -> Block<'a> {
+        let threads: u32 = l.cfg.block.iter().product();
+        Block {
+            env: Env {
+                l,
+                shared: vec![0; l.shared_bytes],
+                ctaid: [0; 3],
+                region: None,
+            },
+            warps: (0..threads.div_ceil(32))
+                .map(|w| Warp::new(w, threads, l.cfg.block))
+                .collect(),
+        }
+    }
+
+    /// Runs one block to completion; returns the lane-instructions it executed.
+    pub fn run(&mut self, ctaid: [u32; 3]) -> Result<u64, ExecError> {
+        let l = self.env.l;
+        let kernel = &l.prog.funcs[l.kernel];
+        self.env.ctaid = ctaid;
+        self.env.shared.fill(0);
+        for w in &mut self.warps {
+            w.reset(kernel);
+        }
+        let mut count = 0;
+        loop {
+            let mut progressed = false;
+            for w in &mut self.warps {
+                let (p, c) = run_warp(w, &mut self.env)?;
+                progressed |= p;
+                count += c;
+            }
+            if self.warps.iter().all(|w| w.live == 0) {
+                return Ok(count);
+            }
+            if self.warps.iter().all(|w| w.runnable() == 0) {
+                for w in &mut self.warps {
+                    w.bar = 0;
+                }
+                continue;
+            }
+            if !progressed {
+                return Err(ExecError::Unsupported(
+                    "deadlock: threads wait at different barriers".into(),
+                ));
+            }
+        }
+    }
+}
+
+/// Runs a warp until every lane has exited or waits at a barrier.
+fn run_warp(w: &mut Warp, env: &mut Env) -> Result<(bool, u64), ExecError> {
+    let prog = env.l.prog;
+    let kernel = env.l.kernel;
+    let (mut progressed, mut count) = (false, 0u64);
+    let mut next: Option<Group> = None;
+    loop {
+        let g = match next.take() {
+            Some(g) => g,
+            None => match w.pick(kernel) {
+                Some(g) => g,
+                None => break,
+            },
+        };
+        progressed = true;
+        let code = &prog.funcs[g.func];
+        let Some(ins) = code.insts.get(g.pc as usize) else {
+            // Past the last instruction: the thread ends, or the function returns.
+            if g.depth == 0 {
+                w.live &= !g.mask;
+            } else {
+                ret(w, env, &g, g.mask)?;
+            }
+            continue;
+        };
+        count += g.mask.count_ones() as u64;
+        let to = match exec::exec(w, env, code, ins, &g)? {
+            Flow::Next => g.pc + 1,
+            Flow::Goto(t) => t,
+            Flow::Sched => continue,
+        };
+        if g.mask == w.runnable() {
+            next = Some(Group { pc: to, ..g });
+        } else {
+            w.goto(g.mask, to);
+        }
+    }
+    Ok((progressed, count))
+}
+
+/// `call`: `run`'s lanes enter the callee with a new frame; the others move on.
+pub fn call(
+    w: &mut Warp,
+    env: &mut Env,
+    code: &Code,
+    site: u32,
+    g: &Group,
+    run: u32,
+) -> Result<(), ExecError> {
+    w.goto(g.mask & !run, g.pc + 1);
+    if run == 0 {
+        return Ok(());
+    }
+    let prog = env.l.prog;
+    let cs = code
+        .calls
+        .get(site as usize)
+        .ok_or_else(|| ExecError::Unsupported(format!("call site {site}")))?;
+    let callee = &prog.funcs[cs.callee as usize];
+    if g.depth + 1 > MAX_DEPTH {
+        return Err(ExecError::StackOverflow);
+    }
+    let base = g.base + code.frame;
+    let end = base + callee.frame;
+    if end > MAX_LOCAL {
+        return Err(ExecError::StackOverflow);
+    }
+    let depth = g.depth + 1;
+    if w.levels.len() <= depth {
+        w.levels.resize_with(depth + 1, Vec::new);
+    }
+    if w.levels[depth].len() < callee.nregs {
+        w.levels[depth].resize(callee.nregs, [0; 32]);
+    }
+    // Argument values that are registers or immediates, for all lanes at once.
+    let mut values: Vec<Option<Lanes>> = Vec::with_capacity(cs.args.len());
+    for (a, &(_, size)) in cs.args.iter().zip(&callee.params) {
+        values.push(match a {
+            Src::FrameParam(_) => None,
+            &a => Some(lanes::val(w, env, g, a, size.min(8) as u8)?),
+        });
+    }
+    for l in Bits(run) {
+        let local = &mut w.local[l];
+        if (local.len() as u64) < end {
+            local.resize(end as usize, 0);
+        }
+        for ((a, v), &(off, size)) in cs.args.iter().zip(&values).zip(&callee.params) {
+            let dst = base + off;
+            match (a, v) {
+                (Src::FrameParam(src), _) => {
+                    let src = g.base + src;
+                    let (s, d, n) = (src as usize, dst as usize, size as usize);
+                    if src + size > end {
+                        return Err(ExecError::IllegalAddress(LOCAL_WINDOW + src));
+                    }
+                    local.copy_within(s..s + n, d);
+                }
+                (_, Some(v)) => {
+                    if size > 8 {
+                        return Err(ExecError::Unsupported(format!(
+                            "a register argument of {size} bytes to {}",
+                            callee.name
+                        )));
+                    }
+                    memory::write_bytes(local, dst, size, v[l])
+                        .ok_or(ExecError::IllegalAddress(LOCAL_WINDOW + dst))?;
+                }
+                _ => {}
+            }
+        }
+        w.stacks[l].push(Frame {
+            func: cs.callee,
+            site: g.pc,
+            base,
+        });
+        w.pc[l] = 0;
+    }
+    w.calling |= run;
+    Ok(())
+}
+
+/// `ret` from a device function: `lanes` copy their return values to the caller and go back.
+pub fn ret(w: &mut Warp, env: &mut Env, g: &Group, lanes: u32) -> Result<(), ExecError> {
+    let prog = env.l.prog;
+    let kernel = env.l.kernel;
+    let callee = &prog.funcs[g.func];
+    let Some(caller_depth) = g.depth.checked_sub(1) else {
+        return Err(ExecError::Unsupported(
+            "return from a kernel's frame".into(),
+        ));
+    };
+    for l in Bits(lanes) {
+        let Some(frame) = w.stacks[l].pop() else {
+            w.live &= !(1 << l);
+            continue;
+        };
+        let (caller, caller_base) = match w.stacks[l].last() {
+            Some(f) => (f.func as usize, f.base),
+            None => {
+                w.calling &= !(1 << l);
+                (kernel, 0)
+            }
+        };
+        let caller = &prog.funcs[caller];
+        let site = caller
+            .insts
+            .get(frame.site as usize)
+            .and_then(|i| caller.calls.get(i.target as usize))
+            .ok_or_else(|| ExecError::Unsupported("return to a lost call site".into()))?;
+        for (r, &(off, size)) in site.rets.iter().zip(&callee.returns) {
+            let src = frame.base + off;
+            let local = &mut w.local[l];
+            match *r {
+                Src::FrameParam(o) => {
+                    let dst = caller_base + o;
+                    let (s, d, n) = (src as usize, dst as usize, size as usize);
+                    if src + size > local.len() as u64 || dst + size > frame.base {
+                        return Err(ExecError::IllegalAddress(LOCAL_WINDOW + dst));
+                    }
+                    local.copy_within(s..s + n, d);
+                }
+                Src::Reg(reg) => {
+                    let v = memory::read_bytes(local, src, size.min(8))
+                        .ok_or(ExecError::IllegalAddress(LOCAL_WINDOW + src))?;
+                    if let Some(row) = w.levels[caller_depth].get_mut(reg as usize) {
+                        row[l] = v;
+                    }
+                }
+                _ => {
+                    return Err(ExecError::Unsupported(format!(
+                        "a return value of {} that is not a variable",
+                        callee.name
+                    )))
+                }
+            }
+        }
+        w.pc[l] = frame.site + 1;
+    }
+    Ok(())
+}
