@@ -4,6 +4,7 @@ through `gpufuse run`.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -93,6 +94,9 @@ class Programs:
 
 KERNEL_SOURCES = ["vector_add", "saxpy", "reduction", "params"]
 SHARED_CUDART_KERNELS = ["vector_add", "params"]
+# Programs made of named checks (kcheck.h: PROG [CHECK...]); test_kernels_nvcc.py lists the checks.
+CHECK_KERNEL_SOURCES = ["warp", "histogram", "matmul", "transpose", "scan", "sort", "double",
+                        "math", "memory_spaces", "calls", "fn_table", "faults", "graphs"]
 
 
 def build_programs() -> Programs:
@@ -135,18 +139,24 @@ def build_programs() -> Programs:
     if not link.exists():
         link.symlink_to(Path(cudart13) / "libcudart.so.13")
     kdir = HERE / "kernels"
-    for name in KERNEL_SOURCES:
+    jobs: list[tuple[str, Path, list[str], list[Path]]] = []
+    for name in KERNEL_SOURCES + CHECK_KERNEL_SOURCES:
         src = kdir / f"{name}.cu"
         inputs = [src, kdir / "kcheck.h"]
         out = BUILD / name
-        p.kernels[name] = _build(
-            out, [nvcc, "-O2", "-arch=sm_80", "-o", str(out), str(src)], inputs, env)
+        jobs.append((name, out, [nvcc, "-O2", "-arch=sm_80", "-o", str(out), str(src)], inputs))
         if name in SHARED_CUDART_KERNELS:
             out = BUILD / f"{name}_shared"
-            p.kernels[f"{name}_shared"] = _build(
-                out, [nvcc, "-O2", "-arch=sm_80", "-cudart", "shared", f"-L{link_dir}",
-                      "-Xlinker", "-rpath", "-Xlinker", cudart13, "-o", str(out), str(src)],
-                inputs, env)
+            jobs.append((f"{name}_shared", out,
+                         [nvcc, "-O2", "-arch=sm_80", "-cudart", "shared", f"-L{link_dir}",
+                          "-Xlinker", "-rpath", "-Xlinker", cudart13, "-o", str(out), str(src)],
+                         inputs))
+    # nvcc runs single-threaded: one per core.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {name: pool.submit(_build, out, cmd, inputs, env)
+                   for name, out, cmd, inputs in jobs}
+        for name, fut in futures.items():
+            p.kernels[name] = fut.result()
 
     # cudarc: a standalone cargo project (cargo does its own caching).
     manifest = HERE / "cudarc-smoke" / "Cargo.toml"
