@@ -86,6 +86,7 @@ def _build(out: Path, cmd: list[str], inputs: list[Path], env: dict[str, str]) -
 class Programs:
     rt: dict[int, Path] = field(default_factory=dict)          # CUDA major -> rt_tests binary
     nvrtc: dict[int, Path] = field(default_factory=dict)       # CUDA major -> nvrtc_launch
+    nvrtc_kernels: dict[int, Path] = field(default_factory=dict)  # CUDA major -> nvrtc_kernels
     kernels: dict[str, Path] = field(default_factory=dict)     # name -> nvcc-built program
     cudarc: Path | None = None
     python: Path | None = None                                 # the venv's python
@@ -108,6 +109,7 @@ def build_programs() -> Programs:
     rt_inputs = sorted(rt_dir.glob("*.c")) + sorted(rt_dir.glob("*.h"))
     stub_src = HERE / "stubs" / "libcuda_stub.c"
     nvrtc_src = HERE / "nvrtc" / "nvrtc_launch.c"
+    nvrtc_kernels_src = HERE / "nvrtc" / "nvrtc_kernels.c"
 
     for major in (12, 13):
         cflags = shlex.split(deps[f"GPUFUSE_CUDA{major}_CFLAGS"])
@@ -129,6 +131,11 @@ def build_programs() -> Programs:
                str(nvrtc_src), "-o", str(out), f"-L{stub.parent}", "-lcuda",
                f"-L{nvrtc_lib}", f"-l:libnvrtc.so.{major}", f"-Wl,-rpath,{nvrtc_lib}"]
         p.nvrtc[major] = _build(out, cmd, [nvrtc_src, stub_src], env)
+        out = BUILD / f"nvrtc_kernels_{major}"
+        cmd = ["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror", *cflags, *nvrtc_inc,
+               str(nvrtc_kernels_src), "-o", str(out), f"-L{stub.parent}", "-lcuda",
+               f"-L{nvrtc_lib}", f"-l:libnvrtc.so.{major}", f"-Wl,-rpath,{nvrtc_lib}", "-lm"]
+        p.nvrtc_kernels[major] = _build(out, cmd, [nvrtc_kernels_src, stub_src], env)
 
     # nvcc 13.5 programs: static cudart (nvcc's default) and a -cudart shared variant.
     nvcc = deps["GPUFUSE_NVCC"]
