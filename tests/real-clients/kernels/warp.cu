@@ -287,6 +287,39 @@ static void match_redux_check(bool with_match_all) {
 static void check_match_redux() { match_redux_check(false); }
 static void check_match_all() { match_redux_check(true); }
 
+// __syncwarp (bar.warp.sync) in one warp while the other warps wait at __syncthreads (bar.sync 0):
+// the waiting warps must not pass their barrier before warp 0 reaches it. This is the pattern of
+// CuPy's warp-synchronous scan (cupy_scan_naive: a shared-memory scan of the warp totals in warp
+// 0 with __syncwarp between steps, then __syncthreads).
+__global__ void syncwarp_in_branch(int* out, int syncwarps) {
+  __shared__ int s;
+  int w = threadIdx.x >> 5;
+  if (threadIdx.x == 0) s = 1;
+  __syncthreads();
+  if (w == 0) {
+    for (int k = 0; k < syncwarps; k++) __syncwarp();
+    if (threadIdx.x == 0) s = 2;
+  }
+  __syncthreads();
+  out[threadIdx.x] = s;
+}
+
+static void check_syncwarp_barrier() {
+  const int threads = 128;
+  int* d = dev_alloc<int>(threads);
+  for (int syncwarps = 0; syncwarps <= 4; syncwarps++) {
+    syncwarp_in_branch<<<1, threads>>>(d, syncwarps);
+    CK_LAUNCH("syncwarp_in_branch");
+    int got[threads];
+    to_host(got, d, threads);
+    for (int t = 0; t < threads; t++)
+      EXPECT_RESULT(got[t] == 2, "%d __syncwarp in warp 0: thread %d (warp %d) read %d after"
+                    " __syncthreads, want 2", syncwarps, t, t / 32, got[t]);
+  }
+  std::printf("checked __syncthreads after 0..4 __syncwarp in warp 0 only (4 warps)\n");
+  CK(cudaFree(d));
+}
+
 KCHECK_MAIN({"shfl_reduce", check_shfl_reduce}, {"shfl_scan", check_shfl_scan},
             {"vote", check_vote}, {"match_redux", check_match_redux},
-            {"match_all", check_match_all})
+            {"match_all", check_match_all}, {"syncwarp_barrier", check_syncwarp_barrier})
