@@ -4,6 +4,7 @@ through `gpufuse run`.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -85,6 +86,7 @@ def _build(out: Path, cmd: list[str], inputs: list[Path], env: dict[str, str]) -
 class Programs:
     rt: dict[int, Path] = field(default_factory=dict)          # CUDA major -> rt_tests binary
     nvrtc: dict[int, Path] = field(default_factory=dict)       # CUDA major -> nvrtc_launch
+    nvrtc_kernels: dict[int, Path] = field(default_factory=dict)  # CUDA major -> nvrtc_kernels
     kernels: dict[str, Path] = field(default_factory=dict)     # name -> nvcc-built program
     cudarc: Path | None = None
     python: Path | None = None                                 # the venv's python
@@ -93,6 +95,9 @@ class Programs:
 
 KERNEL_SOURCES = ["vector_add", "saxpy", "reduction", "params"]
 SHARED_CUDART_KERNELS = ["vector_add", "params"]
+# Programs made of named checks (kcheck.h: PROG [CHECK...]); test_kernels_nvcc.py lists the checks.
+CHECK_KERNEL_SOURCES = ["warp", "histogram", "matmul", "transpose", "scan", "sort", "double",
+                        "math", "memory_spaces", "calls", "fn_table", "faults", "graphs"]
 
 
 def build_programs() -> Programs:
@@ -104,6 +109,7 @@ def build_programs() -> Programs:
     rt_inputs = sorted(rt_dir.glob("*.c")) + sorted(rt_dir.glob("*.h"))
     stub_src = HERE / "stubs" / "libcuda_stub.c"
     nvrtc_src = HERE / "nvrtc" / "nvrtc_launch.c"
+    nvrtc_kernels_src = HERE / "nvrtc" / "nvrtc_kernels.c"
 
     for major in (12, 13):
         cflags = shlex.split(deps[f"GPUFUSE_CUDA{major}_CFLAGS"])
@@ -125,6 +131,11 @@ def build_programs() -> Programs:
                str(nvrtc_src), "-o", str(out), f"-L{stub.parent}", "-lcuda",
                f"-L{nvrtc_lib}", f"-l:libnvrtc.so.{major}", f"-Wl,-rpath,{nvrtc_lib}"]
         p.nvrtc[major] = _build(out, cmd, [nvrtc_src, stub_src], env)
+        out = BUILD / f"nvrtc_kernels_{major}"
+        cmd = ["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror", *cflags, *nvrtc_inc,
+               str(nvrtc_kernels_src), "-o", str(out), f"-L{stub.parent}", "-lcuda",
+               f"-L{nvrtc_lib}", f"-l:libnvrtc.so.{major}", f"-Wl,-rpath,{nvrtc_lib}", "-lm"]
+        p.nvrtc_kernels[major] = _build(out, cmd, [nvrtc_kernels_src, stub_src], env)
 
     # nvcc 13.5 programs: static cudart (nvcc's default) and a -cudart shared variant.
     nvcc = deps["GPUFUSE_NVCC"]
@@ -135,18 +146,24 @@ def build_programs() -> Programs:
     if not link.exists():
         link.symlink_to(Path(cudart13) / "libcudart.so.13")
     kdir = HERE / "kernels"
-    for name in KERNEL_SOURCES:
+    jobs: list[tuple[str, Path, list[str], list[Path]]] = []
+    for name in KERNEL_SOURCES + CHECK_KERNEL_SOURCES:
         src = kdir / f"{name}.cu"
         inputs = [src, kdir / "kcheck.h"]
         out = BUILD / name
-        p.kernels[name] = _build(
-            out, [nvcc, "-O2", "-arch=sm_80", "-o", str(out), str(src)], inputs, env)
+        jobs.append((name, out, [nvcc, "-O2", "-arch=sm_80", "-o", str(out), str(src)], inputs))
         if name in SHARED_CUDART_KERNELS:
             out = BUILD / f"{name}_shared"
-            p.kernels[f"{name}_shared"] = _build(
-                out, [nvcc, "-O2", "-arch=sm_80", "-cudart", "shared", f"-L{link_dir}",
-                      "-Xlinker", "-rpath", "-Xlinker", cudart13, "-o", str(out), str(src)],
-                inputs, env)
+            jobs.append((f"{name}_shared", out,
+                         [nvcc, "-O2", "-arch=sm_80", "-cudart", "shared", f"-L{link_dir}",
+                          "-Xlinker", "-rpath", "-Xlinker", cudart13, "-o", str(out), str(src)],
+                         inputs))
+    # nvcc runs single-threaded: one per core.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {name: pool.submit(_build, out, cmd, inputs, env)
+                   for name, out, cmd, inputs in jobs}
+        for name, fut in futures.items():
+            p.kernels[name] = fut.result()
 
     # cudarc: a standalone cargo project (cargo does its own caching).
     manifest = HERE / "cudarc-smoke" / "Cargo.toml"

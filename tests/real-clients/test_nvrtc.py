@@ -1,5 +1,6 @@
 """NVRTC 12.9 and 13.5: PTX compiled at run time, cuModuleLoadData, cuLaunchKernel with
-kernelParams and with the `extra` packed buffer."""
+kernelParams and with the `extra` packed buffer (nvrtc_launch.c); and kernels of many kinds
+checked against the CPU (nvrtc_kernels.c)."""
 import pytest
 
 from support import assert_ok, run_client
@@ -19,3 +20,16 @@ def test_nvrtc_module_launches(programs, server, cuda):
 def test_nvrtc_kernel_results(programs, server, cuda):
     res = run_client(programs, server.unix, [programs.nvrtc[cuda]])
     assert_ok(res, ["PASS nvrtc_launch (results checked)"])
+
+
+NVRTC_CHECKS = ["templates", "warp_reduce", "histogram", "dynamic_shared", "constant", "math",
+                "fast_math"]
+
+
+@pytest.mark.kernel_results
+@pytest.mark.parametrize("check", NVRTC_CHECKS)
+@pytest.mark.parametrize("cuda", VERSIONS, ids=IDS)
+def test_nvrtc_kernel_check(programs, server, cuda, check):
+    """nvrtc_kernels.c: kernels compiled by NVRTC at run time, results against the CPU."""
+    res = run_client(programs, server.unix, [programs.nvrtc_kernels[cuda], check])
+    assert_ok(res, [f"nvrtc={cuda}.", "checked", f"PASS {check} (results checked)"])

@@ -1,0 +1,209 @@
+// CUDA graphs built by stream capture (cudaStreamBeginCapture / cudaStreamEndCapture /
+// cudaGraphInstantiate / cudaGraphLaunch), each replayed several times with the results checked
+// after every replay: memset, host-to-device, kernels, device-to-device and device-to-host copies
+// in one stream; a fork/join capture across two streams through events; a host function node;
+// capture state queries, node count, and launching on another stream.
+#include <vector>
+#include "kcheck.h"
+
+__global__ void axpy_acc(const int* in, int* acc, int a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) acc[i] = acc[i] * 2 + a * in[i];
+}
+
+__global__ void sum_into(const int* x, unsigned long long* total, int n) {
+  __shared__ unsigned long long s[256];
+  int t = threadIdx.x;
+  unsigned long long v = 0;
+  for (int i = blockIdx.x * blockDim.x + t; i < n; i += gridDim.x * blockDim.x) v += (unsigned)x[i];
+  s[t] = v;
+  __syncthreads();
+  for (int st = 128; st > 0; st >>= 1) {
+    if (t < st) s[t] += s[t + st];
+    __syncthreads();
+  }
+  if (t == 0) atomicAdd(total, s[0]);
+}
+
+__global__ void scale(int* x, int k, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= k;
+}
+
+static void check_capture_replay() {
+  const int n = 5000, replays = 5;
+  int *h_in, *h_out;
+  CK(cudaMallocHost(&h_in, n * sizeof(int)));
+  CK(cudaMallocHost(&h_out, n * sizeof(int)));
+  unsigned long long* h_total;
+  CK(cudaMallocHost(&h_total, sizeof *h_total));
+  for (int i = 0; i < n; i++) h_in[i] = (int)(khash(i) % 100);
+  int* d_in = dev_alloc<int>(n);
+  int* d_acc = dev_alloc<int>(n);
+  int* d_copy = dev_alloc<int>(n);
+  unsigned long long* d_total = dev_alloc<unsigned long long>(1);
+  CK(cudaMemset(d_acc, 0, n * sizeof(int)));
+  CK(cudaMemset(d_total, 0, sizeof *d_total));
+
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  cudaStreamCaptureStatus st;
+  CK(cudaStreamIsCapturing(s, &st));
+  EXPECT_RESULT(st == cudaStreamCaptureStatusActive, "cudaStreamIsCapturing: %d", (int)st);
+  CK(cudaMemsetAsync(d_copy, 0xff, n * sizeof(int), s));
+  CK(cudaMemcpyAsync(d_in, h_in, n * sizeof(int), cudaMemcpyHostToDevice, s));
+  axpy_acc<<<(n + 255) / 256, 256, 0, s>>>(d_in, d_acc, 3, n);
+  sum_into<<<8, 256, 0, s>>>(d_acc, d_total, n);
+  CK(cudaMemcpyAsync(d_copy, d_acc, n * sizeof(int), cudaMemcpyDeviceToDevice, s));
+  scale<<<(n + 255) / 256, 256, 0, s>>>(d_copy, -1, n);
+  CK(cudaMemcpyAsync(h_out, d_copy, n * sizeof(int), cudaMemcpyDeviceToHost, s));
+  CK(cudaMemcpyAsync(h_total, d_total, sizeof *h_total, cudaMemcpyDeviceToHost, s));
+  cudaGraph_t graph;
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaStreamIsCapturing(s, &st));
+  EXPECT_RESULT(st == cudaStreamCaptureStatusNone, "cudaStreamIsCapturing after the end: %d", (int)st);
+  size_t nodes = 0;
+  CK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  std::printf("captured a graph of %zu nodes\n", nodes);
+  EXPECT_RESULT(nodes == 8, "cudaGraphGetNodes: %zu nodes, want 8", nodes);
+  // Nothing ran during the capture.
+  int probe = 0;
+  CK(cudaMemcpy(&probe, d_acc, sizeof probe, cudaMemcpyDeviceToHost));
+  EXPECT_RESULT(probe == 0, "capture executed work: acc[0] = %d", probe);
+
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<long long> acc(n, 0);
+  unsigned long long total = 0;
+  for (int r = 1; r <= replays; r++) {
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+    for (int i = 0; i < n; i++) acc[i] = acc[i] * 2 + 3 * h_in[i];
+    unsigned long long sum = 0;
+    for (int i = 0; i < n; i++) sum += (unsigned)acc[i];
+    total += sum;
+    for (int i = 0; i < n; i++)
+      EXPECT_RESULT(h_out[i] == -acc[i], "replay %d: out[%d] = %d, want %lld", r, i, h_out[i], -acc[i]);
+    EXPECT_RESULT(*h_total == total, "replay %d: total %llu, want %llu", r, *h_total, total);
+  }
+  std::printf("checked %d replays: memset, H2D, 3 kernels, D2D, 2 D2H per replay (total %llu)\n",
+              replays, total);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaStreamDestroy(s));
+  CK(cudaFreeHost(h_in));
+  CK(cudaFreeHost(h_out));
+  CK(cudaFreeHost(h_total));
+  CK(cudaFree(d_in));
+  CK(cudaFree(d_acc));
+  CK(cudaFree(d_copy));
+  CK(cudaFree(d_total));
+}
+
+__global__ void fill_from(int* x, const int* src, int add, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = src[i] + add;
+}
+
+__global__ void combine(int* out, const int* a, const int* b, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] += a[i] * b[i];
+}
+
+static void host_tick(void* p) { ++*(int*)p; }
+
+static void check_fork_join() {
+  const int n = 3000, replays = 3;
+  std::vector<int> h(n), got(n);
+  for (int i = 0; i < n; i++) h[i] = (int)(khash(i) % 50) - 25;
+  int* src = dev_copy(h.data(), n);
+  int* a = dev_alloc<int>(n);
+  int* b = dev_alloc<int>(n);
+  int* out = dev_alloc<int>(n);
+  CK(cudaMemset(out, 0, n * sizeof(int)));
+  cudaStream_t s1, s2;
+  CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  cudaEvent_t fork, join;
+  CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  int ticks = 0;
+
+  CK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+  CK(cudaEventRecord(fork, s1));
+  CK(cudaStreamWaitEvent(s2, fork, 0));  // s2 joins the capture
+  cudaStreamCaptureStatus st;
+  CK(cudaStreamIsCapturing(s2, &st));
+  EXPECT_RESULT(st == cudaStreamCaptureStatusActive, "s2 not capturing after the fork: %d", (int)st);
+  fill_from<<<(n + 255) / 256, 256, 0, s1>>>(a, src, 1, n);
+  fill_from<<<(n + 255) / 256, 256, 0, s2>>>(b, src, -2, n);
+  CK(cudaEventRecord(join, s2));
+  CK(cudaStreamWaitEvent(s1, join, 0));
+  combine<<<(n + 255) / 256, 256, 0, s1>>>(out, a, b, n);
+  CK(cudaLaunchHostFunc(s1, host_tick, &ticks));
+  cudaGraph_t graph;
+  CK(cudaStreamEndCapture(s1, &graph));
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  EXPECT_RESULT(ticks == 0, "the host function ran during capture");
+
+  // Replays on a third stream (not the one captured).
+  cudaStream_t s3;
+  CK(cudaStreamCreate(&s3));
+  for (int r = 1; r <= replays; r++) {
+    CK(cudaGraphLaunch(exec, s3));
+    CK(cudaStreamSynchronize(s3));
+    to_host(got.data(), out, n);
+    for (int i = 0; i < n; i++) {
+      int want = r * (h[i] + 1) * (h[i] - 2);
+      EXPECT_RESULT(got[i] == want, "replay %d: out[%d] = %d, want %d", r, i, got[i], want);
+    }
+    EXPECT_RESULT(ticks == r, "replay %d: host function ran %d times", r, ticks);
+  }
+  std::printf("checked %d replays of a fork/join graph over two streams with a host node,"
+              " launched on a third stream\n", replays);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaEventDestroy(fork));
+  CK(cudaEventDestroy(join));
+  CK(cudaStreamDestroy(s1));
+  CK(cudaStreamDestroy(s2));
+  CK(cudaStreamDestroy(s3));
+  CK(cudaFree(src));
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  CK(cudaFree(out));
+}
+
+// Many small kernels in one graph, replayed many times (the launch path of a graph).
+__global__ void bump(int* x, int k) { x[threadIdx.x] += k; }
+
+static void check_many_nodes() {
+  const int kernels = 50, replays = 20;
+  int* d = dev_alloc<int>(32);
+  CK(cudaMemset(d, 0, 32 * sizeof(int)));
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int k = 0; k < kernels; k++) bump<<<1, 32, 0, s>>>(d, k);
+  cudaGraph_t g;
+  CK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t e;
+  CK(cudaGraphInstantiate(&e, g, 0));
+  for (int r = 0; r < replays; r++) CK(cudaGraphLaunch(e, s));
+  CK(cudaStreamSynchronize(s));
+  int got[32];
+  to_host(got, d, 32);
+  int want = replays * (kernels * (kernels - 1) / 2);
+  for (int i = 0; i < 32; i++) EXPECT_RESULT(got[i] == want, "x[%d] = %d, want %d", i, got[i], want);
+  std::printf("checked %d replays of a graph of %d kernels (%d launches)\n", replays, kernels,
+              replays * kernels);
+  CK(cudaGraphExecDestroy(e));
+  CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(s));
+  CK(cudaFree(d));
+}
+
+KCHECK_MAIN({"capture_replay", check_capture_replay}, {"fork_join", check_fork_join},
+            {"many_nodes", check_many_nodes})
