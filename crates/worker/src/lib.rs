@@ -6,6 +6,12 @@
 //! device pointer is checked against this session's own tables, so a session can name only
 //! what it created. Quiet requests produce no reply: their first failure is kept and returned
 //! as the next reply's `deferred_error`. A malformed frame ends the session; it never panics.
+//!
+//! Kernels run under a *lease* from the node's launch queue ([`Ledger::acquire`]): the worker
+//! asks before a launch, keeps the lease while launches follow one another (already received)
+//! within the quantum, and ends it with the measured device time they took, which is what the
+//! session's compute share is charged. Every launch path of the driver API (plain, `_ptsz`,
+//! `Ex`, cooperative, graph replays) arrives here as a `LaunchKernel` request.
 
 pub mod control;
 
@@ -61,6 +67,15 @@ pub struct Session<'a> {
     view: Option<(u64, u64)>,
     /// A fault (illegal address, trap) that poisoned the session until a device reset.
     sticky: Option<Status>,
+    /// The launch queue's lease, while this session holds the device.
+    lease: Option<Lease>,
+}
+
+/// A lease on the device: its quantum and the device time used so far.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    quantum: std::time::Duration,
+    used: std::time::Duration,
 }
 
 type R<T> = Result<T, Status>;
@@ -92,6 +107,31 @@ impl<'a> Session<'a> {
             scratch: Vec::new(),
             view: None,
             sticky: None,
+            lease: None,
+        }
+    }
+
+    /// Device time this session's kernels have run.
+    pub fn device_time(&self) -> std::time::Duration {
+        self.device_time
+    }
+
+    /// Waits for the device unless this session already holds it.
+    fn take_lease(&mut self) -> &mut Lease {
+        self.lease.get_or_insert_with(|| {
+            let quantum = self.ledger.acquire();
+            Lease {
+                quantum: std::time::Duration::from_micros(quantum),
+                used: std::time::Duration::ZERO,
+            }
+        })
+    }
+
+    /// Gives the device back, charging what the lease's launches used.
+    pub fn end_lease(&mut self) {
+        if let Some(l) = self.lease.take() {
+            self.ledger
+                .done(u64::try_from(l.used.as_micros()).unwrap_or(u64::MAX));
         }
     }
 
@@ -129,7 +169,11 @@ impl<'a> Session<'a> {
         if size == 0 {
             return Err(st::INVALID_VALUE);
         }
-        if self.limit.is_some_and(|l| self.used + size > l) || !self.ledger.reserve(size) {
+        if self
+            .limit
+            .is_some_and(|l| self.used.checked_add(size).is_none_or(|u| u > l))
+            || !self.ledger.reserve(size)
+        {
             return Err(st::OUT_OF_MEMORY);
         }
         match self.device.alloc(size) {
@@ -155,6 +199,7 @@ impl<'a> Session<'a> {
 
     /// Frees everything: at reset and when the session ends.
     pub fn release_all(&mut self) {
+        self.end_lease();
         let ptrs: Vec<u64> = self.allocations.keys().copied().collect();
         for p in ptrs {
             let _ = self.free(p);
@@ -466,7 +511,16 @@ impl<'a> Session<'a> {
                     shared_mem: l.shared_mem,
                     params: l.params,
                 };
-                match self.device.launch(&k) {
+                self.take_lease();
+                let result = self.device.launch(&k);
+                let lease = self.take_lease();
+                if let Ok(t) = result {
+                    lease.used += t;
+                }
+                if lease.used >= lease.quantum {
+                    self.end_lease();
+                }
+                match result {
                     Ok(t) => self.device_time += t,
                     Err(e) => {
                         let detail = self.device.take_error_detail().unwrap_or_default();
@@ -492,6 +546,11 @@ impl<'a> Session<'a> {
     /// Runs a request as the wire sees it: a reply for synchronous requests, and a kept
     /// failure for quiet ones.
     pub fn dispatch(&mut self, req: Request, quiet: bool) -> Option<Reply> {
+        if !matches!(req, Request::LaunchKernel(_)) {
+            // Only consecutive launches share a lease: copies and synchronization do not hold
+            // the device for others.
+            self.end_lease();
+        }
         let result = match (self.sticky, &req) {
             (Some(_), Request::DeviceReset { .. }) => {
                 self.sticky = None;
@@ -564,7 +623,12 @@ fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), 
         let quiet = header.is_quiet();
         let id = header.request_id;
         let req: Request = decode_borrowed(body)?;
-        if let Some(mut reply) = session.dispatch(req, quiet) {
+        let reply = session.dispatch(req, quiet);
+        if !conn.has_frame() {
+            // Nothing more has arrived: do not hold the device while waiting for the client.
+            session.end_lease();
+        }
+        if let Some(mut reply) = reply {
             out.clear();
             if let Some((src, size)) = session.view.take() {
                 if reply.status == 0 {
