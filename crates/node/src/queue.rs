@@ -38,7 +38,19 @@ impl DeviceQueue {
 
     /// Blocks until session `id` holds the device; returns its quantum in microseconds.
     pub fn acquire(&self, id: u64) -> u64 {
+        self.wait_turn(self.lock(), id)
+    }
+
+    /// Session `id` ends its lease after `used_us` and queues again at once; blocks until it
+    /// holds the device again.
+    pub fn renew(&self, id: u64, used_us: u64) -> u64 {
         let mut s = self.lock();
+        s.requeue(id, used_us, self.now());
+        self.turn.notify_all();
+        self.wait_turn(s, id)
+    }
+
+    fn wait_turn(&self, mut s: MutexGuard<'_, Scheduler>, id: u64) -> u64 {
         loop {
             let now = self.now();
             match s.poll(id, now) {

@@ -113,6 +113,7 @@ fn serve_control(control: &mut UnixStream, id: u64, state: &Shared, queue: &Devi
                 queue.done(id, arg);
                 (true, 0)
             }
+            Some(Op::Renew) => (true, queue.renew(id, arg)),
             None => {
                 tracing::warn!(session = id, op = req[0], "unknown control request");
                 break;

@@ -21,6 +21,9 @@ pub enum Op {
     /// End the lease, reporting the device time its launches took, in microseconds: what the
     /// session's compute share is charged.
     Done = 6,
+    /// `Done`, then `Acquire`, as one request: the session has more launches waiting, so it
+    /// never looks idle between two leases.
+    Renew = 7,
 }
 
 impl Op {
@@ -31,6 +34,7 @@ impl Op {
             3 => Op::DeviceUsed,
             5 => Op::Acquire,
             6 => Op::Done,
+            7 => Op::Renew,
             _ => return None,
         })
     }
@@ -50,6 +54,11 @@ pub trait Ledger {
     }
     /// Ends the lease; its launches ran for `micros` of device time.
     fn done(&mut self, _micros: u64) {}
+    /// Ends the lease and waits for the next one; returns its quantum.
+    fn renew(&mut self, micros: u64) -> u64 {
+        self.done(micros);
+        self.acquire()
+    }
 }
 
 /// The ledger in the node, reached over the control socket.
@@ -83,6 +92,9 @@ impl Ledger for ControlLedger {
     }
     fn done(&mut self, micros: u64) {
         let _ = self.ask(Op::Done, micros);
+    }
+    fn renew(&mut self, micros: u64) -> u64 {
+        self.ask(Op::Renew, micros).map_or(u64::MAX, |(_, q)| q)
     }
 }
 

@@ -80,6 +80,10 @@ struct Lease {
 
 type R<T> = Result<T, Status>;
 
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 impl<'a> Session<'a> {
     pub fn new(
         device: &'a mut dyn Device,
@@ -116,22 +120,24 @@ impl<'a> Session<'a> {
         self.device_time
     }
 
-    /// Waits for the device unless this session already holds it.
-    fn take_lease(&mut self) -> &mut Lease {
-        self.lease.get_or_insert_with(|| {
-            let quantum = self.ledger.acquire();
-            Lease {
-                quantum: std::time::Duration::from_micros(quantum),
-                used: std::time::Duration::ZERO,
-            }
-        })
+    /// Before a launch: waits for the device unless this session holds it, and renews a lease
+    /// whose quantum is used up (it ends and the session queues again, in one request).
+    fn lease_for_launch(&mut self) {
+        let quantum = match self.lease {
+            Some(l) if l.used < l.quantum => return,
+            Some(l) => self.ledger.renew(micros(l.used)),
+            None => self.ledger.acquire(),
+        };
+        self.lease = Some(Lease {
+            quantum: std::time::Duration::from_micros(quantum),
+            used: std::time::Duration::ZERO,
+        });
     }
 
     /// Gives the device back, charging what the lease's launches used.
     pub fn end_lease(&mut self) {
         if let Some(l) = self.lease.take() {
-            self.ledger
-                .done(u64::try_from(l.used.as_micros()).unwrap_or(u64::MAX));
+            self.ledger.done(micros(l.used));
         }
     }
 
@@ -511,14 +517,10 @@ impl<'a> Session<'a> {
                     shared_mem: l.shared_mem,
                     params: l.params,
                 };
-                self.take_lease();
+                self.lease_for_launch();
                 let result = self.device.launch(&k);
-                let lease = self.take_lease();
-                if let Ok(t) = result {
+                if let (Ok(t), Some(lease)) = (result, self.lease.as_mut()) {
                     lease.used += t;
-                }
-                if lease.used >= lease.quantum {
-                    self.end_lease();
                 }
                 match result {
                     Ok(t) => self.device_time += t,
