@@ -68,8 +68,7 @@ impl Server {
     fn start_with(args: &[&str]) -> Result<(Server, Address)> {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("gpufuse-bench-{}-{n}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("gpufuse-bench-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let unix = Address::Unix(dir.join("gpufuse.sock"));
         let child = Command::new(gpufuse_binary()?)

@@ -130,11 +130,7 @@ impl Load {
                 Ok(())
             }));
         }
-        Ok(Self {
-            stop,
-            threads,
-            ids,
-        })
+        Ok(Self { stop, threads, ids })
     }
 
     fn stop(self) -> Result<()> {

@@ -37,6 +37,7 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
                 "device_time_us": x.device_time_us,
                 "utilization_percent": x.utilization_percent,
                 "queue_p50_us": x.queue_p50_us, "queue_p99_us": x.queue_p99_us,
+                "on_device": x.on_device,
             })).collect::<Vec<_>>(),
             "notes": s.notes,
         });
@@ -73,13 +74,14 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
             x.program
         );
         println!(
-            "        qos {:<8} share {:<4} {:>3}% busy, {:.3} s device time, queue p50 {} us p99 {} us",
+            "        qos {:<8} share {:<4} {:>3}% busy, {:.3} s device time, queue p50 {} us p99 {} us{}",
             x.qos.name(),
             share,
             x.utilization_percent,
             x.device_time_us as f64 / 1e6,
             x.queue_p50_us,
-            x.queue_p99_us
+            x.queue_p99_us,
+            if x.on_device { ", on the device now" } else { "" }
         );
     }
     for n in &s.notes {

@@ -132,7 +132,7 @@ impl NodeState {
                     .sessions
                     .iter()
                     .map(|(&id, s)| {
-                        let usage = self
+                        let (usage, on_device) = self
                             .queues
                             .get(s.device as usize)
                             .map(|q| q.usage(id))
@@ -151,6 +151,7 @@ impl NodeState {
                             device_time_us: usage.device_time_us,
                             queue_p50_us: usage.queue_p50_us,
                             queue_p99_us: usage.queue_p99_us,
+                            on_device,
                         }
                     })
                     .collect();

@@ -82,8 +82,10 @@ impl DeviceQueue {
         self.turn.notify_all();
     }
 
-    pub fn usage(&self, id: u64) -> Usage {
+    /// What session `id` has used, and whether it holds the device now.
+    pub fn usage(&self, id: u64) -> (Usage, bool) {
         let now = self.now();
-        self.lock().usage(id, now)
+        let s = self.lock();
+        (s.usage(id, now), s.running() == Some(id))
     }
 }

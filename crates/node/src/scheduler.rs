@@ -348,9 +348,7 @@ impl Scheduler {
         if let Some(e) = self.sessions.get_mut(&id) {
             e.idle_since = None;
             if e.state == State::Idle {
-                e.vtime = e
-                    .vtime
-                    .max(self.vclock.saturating_sub(CREDIT_US * SCALE));
+                e.vtime = e.vtime.max(self.vclock.saturating_sub(CREDIT_US * SCALE));
                 e.state = State::Waiting { since: now };
             }
         }
@@ -370,6 +368,11 @@ impl Scheduler {
             queue_p50_us: pct(50).unwrap_or(0),
             queue_p99_us: pct(99).unwrap_or(0),
         }
+    }
+
+    /// The session holding the device.
+    pub fn running(&self) -> Option<u64> {
+        self.running
     }
 
     /// Device time run by all sessions in the last second.

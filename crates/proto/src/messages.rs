@@ -194,6 +194,8 @@ pub struct SessionStatus {
     /// Queueing delay of the session's kernels at the device's launch queue (recent launches).
     pub queue_p50_us: u64,
     pub queue_p99_us: u64,
+    /// The session holds the device now (its kernels are running).
+    pub on_device: bool,
 }
 
 /// One parameter of a kernel: where its bytes go in the packed parameter buffer.
