@@ -8,12 +8,15 @@
 //! - host-to-device and device-to-host bandwidth of 64 MiB copies against an in-process memcpy
 //!   of the same size and against raw socket throughput (target on a unix socket: >= 50% of raw).
 //!
-//! Usage: `cargo run --release -p gpufuse-bench [-- --quick]`.
+//! `gpufuse-bench shares` measures compute shares and QoS instead (see `shares.rs`).
+//!
+//! Usage: `cargo run --release -p gpufuse-bench [-- [shares] [--quick]]`.
 
 #![forbid(unsafe_code)]
 
 mod baseline;
 mod remote;
+mod shares;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -60,6 +63,36 @@ fn free_tcp_port() -> Result<u16> {
         .port())
 }
 
+impl Server {
+    /// A `gpufuse serve` on one emulated GPU with `args` added, listening on a unix socket.
+    fn start_with(args: &[&str]) -> Result<(Server, Address)> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("gpufuse-bench-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let unix = Address::Unix(dir.join("gpufuse.sock"));
+        let child = Command::new(gpufuse_binary()?)
+            .args(["serve", "--listen", &unix.to_string()])
+            .args(["--devices", "emu:1:16GiB"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let server = Server {
+            child,
+            _dir: TempDir(dir),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while unix.connect().is_err() {
+            if Instant::now() > deadline {
+                bail!("gpufuse serve did not start listening");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok((server, unix))
+    }
+}
+
 fn start_server() -> Result<(Server, Address, Address)> {
     let dir = std::env::temp_dir().join(format!("gpufuse-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -94,6 +127,9 @@ fn start_server() -> Result<(Server, Address, Address)> {
 
 fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
+    if std::env::args().any(|a| a == "shares") {
+        return shares::run(quick);
+    }
     let scale = if quick { 10 } else { 1 };
     let (_server, unix, tcp) = start_server()?;
     println!(

@@ -44,6 +44,10 @@ struct ServeArgs {
     /// Require session tokens signed with the secret in this file (see `gpufuse token`).
     #[arg(long)]
     token_secret_file: Option<std::path::PathBuf>,
+    /// hard: a session never runs more than its --compute share, even on an idle device;
+    /// elastic: shares divide a busy device, and idle capacity goes to whoever wants it.
+    #[arg(long, default_value = "elastic")]
+    compute_policy: gpufuse_proto::ComputePolicy,
 }
 
 fn init_logs() {
@@ -80,6 +84,7 @@ fn run_cli() -> anyhow::Result<()> {
                 devices: a.devices,
                 tokens,
                 worker_exe: std::env::current_exe()?,
+                compute_policy: a.compute_policy,
             };
             gpufuse_node::serve(config)?;
             Ok(())

@@ -24,13 +24,20 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     let s = gpufuse_client::Connection::query_status(&a.server, a.token)?;
     if a.json {
         let v = serde_json::json!({
+            "compute_policy": s.compute_policy.name(),
             "devices": s.devices.iter().map(|d| serde_json::json!({
                 "index": d.index, "name": d.name, "kind": kind(d.kind),
                 "total_bytes": d.total_bytes, "used_bytes": d.used_bytes,
+                "utilization_percent": d.utilization_percent,
             })).collect::<Vec<_>>(),
             "sessions": s.sessions.iter().map(|x| serde_json::json!({
                 "id": x.id, "pid": x.pid, "program": x.program, "worker_pid": x.worker_pid,
                 "device": x.device, "used_bytes": x.used_bytes, "limit_bytes": x.limit_bytes,
+                "qos": x.qos.name(), "compute_percent": x.compute_percent,
+                "device_time_us": x.device_time_us,
+                "utilization_percent": x.utilization_percent,
+                "queue_p50_us": x.queue_p50_us, "queue_p99_us": x.queue_p99_us,
+                "on_device": x.on_device,
             })).collect::<Vec<_>>(),
             "notes": s.notes,
         });
@@ -38,15 +45,16 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    println!("devices:");
+    println!("devices (compute policy {}):", s.compute_policy.name());
     for d in &s.devices {
         println!(
-            "  {} {:<24} {:<4} {:>10.1} MiB used of {:>10.1} MiB",
+            "  {} {:<24} {:<4} {:>10.1} MiB used of {:>10.1} MiB, {:>3}% busy",
             d.index,
             d.name,
             kind(d.kind),
             mib(d.used_bytes),
-            mib(d.total_bytes)
+            mib(d.total_bytes),
+            d.utilization_percent
         );
     }
     println!("sessions: {}", s.sessions.len());
@@ -54,6 +62,9 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         let limit = x
             .limit_bytes
             .map_or("none".to_string(), |l| format!("{:.1} MiB", mib(l)));
+        let share = x
+            .compute_percent
+            .map_or("-".to_string(), |c| format!("{c}%"));
         println!(
             "  #{:<4} pid {:<8} worker {:<8} {:>10.1} MiB used, limit {limit}  {}",
             x.id,
@@ -61,6 +72,16 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
             x.worker_pid,
             mib(x.used_bytes),
             x.program
+        );
+        println!(
+            "        qos {:<8} share {:<4} {:>3}% busy, {:.3} s device time, queue p50 {} us p99 {} us{}",
+            x.qos.name(),
+            share,
+            x.utilization_percent,
+            x.device_time_us as f64 / 1e6,
+            x.queue_p50_us,
+            x.queue_p99_us,
+            if x.on_device { ", on the device now" } else { "" }
         );
     }
     for n in &s.notes {

@@ -449,3 +449,145 @@ fn a_session_cannot_touch_another_sessions_memory() {
     a.quiet(&Request::MemFree { ptr: pa }).unwrap();
     assert_eq!(a.call_raw(&Request::Ping).unwrap().deferred_error, None);
 }
+
+/// One thread spinning `n` times.
+const SPIN_PTX: &str = ".version 7.0\n.target sm_80\n.address_size 64\n\n.visible .entry spin(\n\t.param .u32 spin_param_0\n)\n{\n\t.reg .pred %p<2>;\n\t.reg .b32 %r<4>;\n\n\tld.param.u32 %r1, [spin_param_0];\n\tmov.u32 %r2, 0;\n$L__BB0_1:\n\tsetp.ge.u32 %p1, %r2, %r1;\n\t@%p1 bra $L__BB0_2;\n\tadd.s32 %r2, %r2, 1;\n\tbra.uni $L__BB0_1;\n$L__BB0_2:\n\tret;\n}\n\0";
+
+fn compute_session(
+    s: &Server,
+    compute: Option<u32>,
+    qos: gpufuse_proto::Qos,
+) -> Result<Connection, gpufuse_client::ClientError> {
+    let hello = Connection::hello(
+        SessionKind::Cuda,
+        String::new(),
+        ResourceRequest {
+            compute_percent: compute,
+            qos,
+            ..Default::default()
+        },
+    );
+    let (mut c, _) = Connection::open(&s.addr, &hello)?;
+    c.quiet(&Request::CtxCreate {
+        ctx: 1,
+        device: 0,
+        flags: 0,
+    })?;
+    let image = SPIN_PTX.as_bytes();
+    let hash: [u8; 32] =
+        sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
+    c.call(&Request::ModuleLoad {
+        module: 2,
+        device: 0,
+        hash,
+        image: Some(image),
+    })?;
+    c.call(&Request::ModuleGetFunction {
+        module: 2,
+        name: "spin",
+        function: 3,
+    })?;
+    Ok(c)
+}
+
+fn spin(c: &mut Connection, n: u32) {
+    let params = n.to_le_bytes();
+    c.quiet(&Request::LaunchKernel(gpufuse_proto::Launch {
+        function: 3,
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_mem: 0,
+        stream: 0,
+        params: &params,
+        attributes: Vec::new(),
+    }))
+    .unwrap();
+}
+
+#[test]
+fn compute_shares_are_admitted_recorded_and_charged() {
+    use gpufuse_proto::Qos;
+    let s = start("compute", "emu:1:1GiB");
+    let mut a = compute_session(&s, Some(70), Qos::High).unwrap();
+    // 70 + 40 > 100: refused, with the reason.
+    let err = compute_session(&s, Some(40), Qos::Low).unwrap_err();
+    assert!(err.to_string().contains("refused"), "{err}");
+    for bad in [0, 101] {
+        assert!(compute_session(&s, Some(bad), Qos::Low).is_err(), "{bad}%");
+    }
+    let mut b = compute_session(&s, Some(30), Qos::Low).unwrap();
+    let mut c = compute_session(&s, None, Qos::Medium).unwrap();
+    for conn in [&mut a, &mut b, &mut c] {
+        spin(conn, 1000);
+        conn.call(&Request::CtxSynchronize { ctx: 1 }).unwrap();
+        assert_eq!(conn.take_async_error(), None);
+    }
+    let st = status(&s);
+    assert_eq!(st.compute_policy, gpufuse_proto::ComputePolicy::Elastic);
+    let shares: Vec<_> = st
+        .sessions
+        .iter()
+        .map(|x| (x.qos, x.compute_percent))
+        .collect();
+    assert_eq!(
+        shares,
+        [
+            (Qos::High, Some(70)),
+            (Qos::Low, Some(30)),
+            (Qos::Medium, None)
+        ]
+    );
+    for x in &st.sessions {
+        assert!(x.device_time_us > 0, "session {} was charged", x.id);
+        assert!(!x.on_device);
+    }
+    // Only the ended session's share is given back.
+    drop(a);
+    eventually("a's share released", || status(&s).sessions.len() == 2);
+    compute_session(&s, Some(70), Qos::Low).unwrap();
+}
+
+#[test]
+fn a_killed_worker_holding_the_device_lets_the_queue_go_on() {
+    use gpufuse_proto::Qos;
+    let s = start("queuekill", "emu:1:1GiB");
+    let mut a = compute_session(&s, None, Qos::Low).unwrap();
+    // A kernel that would run for minutes.
+    spin(&mut a, u32::MAX);
+    a.flush().unwrap();
+    let a_id = 1;
+    eventually("a's kernel holds the device", || {
+        status(&s)
+            .sessions
+            .iter()
+            .any(|x| x.id == a_id && x.on_device)
+    });
+    let mut b = compute_session(&s, None, Qos::Critical).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        spin(&mut b, 10);
+        let r = b.call(&Request::CtxSynchronize { ctx: 1 }).map(|_| ());
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+        b
+    });
+    // Kernels are not preempted: b waits while a's kernel runs, whatever its QoS.
+    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+    let worker_a = status(&s)
+        .sessions
+        .iter()
+        .find(|x| x.id == a_id)
+        .unwrap()
+        .worker_pid;
+    // SAFETY: signalling a worker process of our own server.
+    unsafe { libc::kill(worker_a as i32, libc::SIGKILL) };
+    let r = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("b ran after a's worker died");
+    assert_eq!(r, Ok(()));
+    let mut b = waiter.join().unwrap();
+    assert_eq!(b.take_async_error(), None);
+    eventually("a is gone, b was charged", || {
+        let st = status(&s);
+        st.sessions.len() == 1 && st.sessions[0].device_time_us > 0
+    });
+}

@@ -9,6 +9,9 @@
 //! worker itself crashed) everything its session held is released. Other sessions never notice.
 
 mod devices;
+mod ledger;
+pub mod queue;
+pub mod scheduler;
 mod spawn;
 
 use std::collections::HashMap;
@@ -16,12 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpufuse_proto::{
-    decode_owned, encode_frame, ClientHello, DeviceStatus, FrameKind, NodeStatus, ProtoError,
-    ServerHello, SessionKind, SessionStatus, PROTOCOL_VERSION,
+    decode_owned, encode_frame, ClientHello, ComputePolicy, DeviceStatus, FrameKind, NodeStatus,
+    ProtoError, Qos, ServerHello, SessionKind, SessionStatus, PROTOCOL_VERSION,
 };
 use gpufuse_transport::{Address, Conn, Stream, TransportError};
 
 pub use devices::{parse_size, DeviceSpec, DeviceSpecError};
+pub use ledger::{Admitted, WINDOW};
+pub use queue::DeviceQueue;
 
 /// How a node decides whether a session may start.
 #[derive(Clone)]
@@ -40,6 +45,8 @@ pub struct NodeConfig {
     pub tokens: TokenPolicy,
     /// The `gpufuse` binary that runs workers (`gpufuse worker ...`).
     pub worker_exe: std::path::PathBuf,
+    /// Whether compute shares are caps (hard) or divide only a busy device (elastic).
+    pub compute_policy: ComputePolicy,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,13 +83,18 @@ pub struct SessionRecord {
     pub device: u32,
     pub used: u64,
     pub limit: Option<u64>,
-    pub device_time_us: u64,
+    pub qos: Qos,
+    /// The session's compute share in percent.
+    pub compute: Option<u32>,
 }
 
-/// The node's shared state.
-#[derive(Debug, Default)]
+/// The node's shared state. Lock order: this state, then a device queue; never the reverse.
+#[derive(Debug)]
 pub struct NodeState {
     pub devices: Vec<DeviceState>,
+    /// Each device's launch queue (same index as `devices`).
+    pub queues: Vec<Arc<DeviceQueue>>,
+    pub compute_policy: ComputePolicy,
     pub sessions: HashMap<u64, SessionRecord>,
     pub next_session: u64,
     pub notes: Vec<String>,
@@ -90,7 +102,9 @@ pub struct NodeState {
 
 impl NodeState {
     pub fn status(&self) -> NodeStatus {
+        let percent_of_second = |us: u64| (us.min(1_000_000) / 10_000) as u32;
         NodeStatus {
+            compute_policy: self.compute_policy,
             devices: self
                 .devices
                 .iter()
@@ -107,22 +121,38 @@ impl NodeState {
                         gpufuse_device::model::CC.1 as u32,
                     ),
                     pci: d.pci,
-                    utilization_percent: 0,
+                    utilization_percent: self.queues.get(i).map_or(0, |q| {
+                        let now = q.now();
+                        percent_of_second(q.lock().busy_last_second(now))
+                    }),
                 })
                 .collect(),
             sessions: {
                 let mut v: Vec<_> = self
                     .sessions
                     .iter()
-                    .map(|(&id, s)| SessionStatus {
-                        id,
-                        pid: s.pid,
-                        program: s.program.clone(),
-                        worker_pid: s.worker_pid,
-                        device: s.device,
-                        used_bytes: s.used,
-                        limit_bytes: s.limit,
-                        utilization_percent: 0,
+                    .map(|(&id, s)| {
+                        let (usage, on_device) = self
+                            .queues
+                            .get(s.device as usize)
+                            .map(|q| q.usage(id))
+                            .unwrap_or_default();
+                        SessionStatus {
+                            id,
+                            pid: s.pid,
+                            program: s.program.clone(),
+                            worker_pid: s.worker_pid,
+                            device: s.device,
+                            used_bytes: s.used,
+                            limit_bytes: s.limit,
+                            utilization_percent: percent_of_second(usage.last_second_us),
+                            qos: s.qos,
+                            compute_percent: s.compute,
+                            device_time_us: usage.device_time_us,
+                            queue_p50_us: usage.queue_p50_us,
+                            queue_p99_us: usage.queue_p99_us,
+                            on_device,
+                        }
                     })
                     .collect();
                 v.sort_by_key(|s| s.id);
@@ -145,12 +175,12 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
     for n in &notes {
         tracing::info!("{n}");
     }
-    let state: Shared = Arc::new(Mutex::new(NodeState {
+    tracing::info!("compute policy: {}", config.compute_policy.name());
+    let state: Shared = Arc::new(Mutex::new(NodeState::new(
         devices,
         notes,
-        next_session: 1,
-        ..Default::default()
-    }));
+        config.compute_policy,
+    )));
     let mut listeners = Vec::new();
     for addr in &config.listen {
         let l = addr.bind().map_err(|source| NodeError::Listen {
@@ -264,57 +294,13 @@ fn handle_connection(stream: Stream, state: &Shared, config: &NodeConfig) {
                 }
                 limit = Some(limit.unwrap_or(max));
             }
-            let admitted = admit(state, &hello, limit);
-            let (id, device, base) = match admitted {
+            let admitted = lock(state).admit(&hello, limit);
+            let a = match admitted {
                 Ok(a) => a,
                 Err(reason) => return refuse(&mut conn, reason),
             };
             set_timeout(conn.stream(), None);
-            spawn::run_worker(conn, tcp, id, device, base, limit, state, config);
+            spawn::run_worker(conn, tcp, a, limit, state, config);
         }
     }
-}
-
-/// Address window of each session: 1 TiB, above the host's usual mappings.
-pub const WINDOW: u64 = 1 << 40;
-const WINDOW_BASE: u64 = 0x0000_2000_0000_0000;
-
-/// Registers a session if its device can honour the request: (id, device, address base).
-fn admit(
-    state: &Shared,
-    hello: &ClientHello,
-    limit: Option<u64>,
-) -> Result<(u64, u32, u64), String> {
-    let mut s = lock(state);
-    let device = 0u32;
-    let d = s
-        .devices
-        .get_mut(device as usize)
-        .ok_or("the server has no device")?;
-    if let Some(l) = limit {
-        let unpromised = d.total.saturating_sub(d.promised);
-        if l > unpromised {
-            return Err(format!(
-                "cannot grant {l} bytes of VRAM on device {device}: {unpromised} of {} bytes are not promised to other sessions",
-                d.total
-            ));
-        }
-        d.promised += l;
-    }
-    let id = s.next_session;
-    s.next_session += 1;
-    s.sessions.insert(
-        id,
-        SessionRecord {
-            pid: hello.pid,
-            program: hello.program.clone(),
-            worker_pid: 0,
-            device,
-            used: 0,
-            limit,
-            device_time_us: 0,
-        },
-    );
-    let base = WINDOW_BASE + (id % 4096) * WINDOW;
-    Ok((id, device, base))
 }

@@ -8,26 +8,32 @@ use std::process::{Command, Stdio};
 use gpufuse_transport::Conn;
 use gpufuse_worker::control::Op;
 
-use crate::{lock, refuse, NodeConfig, Shared, WINDOW};
+use crate::{lock, refuse, Admitted, DeviceQueue, NodeConfig, Shared, WINDOW};
 
 /// Starts `gpufuse worker` for session `id` with the client connection as its stdin and a
 /// control socket as its stdout, serves the control socket until the worker exits, then
 /// releases everything the session held.
-#[allow(clippy::too_many_arguments)]
 pub fn run_worker(
     mut conn: Conn,
     tcp: bool,
-    id: u64,
-    device: u32,
-    base: u64,
+    admitted: Admitted,
     limit: Option<u64>,
     state: &Shared,
     config: &NodeConfig,
 ) {
-    let (total, kind) = {
+    let Admitted { id, device, base } = admitted;
+    let (total, kind, queue) = {
         let s = lock(state);
-        let d = &s.devices[device as usize];
-        (d.total, d.kind)
+        let d = s.devices.get(device as usize);
+        (
+            d.map_or(0, |d| d.total),
+            d.map_or(gpufuse_proto::DeviceKind::Emulated, |d| d.kind),
+            s.queues.get(device as usize).cloned(),
+        )
+    };
+    let Some(queue) = queue else {
+        release(state, id);
+        return refuse(&mut conn, format!("device {device} has no launch queue"));
     };
     let (mut control, child_end) = match UnixStream::pair() {
         Ok(p) => p,
@@ -79,7 +85,10 @@ pub fn run_worker(
         s.worker_pid = child.id();
     }
     tracing::info!(session = id, worker = child.id(), "session started");
-    serve_control(&mut control, id, device, state);
+    serve_control(&mut control, id, state, &queue);
+    // The worker is gone or going: its place in the launch queue goes first, so that nobody
+    // waits on a dead session.
+    queue.remove(id);
     let status = child.wait();
     tracing::info!(session = id, "session ended ({status:?})");
     release(state, id);
@@ -96,44 +105,27 @@ fn conn_stream(conn: Conn) -> Option<gpufuse_transport::Stream> {
     Some(conn.into_stream())
 }
 
-/// Answers ledger requests until the worker closes the socket (exit, crash or kill).
-fn serve_control(control: &mut UnixStream, id: u64, device: u32, state: &Shared) {
+/// Answers ledger and launch-queue requests until the worker closes the socket (exit, crash
+/// or kill).
+fn serve_control(control: &mut UnixStream, id: u64, state: &Shared, queue: &DeviceQueue) {
     let mut req = [0u8; 9];
     while control.read_exact(&mut req).is_ok() {
-        let arg = u64::from_le_bytes(req[1..].try_into().expect("8 bytes"));
-        let (ok, value) = {
-            let mut s = lock(state);
-            let s = &mut *s;
-            let d = &mut s.devices[device as usize];
-            match Op::from_u8(req[0]) {
-                Some(Op::Reserve) => {
-                    if d.used + arg <= d.total {
-                        d.used += arg;
-                        if let Some(rec) = s.sessions.get_mut(&id) {
-                            rec.used += arg;
-                        }
-                        (true, d.used)
-                    } else {
-                        (false, d.used)
-                    }
-                }
-                Some(Op::Release) => {
-                    let rec_used = s.sessions.get(&id).map_or(0, |r| r.used);
-                    let n = arg.min(rec_used);
-                    d.used = d.used.saturating_sub(n);
-                    if let Some(rec) = s.sessions.get_mut(&id) {
-                        rec.used -= n;
-                    }
-                    (true, d.used)
-                }
-                Some(Op::DeviceUsed) => (true, d.used),
-                Some(Op::DeviceTime) => {
-                    if let Some(rec) = s.sessions.get_mut(&id) {
-                        rec.device_time_us += arg;
-                    }
-                    (true, 0)
-                }
-                None => break,
+        let mut arg = [0u8; 8];
+        arg.copy_from_slice(&req[1..]);
+        let arg = u64::from_le_bytes(arg);
+        let (ok, value) = match Op::from_u8(req[0]) {
+            Some(Op::Reserve) => lock(state).reserve(id, arg),
+            Some(Op::Release) => (true, lock(state).release(id, arg)),
+            Some(Op::DeviceUsed) => (true, lock(state).device_used(id)),
+            Some(Op::Acquire) => (true, queue.acquire(id)),
+            Some(Op::Done) => {
+                queue.done(id, arg);
+                (true, 0)
+            }
+            Some(Op::Renew) => (true, queue.renew(id, arg)),
+            None => {
+                tracing::warn!(session = id, op = req[0], "unknown control request");
+                break;
             }
         };
         let mut ans = [0u8; 9];
@@ -147,12 +139,5 @@ fn serve_control(control: &mut UnixStream, id: u64, device: u32, state: &Shared)
 
 /// Forgets session `id` and returns everything it held to its device.
 fn release(state: &Shared, id: u64) {
-    let mut s = lock(state);
-    if let Some(rec) = s.sessions.remove(&id) {
-        let d = &mut s.devices[rec.device as usize];
-        d.used = d.used.saturating_sub(rec.used);
-        if let Some(l) = rec.limit {
-            d.promised = d.promised.saturating_sub(l);
-        }
-    }
+    lock(state).end_session(id);
 }

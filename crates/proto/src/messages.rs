@@ -25,6 +25,76 @@ pub enum Qos {
     Critical,
 }
 
+impl Qos {
+    /// Scheduling rank: a higher rank goes first.
+    pub fn rank(self) -> u8 {
+        match self {
+            Qos::Low => 0,
+            Qos::Medium => 1,
+            Qos::High => 2,
+            Qos::Critical => 3,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Qos::Low => "low",
+            Qos::Medium => "medium",
+            Qos::High => "high",
+            Qos::Critical => "critical",
+        }
+    }
+}
+
+impl std::str::FromStr for Qos {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "low" => Qos::Low,
+            "medium" => Qos::Medium,
+            "high" => Qos::High,
+            "critical" => Qos::Critical,
+            _ => {
+                return Err(format!(
+                    "bad QoS {s:?}: expected low, medium, high or critical"
+                ))
+            }
+        })
+    }
+}
+
+/// How a node enforces compute shares (`gpufuse serve --compute-policy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum ComputePolicy {
+    /// A session never runs more than its share, even when the device would otherwise idle.
+    Hard,
+    /// Shares divide a busy device; a session may use capacity nobody else wants.
+    #[default]
+    Elastic,
+}
+
+impl ComputePolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputePolicy::Hard => "hard",
+            ComputePolicy::Elastic => "elastic",
+        }
+    }
+}
+
+impl std::str::FromStr for ComputePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "hard" => Ok(ComputePolicy::Hard),
+            "elastic" => Ok(ComputePolicy::Elastic),
+            _ => Err(format!(
+                "bad compute policy {s:?}: expected hard or elastic"
+            )),
+        }
+    }
+}
+
 /// What a session asks for. Fields left `None` take the server's defaults.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResourceRequest {
@@ -81,6 +151,7 @@ pub enum ServerHello {
 /// A node's state as `gpufuse status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeStatus {
+    pub compute_policy: ComputePolicy,
     pub devices: Vec<DeviceStatus>,
     pub sessions: Vec<SessionStatus>,
     pub notes: Vec<String>,
@@ -115,6 +186,16 @@ pub struct SessionStatus {
     pub limit_bytes: Option<u64>,
     /// Percent of the last second the session's kernels ran.
     pub utilization_percent: u32,
+    pub qos: Qos,
+    /// The session's compute share in percent, if it asked for one.
+    pub compute_percent: Option<u32>,
+    /// Device time the session's kernels ran, measured, since it started.
+    pub device_time_us: u64,
+    /// Queueing delay of the session's kernels at the device's launch queue (recent launches).
+    pub queue_p50_us: u64,
+    pub queue_p99_us: u64,
+    /// The session holds the device now (its kernels are running).
+    pub on_device: bool,
 }
 
 /// One parameter of a kernel: where its bytes go in the packed parameter buffer.

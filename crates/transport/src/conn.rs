@@ -126,6 +126,22 @@ impl Conn {
         Ok((header, &self.buf[body]))
     }
 
+    /// Whether a whole frame has been received and not yet returned: the next [`Conn::recv`]
+    /// will not wait for the peer.
+    pub fn has_frame(&self) -> bool {
+        let Some(bytes) = self.buf.get(self.start..self.end) else {
+            return false;
+        };
+        let Some(head) = bytes
+            .get(..HEADER_LEN)
+            .and_then(|h| <&[u8; HEADER_LEN]>::try_from(h).ok())
+        else {
+            return false;
+        };
+        FrameHeader::decode(head)
+            .is_ok_and(|h| bytes.len() >= HEADER_LEN.saturating_add(h.len as usize))
+    }
+
     /// Makes at least `need` bytes available from `start`.
     fn fill(&mut self, need: usize) -> Result<(), TransportError> {
         if self.end - self.start >= need {
@@ -172,6 +188,21 @@ mod tests {
     fn pair() -> (Conn, Conn) {
         let (a, b) = UnixStream::pair().unwrap();
         (Conn::new(Stream::Unix(a)), Conn::new(Stream::Unix(b)))
+    }
+
+    #[test]
+    fn has_frame_says_whether_recv_would_wait() {
+        let (mut a, mut b) = pair();
+        assert!(!b.has_frame());
+        let mut out = Vec::new();
+        for id in 0..2 {
+            encode_frame(&mut out, FrameKind::Request, 0, id, &Request::Ping);
+        }
+        a.send(&out).unwrap();
+        b.recv().unwrap();
+        assert!(b.has_frame(), "the second frame came with the first");
+        b.recv().unwrap();
+        assert!(!b.has_frame());
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! The worker's line to its node: the device's memory ledger lives in the node, because several
-//! sessions (worker processes) share one device. Fixed 9-byte requests (`op`, `u64`) and
-//! 9-byte answers (`ok`, `u64`) over a socketpair.
+//! The worker's line to its node: the device's memory ledger and its launch queue live in the
+//! node, because several sessions (worker processes) share one device. Fixed 9-byte requests
+//! (`op`, `u64`) and 9-byte answers (`ok`, `u64`) over a socketpair.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -15,8 +15,15 @@ pub enum Op {
     Release = 2,
     /// How many bytes the device has in use across all sessions.
     DeviceUsed = 3,
-    /// Report device time used by the session, in microseconds (for status and shares).
-    DeviceTime = 4,
+    /// Wait for the device (the launch queue); the answer is the lease's quantum in
+    /// microseconds: launches may go on without asking again until they have used it.
+    Acquire = 5,
+    /// End the lease, reporting the device time its launches took, in microseconds: what the
+    /// session's compute share is charged.
+    Done = 6,
+    /// `Done`, then `Acquire`, as one request: the session has more launches waiting, so it
+    /// never looks idle between two leases.
+    Renew = 7,
 }
 
 impl Op {
@@ -25,7 +32,9 @@ impl Op {
             1 => Op::Reserve,
             2 => Op::Release,
             3 => Op::DeviceUsed,
-            4 => Op::DeviceTime,
+            5 => Op::Acquire,
+            6 => Op::Done,
+            7 => Op::Renew,
             _ => return None,
         })
     }
@@ -38,7 +47,18 @@ pub trait Ledger {
     fn release(&mut self, bytes: u64);
     /// Bytes in use on the device by every session.
     fn device_used(&mut self) -> u64;
-    fn device_time(&mut self, _micros: u64) {}
+    /// Waits until this session may launch on the device; returns the lease's quantum in
+    /// microseconds. A device nobody else uses is always free.
+    fn acquire(&mut self) -> u64 {
+        u64::MAX
+    }
+    /// Ends the lease; its launches ran for `micros` of device time.
+    fn done(&mut self, _micros: u64) {}
+    /// Ends the lease and waits for the next one; returns its quantum.
+    fn renew(&mut self, micros: u64) -> u64 {
+        self.done(micros);
+        self.acquire()
+    }
 }
 
 /// The ledger in the node, reached over the control socket.
@@ -66,8 +86,15 @@ impl Ledger for ControlLedger {
     fn device_used(&mut self) -> u64 {
         self.ask(Op::DeviceUsed, 0).map_or(0, |(_, v)| v)
     }
-    fn device_time(&mut self, micros: u64) {
-        let _ = self.ask(Op::DeviceTime, micros);
+    fn acquire(&mut self) -> u64 {
+        // Without a node there is nobody to share with: run.
+        self.ask(Op::Acquire, 0).map_or(u64::MAX, |(_, q)| q)
+    }
+    fn done(&mut self, micros: u64) {
+        let _ = self.ask(Op::Done, micros);
+    }
+    fn renew(&mut self, micros: u64) -> u64 {
+        self.ask(Op::Renew, micros).map_or(u64::MAX, |(_, q)| q)
     }
 }
 
@@ -80,11 +107,13 @@ pub struct LocalLedger {
 
 impl Ledger for LocalLedger {
     fn reserve(&mut self, bytes: u64) -> bool {
-        if self.used + bytes > self.total {
-            return false;
+        match self.used.checked_add(bytes) {
+            Some(u) if u <= self.total => {
+                self.used = u;
+                true
+            }
+            _ => false,
         }
-        self.used += bytes;
-        true
     }
     fn release(&mut self, bytes: u64) {
         self.used = self.used.saturating_sub(bytes);

@@ -6,6 +6,12 @@
 //! device pointer is checked against this session's own tables, so a session can name only
 //! what it created. Quiet requests produce no reply: their first failure is kept and returned
 //! as the next reply's `deferred_error`. A malformed frame ends the session; it never panics.
+//!
+//! Kernels run under a *lease* from the node's launch queue ([`Ledger::acquire`]): the worker
+//! asks before a launch, keeps the lease while launches follow one another (already received)
+//! within the quantum, and ends it with the measured device time they took, which is what the
+//! session's compute share is charged. Every launch path of the driver API (plain, `_ptsz`,
+//! `Ex`, cooperative, graph replays) arrives here as a `LaunchKernel` request.
 
 pub mod control;
 
@@ -61,9 +67,22 @@ pub struct Session<'a> {
     view: Option<(u64, u64)>,
     /// A fault (illegal address, trap) that poisoned the session until a device reset.
     sticky: Option<Status>,
+    /// The launch queue's lease, while this session holds the device.
+    lease: Option<Lease>,
+}
+
+/// A lease on the device: its quantum and the device time used so far.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    quantum: std::time::Duration,
+    used: std::time::Duration,
 }
 
 type R<T> = Result<T, Status>;
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
 
 impl<'a> Session<'a> {
     pub fn new(
@@ -92,6 +111,33 @@ impl<'a> Session<'a> {
             scratch: Vec::new(),
             view: None,
             sticky: None,
+            lease: None,
+        }
+    }
+
+    /// Device time this session's kernels have run.
+    pub fn device_time(&self) -> std::time::Duration {
+        self.device_time
+    }
+
+    /// Before a launch: waits for the device unless this session holds it, and renews a lease
+    /// whose quantum is used up (it ends and the session queues again, in one request).
+    fn lease_for_launch(&mut self) {
+        let quantum = match self.lease {
+            Some(l) if l.used < l.quantum => return,
+            Some(l) => self.ledger.renew(micros(l.used)),
+            None => self.ledger.acquire(),
+        };
+        self.lease = Some(Lease {
+            quantum: std::time::Duration::from_micros(quantum),
+            used: std::time::Duration::ZERO,
+        });
+    }
+
+    /// Gives the device back, charging what the lease's launches used.
+    pub fn end_lease(&mut self) {
+        if let Some(l) = self.lease.take() {
+            self.ledger.done(micros(l.used));
         }
     }
 
@@ -129,7 +175,11 @@ impl<'a> Session<'a> {
         if size == 0 {
             return Err(st::INVALID_VALUE);
         }
-        if self.limit.is_some_and(|l| self.used + size > l) || !self.ledger.reserve(size) {
+        if self
+            .limit
+            .is_some_and(|l| self.used.checked_add(size).is_none_or(|u| u > l))
+            || !self.ledger.reserve(size)
+        {
             return Err(st::OUT_OF_MEMORY);
         }
         match self.device.alloc(size) {
@@ -155,6 +205,7 @@ impl<'a> Session<'a> {
 
     /// Frees everything: at reset and when the session ends.
     pub fn release_all(&mut self) {
+        self.end_lease();
         let ptrs: Vec<u64> = self.allocations.keys().copied().collect();
         for p in ptrs {
             let _ = self.free(p);
@@ -474,7 +525,12 @@ impl<'a> Session<'a> {
                     shared_mem: l.shared_mem,
                     params: l.params,
                 };
-                match self.device.launch(&k) {
+                self.lease_for_launch();
+                let result = self.device.launch(&k);
+                if let (Ok(t), Some(lease)) = (result, self.lease.as_mut()) {
+                    lease.used += t;
+                }
+                match result {
                     Ok(t) => self.device_time += t,
                     Err(e) => {
                         let detail = self.device.take_error_detail().unwrap_or_default();
@@ -500,6 +556,11 @@ impl<'a> Session<'a> {
     /// Runs a request as the wire sees it: a reply for synchronous requests, and a kept
     /// failure for quiet ones.
     pub fn dispatch(&mut self, req: Request, quiet: bool) -> Option<Reply> {
+        if !matches!(req, Request::LaunchKernel(_)) {
+            // Only consecutive launches share a lease: copies and synchronization do not hold
+            // the device for others.
+            self.end_lease();
+        }
         let result = match (self.sticky, &req) {
             (Some(_), Request::DeviceReset { .. }) => {
                 self.sticky = None;
@@ -591,7 +652,12 @@ fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), 
             text.truncate(200);
             tracing::trace!(quiet, "request {text}");
         }
-        if let Some(mut reply) = session.dispatch(req, quiet) {
+        let reply = session.dispatch(req, quiet);
+        if !conn.has_frame() {
+            // Nothing more has arrived: do not hold the device while waiting for the client.
+            session.end_lease();
+        }
+        if let Some(mut reply) = reply {
             out.clear();
             if let Some((src, size)) = session.view.take() {
                 if reply.status == 0 {

@@ -1,0 +1,157 @@
+//! The node's books: which sessions exist, and every device's memory ledger (total, used,
+//! promised slices) with each session's part of it. Workers reserve and release through the
+//! control socket; a session's end returns everything it held. Kept free of sockets and
+//! processes so that tests can drive it directly.
+
+use std::sync::Arc;
+
+use gpufuse_proto::{ClientHello, ComputePolicy};
+
+use crate::queue::DeviceQueue;
+use crate::{DeviceState, NodeState, SessionRecord};
+
+/// Address window of each session: 1 TiB, above the host's usual mappings.
+pub const WINDOW: u64 = 1 << 40;
+const WINDOW_BASE: u64 = 0x0000_2000_0000_0000;
+
+/// A session the node admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admitted {
+    pub id: u64,
+    pub device: u32,
+    /// The start of the session's device address window.
+    pub base: u64,
+}
+
+impl NodeState {
+    pub fn new(devices: Vec<DeviceState>, notes: Vec<String>, policy: ComputePolicy) -> Self {
+        Self {
+            queues: devices
+                .iter()
+                .map(|_| Arc::new(DeviceQueue::new(policy)))
+                .collect(),
+            devices,
+            notes,
+            compute_policy: policy,
+            next_session: 1,
+            sessions: Default::default(),
+        }
+    }
+
+    /// Registers a session if its device can honour its VRAM slice (`limit`) and its compute
+    /// share; a refusal says why.
+    pub fn admit(&mut self, hello: &ClientHello, limit: Option<u64>) -> Result<Admitted, String> {
+        let device = 0u32;
+        let compute = hello.resources.compute_percent;
+        if compute.is_some_and(|c| !(1..=100).contains(&c)) {
+            return Err(format!(
+                "a compute share is a percentage (1-100), not {}",
+                compute.unwrap_or(0)
+            ));
+        }
+        let queue = self
+            .queues
+            .get(device as usize)
+            .cloned()
+            .ok_or("the server has no device")?;
+        let d = self
+            .devices
+            .get_mut(device as usize)
+            .ok_or("the server has no device")?;
+        let mut sched = queue.lock();
+        if let Some(c) = compute {
+            let promised = sched.promised_percent();
+            if promised + c > 100 {
+                return Err(format!(
+                    "cannot grant {c}% of device {device}'s compute: {promised}% is promised to other sessions"
+                ));
+            }
+        }
+        if let Some(l) = limit {
+            let unpromised = d.total.saturating_sub(d.promised);
+            if l > unpromised {
+                return Err(format!(
+                    "cannot grant {l} bytes of VRAM on device {device}: {unpromised} of {} bytes are not promised to other sessions",
+                    d.total
+                ));
+            }
+            d.promised += l;
+        }
+        let id = self.next_session;
+        self.next_session += 1;
+        sched.add(id, hello.resources.qos, compute);
+        self.sessions.insert(
+            id,
+            SessionRecord {
+                pid: hello.pid,
+                program: hello.program.clone(),
+                worker_pid: 0,
+                device,
+                used: 0,
+                limit,
+                qos: hello.resources.qos,
+                compute,
+            },
+        );
+        Ok(Admitted {
+            id,
+            device,
+            base: WINDOW_BASE + (id % 4096) * WINDOW,
+        })
+    }
+
+    /// Session `id` asks for `bytes` more on its device: granted or not, and the device's use.
+    pub fn reserve(&mut self, id: u64, bytes: u64) -> (bool, u64) {
+        let Some(rec) = self.sessions.get_mut(&id) else {
+            return (false, 0);
+        };
+        let Some(d) = self.devices.get_mut(rec.device as usize) else {
+            return (false, 0);
+        };
+        match d.used.checked_add(bytes) {
+            Some(u) if u <= d.total => {
+                d.used = u;
+                rec.used += bytes;
+                (true, d.used)
+            }
+            _ => (false, d.used),
+        }
+    }
+
+    /// Session `id` returns `bytes` (never more than it holds); the device's use after.
+    pub fn release(&mut self, id: u64, bytes: u64) -> u64 {
+        let Some(rec) = self.sessions.get_mut(&id) else {
+            return 0;
+        };
+        let Some(d) = self.devices.get_mut(rec.device as usize) else {
+            return 0;
+        };
+        let n = bytes.min(rec.used);
+        rec.used -= n;
+        d.used = d.used.saturating_sub(n);
+        d.used
+    }
+
+    /// Bytes in use on session `id`'s device by every session.
+    pub fn device_used(&self, id: u64) -> u64 {
+        self.sessions
+            .get(&id)
+            .and_then(|r| self.devices.get(r.device as usize))
+            .map_or(0, |d| d.used)
+    }
+
+    /// Forgets session `id`: its memory, its slice and its place in the launch queue go back.
+    pub fn end_session(&mut self, id: u64) {
+        if let Some(rec) = self.sessions.remove(&id) {
+            if let Some(d) = self.devices.get_mut(rec.device as usize) {
+                d.used = d.used.saturating_sub(rec.used);
+                if let Some(l) = rec.limit {
+                    d.promised = d.promised.saturating_sub(l);
+                }
+            }
+            if let Some(q) = self.queues.get(rec.device as usize) {
+                q.remove(id);
+            }
+        }
+    }
+}

@@ -1,0 +1,716 @@
+//! One device's launch queue: who may run kernels next, and how much device time each session
+//! has had. Pure policy: no threads, no processes, no clock of its own — every call is given
+//! `now` in microseconds, so tests drive it with a simulated clock.
+//!
+//! - **One session at a time** holds the device (a *lease*). A worker asks before it launches,
+//!   runs launches for up to a quantum, and reports the device time they measured; that measured
+//!   time is what is charged. Every launch path (plain, `_ptsz`, `Ex`, cooperative, graph
+//!   replays) reaches the worker as a launch request, so none escapes the queue.
+//! - **Shares** are start-time fair queueing on measured time: each session's virtual time
+//!   advances by its charged time divided by its weight, and the waiting session with the
+//!   smallest virtual time goes next. A session's weight is its compute percent; sessions
+//!   without one share what the others did not ask for equally. A session that was idle
+//!   re-enters no further than [`CREDIT_US`] behind the queue's virtual time, so idleness
+//!   banks little credit.
+//! - **Hard policy**: a session with a compute percent `p` is also capped: after a lease that
+//!   started at `t` and was charged `u`, its next lease starts no earlier than
+//!   `max(previous, t - BURST) + u * 100 / p`, even when the device is otherwise idle.
+//!   **Elastic policy** (the default): no cap, so a lone session uses idle capacity.
+//! - **QoS** decides order, shares decide amount: among waiting sessions whose virtual time is
+//!   within [`QOS_LAG_US`] of the smallest, the highest QoS goes first. A high-QoS session's
+//!   short kernels therefore start as soon as the current lease ends, while a high-QoS session
+//!   that saturates the device still gets only its share.
+
+use std::collections::BTreeMap;
+
+use gpufuse_proto::{ComputePolicy, Qos};
+
+/// How long a lease may run launches before the worker must ask again, in microseconds.
+pub const QUANTUM_US: u64 = 1_000;
+/// Hard policy: how much unused share a session may carry into a burst, in microseconds of
+/// real time.
+pub const BURST_US: u64 = 100_000;
+/// How far (in normalized microseconds, see [`Scheduler`]) a session may be ahead of the queue
+/// and still be ordered by its QoS.
+pub const QOS_LAG_US: u64 = 50_000;
+/// How far (in normalized microseconds) behind the queue a session may come back from being
+/// idle: it keeps that much credit, and no more. A session is idle for a moment between any
+/// two leases, so this must be more than a few leases' worth.
+pub const CREDIT_US: u64 = 50_000;
+/// How long the device is held for a session that just ended a lease, is still owed device
+/// time and usually comes back within this (its think time): without it, the moment between
+/// two of its leases would hand the device to someone else every time, and a session whose
+/// client synchronizes often would get one lease per lease of the others whatever its share.
+pub const GRACE_US: u64 = 1_000;
+/// Queueing delays kept per session for percentiles.
+const WAIT_SAMPLES: usize = 1024;
+/// Usage buckets of 100 ms, ten of them: "the last second".
+const BUCKET_US: u64 = 100_000;
+const BUCKETS: usize = 10;
+/// Virtual time is kept in units of 1/SCALE normalized microseconds.
+const SCALE: u64 = 1_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Idle,
+    Waiting { since: u64 },
+    Running { since: u64 },
+}
+
+/// Device time per 100 ms bucket over the last second.
+#[derive(Clone, Debug, Default)]
+struct Window {
+    buckets: [(u64, u64); BUCKETS],
+}
+
+impl Window {
+    fn add(&mut self, now: u64, us: u64) {
+        let idx = now / BUCKET_US;
+        let b = &mut self.buckets[(idx % BUCKETS as u64) as usize];
+        if b.0 != idx {
+            *b = (idx, 0);
+        }
+        b.1 += us;
+    }
+
+    fn last_second(&self, now: u64) -> u64 {
+        let idx = now / BUCKET_US;
+        self.buckets
+            .iter()
+            .filter(|(i, _)| *i + (BUCKETS as u64) > idx && *i <= idx)
+            .map(|(_, us)| us)
+            .sum()
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    qos: Qos,
+    limit: Option<u32>,
+    vtime: u64,
+    eligible_at: u64,
+    state: State,
+    charged_us: u64,
+    window: Window,
+    waits: Vec<u64>,
+    next_wait: usize,
+    /// When its last lease ended, while it is idle.
+    idle_since: Option<u64>,
+    /// Moving average of the time between the end of a lease and the next request.
+    think_us: u64,
+}
+
+/// What a session asking for the device is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Poll {
+    /// The device is the session's for up to `quantum_us` of launches.
+    Granted { quantum_us: u64 },
+    /// Not yet. Ask again when another session finishes, or at `until` (a throttled session
+    /// becomes eligible then) at the latest.
+    Wait { until: Option<u64> },
+}
+
+/// A session's measured usage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub device_time_us: u64,
+    pub last_second_us: u64,
+    pub queue_p50_us: u64,
+    pub queue_p99_us: u64,
+}
+
+/// One device's launch queue.
+///
+/// Virtual time is in *normalized* microseconds: a session with a 100% share advances one per
+/// microseconds of device time it is charged, one with 25% four.
+#[derive(Clone, Debug)]
+pub struct Scheduler {
+    policy: ComputePolicy,
+    sessions: BTreeMap<u64, Entry>,
+    running: Option<u64>,
+    /// The device is kept for this session until the deadline (see [`GRACE_US`]).
+    reserved: Option<(u64, u64)>,
+    /// The queue's virtual time: the start tag of the latest lease.
+    vclock: u64,
+    busy: Window,
+}
+
+impl Scheduler {
+    pub fn new(policy: ComputePolicy) -> Self {
+        Self {
+            policy,
+            sessions: BTreeMap::new(),
+            running: None,
+            reserved: None,
+            vclock: 0,
+            busy: Window::default(),
+        }
+    }
+
+    pub fn policy(&self) -> ComputePolicy {
+        self.policy
+    }
+
+    /// Percent the sessions on this device have asked for.
+    pub fn promised_percent(&self) -> u32 {
+        self.sessions.values().filter_map(|e| e.limit).sum()
+    }
+
+    /// Registers a session. `limit` is its compute share in percent (1..=100).
+    pub fn add(&mut self, id: u64, qos: Qos, limit: Option<u32>) {
+        self.sessions.insert(
+            id,
+            Entry {
+                qos,
+                limit: limit.map(|l| l.clamp(1, 100)),
+                vtime: self.vclock,
+                eligible_at: 0,
+                state: State::Idle,
+                charged_us: 0,
+                window: Window::default(),
+                waits: Vec::new(),
+                next_wait: 0,
+                idle_since: None,
+                think_us: 0,
+            },
+        );
+    }
+
+    /// Forgets a session (it ended or its worker died); frees the device if it held it.
+    pub fn remove(&mut self, id: u64) {
+        self.sessions.remove(&id);
+        if self.running == Some(id) {
+            self.running = None;
+        }
+        if self.reserved.is_some_and(|(r, _)| r == id) {
+            self.reserved = None;
+        }
+    }
+
+    /// The weight of a session: its percent, or an equal part of what is left unasked.
+    fn weight(&self, e: &Entry) -> u64 {
+        if let Some(l) = e.limit {
+            return l as u64;
+        }
+        let unlimited = self.sessions.values().filter(|e| e.limit.is_none()).count() as u64;
+        let left = 100u64.saturating_sub(self.promised_percent() as u64);
+        (left / unlimited.max(1)).max(1)
+    }
+
+    fn eligible(&self, e: &Entry, now: u64) -> bool {
+        self.policy == ComputePolicy::Elastic || e.limit.is_none() || e.eligible_at <= now
+    }
+
+    /// Who should get the device next among the waiting sessions that may run, counting
+    /// `also` as waiting.
+    fn pick(&self, now: u64, also: Option<u64>) -> Option<u64> {
+        let waiting = || {
+            self.sessions.iter().filter(move |(&id, e)| {
+                (matches!(e.state, State::Waiting { .. }) || Some(id) == also)
+                    && self.eligible(e, now)
+            })
+        };
+        let min_v = waiting().map(|(_, e)| e.vtime).min()?;
+        waiting()
+            .filter(|(_, e)| e.vtime <= min_v.saturating_add(QOS_LAG_US * SCALE))
+            .min_by_key(|(&id, e)| {
+                let since = match e.state {
+                    State::Waiting { since } => since,
+                    _ => now,
+                };
+                (std::cmp::Reverse(e.qos.rank()), e.vtime, since, id)
+            })
+            .map(|(&id, _)| id)
+    }
+
+    /// The device's reservation, if it still holds at `now`.
+    fn reservation(&self, now: u64) -> Option<(u64, u64)> {
+        self.reserved.filter(|&(_, until)| until > now)
+    }
+
+    /// The session that should get the device now, if the device is free and one may run.
+    pub fn candidate(&self, now: u64) -> Option<u64> {
+        if self.running.is_some() {
+            return None;
+        }
+        let reserved = self.reservation(now).map(|(id, _)| id);
+        let next = self.pick(now, reserved)?;
+        let waiting = self
+            .sessions
+            .get(&next)
+            .is_some_and(|e| matches!(e.state, State::Waiting { .. }));
+        // The reserved session is still the one owed: keep the device for it.
+        waiting.then_some(next)
+    }
+
+    /// Session `id` wants the device: queues it and grants it if it is next.
+    pub fn poll(&mut self, id: u64, now: u64) -> Poll {
+        let Some(e) = self.sessions.get_mut(&id) else {
+            // Unknown (never admitted): never blocks, never charged.
+            return Poll::Granted {
+                quantum_us: QUANTUM_US,
+            };
+        };
+        match e.state {
+            State::Running { .. } => {
+                return Poll::Granted {
+                    quantum_us: QUANTUM_US,
+                }
+            }
+            State::Idle => {
+                if let Some(t) = e.idle_since.take() {
+                    e.think_us = (3 * e.think_us + now.saturating_sub(t)) / 4;
+                }
+                e.vtime = e.vtime.max(self.vclock.saturating_sub(CREDIT_US * SCALE));
+                e.state = State::Waiting { since: now };
+            }
+            State::Waiting { .. } => {}
+        }
+        if self.candidate(now) == Some(id) {
+            self.grant(id, now);
+            return Poll::Granted {
+                quantum_us: QUANTUM_US,
+            };
+        }
+        let until = self
+            .sessions
+            .values()
+            .filter(|e| matches!(e.state, State::Waiting { .. }) && !self.eligible(e, now))
+            .map(|e| e.eligible_at)
+            .chain(self.reservation(now).map(|(_, until)| until))
+            .min();
+        Poll::Wait { until }
+    }
+
+    fn grant(&mut self, id: u64, now: u64) {
+        let Some(e) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        if let State::Waiting { since } = e.state {
+            let wait = now.saturating_sub(since);
+            if e.waits.len() < WAIT_SAMPLES {
+                e.waits.push(wait);
+            } else {
+                e.waits[e.next_wait] = wait;
+            }
+            e.next_wait = (e.next_wait + 1) % WAIT_SAMPLES;
+        }
+        e.state = State::Running { since: now };
+        self.vclock = self.vclock.max(e.vtime);
+        self.running = Some(id);
+        self.reserved = None;
+    }
+
+    /// Session `id` ends its lease, having run `used_us` of device time (capped at the time it
+    /// held the device).
+    pub fn done(&mut self, id: u64, used_us: u64, now: u64) {
+        if self.running != Some(id) {
+            return;
+        }
+        self.running = None;
+        let Some(e) = self.sessions.get(&id) else {
+            return;
+        };
+        let State::Running { since } = e.state else {
+            return;
+        };
+        let used = used_us.min(now.saturating_sub(since));
+        let weight = self.weight(e);
+        let hard = self.policy == ComputePolicy::Hard;
+        let Some(e) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        e.state = State::Idle;
+        e.vtime = e
+            .vtime
+            .saturating_add(used.saturating_mul(100 * SCALE) / weight.max(1));
+        if let (true, Some(limit)) = (hard, e.limit) {
+            e.eligible_at = e.eligible_at.max(since.saturating_sub(BURST_US))
+                + used.saturating_mul(100) / limit as u64;
+        }
+        e.charged_us += used;
+        e.window.add(now, used);
+        e.idle_since = Some(now);
+        let quick = e.think_us < GRACE_US;
+        self.busy.add(now, used);
+        if quick && self.pick(now, Some(id)) == Some(id) {
+            self.reserved = Some((id, now + GRACE_US));
+        }
+    }
+
+    /// Session `id` ends its lease and, having more launches, queues again at once: it is
+    /// never idle, so its think time is untouched and no reservation is needed.
+    pub fn requeue(&mut self, id: u64, used_us: u64, now: u64) {
+        self.done(id, used_us, now);
+        if self.reserved.is_some_and(|(r, _)| r == id) {
+            self.reserved = None;
+        }
+        if let Some(e) = self.sessions.get_mut(&id) {
+            e.idle_since = None;
+            if e.state == State::Idle {
+                e.vtime = e.vtime.max(self.vclock.saturating_sub(CREDIT_US * SCALE));
+                e.state = State::Waiting { since: now };
+            }
+        }
+    }
+
+    /// What a session has used, and how long its leases waited.
+    pub fn usage(&self, id: u64, now: u64) -> Usage {
+        let Some(e) = self.sessions.get(&id) else {
+            return Usage::default();
+        };
+        let mut w = e.waits.clone();
+        w.sort_unstable();
+        let pct = |p: usize| w.get((w.len().saturating_sub(1)) * p / 100).copied();
+        Usage {
+            device_time_us: e.charged_us,
+            last_second_us: e.window.last_second(now),
+            queue_p50_us: pct(50).unwrap_or(0),
+            queue_p99_us: pct(99).unwrap_or(0),
+        }
+    }
+
+    /// The session holding the device.
+    pub fn running(&self) -> Option<u64> {
+        self.running
+    }
+
+    /// Device time run by all sessions in the last second.
+    pub fn busy_last_second(&self, now: u64) -> u64 {
+        self.busy.last_second(now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session in the simulation: it wants the device from `ready_at` on, and runs kernels
+    /// of `kernel_us`, one per lease, in batches of `batch` (renewing its lease within a
+    /// batch); it is idle for `gap_us` after each batch (0 = saturating).
+    struct Tenant {
+        id: u64,
+        kernel_us: u64,
+        gap_us: u64,
+        batch: u32,
+        in_batch: u32,
+        ready_at: u64,
+        ran_us: u64,
+        waits: Vec<u64>,
+        asked_at: Option<u64>,
+    }
+
+    impl Tenant {
+        fn new(id: u64, kernel_us: u64, gap_us: u64) -> Self {
+            Self {
+                id,
+                kernel_us,
+                gap_us,
+                batch: 1,
+                in_batch: 0,
+                ready_at: 0,
+                ran_us: 0,
+                waits: Vec::new(),
+                asked_at: None,
+            }
+        }
+    }
+
+    /// Runs the queue for `until` simulated microseconds. Each lease is one kernel.
+    fn simulate(s: &mut Scheduler, tenants: &mut [Tenant], until: u64) {
+        let mut now = 0u64;
+        while now < until {
+            // Everyone ready asks, in id order (ask order must not matter).
+            let mut granted = None;
+            for t in tenants.iter_mut().filter(|t| t.ready_at <= now) {
+                t.asked_at.get_or_insert(now);
+                if let Poll::Granted { .. } = s.poll(t.id, now) {
+                    granted = Some(t.id);
+                }
+            }
+            if granted.is_none() {
+                // Nobody could run: advance to the next event.
+                let next_ready = tenants
+                    .iter()
+                    .map(|t| t.ready_at)
+                    .filter(|&r| r > now)
+                    .min();
+                let next_eligible = tenants
+                    .iter()
+                    .filter(|t| t.ready_at <= now)
+                    .filter_map(|t| match s.poll(t.id, now) {
+                        Poll::Wait { until } => until,
+                        Poll::Granted { .. } => None,
+                    })
+                    .min();
+                now = [next_ready, next_eligible, Some(now + 1)]
+                    .into_iter()
+                    .flatten()
+                    .filter(|&x| x > now)
+                    .min()
+                    .unwrap_or(now + 1);
+                continue;
+            }
+            let t = tenants
+                .iter_mut()
+                .find(|t| Some(t.id) == granted)
+                .expect("granted tenant");
+            t.waits.push(now - t.asked_at.take().unwrap_or(now));
+            now += t.kernel_us;
+            t.ran_us += t.kernel_us;
+            t.in_batch += 1;
+            if t.gap_us == 0 || t.in_batch < t.batch {
+                s.requeue(t.id, t.kernel_us, now);
+                t.asked_at = Some(now);
+            } else {
+                s.done(t.id, t.kernel_us, now);
+                t.in_batch = 0;
+                t.ready_at = now + t.gap_us;
+            }
+        }
+    }
+
+    fn pct(part: u64, whole: u64) -> f64 {
+        100.0 * part as f64 / whole as f64
+    }
+
+    fn p99(w: &[u64]) -> u64 {
+        let mut w = w.to_vec();
+        w.sort_unstable();
+        w[(w.len() - 1) * 99 / 100]
+    }
+
+    #[test]
+    fn two_saturating_tenants_split_30_70() {
+        for policy in [ComputePolicy::Elastic, ComputePolicy::Hard] {
+            let mut s = Scheduler::new(policy);
+            s.add(1, Qos::Medium, Some(30));
+            s.add(2, Qos::Medium, Some(70));
+            // Different kernel lengths: shares are time, not launches.
+            let mut t = [Tenant::new(1, 700, 0), Tenant::new(2, 2_300, 0)];
+            simulate(&mut s, &mut t, 10_000_000);
+            let total = t[0].ran_us + t[1].ran_us;
+            let a = pct(t[0].ran_us, total);
+            assert!(
+                (a - 30.0).abs() <= 5.0,
+                "{policy:?}: {a:.1}% for the 30% tenant"
+            );
+            assert!(
+                pct(total, 10_000_000) > 95.0,
+                "{policy:?}: the device stays busy"
+            );
+            assert_eq!(s.usage(1, 10_000_000).device_time_us, t[0].ran_us);
+        }
+    }
+
+    #[test]
+    fn tenants_that_synchronize_between_batches_keep_their_split() {
+        // Batches of 4 kernels, then a client round trip (300 us, under GRACE_US) before the
+        // next batch: the device waits for the owed tenant instead of alternating.
+        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        s.add(1, Qos::Medium, Some(30));
+        s.add(2, Qos::Medium, Some(70));
+        let mut t = [Tenant::new(1, 2_000, 300), Tenant::new(2, 2_000, 300)];
+        for t in &mut t {
+            t.batch = 4;
+        }
+        simulate(&mut s, &mut t, 10_000_000);
+        let total = t[0].ran_us + t[1].ran_us;
+        let a = pct(t[0].ran_us, total);
+        assert!((a - 30.0).abs() <= 5.0, "{a:.1}% for the 30% tenant");
+        assert!(pct(total, 10_000_000) > 90.0, "the device stays busy");
+    }
+
+    #[test]
+    fn every_ten_second_window_holds_the_split() {
+        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        s.add(1, Qos::Medium, Some(30));
+        s.add(2, Qos::Medium, Some(70));
+        let mut t = [Tenant::new(1, 5_000, 0), Tenant::new(2, 1_000, 0)];
+        let mut last = (0, 0);
+        for w in 1..=3 {
+            simulate(&mut s, &mut t, 10_000_000);
+            let (a, b) = (t[0].ran_us - last.0, t[1].ran_us - last.1);
+            let share = pct(a, a + b);
+            assert!((share - 30.0).abs() <= 5.0, "window {w}: {share:.1}%");
+            last = (t[0].ran_us, t[1].ran_us);
+            for t in &mut t {
+                t.ready_at = 0;
+            }
+        }
+    }
+
+    #[test]
+    fn a_lone_tenant_is_capped_under_hard_and_uses_idle_capacity_under_elastic() {
+        let mut hard = Scheduler::new(ComputePolicy::Hard);
+        hard.add(1, Qos::Medium, Some(30));
+        let mut t = [Tenant::new(1, 2_000, 0)];
+        simulate(&mut hard, &mut t, 10_000_000);
+        let used = pct(t[0].ran_us, 10_000_000);
+        assert!((used - 30.0).abs() <= 2.0, "hard: {used:.1}%");
+
+        let mut elastic = Scheduler::new(ComputePolicy::Elastic);
+        elastic.add(1, Qos::Medium, Some(30));
+        let mut t = [Tenant::new(1, 2_000, 0)];
+        simulate(&mut elastic, &mut t, 10_000_000);
+        let used = pct(t[0].ran_us, 10_000_000);
+        assert!(used > 99.0, "elastic: {used:.1}%");
+    }
+
+    #[test]
+    fn sessions_without_a_limit_share_equally_and_share_what_is_left() {
+        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        for id in 1..=3 {
+            s.add(id, Qos::Medium, None);
+        }
+        let mut t = [
+            Tenant::new(1, 1_000, 0),
+            Tenant::new(2, 3_000, 0),
+            Tenant::new(3, 500, 0),
+        ];
+        simulate(&mut s, &mut t, 6_000_000);
+        for t in &t {
+            let share = pct(t.ran_us, 6_000_000);
+            assert!((share - 33.3).abs() <= 3.0, "{}: {share:.1}%", t.id);
+        }
+
+        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        s.add(1, Qos::Medium, Some(40));
+        s.add(2, Qos::Medium, None);
+        let mut t = [Tenant::new(1, 1_000, 0), Tenant::new(2, 1_000, 0)];
+        simulate(&mut s, &mut t, 6_000_000);
+        let share = pct(t[0].ran_us, 6_000_000);
+        assert!((share - 40.0).abs() <= 3.0, "{share:.1}%");
+    }
+
+    #[test]
+    fn high_qos_short_kernels_go_before_queued_low_qos_work() {
+        // Three low-QoS tenants saturate with 2 ms kernels; a high-QoS tenant runs a 100 us
+        // kernel every 10 ms. Its wait is at most the lease in progress.
+        let run = |qos: Qos| {
+            let mut s = Scheduler::new(ComputePolicy::Elastic);
+            for id in 1..=3 {
+                s.add(id, Qos::Low, None);
+            }
+            s.add(9, qos, None);
+            let mut t = [
+                Tenant::new(1, 2_000, 0),
+                Tenant::new(2, 2_000, 0),
+                Tenant::new(3, 2_000, 0),
+                Tenant::new(9, 100, 10_000),
+            ];
+            t[3].ready_at = 1_000;
+            simulate(&mut s, &mut t, 5_000_000);
+            p99(&t[3].waits)
+        };
+        let high = run(Qos::High);
+        assert!(high <= 2_000, "high QoS waits at most one lease: {high} us");
+        let low = run(Qos::Low);
+        assert!(low >= high, "QoS does not make it later: {low} vs {high}");
+    }
+
+    #[test]
+    fn qos_orders_the_queue_but_does_not_take_more_than_the_share() {
+        // Both saturate: QoS alone must not starve the low tenant.
+        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        s.add(1, Qos::Critical, Some(50));
+        s.add(2, Qos::Low, Some(50));
+        let mut t = [Tenant::new(1, 1_000, 0), Tenant::new(2, 1_000, 0)];
+        simulate(&mut s, &mut t, 5_000_000);
+        let share = pct(t[1].ran_us, 5_000_000);
+        assert!((share - 50.0).abs() <= 5.0, "low tenant: {share:.1}%");
+
+        // Same virtual time: the higher QoS goes first whatever the ids.
+        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        s.add(1, Qos::Low, None);
+        s.add(2, Qos::High, None);
+        s.add(3, Qos::Medium, None);
+        s.add(4, Qos::Low, None);
+        assert!(matches!(s.poll(4, 0), Poll::Granted { .. }));
+        for id in 1..=3 {
+            assert!(matches!(s.poll(id, 1), Poll::Wait { .. }));
+        }
+        s.done(4, 10, 10);
+        assert_eq!(s.candidate(10), Some(2));
+        assert!(matches!(s.poll(2, 10), Poll::Granted { .. }));
+        s.done(2, 10, 20);
+        // Session 2 is still first in line: the device is kept for it for a moment...
+        assert_eq!(s.candidate(20), None);
+        // ...and then the next in QoS order goes.
+        assert_eq!(s.candidate(20 + GRACE_US), Some(3));
+    }
+
+    #[test]
+    fn the_device_is_kept_only_for_sessions_that_come_back_quickly() {
+        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        s.add(1, Qos::Medium, None);
+        s.add(2, Qos::Medium, None);
+        // Session 2 has had more than session 1 will have.
+        assert!(matches!(s.poll(2, 0), Poll::Granted { .. }));
+        s.done(2, 10_000, 10_000);
+        // Session 1 comes back 5 ms after each lease: it learns it is slow.
+        let mut now = 10_000;
+        for _ in 0..8 {
+            assert!(matches!(s.poll(1, now), Poll::Granted { .. }));
+            now += 100;
+            s.done(1, 100, now);
+            now += 5_000;
+        }
+        assert!(matches!(s.poll(2, now), Poll::Granted { .. }));
+        assert!(matches!(s.poll(1, now), Poll::Wait { .. }));
+        now += 10;
+        s.done(2, 10, now);
+        // 1 is owed and waiting: it goes; when it ends, 2 need not wait for it to come back.
+        assert!(matches!(s.poll(1, now), Poll::Granted { .. }));
+        assert!(matches!(s.poll(2, now), Poll::Wait { .. }));
+        now += 10;
+        s.done(1, 10, now);
+        assert_eq!(s.candidate(now), Some(2));
+    }
+
+    #[test]
+    fn removing_the_running_session_frees_the_device() {
+        let mut s = Scheduler::new(ComputePolicy::Hard);
+        s.add(1, Qos::Medium, None);
+        s.add(2, Qos::Medium, None);
+        assert!(matches!(s.poll(1, 0), Poll::Granted { .. }));
+        assert!(matches!(s.poll(2, 0), Poll::Wait { .. }));
+        s.remove(1);
+        assert!(matches!(s.poll(2, 5), Poll::Granted { .. }));
+        assert_eq!(s.usage(2, 5).queue_p50_us, 5);
+        // Reports from a session that no longer holds the device change nothing.
+        s.done(1, 1_000, 10);
+        assert_eq!(s.usage(1, 10), Usage::default());
+    }
+
+    #[test]
+    fn charged_time_never_exceeds_the_time_held() {
+        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        s.add(1, Qos::Medium, None);
+        assert!(matches!(s.poll(1, 100), Poll::Granted { .. }));
+        s.done(1, u64::MAX, 600);
+        assert_eq!(s.usage(1, 600).device_time_us, 500);
+        assert_eq!(s.usage(1, 600).last_second_us, 500);
+        assert_eq!(s.busy_last_second(600), 500);
+        assert_eq!(s.busy_last_second(2_000_000), 0);
+    }
+
+    #[test]
+    fn idle_time_banks_little_credit() {
+        // Tenant 2 arrives after tenant 1 ran alone for a second: from then on they split
+        // evenly, tenant 2 ahead by at most its credit, instead of taking the device for a
+        // second.
+        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        s.add(1, Qos::Medium, None);
+        s.add(2, Qos::Medium, None);
+        let mut t = [Tenant::new(1, 1_000, 0), Tenant::new(2, 1_000, 0)];
+        t[1].ready_at = 1_000_000;
+        simulate(&mut s, &mut t, 2_000_000);
+        let b = t[1].ran_us;
+        // Half of the second, plus CREDIT_US at a 50% weight, plus a kernel.
+        assert!(
+            (490_000..=527_000).contains(&b),
+            "tenant 2 ran {b} us of 1 s"
+        );
+    }
+}
