@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the real-client test tier needs, into .deps/ in the repository root (git-ignored):
 #   .deps/venv     a Python venv with the pinned PyPI packages of tests/real-clients/requirements.txt
-#                  (NVIDIA's CUDA 12.9 + 13.5 runtimes, NVRTC, nvcc 13.5, CuPy, cuda-bindings, pytest...)
+#                  (NVIDIA's CUDA 12.9 + 13.5 runtimes, NVRTC, nvcc 13.5, cuBLAS 12.9, CuPy,
+#                  cuda-bindings, pytest...)
 #   .deps/env.sh   exports where nvcc, the include dirs and the libcudart/libnvrtc dirs are;
 #                  other scripts `source` it.
 # Also installs missing apt packages (C/C++ compilers, python venv support) when it can.
@@ -31,6 +32,7 @@ print_env() {
   echo "  libcudart 13.5  $GPUFUSE_CUDART13_LIB"
   echo "  libnvrtc 12.9   $GPUFUSE_NVRTC12_LIB"
   echo "  libnvrtc 13.5   $GPUFUSE_NVRTC13_LIB"
+  echo "  libcublas 12.9  ${GPUFUSE_CUBLAS12_LIB:-}"
 }
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -x "$venv/bin/python" ] && [ -f "$deps/env.sh" ]; then
@@ -58,7 +60,7 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "setup-test-deps: creating $venv"
   "$python" -m venv "$venv"
 fi
-echo "setup-test-deps: installing pinned packages (first run downloads about 1 GB)"
+echo "setup-test-deps: installing pinned packages (first run downloads about 1.6 GB)"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q -r "$reqs"
 
@@ -69,11 +71,15 @@ cu12_crt_inc=$nv/cuda_nvcc/include
 cu12_lib=$nv/cuda_runtime/lib
 nvrtc12_lib=$nv/cuda_nvrtc/lib
 nvrtc12_inc=$nv/cuda_nvrtc/include
+cublas12=$nv/cublas
+cccl12_inc=$nv/cuda_cccl/include
 cu13=$nv/cu13
 for f in "$cu13/bin/nvcc" "$cu13/include/cuda_runtime_api.h" "$cu13/lib/libcudart.so.13" \
          "$cu13/lib/libcudart_static.a" "$cu13/lib/libnvrtc.so.13" "$cu12_inc/cuda_runtime_api.h" \
          "$cu12_crt_inc/crt/host_defines.h" \
-         "$cu12_lib/libcudart.so.12" "$nvrtc12_lib/libnvrtc.so.12" "$nvrtc12_inc/nvrtc.h"; do
+         "$cu12_lib/libcudart.so.12" "$nvrtc12_lib/libnvrtc.so.12" "$nvrtc12_inc/nvrtc.h" \
+         "$cublas12/lib/libcublas.so.12" "$cublas12/lib/libcublasLt.so.12" \
+         "$cublas12/include/cublas_v2.h" "$cccl12_inc/nv/target"; do
   [ -e "$f" ] || { echo "setup-test-deps: expected $f after installing the wheels" >&2; exit 1; }
 done
 
@@ -94,6 +100,9 @@ export GPUFUSE_CUDART13_LIB=$cu13/lib
 export GPUFUSE_NVRTC12_INCLUDE=$nvrtc12_inc
 export GPUFUSE_NVRTC12_LIB=$nvrtc12_lib
 export GPUFUSE_NVRTC13_LIB=$cu13/lib
+export GPUFUSE_CUBLAS12_LIB=$cublas12/lib
+export GPUFUSE_CUBLAS12_INCLUDE=$cublas12/include
+export GPUFUSE_CCCL12_INCLUDE=$cccl12_inc
 case ":\$PATH:" in *":$cu13/bin:"*) ;; *) export PATH="$cu13/bin:\$PATH" ;; esac
 EOF
 

@@ -1,6 +1,6 @@
-//! Export tables ("dark API"): private tables NVIDIA's runtime asks the driver for. They hold
-//! client addresses, pid and thread identity, so they are answered here, never forwarded.
-//! Which tables exist, their slots and the integrity check: docs/cuda-driver-interception.md §4–5.
+//! The runtime's export tables (libcudart, and the copy of it inside cuBLAS and other
+//! libraries): CUDART_INTERFACE, the tools hooks and TLS, context-local storage, the context
+//! wrapper check and the integrity check. docs/cuda-driver-interception.md §4–5 (shared).
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
@@ -8,34 +8,36 @@ use std::sync::Mutex;
 
 use gpufuse_client::state;
 
+use super::{ix, ExportTable};
 use crate::api::context::CUcontext;
 use crate::global::{session, DRIVER_VERSION};
 use crate::status::{CUresult, INVALID_VALUE, NOT_FOUND, SUCCESS};
 
-/// An array of pointer-sized slots, shared with C.
-#[repr(C)]
-pub struct ExportTable<const N: usize>([*const c_void; N]);
+pub const UUID_CUDART_INTERFACE: [u8; 16] = [
+    0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9,
+];
+pub const UUID_HOOKS: [u8; 16] = [
+    0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66,
+];
+pub const UUID_TOOLS_TLS: [u8; 16] = [
+    0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc,
+];
+pub const UUID_CLS: [u8; 16] = [
+    0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93,
+];
+pub const UUID_CTX_WRAPPER: [u8; 16] = [
+    0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e,
+];
+pub const UUID_INTEGRITY: [u8; 16] = [
+    0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2,
+];
 
-// SAFETY: the tables are immutable after construction and hold only addresses of functions
-// and sizes; sharing them between threads reads nothing mutable.
-unsafe impl<const N: usize> Sync for ExportTable<N> {}
-
-impl<const N: usize> ExportTable<N> {
-    fn addr(&'static self) -> *const c_void {
-        self.0.as_ptr().cast()
-    }
-}
-
-const fn size_slot(entries: usize) -> *const c_void {
-    (entries * std::mem::size_of::<*const c_void>()) as *const c_void
-}
-
-/// Slots of unknown meaning answer success and change nothing.
-extern "C" fn unknown_slot() -> CUresult {
+/// Slots the runtime calls whose meaning is unknown and whose observed answer is "success,
+/// nothing written": CUDART_INTERFACE slot 12 (13.5, `(ptr, ptr, 0xb, 0x44)`) and the context
+/// wrapper's slot 3 (`()` at init). Implemented so that they are not reported as unknown.
+extern "C" fn observed_success() -> CUresult {
     SUCCESS
 }
-
-const U: *const c_void = unknown_slot as *const c_void;
 
 // ---- CUDART_INTERFACE (6bd5fb6c) ----
 
@@ -44,24 +46,9 @@ extern "C" fn cudart_primary_context(out: *mut CUcontext, dev: c_int) -> CUresul
     unsafe { crate::api::context::cuDevicePrimaryCtxRetain(out, dev) }
 }
 
-static CUDART_INTERFACE: ExportTable<16> = ExportTable([
-    size_slot(16),
-    U,
-    cudart_primary_context as *const c_void,
-    U,
-    U,
-    U,
-    U,
-    U,
-    U,
-    U,
-    U,
-    U,
-    U,
-    U,
-    U,
-    U,
-]);
+pub static CUDART_INTERFACE: ExportTable<16> = ExportTable::sized::<{ ix::CUDART_INTERFACE }>()
+    .with(2, cudart_primary_context as *const c_void)
+    .with(12, observed_success as *const c_void);
 
 // ---- TOOLS_RUNTIME_CALLBACK_HOOKS (a094798c) ----
 
@@ -88,25 +75,21 @@ extern "C" fn hooks_small(buf: *mut *mut c_void, size: *mut usize) -> CUresult {
     SUCCESS
 }
 
-static HOOKS: ExportTable<8> = ExportTable([
-    size_slot(8),
-    U,
-    hooks_buffer as *const c_void,
-    U,
-    U,
-    U,
-    hooks_small as *const c_void,
-    U,
-]);
+pub static HOOKS: ExportTable<8> = ExportTable::sized::<{ ix::TOOLS_RUNTIME_HOOKS }>()
+    .with(2, hooks_buffer as *const c_void)
+    .with(6, hooks_small as *const c_void);
 
-// ---- size-only and placeholder tables ----
+// ---- TOOLS_TLS (42d85a81) ----
 
-static TOOLS_TLS: ExportTable<4> = ExportTable([size_slot(4), U, U, U]);
-static PRIVATE_21318C60: ExportTable<64> = {
-    let mut t = [U; 64];
-    t[0] = size_slot(64);
-    ExportTable(t)
-};
+/// Slot 2 `(CUcontext* out)`: the calling thread's current context, as `cuCtxGetCurrent`.
+/// The runtime never calls it; cuBLASLt does before every matmul (docs/export-tables.md).
+extern "C" fn tls_current_context(out: *mut CUcontext) -> CUresult {
+    // SAFETY: the library passes a writable context slot; the export checks it for NULL.
+    unsafe { crate::api::context::cuCtxGetCurrent(out) }
+}
+
+pub static TOOLS_TLS: ExportTable<4> =
+    ExportTable::sized::<{ ix::TOOLS_TLS }>().with(2, tls_current_context as *const c_void);
 
 // ---- context wrapper (263e8860) ----
 
@@ -120,8 +103,9 @@ extern "C" fn ctx_wrapper_check(
     SUCCESS
 }
 
-static CTX_WRAPPER: ExportTable<4> =
-    ExportTable([size_slot(4), U, ctx_wrapper_check as *const c_void, U]);
+pub static CTX_WRAPPER: ExportTable<4> = ExportTable::sized::<{ ix::CONTEXT_WRAPPER }>()
+    .with(2, ctx_wrapper_check as *const c_void)
+    .with(3, observed_success as *const c_void);
 
 // ---- CONTEXT_LOCAL_STORAGE (c693336e): slot 0 is a function, there is no size slot ----
 
@@ -182,12 +166,10 @@ pub fn cls_forget(ctx: u64) {
     }
 }
 
-static CLS_TABLE: ExportTable<4> = ExportTable([
-    cls_insert as *const c_void,
-    cls_remove as *const c_void,
-    cls_get as *const c_void,
-    U,
-]);
+pub static CLS_TABLE: ExportTable<4> = ExportTable::without_size::<{ ix::CONTEXT_LOCAL_STORAGE }>()
+    .with(0, cls_insert as *const c_void)
+    .with(1, cls_remove as *const c_void)
+    .with(2, cls_get as *const c_void);
 
 // ---- INTEGRITY_CHECK (d4082055) ----
 
@@ -220,35 +202,5 @@ extern "C" fn integrity_check(version: c_uint, unix_seconds: u64, out: *mut [u8;
     }
 }
 
-static INTEGRITY: ExportTable<4> =
-    ExportTable([size_slot(4), integrity_check as *const c_void, U, U]);
-
-/// The table for an export-table UUID, or None to refuse it.
-pub fn table_for(id: &[u8; 16]) -> Option<*const c_void> {
-    let t = match id {
-        [0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9] => {
-            CUDART_INTERFACE.addr()
-        }
-        [0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66] => {
-            HOOKS.addr()
-        }
-        [0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc] => {
-            TOOLS_TLS.addr()
-        }
-        [0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2] => {
-            PRIVATE_21318C60.addr()
-        }
-        [0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93] => {
-            CLS_TABLE.addr()
-        }
-        [0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e] => {
-            CTX_WRAPPER.addr()
-        }
-        [0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2] => {
-            INTEGRITY.addr()
-        }
-        // f8cff951 (unknown), da9151d3 (NVRTC: a fake table makes it abort) and everything else.
-        _ => return None,
-    };
-    Some(t)
-}
+pub static INTEGRITY: ExportTable<4> =
+    ExportTable::sized::<{ ix::INTEGRITY_CHECK }>().with(1, integrity_check as *const c_void);

@@ -1,0 +1,105 @@
+"""cuBLAS and cuBLASLt 12.9 (nvidia-cublas-cu12) through the shim: versions, handle creation,
+streams, and a GEMM that must fail cleanly (or compute) on the emulated GPU. The program is
+cublas/cublas_handles.c, built with gcc against libcudart 12.9 and libcublas from the wheels.
+
+cuBLAS and cuBLASLt load about fifty fatbins with cuLibraryLoadData in cublasCreate and
+cublasLtCreate. Their kernels are SASS for sm_50..sm_120 plus PTX for compute_120 only (one image
+has no PTX at all), so the emulated GPU (compute capability 8.0, runs PTX) refuses them with
+CUDA_ERROR_NO_BINARY_FOR_GPU and both creates return CUBLAS_STATUS_NOT_INITIALIZED.
+docs/export-tables.md says what the device needs for handles to work; until it has it
+(SASS_ONLY_IMAGES_LOAD below), the handle tests are strict xfails and the create test checks
+the clean failure.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+import support
+from support import assert_ok, run_client, stdout_value
+
+# The switch: True once the emulated GPU loads images whose code for its compute capability is
+# SASS only (deferring the failure to a launch of such a kernel). While False the tests that
+# need a handle are strict xfails: an XPASS fails the run, so a stale False cannot hide anything.
+SASS_ONLY_IMAGES_LOAD = os.environ.get("GPUFUSE_SASS_ONLY_IMAGES_LOAD", "0") == "1"
+
+needs_handles = pytest.mark.xfail(
+    condition=not SASS_ONLY_IMAGES_LOAD, strict=True,
+    reason="cuBLAS images are SASS + compute_120 PTX; the emulated GPU refuses them (209)")
+
+
+@pytest.fixture(scope="session")
+def cublas_program(programs) -> Path:
+    """cublas_handles, built once (cached in build/ like the suite's other programs)."""
+    deps = support.load_deps_env()
+    nv = Path(deps["GPUFUSE_NVIDIA"])
+    inc, lib, cccl = nv / "cublas" / "include", nv / "cublas" / "lib", nv / "cuda_cccl" / "include"
+    missing = [p for p in (inc / "cublas_v2.h", lib / "libcublas.so.12", lib / "libcublasLt.so.12",
+                           cccl / "nv" / "target") if not p.exists()]
+    if missing:
+        pytest.fail(f"missing {', '.join(map(str, missing))}: run scripts/setup-test-deps.sh",
+                    pytrace=False)
+    src = support.HERE / "cublas" / "cublas_handles.c"
+    out = support.BUILD / "cublas_handles"
+    cudart = deps["GPUFUSE_CUDART12_LIB"]
+    # cublas_api.h includes cuda_fp16.h, which needs CCCL's <nv/target> (nvidia-cuda-cccl-cu12).
+    cmd = ["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror",
+           *shlex.split(deps["GPUFUSE_CUDA12_CFLAGS"]), f"-I{cccl}", f"-I{inc}",
+           str(src), "-o", str(out),
+           f"-L{cudart}", "-l:libcudart.so.12", f"-Wl,-rpath,{cudart}",
+           f"-L{lib}", "-l:libcublas.so.12", "-l:libcublasLt.so.12", f"-Wl,-rpath,{lib}", "-lm"]
+    env = dict(os.environ)
+    env.update(deps)
+    try:
+        return support._build(out, cmd, [src], env)
+    except support.BuildError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+def test_cublas_versions(programs, server, cublas_program):
+    res = run_client(programs, server.unix, [cublas_program, "versions"])
+    assert_ok(res, ["PASS versions"])
+    assert stdout_value(res, "cublas_property").startswith("12.9.")
+    assert stdout_value(res, "cublaslt_version").startswith("1209")
+
+
+def test_cublas_create_is_clean(programs, server, cublas_program):
+    """Both creates either succeed or fail with a named status; the process carries on."""
+    res = run_client(programs, server.unix, [cublas_program, "create_status"])
+    assert_ok(res, ["PASS create_status"])
+    want = "0 (CUBLAS_STATUS_SUCCESS)" if SASS_ONLY_IMAGES_LOAD else \
+        "1 (CUBLAS_STATUS_NOT_INITIALIZED)"
+    hint = "" if SASS_ONLY_IMAGES_LOAD else \
+        " (if cuBLAS now creates handles, set SASS_ONLY_IMAGES_LOAD in test_cublas.py)"
+    assert stdout_value(res, "create") == want, f"cublasCreate{hint}\n{res.stdout}"
+    assert stdout_value(res, "lt_create") == want, f"cublasLtCreate{hint}\n{res.stdout}"
+
+
+@needs_handles
+def test_cublas_handle_and_stream(programs, server, cublas_program):
+    res = run_client(programs, server.unix, [cublas_program, "handles"])
+    assert_ok(res, ["PASS handles"])
+    assert stdout_value(res, "cublas_version").startswith("1209")
+
+
+@needs_handles
+def test_cublaslt_handle(programs, server, cublas_program):
+    res = run_client(programs, server.unix, [cublas_program, "lt_handles"])
+    assert_ok(res, ["PASS lt_handles"])
+
+
+@needs_handles
+def test_cublas_gemm_computes_or_fails_cleanly(programs, server, cublas_program):
+    """cuBLASLt asks the driver for the current context (TOOLS_TLS slot 2) and its id
+    (21318c60 slot 4) before a matmul; both must be implemented, not fallbacks."""
+    res = run_client(programs, server.unix, [cublas_program, "gemm"], env={"GPUFUSE_LOG": "1"})
+    assert_ok(res, ["PASS gemm", "gemm outcome="])
+    unimplemented = [line for line in res.stderr.splitlines() if "is not implemented" in line
+                     and ("42d85a81" in line or "21318c60" in line)]
+    assert not unimplemented, "\n".join(unimplemented)
+    outcome = stdout_value(res, "gemm outcome")
+    if outcome != "computed":
+        assert "cuda=cudaError" in outcome or "cublas=CUBLAS_STATUS_" in outcome, outcome
