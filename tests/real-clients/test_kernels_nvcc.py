@@ -59,9 +59,6 @@ SYNCWARP = ("with warps waiting at `bar.sync 0`, warp 0 executing `bar.warp.sync
 
 XFAIL = {
     ("warp", "syncwarp_barrier"): SYNCWARP,
-    ("warp", "match_all"):
-        "match.all.sync.b32 d|p, a, 0xffffffff with a equal in all 32 lanes gives d = 0, p = false "
-        "(want d = 0xffffffff, p = true)",
     ("double", "directed_rounding"):
         "the VM rounds to nearest whatever the rounding modifier: add.rz.f64, add.rp.f64, "
         "mul.rm.f64, div.rp.f64, sqrt.rm.f64, add.rz.f32, mul.rp.f32, div.rm.f32, sqrt.rp.f32, "
@@ -70,11 +67,8 @@ XFAIL = {
     ("math", "double_trig_pow"):
         "double sin/cos/tan call __internal_trig_reduction_slowpathd and pow calls "
         "__internal_accurate_pow (`call.uni`): " + CALL,
-    ("calls", "noinline"): CALL,
-    ("calls", "recursion"): CALL,
     ("calls", "function_pointers"):
         "indirect calls `call (retval0), %rd1, (param0, param1), prototype_N;`: " + CALL,
-    ("calls", "barrier_in_callee"): CALL,
     ("fn_table", "table"):
         "a module global initialized with function addresses (`.global .align 8 .u64 "
         "d_table[3] = {_Z5twicei, _Z6negatei, _Z6squarei};`) does not parse ('bad initializer "

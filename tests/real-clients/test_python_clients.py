@@ -43,7 +43,7 @@ def test_cuda_bindings_driver(programs, server):
     res = run_client(programs, server.unix,
                      [programs.python, PY / "cuda_bindings_driver.py", "--launch-only"])
     assert_ok(res, ["PASS device_queries", "PASS memory", "PASS streams_events",
-                    "PASS nvrtc_module_launch", "PASS created_context"])
+                    "PASS nvrtc_module_launch", "PASS foreign_sass", "PASS created_context"])
 
 
 @pytest.mark.kernel_results
@@ -58,9 +58,7 @@ def test_cuda_bindings_kernel_results(programs, server):
 # reduction takes seconds to build. Strict xfails: the emulated GPU or the shim is wrong today.
 CUPY_CUSTOM = [
     ("elementwise", "none", None),
-    ("elementwise_f64_trig", "none",
-     "float64 sin/cos call CUDA's slow-path argument reduction: PTX `call.uni` is not supported "
-     "by the VM (cudaErrorNotSupported, 801, in cupy_sin__float64_float64)"),
+    ("elementwise_f64_trig", "none", None),
     ("reductions", "none", None),
     ("elementwise_kernel", "none", None),
     ("reduction_kernel", "none", None),

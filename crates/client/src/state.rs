@@ -95,7 +95,10 @@ pub struct Function {
 
 #[derive(Debug, Clone)]
 pub struct Library {
-    pub module: u64,
+    /// The library's module, or the status loading it gave. A library whose code the device
+    /// cannot run still loads, as with the driver's lazy loading: using its kernels or globals
+    /// returns that status.
+    pub module: Result<u64, i32>,
     pub kernels: HashMap<String, u64>,
 }
 

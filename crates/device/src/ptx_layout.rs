@@ -165,6 +165,38 @@ fn element(tok: &str, elem: u64, float: bool) -> Option<Vec<u8>> {
     Some(v.to_le_bytes()[..elem as usize].to_vec())
 }
 
+/// The layout of a module known only from its cubin (SASS): kernels and parameters from
+/// `.nv.info`, variables from the symbol table (aligned to 8, the most a scalar needs).
+pub fn from_cubin(info: &gpufuse_fatbin::CubinInfo) -> Layout {
+    Layout {
+        kernels: info
+            .kernels
+            .iter()
+            .map(|k| Kernel {
+                name: k.name.clone(),
+                params: k
+                    .params
+                    .iter()
+                    .map(|p| ParamSlot {
+                        offset: p.offset,
+                        size: p.size,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        variables: info
+            .variables
+            .iter()
+            .map(|v| Variable {
+                name: v.name.clone(),
+                size: v.size,
+                align: 8,
+                init: v.init.clone(),
+            })
+            .collect(),
+    }
+}
+
 /// Parses the layout of a PTX module.
 pub fn parse(src: &str) -> Result<Layout, LayoutError> {
     let t = tokens(&strip_comments(src));

@@ -3,14 +3,19 @@
 //! The client receives images as a bare pointer with no size: [`classify`] tells a fatbinc
 //! wrapper, a fatbin, a cubin and PTX apart, and [`measure_len`] finds the length by reading
 //! only what the image's own headers say belongs to it. The emulated device takes the PTX out
-//! of a fatbin with [`select_ptx`] (decompressing Zstd or LZ4 entries).
+//! of a fatbin with [`select_ptx`] (decompressing Zstd or LZ4 entries), and what a cubin says
+//! about its kernels with [`cubin_info`].
 //!
 //! Pure and bounded: every length is capped, truncated or garbage input is an error, never a
 //! panic.
 
 #![forbid(unsafe_code)]
 
+mod cubin;
+
 use std::borrow::Cow;
+
+pub use cubin::{cubin_info, cubin_sm, CubinInfo, CubinKernel, CubinParam, CubinVariable};
 
 /// Reads bytes of an image at an offset from its start.
 pub trait ByteSource {
@@ -41,7 +46,7 @@ pub enum ImageKind {
     Ptx,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum FatbinError {
     #[error("image is truncated or unreadable")]
     Truncated,
@@ -272,6 +277,30 @@ pub fn select_ptx(image: &[u8], max_sm: u32) -> Result<String, FatbinError> {
     String::from_utf8(text).map_err(|_| FatbinError::Malformed("PTX is not text"))
 }
 
+/// The SASS a GPU of compute capability `sm` (e.g. 100) could run from a fatbin: the cubin
+/// entry of the same major version with the highest minor not above the GPU's, as `(sm,
+/// cubin)`; None when there is none.
+pub fn select_cubin(image: &[u8], sm: u32) -> Result<Option<(u32, Vec<u8>)>, FatbinError> {
+    match classify(image) {
+        ImageKind::Fatbin => {}
+        ImageKind::Cubin => {
+            return Ok(cubin_sm(image)
+                .filter(|&c| c / 10 == sm / 10 && c <= sm)
+                .map(|c| (c, image.to_vec())))
+        }
+        _ => return Ok(None),
+    }
+    let entries = entries(image)?;
+    let Some(best) = entries
+        .iter()
+        .filter(|e| !e.is_ptx() && e.sm / 10 == sm / 10 && e.sm <= sm)
+        .max_by_key(|e| e.sm)
+    else {
+        return Ok(None);
+    };
+    Ok(Some((best.sm, best.contents()?.into_owned())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +319,7 @@ mod tests {
             let _ = measure_len(&bytes[..]);
             let _ = entries(&bytes);
             let _ = select_ptx(&bytes, 80);
+            let _ = select_cubin(&bytes, 80);
         }
 
         #[test]
@@ -298,6 +328,7 @@ mod tests {
             let _ = measure_len(&bytes[..]);
             let _ = entries(&bytes);
             let _ = select_ptx(&bytes, 80);
+            let _ = select_cubin(&bytes, 80);
         }
     }
 }

@@ -41,7 +41,7 @@ fn launch_log() -> Vec<gpufuse_proto::LaunchRecord> {
 fn driver_api_against_a_real_server() {
     let server = common::start("emu:1:1GiB");
     std::env::set_var("GPUFUSE_SERVER", &server.address);
-    // SAFETY (whole test): every call gets valid pointers to locals, as a C caller would.
+    // SAFETY: every call gets valid pointers to locals, as a C caller would.
     unsafe {
         ok(init::cuInit(0), "cuInit");
         let mut version = 0;
@@ -144,7 +144,7 @@ fn driver_api_against_a_real_server() {
         let mut packed = expected.clone();
         let mut packed_len = packed.len();
         let extra: [*const c_void; 5] = [
-            1 as *const c_void,
+            std::ptr::dangling::<c_void>(),
             packed.as_mut_ptr().cast(),
             2 as *const c_void,
             (&mut packed_len as *mut usize).cast(),

@@ -147,10 +147,12 @@ struct Ops {
   unsigned long long ulland, ullor, ullxor, ullcas;
 };
 
-// The other atomic operations, on global memory (g) and on a shared copy (s) written back.
-__global__ void atomic_ops(const int* in, Ops* g, Ops* s_out, unsigned* exch_old, int n) {
+// The other atomic operations, on global memory (g) and on each block's shared copy (s, from
+// init), written back per block (s_out[blockIdx.x]).
+__global__ void atomic_ops(const int* in, const Ops* init, Ops* g, Ops* s_out, unsigned* exch_old,
+                           int n) {
   __shared__ Ops s;
-  if (threadIdx.x == 0) s = *g;
+  if (threadIdx.x == 0) s = *init;
   __syncthreads();
   for (int i = threadIdx.x + blockIdx.x * blockDim.x; i < n; i += blockDim.x * gridDim.x) {
     int x = in[i];
@@ -183,7 +185,7 @@ __global__ void atomic_ops(const int* in, Ops* g, Ops* s_out, unsigned* exch_old
     atomicXor(&s.ullxor, ul);
   }
   __syncthreads();
-  if (threadIdx.x == 0) *s_out = s;
+  if (threadIdx.x == 0) s_out[blockIdx.x] = s;
 }
 
 static void check_atomic_ops() {
@@ -217,16 +219,33 @@ static void check_atomic_ops() {
     want.ullxor ^= ul;
   }
   int* din = dev_copy(h.data(), n);
+  Ops* dinit = dev_copy(&init, 1);
   Ops* dg = dev_copy(&init, 1);
-  Ops* ds = dev_alloc<Ops>(1);
+  const int blocks = 4;
+  Ops* ds = dev_alloc<Ops>(blocks);
   unsigned* dx = dev_alloc<unsigned>(n);
   // The CAS chain (i -> i+1) gets as far as the execution order lets it; thread 0's CAS (0 -> 1)
   // always succeeds, so only the range is checked.
-  atomic_ops<<<4, 256>>>(din, dg, ds, dx, n);
+  atomic_ops<<<blocks, 256>>>(din, dinit, dg, ds, dx, n);
   CK_LAUNCH("atomic_ops");
-  Ops gg, ss;
+  Ops gg, per_block[blocks];
   to_host(&gg, dg, 1);
-  to_host(&ss, ds, 1);
+  to_host(per_block, ds, blocks);
+  // Each block's shared copy saw its own elements, from init: combine them.
+  Ops ss = init;
+  for (const Ops& b : per_block) {
+    ss.imin = std::min(ss.imin, b.imin);
+    ss.imax = std::max(ss.imax, b.imax);
+    ss.uand &= b.uand;
+    ss.uor |= b.uor;
+    ss.uxor ^= b.uxor ^ init.uxor;
+    ss.usub += b.usub - init.usub;
+    ss.llmin = std::min(ss.llmin, b.llmin);
+    ss.llmax = std::max(ss.llmax, b.llmax);
+    ss.ulland &= b.ulland;
+    ss.ullor |= b.ullor;
+    ss.ullxor ^= b.ullxor ^ init.ullxor;
+  }
   const Ops* both[2] = {&gg, &ss};
   const char* names[2] = {"global", "shared"};
   for (int k = 0; k < 2; k++) {
@@ -256,6 +275,7 @@ static void check_atomic_ops() {
   std::printf("checked min/max/and/or/xor/sub (32 and 64 bit) on global and shared memory,"
               " atomicExch permutation, 64-bit CAS\n");
   CK(cudaFree(din));
+  CK(cudaFree(dinit));
   CK(cudaFree(dg));
   CK(cudaFree(ds));
   CK(cudaFree(dx));

@@ -1,6 +1,8 @@
 """cuda-python (cuda.bindings.driver + nvrtc) through whatever libcuda.so.1 the loader finds:
 cuInit, device queries, primary and created contexts, cuMemAlloc, cuMemcpyHtoD/DtoH (sync and
-async), streams, events, and a PTX module from NVRTC launched with cuLaunchKernel.
+async), streams, events, a PTX module from NVRTC launched with cuLaunchKernel, and SASS for
+another architecture: cuModuleLoadData refuses it (CUDA_ERROR_NO_BINARY_FOR_GPU) while
+cuLibraryLoadData loads it lazily and only cuLibraryGetKernel fails, as cuBLAS relies on.
 
 Usage: python cuda_bindings_driver.py [--launch-only]
 --launch-only: the kernel launch must succeed and synchronize; its result is not checked.
@@ -164,6 +166,23 @@ extern "C" __global__ void affine(const float* x, float* y, float a, float b, in
         print(f"MISMATCH y[{bad}] = {y[bad]}, want {1.5 * x[bad] - 2.0}", file=sys.stderr)
         fail("cuda_bindings_driver: kernel results differ")
     print("PASS nvrtc_module_launch", flush=True)
+
+    # SASS for an architecture the device cannot run (another major version).
+    foreign = "sm_75" if major != 7 else "sm_90"
+    prog = ck(nvrtc.nvrtcCreateProgram(src, b"affine.cu", 0, [], []), "nvrtcCreateProgram")
+    opts = [f"--gpu-architecture={foreign}".encode()]
+    ck(nvrtc.nvrtcCompileProgram(prog, len(opts), opts), f"nvrtcCompileProgram {foreign}")
+    cubin = b" " * ck(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+    ck(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    NO_BINARY = cu.CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU
+    err, _ = cu.cuModuleLoadData(cubin)
+    expect(err == NO_BINARY, f"cuModuleLoadData of {foreign} SASS: {err!r}")
+    lib = ck(cu.cuLibraryLoadData(cubin, [], [], 0, [], [], 0), f"cuLibraryLoadData {foreign}")
+    err, _ = cu.cuLibraryGetKernel(lib, b"affine")
+    expect(err == NO_BINARY, f"cuLibraryGetKernel of {foreign} SASS: {err!r}")
+    ck(cu.cuLibraryUnload(lib), "cuLibraryUnload")
+    ck(cu.cuCtxSynchronize(), "cuCtxSynchronize after the refused SASS")
+    print("PASS foreign_sass", flush=True)
 
     for h in (dx, dy, d):
         ck(cu.cuMemFree(h), "cuMemFree")

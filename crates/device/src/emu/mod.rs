@@ -21,10 +21,17 @@ use crate::{model, Device, KernelLaunch, ModuleId};
 
 const ALIGN: u64 = 256;
 
+/// Why a loaded module's kernels cannot run: the launch's status and its detail.
+#[derive(Debug, Clone)]
+struct Unrunnable {
+    status: Status,
+    why: String,
+}
+
 struct Module {
     layout: Layout,
     /// The decoded program, or why the interpreter cannot run it (reported at launch).
-    program: Result<gpufuse_ptx::Module, String>,
+    program: Result<gpufuse_ptx::Module, Unrunnable>,
     /// Device addresses of the module's variables.
     variables: HashMap<String, (u64, u64)>,
 }
@@ -180,15 +187,47 @@ impl Device for EmuDevice {
     }
 
     fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, Status> {
-        let ptx = gpufuse_fatbin::select_ptx(image, (model::CC.0 * 10 + model::CC.1) as u32)
-            .map_err(|e| match e {
-                gpufuse_fatbin::FatbinError::NoBinaryForGpu(_) => NO_BINARY_FOR_GPU,
-                gpufuse_fatbin::FatbinError::UnsupportedPtxVersion(..) => UNSUPPORTED_PTX_VERSION,
-                _ => INVALID_IMAGE,
-            })?;
-        dump_ptx(&ptx);
-        let layout = ptx_layout::parse(&ptx).map_err(|_| INVALID_PTX)?;
-        let program = gpufuse_ptx::Module::parse(&ptx).map_err(|e| e.to_string());
+        let sm = (model::CC.0 * 10 + model::CC.1) as u32;
+        let (layout, program) = match gpufuse_fatbin::select_ptx(image, sm) {
+            Ok(ptx) => {
+                dump_ptx(&ptx);
+                let layout = ptx_layout::parse(&ptx).map_err(|_| INVALID_PTX)?;
+                let program = gpufuse_ptx::Module::parse(&ptx).map_err(|e| Unrunnable {
+                    status: INVALID_PTX,
+                    why: e.to_string(),
+                });
+                (layout, program)
+            }
+            // A GPU of this compute capability would run the image's SASS: load it, list its
+            // kernels from the cubin, and fail only their launches.
+            Err(gpufuse_fatbin::FatbinError::NoBinaryForGpu(_)) => {
+                let Some((cubin_sm, cubin)) =
+                    gpufuse_fatbin::select_cubin(image, sm).map_err(|_| INVALID_IMAGE)?
+                else {
+                    tracing::debug!(
+                        "module refused (no code for sm_{sm}): {}",
+                        image_summary(image)
+                    );
+                    return Err(NO_BINARY_FOR_GPU);
+                };
+                let info = gpufuse_fatbin::cubin_info(&cubin).map_err(|_| INVALID_IMAGE)?;
+                let why = format!(
+                    "the module holds this kernel only as SASS for sm_{cubin_sm} and no PTX for \
+                     compute capability {sm} or below; the emulated GPU runs PTX only"
+                );
+                (
+                    ptx_layout::from_cubin(&info),
+                    Err(Unrunnable {
+                        status: NO_BINARY_FOR_GPU,
+                        why,
+                    }),
+                )
+            }
+            Err(gpufuse_fatbin::FatbinError::UnsupportedPtxVersion(..)) => {
+                return Err(UNSUPPORTED_PTX_VERSION)
+            }
+            Err(_) => return Err(INVALID_IMAGE),
+        };
         let mut variables = HashMap::new();
         for v in &layout.variables {
             let ptr = self.alloc(v.size.max(1))?;
@@ -297,9 +336,9 @@ impl Device for EmuDevice {
         }
         let program = match &m.program {
             Ok(p) => p,
-            Err(why) => {
-                self.last_error = Some(why.clone());
-                return Err(INVALID_PTX);
+            Err(u) => {
+                self.last_error = Some(format!("{}: {}", l.function, u.why));
+                return Err(u.status);
             }
         };
         let cfg = gpufuse_ptx::LaunchConfig {
@@ -332,6 +371,23 @@ impl Device for EmuDevice {
 
     fn take_error_detail(&mut self) -> Option<String> {
         self.last_error.take()
+    }
+}
+
+/// What an image holds, for a log line: `fatbin: elf:sm_90 ptx:sm_120 ...`.
+fn image_summary(image: &[u8]) -> String {
+    match gpufuse_fatbin::entries(image) {
+        Ok(entries) => {
+            let list: Vec<String> = entries
+                .iter()
+                .map(|e| format!("{}:sm_{}", if e.is_ptx() { "ptx" } else { "elf" }, e.sm))
+                .collect();
+            format!("fatbin: {}", list.join(" "))
+        }
+        Err(_) => match gpufuse_fatbin::cubin_sm(image) {
+            Some(sm) => format!("cubin for sm_{sm}"),
+            None => format!("{:?} image", gpufuse_fatbin::classify(image)),
+        },
     }
 }
 
@@ -395,6 +451,42 @@ mod tests {
         assert_eq!((u32::from_le_bytes(v), size), (7, 4));
         assert_eq!(d.function(m, "nope"), Err(NOT_FOUND));
         assert_eq!(d.load_module(b"\x7fELF\x02garbage"), Err(NO_BINARY_FOR_GPU));
+    }
+
+    /// A fatbin with SASS for this GPU's architecture and PTX only for a newer one (how cuBLAS
+    /// ships its kernels) loads as on a GPU: kernels, parameter layouts and variables from the
+    /// cubin; only a launch fails, with CUDA_ERROR_NO_BINARY_FOR_GPU naming the kernel.
+    #[test]
+    fn sass_only_modules_load_and_refuse_only_launches() {
+        let mut d = dev();
+        let image = include_bytes!("../../tests/fixtures/sass_only.fatbin");
+        let m = d.load_module(image).unwrap();
+        let params = |d: &mut EmuDevice, k: &str| {
+            let f = d.function(m, k).unwrap();
+            f.params
+                .iter()
+                .map(|p| (p.offset, p.size))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(params(&mut d, "scale"), [(0, 8), (8, 4), (12, 4)]);
+        assert_eq!(params(&mut d, "mixed"), [(0, 1), (8, 16), (24, 8)]);
+        let (bias, size) = d.global(m, "bias").unwrap();
+        assert_eq!(size, 16);
+        let mut v = [0u8; 16];
+        d.read(bias, &mut v).unwrap();
+        assert_eq!(v[4..8], 2.0f32.to_le_bytes());
+        assert_eq!(d.global(m, "launches").unwrap().1, 4);
+        let launch = KernelLaunch {
+            module: m,
+            function: "scale",
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            shared_mem: 0,
+            params: &[0; 16],
+        };
+        assert_eq!(d.launch(&launch), Err(NO_BINARY_FOR_GPU));
+        let why = d.last_error.clone().unwrap();
+        assert!(why.contains("scale") && why.contains("sm_100"), "{why}");
     }
 
     /// The reference kernels (crates/ptx/tests/fixtures), loaded as a PTX image.

@@ -156,9 +156,10 @@ fn primary_reset(dev: CUdevice) -> Result<(), CUresult> {
         g.functions.retain(|_, f| f.module != m);
     }
     let inner = &mut *g;
-    inner
-        .libraries
-        .retain(|_, l| inner.modules.contains_key(&l.module));
+    inner.libraries.retain(|_, l| match l.module {
+        Ok(m) => inner.modules.contains_key(&m),
+        Err(_) => true,
+    });
     let libs: std::collections::HashSet<u64> = inner.libraries.keys().copied().collect();
     inner.kernels.retain(|_, k| libs.contains(&k.library));
     let ctxs: Vec<u64> = g

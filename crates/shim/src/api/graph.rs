@@ -11,6 +11,7 @@ use gpufuse_proto::Request;
 use crate::api::context::client_err;
 use crate::api::copy::{dtod, dtoh_async, htod};
 use crate::api::launch::send_launch;
+use crate::api::module::h;
 use crate::api::stream::{stream_id, CUstream};
 use crate::ffi::{out, out_opt};
 use crate::global::session;
@@ -24,10 +25,6 @@ const CAPTURE_STATUS_NONE: c_int = 0;
 const CAPTURE_STATUS_ACTIVE: c_int = 1;
 const STREAM_CAPTURE_INVALIDATED: CUresult = 901;
 const STREAM_CAPTURE_UNMATCHED: CUresult = 902;
-
-fn h(p: *mut c_void) -> u64 {
-    p as usize as u64
-}
 
 fn begin(stream: CUstream) -> Result<(), CUresult> {
     let s = session()?;

@@ -193,21 +193,21 @@ launch_cooperative!(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz);
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct LaunchConfig {
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    shared_mem: c_uint,
-    stream: CUstream,
-    attrs: *const LaunchAttribute,
-    num_attrs: c_uint,
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem: c_uint,
+    pub stream: CUstream,
+    pub attrs: *const LaunchAttribute,
+    pub num_attrs: c_uint,
 }
 
 /// `CUlaunchAttribute`: an id and a 64-byte value.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct LaunchAttribute {
-    id: c_uint,
-    pad: [u8; 4],
-    value: [u64; 8],
+    pub id: c_uint,
+    pub pad: [u8; 4],
+    pub value: [u64; 8],
 }
 
 const _: () = assert!(std::mem::size_of::<LaunchConfig>() == 56);

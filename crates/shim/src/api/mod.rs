@@ -9,4 +9,5 @@ pub mod init;
 pub mod launch;
 pub mod memory;
 pub mod module;
+pub mod occupancy;
 pub mod stream;

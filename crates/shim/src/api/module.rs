@@ -23,7 +23,8 @@ pub type CUfunction = *mut c_void;
 pub type CUlibrary = *mut c_void;
 pub type CUkernel = *mut c_void;
 
-fn h(p: *mut c_void) -> u64 {
+/// The handle number behind a driver handle pointer.
+pub(crate) fn h(p: *mut c_void) -> u64 {
     p as usize as u64
 }
 
@@ -244,7 +245,13 @@ fn library_load(plib: *mut CUlibrary, bytes: &[u8]) -> Result<(), CUresult> {
     let mut g = s.lock();
     let device = load_device(&mut g)?;
     let lib = handles::mint(Kind::Library);
-    let module = load(&mut g, device, bytes, Some(lib))?;
+    // The driver loads a library's code into a context lazily (CUDA_MODULE_LOADING=LAZY, the
+    // default): an image with no code for this GPU loads, and only its use fails. cuBLAS loads
+    // such images (sm_6x SASS only) in cublasCreate.
+    let module = match load(&mut g, device, bytes, Some(lib)) {
+        Err(NO_BINARY_FOR_GPU) => Err(NO_BINARY_FOR_GPU),
+        r => Ok(r?),
+    };
     g.libraries.insert(
         lib,
         Library {
@@ -290,7 +297,10 @@ pub unsafe extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
         let mut g = s.lock();
         let l = g.libraries.remove(&h(lib)).ok_or(INVALID_HANDLE)?;
         g.kernels.retain(|_, k| k.library != h(lib));
-        unload_module(&mut g, l.module)
+        match l.module {
+            Ok(m) => unload_module(&mut g, m),
+            Err(_) => Ok(()),
+        }
     })
 }
 
@@ -308,7 +318,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
         if let Some(&k) = l.kernels.get(name) {
             return out(pk, p(k));
         }
-        let module = l.module;
+        let module = l.module?;
         let f = function(&mut g, module, name)?;
         let k = handles::mint(Kind::Kernel);
         g.kernels.insert(
@@ -334,7 +344,7 @@ pub unsafe extern "C" fn cuLibraryGetModule(pmod: *mut CUmodule, lib: CUlibrary)
             .libraries
             .get(&h(lib))
             .ok_or(INVALID_HANDLE)?
-            .module;
+            .module?;
         out(pmod, p(m))
     })
 }
@@ -350,7 +360,7 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
         let name = cstr(name)?;
         let s = session()?;
         let mut g = s.lock();
-        let m = g.libraries.get(&h(lib)).ok_or(INVALID_HANDLE)?.module;
+        let m = g.libraries.get(&h(lib)).ok_or(INVALID_HANDLE)?.module?;
         let (ptr, size) = global(&mut g, m, name)?;
         out_opt(dptr, ptr);
         out_opt(bytes, size as usize);
@@ -397,7 +407,7 @@ pub unsafe extern "C" fn cuFuncGetModule(pmod: *mut CUmodule, f: CUfunction) -> 
 }
 
 /// Runs `op` on the function a `CUfunction` or `CUkernel` names.
-fn with_function<T>(
+pub(crate) fn with_function<T>(
     f: *mut c_void,
     op: impl FnOnce(&mut Function) -> Result<T, CUresult>,
 ) -> Result<T, CUresult> {
@@ -569,153 +579,6 @@ pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut c_int, f: CUfunction) -> CUr
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncLoad(f: CUfunction) -> CUresult {
     guard(|| with_function(f, |_| Ok(())))
-}
-
-// ---- occupancy, from the device's limits and the function's attributes ----
-
-const FUNC_MAX_THREADS: c_int = 0;
-const FUNC_SHARED: c_int = 1;
-const FUNC_NUM_REGS: c_int = 4;
-
-fn occupancy(f: *mut c_void, block: c_int, dyn_smem: usize) -> Result<c_int, CUresult> {
-    if block <= 0 {
-        return Err(INVALID_VALUE);
-    }
-    let s = session()?;
-    let (device, attrs) = {
-        let g = s.lock();
-        let id = g.resolve_function(h(f)).ok_or(INVALID_HANDLE)?;
-        let func = &g.functions[&id];
-        (
-            g.modules.get(&func.module).map_or(0, |m| m.device),
-            func.info.attributes.clone(),
-        )
-    };
-    let fa = |a: c_int| attrs.iter().find(|(k, _)| *k == a).map_or(0, |&(_, v)| v);
-    let da = |a: c_int| s.attribute(device as c_int, a).unwrap_or(0);
-    let max_threads = fa(FUNC_MAX_THREADS).max(1);
-    if block > max_threads {
-        return Ok(0);
-    }
-    let by_threads = da(39) / block; // max threads per multiprocessor
-    let by_blocks = da(106); // max blocks per multiprocessor
-    let regs = fa(FUNC_NUM_REGS).max(1) * block;
-    let by_regs = da(82) / regs.max(1); // registers per multiprocessor
-    let smem = fa(FUNC_SHARED) as usize + dyn_smem;
-    let by_smem = (da(81) as usize)
-        .checked_div(smem)
-        .map_or(c_int::MAX, |n| n.min(c_int::MAX as usize) as c_int);
-    Ok(by_threads.min(by_blocks).min(by_regs).min(by_smem).max(0))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
-    n: *mut c_int,
-    f: CUfunction,
-    block: c_int,
-    smem: usize,
-) -> CUresult {
-    guard(|| out(n, occupancy(f, block, smem)?))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
-    n: *mut c_int,
-    f: CUfunction,
-    block: c_int,
-    smem: usize,
-    _flags: c_uint,
-) -> CUresult {
-    guard(|| out(n, occupancy(f, block, smem)?))
-}
-
-pub type SmemForBlock = Option<unsafe extern "C" fn(c_int) -> usize>;
-
-fn potential_block(
-    min_grid: *mut c_int,
-    block: *mut c_int,
-    f: *mut c_void,
-    cb: SmemForBlock,
-    smem: usize,
-    limit: c_int,
-) -> Result<(), CUresult> {
-    let s = session()?;
-    let max_threads = with_function(f, |func| {
-        Ok(func
-            .info
-            .attributes
-            .iter()
-            .find(|(a, _)| *a == FUNC_MAX_THREADS)
-            .map_or(1024, |&(_, v)| v))
-    })?;
-    let limit = if limit <= 0 {
-        max_threads
-    } else {
-        limit.min(max_threads)
-    };
-    let sms = s.attribute(0, 16).unwrap_or(1);
-    let (mut best_block, mut best_threads) = (32.min(limit).max(1), 0);
-    let mut b = 32;
-    while b <= limit {
-        // SAFETY: the application supplied this callback for exactly this use.
-        let sm = cb.map_or(smem, |c| unsafe { c(b) });
-        let blocks = occupancy(f, b, sm)?;
-        if blocks * b > best_threads {
-            best_threads = blocks * b;
-            best_block = b;
-        }
-        b += 32;
-    }
-    let per_sm = occupancy(f, best_block, cb.map_or(smem, |_| smem))?.max(1);
-    out(block, best_block)?;
-    out(min_grid, per_sm * sms)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
-    min_grid: *mut c_int,
-    block: *mut c_int,
-    f: CUfunction,
-    cb: SmemForBlock,
-    smem: usize,
-    limit: c_int,
-) -> CUresult {
-    guard(|| potential_block(min_grid, block, f, cb, smem, limit))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
-    min_grid: *mut c_int,
-    block: *mut c_int,
-    f: CUfunction,
-    cb: SmemForBlock,
-    smem: usize,
-    limit: c_int,
-    _flags: c_uint,
-) -> CUresult {
-    guard(|| potential_block(min_grid, block, f, cb, smem, limit))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
-    size: *mut usize,
-    f: CUfunction,
-    _blocks: c_int,
-    _block: c_int,
-) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let static_smem = with_function(f, |func| {
-            Ok(func
-                .info
-                .attributes
-                .iter()
-                .find(|(a, _)| *a == FUNC_SHARED)
-                .map_or(0, |&(_, v)| v))
-        })?;
-        let per_block = s.attribute(0, 97).unwrap_or(0); // opt-in shared memory per block
-        out(size, (per_block - static_smem).max(0) as usize)
-    })
 }
 
 include!(concat!(env!("OUT_DIR"), "/aliases_module.rs"));
