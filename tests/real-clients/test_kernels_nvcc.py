@@ -79,12 +79,6 @@ XFAIL = {
     ("faults", "assert"):
         "device assert() is `call.uni __assertfail, (...)`: the kernel fails with "
         "cudaErrorNotSupported (801, not sticky) instead of cudaErrorAssert (710, sticky)",
-    ("faults", "reset_after_fault"):
-        "after cudaDeviceReset every kernel launch returns cudaErrorInvalidResourceHandle (400) "
-        "(the shim's cuDevicePrimaryCtxReset drops the runtime's libraries and kernels)",
-    ("faults", "reset_relaunch"):
-        "after cudaDeviceReset every kernel launch returns cudaErrorInvalidResourceHandle (400) "
-        "(the shim's cuDevicePrimaryCtxReset drops the runtime's libraries and kernels)",
 }
 
 

@@ -99,6 +99,10 @@ pub struct Library {
     /// cannot run still loads, as with the driver's lazy loading: using its kernels or globals
     /// returns that status.
     pub module: Result<u64, i32>,
+    /// The device the library's code was loaded on.
+    pub device: u32,
+    /// The image, kept because a library outlives contexts: a device reset loads it again.
+    pub image: std::sync::Arc<[u8]>,
     pub kernels: HashMap<String, u64>,
 }
 

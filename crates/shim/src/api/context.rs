@@ -155,13 +155,8 @@ fn primary_reset(dev: CUdevice) -> Result<(), CUresult> {
         g.modules.remove(&m);
         g.functions.retain(|_, f| f.module != m);
     }
-    let inner = &mut *g;
-    inner.libraries.retain(|_, l| match l.module {
-        Ok(m) => inner.modules.contains_key(&m),
-        Err(_) => true,
-    });
-    let libs: std::collections::HashSet<u64> = inner.libraries.keys().copied().collect();
-    inner.kernels.retain(|_, k| libs.contains(&k.library));
+    g.images_sent.clear();
+    crate::api::module::reload_libraries(&mut g, d);
     let ctxs: Vec<u64> = g
         .contexts
         .iter()
@@ -173,7 +168,6 @@ fn primary_reset(dev: CUdevice) -> Result<(), CUresult> {
     for c in ctxs {
         crate::dark_api::cls_forget(c);
     }
-    g.images_sent.clear();
     let p = &mut g.primary[d as usize];
     p.created = false;
     p.refcount = 0;

@@ -16,7 +16,9 @@ use crate::ffi::{cstr, out, out_opt};
 use crate::global::session;
 use crate::guard::guard;
 use crate::image::image_bytes;
-use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_FOUND, UNKNOWN};
+use crate::status::{
+    CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_FOUND, NO_BINARY_FOR_GPU, UNKNOWN,
+};
 
 pub type CUmodule = *mut c_void;
 pub type CUfunction = *mut c_void;
@@ -256,10 +258,53 @@ fn library_load(plib: *mut CUlibrary, bytes: &[u8]) -> Result<(), CUresult> {
         lib,
         Library {
             module,
+            device,
+            image: bytes.into(),
             kernels: HashMap::new(),
         },
     );
     out(plib, p(lib))
+}
+
+/// After a device reset: libraries are context-independent, so each library on `device` is
+/// loaded again (fresh module variables, as in a new context) and its kernels point at the new
+/// module's functions. A library or kernel that fails to load again keeps the failure.
+pub(crate) fn reload_libraries(g: &mut Inner, device: u32) {
+    let libs: Vec<(u64, std::sync::Arc<[u8]>)> = g
+        .libraries
+        .iter()
+        .filter(|(_, l)| l.device == device)
+        .map(|(&h, l)| (h, l.image.clone()))
+        .collect();
+    for (lib, image) in libs {
+        let module = match load(g, device, &image, Some(lib)) {
+            Err(NO_BINARY_FOR_GPU) => Err(NO_BINARY_FOR_GPU),
+            r => r,
+        };
+        let names: Vec<(String, u64)> = g.libraries[&lib]
+            .kernels
+            .iter()
+            .map(|(n, &k)| (n.clone(), k))
+            .collect();
+        for (name, k) in names {
+            match module.and_then(|m| function(g, m, &name)) {
+                Ok(f) => {
+                    if let Some(kernel) = g.kernels.get_mut(&k) {
+                        kernel.function = f;
+                    }
+                }
+                Err(_) => {
+                    g.kernels.remove(&k);
+                    if let Some(l) = g.libraries.get_mut(&lib) {
+                        l.kernels.remove(&name);
+                    }
+                }
+            }
+        }
+        if let Some(l) = g.libraries.get_mut(&lib) {
+            l.module = module;
+        }
+    }
 }
 
 #[no_mangle]
