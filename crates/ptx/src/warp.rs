@@ -78,37 +78,51 @@ pub struct Warp {
     pub tid: [[u32; 3]; 32],
     /// Registers by call depth: `levels[depth][register][lane]`.
     pub levels: Vec<Vec<Lanes>>,
-    pub stacks: Vec<Vec<Frame>>,
-    pub local: Vec<Vec<u8>>,
+    /// Per lane, inline: a launch of one small block allocates only its register file.
+    pub stacks: [Vec<Frame>; 32],
+    pub local: [Vec<u8>; 32],
 }
 
 impl Warp {
     fn new(index: u32, threads: u32, block: [u32; 3]) -> Warp {
-        let first = index * 32;
-        let n = threads.saturating_sub(first).min(32);
-        let exists = if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
-        let [bx, by, _] = block;
-        let mut tid = [[0u32; 3]; 32];
-        for (l, t) in tid.iter_mut().enumerate() {
-            let i = first + l as u32;
-            *t = [
-                i % bx.max(1),
-                (i / bx.max(1)) % by.max(1),
-                i / (bx * by).max(1),
-            ];
-        }
-        Warp {
+        let mut w = Warp {
             index,
-            exists,
-            live: exists,
+            exists: 0,
+            live: 0,
             bar: 0,
             carry: 0,
             calling: 0,
             pc: [0; 32],
-            tid,
+            tid: [[0; 3]; 32],
             levels: vec![Vec::new()],
-            stacks: vec![Vec::new(); 32],
-            local: vec![Vec::new(); 32],
+            stacks: std::array::from_fn(|_| Vec::new()),
+            local: std::array::from_fn(|_| Vec::new()),
+        };
+        w.place(index, threads, block);
+        w
+    }
+
+    /// Makes this warp warp `index` of a block of `threads` threads shaped `block`.
+    fn place(&mut self, index: u32, threads: u32, block: [u32; 3]) {
+        let first = index * 32;
+        let n = threads.saturating_sub(first).min(32);
+        self.index = index;
+        self.exists = if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
+        self.live = self.exists;
+        let [bx, by] = [block[0].max(1), block[1].max(1)];
+        // The first lane's coordinates, then counting up with carries (no division per lane).
+        let mut t = [first % bx, (first / bx) % by, first / (bx * by)];
+        for slot in self.tid.iter_mut() {
+            *slot = t;
+            t[0] += 1;
+            if t[0] == bx {
+                t[0] = 0;
+                t[1] += 1;
+                if t[1] == by {
+                    t[1] = 0;
+                    t[2] += 1;
+                }
+            }
         }
     }
 
@@ -228,6 +242,34 @@ pub struct Env<'a> {
     pub region: Option<Region<'a>>,
 }
 
+thread_local! {
+    /// The warps of this host thread's last block, kept with their register files so that a
+    /// stream of small launches allocates nothing per launch.
+    static SPARE: std::cell::RefCell<Vec<Warp>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Warps for a block of `threads` threads, from this thread's spares where there are some.
+fn spare_warps(threads: u32, block: [u32; 3]) -> Vec<Warp> {
+    let n = threads.div_ceil(32) as usize;
+    let mut warps = SPARE.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    warps.truncate(n);
+    for (i, w) in warps.iter_mut().enumerate() {
+        w.place(i as u32, threads, block);
+    }
+    for i in warps.len()..n {
+        warps.push(Warp::new(i as u32, threads, block));
+    }
+    warps
+}
+
+impl Drop for Block<'_> {
+    fn drop(&mut self) {
+        let warps = std::mem::take(&mut self.warps);
+        // A block holds at most 32 warps (1024 threads): the spares stay bounded.
+        let _ = SPARE.try_with(|s| *s.borrow_mut() = warps);
+    }
+}
+
 /// A block runner, reused for every block one host thread runs.
 pub struct Block<'a> {
     pub env: Env<'a>,
@@ -244,9 +286,7 @@ impl<'a> Block<'a> {
                 ctaid: [0; 3],
                 region: None,
             },
-            warps: (0..threads.div_ceil(32))
-                .map(|w| Warp::new(w, threads, l.cfg.block))
-                .collect(),
+            warps: spare_warps(threads, l.cfg.block),
         }
     }
 
@@ -465,4 +505,31 @@ pub fn ret(w: &mut Warp, env: &mut Env, g: &Group, lanes: u32) -> Result<(), Exe
         w.pc[l] = frame.site + 1;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Thread coordinates counted with carries equal the division formula, for every warp of
+    /// odd-shaped blocks, including a placed-again spare.
+    #[test]
+    fn placed_warps_have_the_threads_coordinates() {
+        let mut spare = Warp::new(0, 32, [32, 1, 1]);
+        for block in [[5u32, 3, 4], [7, 1, 1], [1, 9, 5], [32, 2, 2], [33, 3, 1]] {
+            let threads: u32 = block.iter().product();
+            for index in 0..threads.div_ceil(32) {
+                spare.place(index, threads, block);
+                for l in Bits(spare.exists) {
+                    let i = index * 32 + l as u32;
+                    let want = [
+                        i % block[0],
+                        (i / block[0]) % block[1],
+                        i / (block[0] * block[1]),
+                    ];
+                    assert_eq!(spare.tid[l], want, "block {block:?} thread {i}");
+                }
+            }
+        }
+    }
 }

@@ -65,6 +65,25 @@ impl Write for Stream {
     }
 }
 
+/// One non-blocking read: what the socket holds now, or `WouldBlock`. std has no per-call
+/// non-blocking read (toggling `O_NONBLOCK` costs two more system calls on a hot path).
+#[allow(unsafe_code)]
+fn recv_now(stream: &Stream, buf: &mut [u8]) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let fd = match stream {
+        Stream::Unix(s) => s.as_raw_fd(),
+        Stream::Tcp(s) => s.as_raw_fd(),
+    };
+    // SAFETY: `buf` is a live, writable buffer of `buf.len()` bytes for the whole call, and
+    // `fd` is an open socket owned by `stream`, borrowed for the call.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 /// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -142,6 +161,34 @@ impl Conn {
             .is_ok_and(|h| bytes.len() >= HEADER_LEN.saturating_add(h.len as usize))
     }
 
+    /// Like [`Conn::has_frame`], after taking in, without waiting, whatever the peer has
+    /// already sent: a worker asks this before giving the device back, and a buffer that only
+    /// just ran dry must not count as an idle client. An error is left for the next
+    /// [`Conn::recv`] to report (and counts as a frame: the caller will not wait).
+    pub fn poll_frame(&mut self) -> bool {
+        self.has_frame() || self.take_available().is_err() || self.has_frame()
+    }
+
+    /// Reads what the socket holds now, without blocking (one `recv` with `MSG_DONTWAIT`).
+    fn take_available(&mut self) -> io::Result<()> {
+        if self.end == self.buf.len() {
+            if self.start == 0 {
+                return Ok(()); // a frame larger than the buffer is on its way
+            }
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        match recv_now(&self.stream, &mut self.buf[self.end..]) {
+            Ok(n) => self.end += n, // 0: the peer closed; recv reports it
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
     /// Makes at least `need` bytes available from `start`.
     fn fill(&mut self, need: usize) -> Result<(), TransportError> {
         if self.end - self.start >= need {
@@ -203,6 +250,27 @@ mod tests {
         assert!(b.has_frame(), "the second frame came with the first");
         b.recv().unwrap();
         assert!(!b.has_frame());
+    }
+
+    #[test]
+    fn poll_frame_takes_in_what_the_peer_already_sent() {
+        let (mut a, mut b) = pair();
+        assert!(!b.poll_frame());
+        let mut out = Vec::new();
+        encode_frame(&mut out, FrameKind::Request, 0, 1, &Request::Ping);
+        a.send(&out).unwrap();
+        assert!(!b.has_frame(), "nothing read yet");
+        assert!(b.poll_frame());
+        b.recv().unwrap();
+        assert!(!b.poll_frame());
+        // The connection still blocks normally afterwards.
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            a.send(&out).unwrap();
+            a
+        });
+        b.recv().unwrap();
+        t.join().unwrap();
     }
 
     #[test]

@@ -134,6 +134,11 @@ impl<'a> Session<'a> {
         });
     }
 
+    /// Whether this session holds the device now.
+    pub fn holds_lease(&self) -> bool {
+        self.lease.is_some()
+    }
+
     /// Gives the device back, charging what the lease's launches used.
     pub fn end_lease(&mut self) {
         if let Some(l) = self.lease.take() {
@@ -653,7 +658,7 @@ fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), 
             tracing::trace!(quiet, "request {text}");
         }
         let reply = session.dispatch(req, quiet);
-        if !conn.has_frame() {
+        if session.holds_lease() && !conn.poll_frame() {
             // Nothing more has arrived: do not hold the device while waiting for the client.
             session.end_lease();
         }
