@@ -591,3 +591,40 @@ fn a_killed_worker_holding_the_device_lets_the_queue_go_on() {
         st.sessions.len() == 1 && st.sessions[0].device_time_us > 0
     });
 }
+
+/// Module variables are device memory: a module's `__device__` array is charged to the session
+/// (status, the slice's limit: over it the load fails with CUDA_ERROR_OUT_OF_MEMORY), and
+/// unloading gives it back.
+#[test]
+fn module_variables_count_against_the_slice() {
+    const OUT_OF_MEMORY: i32 = 2;
+    let s = start("module-bytes", "emu:1:1GiB");
+    let mut c = session(&s, Some(4 << 20));
+    let ptx = ".version 7.0\n.target sm_80\n.address_size 64\n.global .align 8 .b8 table[3145728];\n.visible .entry k()\n{\n\tret;\n}\n\0";
+    let image = ptx.as_bytes();
+    let hash: [u8; 32] =
+        sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
+    let load = |c: &mut Connection, module: u64| {
+        c.call(&Request::ModuleLoad {
+            module,
+            device: 0,
+            hash,
+            image: Some(image),
+        })
+    };
+    load(&mut c, 7).unwrap();
+    assert_eq!(status(&s).sessions[0].used_bytes, 3 << 20);
+    // 3 MiB more would pass the 4 MiB slice.
+    assert!(matches!(
+        load(&mut c, 8),
+        Err(gpufuse_client::ClientError::Cuda(OUT_OF_MEMORY))
+    ));
+    assert_eq!(status(&s).sessions[0].used_bytes, 3 << 20);
+    c.quiet(&Request::ModuleUnload { module: 7 }).unwrap();
+    c.call(&Request::Ping).unwrap();
+    assert_eq!(status(&s).sessions[0].used_bytes, 0);
+    assert_eq!(status(&s).devices[0].used_bytes, 0);
+    load(&mut c, 8).unwrap();
+    alloc(&mut c, 1 << 20);
+    assert_eq!(status(&s).sessions[0].used_bytes, 4 << 20);
+}

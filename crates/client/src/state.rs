@@ -51,7 +51,18 @@ impl SessionConfig {
 pub struct Allocation {
     pub size: u64,
     pub device: u32,
-    pub managed: bool,
+    /// Allocated from the device's memory pool (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`).
+    pub pooled: bool,
+}
+
+/// What a device's memory pool holds. Freed pool memory goes back to the device at once (no
+/// caching), so reserved equals used.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PoolStats {
+    pub used: u64,
+    pub high: u64,
+    pub reserved_high: u64,
+    pub release_threshold: u64,
 }
 
 /// Page-locked host memory handed out by `cuMemHostAlloc` and friends.
@@ -141,6 +152,8 @@ pub struct Inner {
     pub events: HashMap<u64, Event>,
     /// Content hashes of images this connection already sent.
     pub images_sent: HashSet<[u8; 32]>,
+    /// Per device: its default memory pool.
+    pub pools: HashMap<u32, PoolStats>,
     /// CUDA graphs and stream capture.
     pub graphs: crate::graph::Graphs,
 }
@@ -228,6 +241,7 @@ impl Session {
                 streams: HashMap::new(),
                 events: HashMap::new(),
                 images_sent: HashSet::new(),
+                pools: HashMap::new(),
                 graphs: Default::default(),
             }),
         })

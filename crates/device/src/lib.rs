@@ -49,6 +49,11 @@ pub trait Device: Send {
     /// Loads a module image (fatbin, cubin or PTX).
     fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, Status>;
     fn unload_module(&mut self, module: ModuleId) -> Result<(), Status>;
+    /// Device memory a loaded module holds (its `__device__` and `__constant__` variables),
+    /// which the session is charged for. A backend that cannot tell says 0.
+    fn module_bytes(&self, _module: ModuleId) -> u64 {
+        0
+    }
     /// A kernel's parameter layout and attributes.
     fn function(&mut self, module: ModuleId, name: &str) -> Result<FunctionInfo, Status>;
     /// A module variable's address and size.

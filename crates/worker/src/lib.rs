@@ -55,6 +55,8 @@ pub struct Session<'a> {
     streams: HashSet<u64>,
     events: HashMap<u64, Option<Instant>>,
     modules: HashMap<u64, u64>,
+    /// Device bytes each client module's variables hold (charged like allocations).
+    module_bytes: HashMap<u64, u64>,
     functions: HashMap<u64, (u64, String)>,
     images: HashMap<[u8; 32], Vec<u8>>,
     deferred: Option<Status>,
@@ -102,6 +104,7 @@ impl<'a> Session<'a> {
             streams: HashSet::new(),
             events: HashMap::new(),
             modules: HashMap::new(),
+            module_bytes: HashMap::new(),
             functions: HashMap::new(),
             images: HashMap::new(),
             deferred: None,
@@ -176,9 +179,10 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn alloc(&mut self, size: u64) -> R<u64> {
+    /// Counts `size` bytes against the session's limit and the device's ledger.
+    fn charge(&mut self, size: u64) -> R<()> {
         if size == 0 {
-            return Err(st::INVALID_VALUE);
+            return Ok(());
         }
         if self
             .limit
@@ -187,14 +191,33 @@ impl<'a> Session<'a> {
         {
             return Err(st::OUT_OF_MEMORY);
         }
+        self.used += size;
+        Ok(())
+    }
+
+    fn uncharge(&mut self, size: u64) {
+        self.used -= size;
+        self.ledger.release(size);
+    }
+
+    fn uncharge_module(&mut self, module: u64) {
+        if let Some(bytes) = self.module_bytes.remove(&module) {
+            self.uncharge(bytes);
+        }
+    }
+
+    fn alloc(&mut self, size: u64) -> R<u64> {
+        if size == 0 {
+            return Err(st::INVALID_VALUE);
+        }
+        self.charge(size)?;
         match self.device.alloc(size) {
             Ok(p) => {
                 self.allocations.insert(p, size);
-                self.used += size;
                 Ok(p)
             }
             Err(e) => {
-                self.ledger.release(size);
+                self.uncharge(size);
                 Err(e)
             }
         }
@@ -203,8 +226,7 @@ impl<'a> Session<'a> {
     fn free(&mut self, ptr: u64) -> R<()> {
         let size = self.allocations.remove(&ptr).ok_or(st::INVALID_VALUE)?;
         self.device.free(ptr)?;
-        self.used -= size;
-        self.ledger.release(size);
+        self.uncharge(size);
         Ok(())
     }
 
@@ -215,8 +237,10 @@ impl<'a> Session<'a> {
         for p in ptrs {
             let _ = self.free(p);
         }
-        for (_, m) in self.modules.drain() {
-            let _ = self.device.unload_module(m);
+        let modules: Vec<(u64, u64)> = self.modules.drain().collect();
+        for (module, id) in modules {
+            let _ = self.device.unload_module(id);
+            self.uncharge_module(module);
         }
         self.functions.clear();
         self.streams.clear();
@@ -471,12 +495,21 @@ impl<'a> Session<'a> {
                     },
                 };
                 let id = self.device.load_module(&image)?;
+                // Module variables are device memory: charged like an allocation.
+                let bytes = self.device.module_bytes(id);
+                if let Err(e) = self.charge(bytes) {
+                    let _ = self.device.unload_module(id);
+                    return Err(e);
+                }
                 if let Some(old) = self.modules.insert(module, id) {
                     let _ = self.device.unload_module(old);
+                    self.uncharge_module(module);
                 }
+                self.module_bytes.insert(module, bytes);
             }
             ModuleUnload { module } => {
                 let id = self.modules.remove(&module).ok_or(st::INVALID_HANDLE)?;
+                self.uncharge_module(module);
                 self.functions.retain(|_, (m, _)| *m != module);
                 self.device.unload_module(id)?;
             }

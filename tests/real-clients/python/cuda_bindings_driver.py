@@ -1,6 +1,6 @@
 """cuda-python (cuda.bindings.driver + nvrtc) through whatever libcuda.so.1 the loader finds:
 cuInit, device queries, primary and created contexts, cuMemAlloc, cuMemcpyHtoD/DtoH (sync and
-async), streams, events, a PTX module from NVRTC launched with cuLaunchKernel, and SASS for
+async), streams, events, stream-ordered allocations and the pool's accounting, a PTX module from NVRTC launched with cuLaunchKernel, and SASS for
 another architecture: cuModuleLoadData refuses it (CUDA_ERROR_NO_BINARY_FOR_GPU) while
 cuLibraryLoadData loads it lazily and only cuLibraryGetKernel fails, as cuBLAS relies on.
 
@@ -166,6 +166,33 @@ extern "C" __global__ void affine(const float* x, float* y, float a, float b, in
         print(f"MISMATCH y[{bad}] = {y[bad]}, want {1.5 * x[bad] - 2.0}", file=sys.stderr)
         fail("cuda_bindings_driver: kernel results differ")
     print("PASS nvrtc_module_launch", flush=True)
+
+    # Stream-ordered allocations and the default pool's accounting.
+    pool = ck(cu.cuDeviceGetDefaultMemPool(dev), "cuDeviceGetDefaultMemPool")
+    P = cu.CUmemPool_attribute
+
+    def pool_attr(a):
+        return int(ck(cu.cuMemPoolGetAttribute(pool, a), f"cuMemPoolGetAttribute {a!r}"))
+
+    base = pool_attr(P.CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    a1 = ck(cu.cuMemAllocAsync(2 * MiB, stream), "cuMemAllocAsync")
+    a2 = ck(cu.cuMemAllocAsync(4 * MiB, stream), "cuMemAllocAsync")
+    ck(cu.cuStreamSynchronize(stream), "sync after cuMemAllocAsync")
+    used = pool_attr(P.CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    expect(used - base == 6 * MiB, f"pool used {used - base}, want {6 * MiB}")
+    expect(pool_attr(P.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) >= used, "pool reserved < used")
+    ck(cu.cuMemFreeAsync(a2, stream), "cuMemFreeAsync")
+    ck(cu.cuStreamSynchronize(stream), "sync after cuMemFreeAsync")
+    used = pool_attr(P.CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    expect(used - base == 2 * MiB, f"pool used after a free {used - base}, want {2 * MiB}")
+    expect(pool_attr(P.CU_MEMPOOL_ATTR_USED_MEM_HIGH) >= base + 6 * MiB, "pool high-water mark")
+    ck(cu.cuMemPoolSetAttribute(pool, P.CU_MEMPOOL_ATTR_USED_MEM_HIGH, cu.cuuint64_t(0)),
+       "reset the pool's high-water mark")
+    high = pool_attr(P.CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+    expect(high == used, f"pool high after reset {high}, want {used}")
+    ck(cu.cuMemFreeAsync(a1, stream), "cuMemFreeAsync")
+    ck(cu.cuStreamSynchronize(stream), "sync")
+    print("PASS memory_pool", flush=True)
 
     # SASS for an architecture the device cannot run (another major version).
     foreign = "sm_75" if major != 7 else "sm_90"

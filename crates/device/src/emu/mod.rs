@@ -258,6 +258,12 @@ impl Device for EmuDevice {
         Ok(())
     }
 
+    fn module_bytes(&self, module: ModuleId) -> u64 {
+        self.modules.get(&module).map_or(0, |m| {
+            m.variables.values().map(|&(_, size)| size.max(1)).sum()
+        })
+    }
+
     fn function(&mut self, module: ModuleId, name: &str) -> Result<FunctionInfo, Status> {
         let m = self.modules.get(&module).ok_or(INVALID_HANDLE)?;
         let k = m

@@ -8,7 +8,7 @@ use gpufuse_proto::{ReplyBody, Request};
 
 use crate::api::context::{client_err, current, CUcontext};
 use crate::api::stream::stream_id;
-use crate::ffi::{out, out_opt, read_at};
+use crate::ffi::{out, out_opt, read, read_at};
 use crate::global::session;
 use crate::guard::guard;
 use crate::status::{CUresult, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS};
@@ -37,7 +37,7 @@ fn alloc(g: &mut Inner, size: usize) -> Result<u64, CUresult> {
         Allocation {
             size: size as u64,
             device,
-            managed: false,
+            pooled: false,
         },
     );
     Ok(p)
@@ -81,7 +81,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
             Allocation {
                 size: p * height as u64,
                 device,
-                managed: false,
+                pooled: false,
             },
         );
         out(dptr, ptr)?;
@@ -96,8 +96,10 @@ fn free(ptr: u64) -> Result<(), CUresult> {
     }
     let s = session()?;
     let mut g = s.lock();
-    if g.allocations.remove(&ptr).is_none() {
-        return Err(INVALID_VALUE);
+    let a = g.allocations.remove(&ptr).ok_or(INVALID_VALUE)?;
+    if a.pooled {
+        let pool = g.pools.entry(a.device).or_default();
+        pool.used = pool.used.saturating_sub(a.size);
     }
     g.conn.quiet(&Request::MemFree { ptr }).map_err(client_err)
 }
@@ -118,6 +120,14 @@ pub unsafe extern "C" fn cuMemAllocAsync(
         let mut g = s.lock();
         stream_id(&g, stream)?;
         let p = alloc(&mut g, size)?;
+        if let Some(a) = g.allocations.get_mut(&p) {
+            a.pooled = true;
+            let (device, size) = (a.device, a.size);
+            let pool = g.pools.entry(device).or_default();
+            pool.used += size;
+            pool.high = pool.high.max(pool.used);
+            pool.reserved_high = pool.reserved_high.max(pool.used);
+        }
         out(dptr, p)
     })
 }
@@ -165,26 +175,83 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut *mut c_void, dev: c_int) 
     unsafe { cuDeviceGetDefaultMemPool(pool, dev) }
 }
 
+/// The device whose default pool `pool` is.
+fn pool_device(pool: *mut c_void) -> Result<u32, CUresult> {
+    let dev = (pool as usize)
+        .checked_sub(0x9000_0000)
+        .and_then(|d| c_int::try_from(d).ok())
+        .ok_or(INVALID_VALUE)?;
+    session()?
+        .device(dev)
+        .ok_or(INVALID_VALUE)
+        .map(|_| dev as u32)
+}
+
+// CUmemPool_attribute.
+const POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES: c_int = 1;
+const POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES: c_int = 3;
+const POOL_RELEASE_THRESHOLD: c_int = 4;
+const POOL_RESERVED_MEM_CURRENT: c_int = 5;
+const POOL_RESERVED_MEM_HIGH: c_int = 6;
+const POOL_USED_MEM_CURRENT: c_int = 7;
+const POOL_USED_MEM_HIGH: c_int = 8;
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolSetAttribute(
-    _pool: *mut c_void,
-    _attr: c_int,
-    _value: *mut c_void,
+    pool: *mut c_void,
+    attr: c_int,
+    value: *mut c_void,
 ) -> CUresult {
-    SUCCESS
+    guard(|| {
+        let dev = pool_device(pool)?;
+        let s = session()?;
+        let mut g = s.lock();
+        let stats = g.pools.entry(dev).or_default();
+        match attr {
+            POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES..=POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+                read(value.cast::<c_int>())?;
+            }
+            POOL_RELEASE_THRESHOLD => stats.release_threshold = read(value.cast::<u64>())?,
+            // The high-water marks can only be reset (to the current value) by writing 0.
+            POOL_RESERVED_MEM_HIGH | POOL_USED_MEM_HIGH => {
+                if read(value.cast::<u64>())? != 0 {
+                    return Err(INVALID_VALUE);
+                }
+                if attr == POOL_USED_MEM_HIGH {
+                    stats.high = stats.used;
+                } else {
+                    stats.reserved_high = stats.used;
+                }
+            }
+            _ => return Err(INVALID_VALUE),
+        }
+        Ok(())
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolGetAttribute(
-    _pool: *mut c_void,
+    pool: *mut c_void,
     attr: c_int,
     value: *mut c_void,
 ) -> CUresult {
-    guard(|| match attr {
-        // Reuse policies (ints): all enabled.
-        1..=3 => out(value.cast::<c_int>(), 1),
-        // Release threshold, reserved/used current/high (u64): nothing is kept back.
-        _ => out(value.cast::<u64>(), 0),
+    guard(|| {
+        let dev = pool_device(pool)?;
+        let s = session()?;
+        let stats = s.lock().pools.get(&dev).copied().unwrap_or_default();
+        match attr {
+            // Reuse policies: all enabled.
+            POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES..=POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+                out(value.cast::<c_int>(), 1)
+            }
+            POOL_RELEASE_THRESHOLD => out(value.cast::<u64>(), stats.release_threshold),
+            POOL_RESERVED_MEM_CURRENT | POOL_USED_MEM_CURRENT => {
+                out(value.cast::<u64>(), stats.used)
+            }
+            POOL_RESERVED_MEM_HIGH => out(value.cast::<u64>(), stats.reserved_high),
+            POOL_USED_MEM_HIGH => out(value.cast::<u64>(), stats.high),
+            _ => Err(INVALID_VALUE),
+        }
     })
 }
 

@@ -207,7 +207,7 @@ fn global(g: &mut Inner, m: u64, name: &str) -> Result<(u64, u64), CUresult> {
                 .or_insert(gpufuse_client::state::Allocation {
                     size,
                     device,
-                    managed: false,
+                    pooled: false,
                 });
             Ok((ptr, size))
         }
