@@ -10,6 +10,7 @@ use crate::code::{Code, Ins};
 use crate::collective;
 use crate::inst::{Op, Space, Ty, Type};
 use crate::lanes::{guard, map1, map2, map3, put, try_map2, val_into};
+use crate::round;
 use crate::space::{
     addrs, atomic, load_lanes, store, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW, WINDOW_MASK,
 };
@@ -210,6 +211,32 @@ pub fn exec(
                     _ => false,
                 }) as u64
             });
+            put(w, g, d0, &r, run);
+        }
+        Op::Add
+        | Op::Sub
+        | Op::Mul
+        | Op::Div
+        | Op::Fma
+        | Op::Mad
+        | Op::Sqrt
+        | Op::Rcp
+        | Op::Cvt
+            if ins.m.rnd.is_some() =>
+        {
+            // Directed rounding (`.rz`, `.rm`, `.rp`), off the fast paths.
+            let n = match ins.op {
+                Op::Sqrt | Op::Rcp | Op::Cvt => 1,
+                Op::Fma | Op::Mad => 3,
+                _ => 2,
+            };
+            let x = v!(w, env, 0, if ins.op == Op::Cvt { ins.ty2 } else { ty });
+            let y = if n > 1 { v!(w, env, 1, ty) } else { [0; 32] };
+            let z = if n > 2 { v!(w, env, 2, ty) } else { [0; 32] };
+            let mut r = [0u64; 32];
+            for l in Bits(run) {
+                r[l] = round::directed(ins, x[l], y[l], z[l]);
+            }
             put(w, g, d0, &r, run);
         }
         Op::Cvt => {

@@ -43,6 +43,7 @@ mod lanes;
 mod launch;
 mod memory;
 mod parse;
+mod round;
 mod space;
 mod warp;
 
