@@ -12,7 +12,8 @@ use crate::inst::{Op, Space, Ty, Type};
 use crate::lanes::{guard, map1, map2, map3, put, try_map2, val_into};
 use crate::round;
 use crate::space::{
-    addrs, atomic, load_lanes, store, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW, WINDOW_MASK,
+    addrs, aligned, atomic, load_lanes, store, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW,
+    WINDOW_MASK,
 };
 use crate::warp::{self, Bits, Env, Group, Lanes, Warp};
 use crate::ExecError;
@@ -143,6 +144,7 @@ pub fn exec(
         Op::Ld | Op::Ldu => {
             let mut a = [0u64; 32];
             addrs(w, env, g, ins, &mut a)?;
+            aligned(ins, &a, run)?;
             for k in 0..ins.nd as usize {
                 let mut out = [0u64; 32];
                 match ty.size {
@@ -160,6 +162,7 @@ pub fn exec(
         Op::St => {
             let mut a = [0u64; 32];
             addrs(w, env, g, ins, &mut a)?;
+            aligned(ins, &a, run)?;
             let n = ty.size as u64;
             for k in 0..ins.ns as usize {
                 let x = v!(w, env, k, ty);
@@ -396,6 +399,7 @@ pub fn exec(
         Op::Atom | Op::Red => {
             let mut a = [0u64; 32];
             addrs(w, env, g, ins, &mut a)?;
+            aligned(ins, &a, run)?;
             let (op, n) = (ins.m.atom_op, ty.size as u64);
             if alu::atom(op, ty, 0, 0, 0).is_none() {
                 return Err(unsupported());
