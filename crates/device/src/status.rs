@@ -12,6 +12,10 @@ pub const INVALID_HANDLE: Status = 400;
 pub const NOT_FOUND: Status = 500;
 pub const ILLEGAL_ADDRESS: Status = 700;
 pub const LAUNCH_OUT_OF_RESOURCES: Status = 701;
+/// A device-side `assert()` failed; sticky like a fault.
+pub const ASSERT: Status = 710;
+/// A load, store or atomic at an address not a multiple of its size; sticky like a fault.
+pub const MISALIGNED_ADDRESS: Status = 716;
 pub const INVALID_CONFIGURATION: Status = 9;
 pub const NOT_SUPPORTED: Status = 801;
 pub const LAUNCH_FAILED: Status = 719;

@@ -310,12 +310,17 @@ pub fn cvt(i: &Ins, v: u64) -> u64 {
             from_f(x, dst)
         }
         (true, false) => {
+            // Straight to the destination type: via f64, a 64-bit integer would be rounded twice.
             let x = if src.kind == Ty::S {
-                sext(v, src.size) as f64
+                sext(v, src.size) as i128
             } else {
-                (v & mask(src.size)) as f64
+                (v & mask(src.size)) as i128
             };
-            from_f(x, dst)
+            if dst.size == 4 {
+                (x as f32).to_bits() as u64
+            } else {
+                from_f(x as f64, dst)
+            }
         }
         (false, true) => {
             let x = fv(v, src);

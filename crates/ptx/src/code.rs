@@ -77,6 +77,11 @@ impl Ins {
     }
 }
 
+/// The function nvcc calls for a failed device-side `assert()`, declared `.extern`.
+pub const ASSERT_FAIL: &str = "__assertfail";
+/// [`CallSite::callee`] of a call to [`ASSERT_FAIL`], which has no body in the module.
+pub const ASSERT_CALLEE: u32 = u32::MAX;
+
 /// A call site: the callee and where its arguments come from and its return values go.
 #[derive(Debug, Clone)]
 pub struct CallSite {
@@ -366,6 +371,21 @@ fn compile_inst(
         else {
             return Err(format!("bad call: {}", inst.text));
         };
+        if callee == ASSERT_FAIL && !by_name.contains_key(ASSERT_FAIL) {
+            // `assert()` in device code: the call ends the kernel with the assertion's message.
+            let site = CallSite {
+                callee: ASSERT_CALLEE,
+                args: a
+                    .iter()
+                    .map(|o| to_src(o, scope, syms, &mut used))
+                    .collect(),
+                rets: Vec::new(),
+            };
+            ins.target = code.calls.len() as u32;
+            code.calls.push(site);
+            code.symbols.extend(used);
+            return Ok(ins);
+        }
         let &callee = by_name
             .get(callee.as_str())
             .ok_or_else(|| format!("call {callee} (a function without a body)"))?;

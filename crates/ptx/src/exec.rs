@@ -10,8 +10,10 @@ use crate::code::{Code, Ins};
 use crate::collective;
 use crate::inst::{Op, Space, Ty, Type};
 use crate::lanes::{guard, map1, map2, map3, put, try_map2, val_into};
+use crate::round;
 use crate::space::{
-    addrs, atomic, load_lanes, store, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW, WINDOW_MASK,
+    addrs, aligned, atomic, load_lanes, store, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW,
+    WINDOW_MASK,
 };
 use crate::warp::{self, Bits, Env, Group, Lanes, Warp};
 use crate::ExecError;
@@ -142,6 +144,7 @@ pub fn exec(
         Op::Ld | Op::Ldu => {
             let mut a = [0u64; 32];
             addrs(w, env, g, ins, &mut a)?;
+            aligned(ins, &a, run)?;
             for k in 0..ins.nd as usize {
                 let mut out = [0u64; 32];
                 match ty.size {
@@ -159,6 +162,7 @@ pub fn exec(
         Op::St => {
             let mut a = [0u64; 32];
             addrs(w, env, g, ins, &mut a)?;
+            aligned(ins, &a, run)?;
             let n = ty.size as u64;
             for k in 0..ins.ns as usize {
                 let x = v!(w, env, k, ty);
@@ -210,6 +214,32 @@ pub fn exec(
                     _ => false,
                 }) as u64
             });
+            put(w, g, d0, &r, run);
+        }
+        Op::Add
+        | Op::Sub
+        | Op::Mul
+        | Op::Div
+        | Op::Fma
+        | Op::Mad
+        | Op::Sqrt
+        | Op::Rcp
+        | Op::Cvt
+            if ins.m.rnd.is_some() =>
+        {
+            // Directed rounding (`.rz`, `.rm`, `.rp`), off the fast paths.
+            let n = match ins.op {
+                Op::Sqrt | Op::Rcp | Op::Cvt => 1,
+                Op::Fma | Op::Mad => 3,
+                _ => 2,
+            };
+            let x = v!(w, env, 0, if ins.op == Op::Cvt { ins.ty2 } else { ty });
+            let y = if n > 1 { v!(w, env, 1, ty) } else { [0; 32] };
+            let z = if n > 2 { v!(w, env, 2, ty) } else { [0; 32] };
+            let mut r = [0u64; 32];
+            for l in Bits(run) {
+                r[l] = round::directed(ins, x[l], y[l], z[l]);
+            }
             put(w, g, d0, &r, run);
         }
         Op::Cvt => {
@@ -369,6 +399,7 @@ pub fn exec(
         Op::Atom | Op::Red => {
             let mut a = [0u64; 32];
             addrs(w, env, g, ins, &mut a)?;
+            aligned(ins, &a, run)?;
             let (op, n) = (ins.m.atom_op, ty.size as u64);
             if alu::atom(op, ty, 0, 0, 0).is_none() {
                 return Err(unsupported());

@@ -259,6 +259,9 @@ pub struct Mods {
     pub cc: bool,
     pub sat: bool,
     pub rnd_int: Option<char>, // 'n','z','m','p' for cvt.rni/rzi/...
+    /// A directed rounding mode of float arithmetic and `cvt`: 'z', 'm', 'p' for `.rz`, `.rm`,
+    /// `.rp` (`round.rs`); `.rn`, the default, is `None` and keeps the fast paths.
+    pub rnd: Option<char>,
     pub vec: u8,
     pub cmp: Cmp,
     pub bool_op: BoolOp,
@@ -669,6 +672,9 @@ pub fn decode(
             "rzi" => mods.rnd_int = Some('z'),
             "rmi" => mods.rnd_int = Some('m'),
             "rpi" => mods.rnd_int = Some('p'),
+            "rz" => mods.rnd = Some('z'),
+            "rm" => mods.rnd = Some('m'),
+            "rp" => mods.rnd = Some('p'),
             "v2" => mods.vec = 2,
             "v4" => mods.vec = 4,
             "to" => mods.to = true,
@@ -693,11 +699,9 @@ pub fn decode(
             "and" if op == Op::Setp || op == Op::Set => mods.bool_op = BoolOp::And,
             "or" if op == Op::Setp || op == Op::Set => mods.bool_op = BoolOp::Or,
             "xor" if op == Op::Setp || op == Op::Set => mods.bool_op = BoolOp::Xor,
-            // Rounding, caching, ordering, scope and approximation qualifiers change nothing here.
+            // Caching, ordering, scope and approximation qualifiers change nothing here, nor does
+            // `.rn`, the rounding the VM does by default.
             "rn"
-            | "rz"
-            | "rm"
-            | "rp"
             | "approx"
             | "full"
             | "ftz"
@@ -767,6 +771,11 @@ pub fn decode(
     };
     let ty = types.first().copied().unwrap_or(b32);
     let ty2 = types.get(1).copied().unwrap_or(ty);
+    if mods.rnd.is_some() && !crate::round::supported(op, ty, ty2, mods.x2.is_some()) {
+        // A directed rounding the VM cannot honour (f16, packed pairs, or an instruction that
+        // takes no rounding mode) fails rather than rounding to nearest.
+        return Err(unsupported());
+    }
     let float = ty.kind == Ty::F;
     let f32 = ty.size == 4;
     let is_branch = op == Op::Bra;

@@ -17,9 +17,13 @@
 //! - calls to device functions (`call`, `call.uni`) with `.param` arguments and return values:
 //!   the callee gets its own registers and a local-memory frame on the thread's stack, so
 //!   recursion works, and pointers into a caller's local arrays stay valid; calls nested deeper
-//!   than 256 fail the launch with [`ExecError::StackOverflow`];
+//!   than 256 fail the launch with [`ExecError::StackOverflow`]; a call of `__assertfail` (a
+//!   failed device-side `assert()`) ends it with [`ExecError::Assert`] and the message;
 //! - shared, local, param, const and global state spaces, generic addressing, atomics, fences,
-//!   and [`ExecError::IllegalAddress`] for any access outside device memory;
+//!   [`ExecError::IllegalAddress`] for any access outside device memory and
+//!   [`ExecError::MisalignedAddress`] for one not a multiple of its size;
+//! - float rounding modifiers: `.rn` (the default) and exact `.rz`, `.rm`, `.rp` on f32/f64
+//!   arithmetic and conversions (`round.rs`); a directed mode on f16 fails as unsupported;
 //! - the blocks of a launch run in parallel on the host's cores (`launch.rs`): as many threads
 //!   as [`std::thread::available_parallelism`] (or `GPUFUSE_EMU_THREADS`), each taking the next
 //!   block. Device memory is therefore shared: [`DeviceMemory`] hands out regions of
@@ -43,6 +47,7 @@ mod lanes;
 mod launch;
 mod memory;
 mod parse;
+mod round;
 mod space;
 mod warp;
 
@@ -65,8 +70,14 @@ pub enum PtxError {
 pub enum ExecError {
     #[error("illegal address {0:#x}")]
     IllegalAddress(u64),
+    /// A load, store or atomic at an address that is not a multiple of its access size.
+    #[error("misaligned address {0:#x}")]
+    MisalignedAddress(u64),
     #[error("kernel executed a trap")]
     Trap,
+    /// A device-side `assert()` failed (a call of `__assertfail`): its message.
+    #[error("{0}")]
+    Assert(String),
     #[error("call stack overflow")]
     StackOverflow,
     #[error("not supported: {0}")]

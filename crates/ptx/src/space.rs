@@ -36,6 +36,28 @@ pub fn addrs(w: &Warp, env: &Env, g: &Group, ins: &Ins, out: &mut Lanes) -> Resu
     Ok(())
 }
 
+/// Fails with [`ExecError::MisalignedAddress`] when a running lane's address is not a multiple
+/// of the access size (the element size times the vector width). Parameter space is laid out by
+/// the compiler and not checked.
+#[inline(always)]
+pub fn aligned(ins: &Ins, a: &Lanes, run: u32) -> Result<(), ExecError> {
+    let size = ins.ty.size as u64 * (ins.m.vec.max(1) as u64);
+    if size <= 1 || ins.space == Space::Param {
+        return Ok(());
+    }
+    let mut any = 0u64;
+    for l in Bits(run) {
+        any |= a[l];
+    }
+    if any & (size - 1) == 0 {
+        return Ok(());
+    }
+    match Bits(run).map(|l| a[l]).find(|x| x & (size - 1) != 0) {
+        Some(x) if x & WINDOW_MASK != PARAM_WINDOW => Err(ExecError::MisalignedAddress(x)),
+        _ => Ok(()),
+    }
+}
+
 /// The device memory region holding `[a, a + n)`, from the cache or the device.
 #[inline(always)]
 pub fn region<'a>(env: &mut Env<'a>, a: u64, n: u64) -> Result<crate::Region<'a>, ExecError> {

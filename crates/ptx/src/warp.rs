@@ -383,6 +383,10 @@ pub fn call(
         .calls
         .get(site as usize)
         .ok_or_else(|| ExecError::Unsupported(format!("call site {site}")))?;
+    if cs.callee == crate::code::ASSERT_CALLEE {
+        let lane = Bits(run).next().unwrap_or(0);
+        return Err(ExecError::Assert(assert_message(w, env, g, cs, lane)));
+    }
     let callee = &prog.funcs[cs.callee as usize];
     if g.depth + 1 > MAX_DEPTH {
         return Err(ExecError::StackOverflow);
@@ -505,6 +509,46 @@ pub fn ret(w: &mut Warp, env: &mut Env, g: &Group, lanes: u32) -> Result<(), Exe
         w.pc[l] = frame.site + 1;
     }
     Ok(())
+}
+
+/// The message of a failed device-side `assert()`, from the arguments of
+/// `__assertfail(message, file, line, function, char_size)` as lane `l` passed them; the
+/// generic "device-side assert triggered" when they cannot be read.
+fn assert_message(
+    w: &Warp,
+    env: &mut Env,
+    g: &Group,
+    cs: &crate::code::CallSite,
+    l: usize,
+) -> String {
+    let mut arg = |k: usize, n: u64| -> Option<u64> {
+        match *cs.args.get(k)? {
+            Src::FrameParam(off) => {
+                crate::space::load(w, env, l, LOCAL_WINDOW + g.base + off, n).ok()
+            }
+            a => lanes::val(w, env, g, a, n as u8).ok().map(|v| v[l]),
+        }
+    };
+    let (msg, file, line, func) = (arg(0, 8), arg(1, 8), arg(2, 4), arg(3, 8));
+    let mut string = |p: u64| -> Option<String> {
+        let mut bytes = Vec::new();
+        for i in 0..1024 {
+            match crate::space::load(w, env, l, p.wrapping_add(i), 1).ok()? as u8 {
+                0 => break,
+                b => bytes.push(b),
+            }
+        }
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    let Some(msg) = msg.and_then(&mut string) else {
+        return "device-side assert triggered".to_string();
+    };
+    let file = file.and_then(&mut string).unwrap_or_default();
+    let func = func.and_then(&mut string).unwrap_or_default();
+    format!(
+        "{file}:{}: {func}: Assertion `{msg}` failed.",
+        line.unwrap_or(0) as u32
+    )
 }
 
 #[cfg(test)]

@@ -67,7 +67,7 @@ pub struct Session<'a> {
     scratch: Vec<u8>,
     /// A device range the current reply's data is sent from, in place.
     view: Option<(u64, u64)>,
-    /// A fault (illegal address, trap) that poisoned the session until a device reset.
+    /// A fault (illegal or misaligned address, trap, failed device assert) that poisoned the session until a device reset.
     sticky: Option<Status>,
     /// The launch queue's lease, while this session holds the device.
     lease: Option<Lease>,
@@ -573,7 +573,13 @@ impl<'a> Session<'a> {
                     Err(e) => {
                         let detail = self.device.take_error_detail().unwrap_or_default();
                         tracing::warn!(kernel = %name, status = e, "launch failed: {detail}");
-                        if matches!(e, st::ILLEGAL_ADDRESS | st::LAUNCH_FAILED) {
+                        if matches!(
+                            e,
+                            st::ILLEGAL_ADDRESS
+                                | st::MISALIGNED_ADDRESS
+                                | st::ASSERT
+                                | st::LAUNCH_FAILED
+                        ) {
                             // Like a GPU context after a fault: every later call fails until reset.
                             self.sticky = Some(e);
                         }

@@ -362,6 +362,8 @@ impl Device for EmuDevice {
             Err(e) => {
                 let status = match e {
                     gpufuse_ptx::ExecError::IllegalAddress(_) => ILLEGAL_ADDRESS,
+                    gpufuse_ptx::ExecError::MisalignedAddress(_) => MISALIGNED_ADDRESS,
+                    gpufuse_ptx::ExecError::Assert(_) => ASSERT,
                     gpufuse_ptx::ExecError::Trap | gpufuse_ptx::ExecError::StackOverflow => {
                         LAUNCH_FAILED
                     }
@@ -572,5 +574,37 @@ mod tests {
         );
         assert!(d.take_error_detail().unwrap().contains("illegal address"));
         run(&mut d, m, "oob_block", 64, 128, &params(-1)).unwrap();
+    }
+
+    /// A misaligned load fails with CUDA_ERROR_MISALIGNED_ADDRESS, a failed device-side
+    /// `assert()` with CUDA_ERROR_ASSERT carrying its message.
+    #[test]
+    fn misaligned_access_and_device_assert_fail_with_their_status() {
+        let mut d = dev();
+        let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\
+            .extern .func __assertfail(.param .b64 a, .param .b64 b, .param .b32 c, \
+            .param .b64 d, .param .b64 e);\n\
+            .global .align 1 .b8 $str[6] = {120, 32, 60, 32, 51, 0};\n\
+            .visible .entry odd(.param .u64 p)\n{\n.reg .b32 %r<2>;\n.reg .b64 %rd<2>;\n\
+            ld.param.u64 %rd1, [p];\nld.global.u32 %r1, [%rd1+2];\nret;\n}\n\
+            .visible .entry fails(.param .u64 p)\n{\n.reg .b32 %r<2>;\n.reg .b64 %rd<4>;\n\
+            mov.u64 %rd1, $str;\ncvta.global.u64 %rd2, %rd1;\n{\n.param .b64 param0;\n\
+            st.param.b64 [param0], %rd2;\n.param .b64 param1;\nst.param.b64 [param1], %rd2;\n\
+            .param .b32 param2;\nst.param.b32 [param2], 7;\n.param .b64 param3;\n\
+            st.param.b64 [param3], %rd2;\n.param .b64 param4;\nst.param.b64 [param4], 1;\n\
+            call.uni __assertfail, (param0, param1, param2, param3, param4);\n}\nret;\n}\n\0";
+        let m = d.load_module(ptx.as_bytes()).unwrap();
+        let p = d.alloc(64).unwrap();
+        assert_eq!(
+            run(&mut d, m, "odd", 1, 32, &p.to_le_bytes()),
+            Err(MISALIGNED_ADDRESS)
+        );
+        assert!(d
+            .take_error_detail()
+            .unwrap()
+            .contains("misaligned address"));
+        assert_eq!(run(&mut d, m, "fails", 1, 1, &p.to_le_bytes()), Err(ASSERT));
+        let why = d.take_error_detail().unwrap();
+        assert!(why.contains("Assertion `x < 3` failed"), "{why}");
     }
 }
