@@ -33,9 +33,6 @@ def test_launches_over_tcp(programs, server):
 # A check that the emulated GPU gets wrong today is a strict xfail with the reason: it fails the
 # run (XPASS) once fixed, so the mark must go then.
 
-CALL = ("PTX `call` is not supported by the VM: the kernel fails with cudaErrorNotSupported (801), "
-        "e.g. `call.uni (retval0), _Z3mixii, (param0, param1);`")
-
 CHECKS = {
     "warp": ["shfl_reduce", "shfl_scan", "vote", "match_redux", "match_all", "syncwarp_barrier"],
     "histogram": ["global_atomics", "shared_atomics", "contention", "atomic_ops"],
@@ -59,26 +56,13 @@ SYNCWARP = ("with warps waiting at `bar.sync 0`, warp 0 executing `bar.warp.sync
 
 XFAIL = {
     ("warp", "syncwarp_barrier"): SYNCWARP,
-    ("double", "directed_rounding"):
-        "the VM rounds to nearest whatever the rounding modifier: add.rz.f64, add.rp.f64, "
-        "mul.rm.f64, div.rp.f64, sqrt.rm.f64, add.rz.f32, mul.rp.f32, div.rm.f32, sqrt.rp.f32, "
-        "rcp.rz.f32, cvt.{rz,rm,rp}.f32.f64, cvt.rz.f32.s64, cvt.rp.f64.s64, cvt.rm.f32.u32 all "
-        "give the round-to-nearest result",
-    ("math", "double_trig_pow"):
-        "double sin/cos/tan call __internal_trig_reduction_slowpathd and pow calls "
-        "__internal_accurate_pow (`call.uni`): " + CALL,
     ("calls", "function_pointers"):
-        "indirect calls `call (retval0), %rd1, (param0, param1), prototype_N;`: " + CALL,
+        "indirect calls `call (retval0), %rd1, (param0, param1), prototype_N;` are not supported "
+        "by the VM: the kernel fails with cudaErrorNotSupported (801)",
     ("fn_table", "table"):
         "a module global initialized with function addresses (`.global .align 8 .u64 "
         "d_table[3] = {_Z5twicei, _Z6negatei, _Z6squarei};`) does not parse ('bad initializer "
         "_Z5twicei'): the module fails to load, cudaErrorInvalidPtx (218) at the first call",
-    ("faults", "misaligned"):
-        "a misaligned access (ld.global.u32 from an odd address) succeeds on the VM; a GPU "
-        "faults with cudaErrorMisalignedAddress (716)",
-    ("faults", "assert"):
-        "device assert() is `call.uni __assertfail, (...)`: the kernel fails with "
-        "cudaErrorNotSupported (801, not sticky) instead of cudaErrorAssert (710, sticky)",
 }
 
 

@@ -276,7 +276,7 @@ fn compile_function(
     let mut code = Code {
         name: f.name.clone(),
         is_entry: f.is_entry,
-        nregs: f.regs.len(),
+        nregs: f.nregs,
         insts: Vec::with_capacity(f.insts.len()),
         texts: Vec::with_capacity(f.insts.len()),
         calls: Vec::new(),

@@ -37,8 +37,11 @@ pub struct Function {
     pub params: Vec<Param>,
     pub returns: Vec<Param>,
     pub param_bytes: u32,
-    /// Register name -> index.
+    /// Register name -> index, as seen at the end of the body (a scope's registers are gone).
     pub regs: HashMap<String, u32>,
+    /// Registers in all, scoped ones included: `{ .reg .u32 %r1; ... }` declares a new
+    /// register that shadows the function's `%r1` until the closing brace.
+    pub nregs: usize,
     pub insts: Vec<Inst>,
     /// Variables declared in the body (`.shared`, `.local`, `.param` for calls).
     pub locals: Vec<Var>,
@@ -397,6 +400,7 @@ fn function(header: &str, body: &str) -> Result<Function, PtxError> {
         returns,
         param_bytes,
         regs: HashMap::new(),
+        nregs: 0,
         insts: Vec::new(),
         locals: Vec::new(),
         max_threads,
@@ -407,11 +411,27 @@ fn function(header: &str, body: &str) -> Result<Function, PtxError> {
     }
     let mut labels: HashMap<String, usize> = HashMap::new();
     let mut pending: Vec<(usize, String)> = Vec::new();
+    let mut scopes: Vec<Shadowed> = Vec::new();
     for raw in body.split(';') {
         let mut stmt = raw.trim();
-        // Labels (possibly several) before a statement; braces of nested scopes are ignored.
+        // Labels (possibly several) before a statement, and the braces of nested scopes.
         loop {
-            stmt = stmt.trim_start_matches(|c: char| c == '{' || c == '}' || c.is_whitespace());
+            let rest = stmt.trim_start_matches(|c: char| c == '{' || c == '}' || c.is_whitespace());
+            for c in stmt[..stmt.len() - rest.len()].chars() {
+                match c {
+                    '{' => scopes.push(Vec::new()),
+                    '}' => {
+                        for (name, outer) in scopes.pop().unwrap_or_default().into_iter().rev() {
+                            match outer {
+                                Some(r) => f.regs.insert(name, r),
+                                None => f.regs.remove(&name),
+                            };
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            stmt = rest;
             match stmt.find(':') {
                 Some(c)
                     if !stmt[..c].contains(char::is_whitespace)
@@ -429,7 +449,7 @@ fn function(header: &str, body: &str) -> Result<Function, PtxError> {
             continue;
         }
         if let Some(decl) = stmt.strip_prefix(".reg") {
-            declare_regs(decl, &mut f.regs)?;
+            declare_regs(decl, &mut f.regs, &mut f.nregs, scopes.last_mut())?;
             continue;
         }
         let mut handled = false;
@@ -472,7 +492,36 @@ fn function(header: &str, body: &str) -> Result<Function, PtxError> {
 }
 
 /// `.reg .b32 %r<10>` declares %r0..%r9; `.reg .pred p, q` declares each name.
-fn declare_regs(decl: &str, regs: &mut HashMap<String, u32>) -> Result<(), PtxError> {
+/// Registers a scope declared, with what each name meant outside it.
+type Shadowed = Vec<(String, Option<u32>)>;
+
+/// Declares registers. At function level a name is declared once; inside a nested scope
+/// (`scope`), each declaration is a new register and the outer meaning is kept for the
+/// closing brace.
+fn declare_regs(
+    decl: &str,
+    regs: &mut HashMap<String, u32>,
+    nregs: &mut usize,
+    mut scope: Option<&mut Shadowed>,
+) -> Result<(), PtxError> {
+    let mut declare = |name: String| {
+        let next = *nregs as u32;
+        match scope.as_deref_mut() {
+            Some(shadowed) => {
+                if !shadowed.iter().any(|(n, _)| *n == name) {
+                    shadowed.push((name.clone(), regs.get(&name).copied()));
+                }
+                regs.insert(name, next);
+                *nregs += 1;
+            }
+            None => {
+                if let std::collections::hash_map::Entry::Vacant(e) = regs.entry(name) {
+                    e.insert(next);
+                    *nregs += 1;
+                }
+            }
+        }
+    };
     let decl = decl.trim();
     let rest = decl.split_once(char::is_whitespace).map_or("", |(_, r)| r);
     for item in rest.split(',') {
@@ -483,12 +532,10 @@ fn declare_regs(decl: &str, regs: &mut HashMap<String, u32>) -> Result<(), PtxEr
                 .parse()
                 .map_err(|_| PtxError::Syntax(format!("bad register range {item}")))?;
             for i in 0..n {
-                let next = regs.len() as u32;
-                regs.entry(format!("{base}{i}")).or_insert(next);
+                declare(format!("{base}{i}"));
             }
         } else if !item.is_empty() {
-            let next = regs.len() as u32;
-            regs.entry(item.to_string()).or_insert(next);
+            declare(item.to_string());
         }
     }
     Ok(())

@@ -589,3 +589,26 @@ fn illegal_address_in_one_parallel_block_fails_the_launch() {
     .unwrap();
     assert!(u32s(&mem, 0, 64 * 128).iter().all(|&x| x == 1));
 }
+
+/// A register declared inside `{ }` is a new register that shadows the function's register of
+/// the same name until the closing brace (CUDA's math library declares `%r0`..`%r3` in scoped
+/// blocks of inline PTX while the function uses its own `%r3` around them).
+#[test]
+fn scoped_registers_shadow_the_functions_own() {
+    let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\
+        .visible .entry k(.param .u64 out)\n{\n.reg .b32 %r<4>;\n.reg .b64 %rd<2>;\n\
+        ld.param.u64 %rd1, [out];\nmov.u32 %r3, 5;\n\
+        {\n.reg .u32 %r3, %t;\nmov.u32 %r3, 7;\nmov.u32 %t, 1;\nadd.u32 %r3, %r3, %t;\nmov.u32 %r1, %r3;\n{\n.reg .u32 %r3;\nmov.u32 %r3, 100;\n}\nadd.u32 %r1, %r1, %r3;\n}\n\
+        st.global.v2.u32 [%rd1], {%r1, %r3};\nret;\n}\n";
+    let m = Module::parse(ptx).unwrap();
+    let mem = memory(1, 64);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    m.launch("k", &cfg, &BASE.to_le_bytes(), &mem, &|_| None)
+        .unwrap();
+    // Inside: %r3 = 7 + 1 = 8 (the inner-inner 100 is gone at its brace), %r1 = 8 + 8.
+    assert_eq!(u32s(&mem, 0, 2), [16, 5]);
+}
