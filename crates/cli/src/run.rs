@@ -13,7 +13,7 @@ pub struct RunArgs {
     /// Compute share in percent.
     #[arg(long)]
     compute: Option<u32>,
-    /// Compute in TFLOPS.
+    /// Compute in TFLOPS: a share of the device's peak FP32 throughput (instead of --compute).
     #[arg(long)]
     tflops: Option<u32>,
     /// low | medium | high | critical

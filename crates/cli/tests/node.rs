@@ -628,3 +628,36 @@ fn module_variables_count_against_the_slice() {
     alloc(&mut c, 1 << 20);
     assert_eq!(status(&s).sessions[0].used_bytes, 4 << 20);
 }
+
+/// `--tflops N` is a compute share of the device's peak FP32 throughput (the emulated GPU's
+/// model: 148 SMs x 128 lanes x 2 FLOPs x 1.965 GHz = 74.4 TFLOPS): 30 TFLOPS is 41%, more
+/// than the device has is refused, and asking both ways is refused.
+#[test]
+fn tflops_requests_are_shares_of_the_devices_peak() {
+    let s = start("tflops", "emu:1:1GiB");
+    let hello = |compute_percent: Option<u32>, tflops: Option<u32>| {
+        Connection::hello(
+            SessionKind::Cuda,
+            String::new(),
+            ResourceRequest {
+                compute_percent,
+                tflops,
+                ..Default::default()
+            },
+        )
+    };
+    let (_c, _) = Connection::open(&s.addr, &hello(None, Some(30))).unwrap();
+    let st = status(&s);
+    assert_eq!(st.sessions[0].compute_percent, Some(41));
+    for (percent, tflops, why) in [
+        (None, Some(200), "TFLOPS"),
+        (Some(10), Some(10), "not both"),
+        (None, Some(50), "promised"),
+    ] {
+        let err = Connection::open(&s.addr, &hello(percent, tflops))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains(why), "{err}");
+    }
+}

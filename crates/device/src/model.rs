@@ -100,6 +100,28 @@ pub fn attributes(index: u32) -> Vec<(i32, i32)> {
 }
 
 /// A stable UUID for emulated device `index` (version-4 layout, fixed bytes).
+/// Peak FP32 throughput in TFLOPS of a GPU with `sms` multiprocessors at `clock_khz`: FP32
+/// lanes per multiprocessor by compute capability (64 on 7.x and 8.0, 128 from 8.6 on), two
+/// FLOPs per fused multiply-add. A `--tflops` request is converted to a share of this.
+pub fn fp32_tflops(sms: i32, clock_khz: i32, cc: (i32, i32)) -> f64 {
+    let lanes = match cc {
+        (7, _) | (8, 0) => 64.0,
+        _ => 128.0,
+    };
+    f64::from(sms.max(0)) * lanes * 2.0 * f64::from(clock_khz.max(0)) * 1e3 / 1e12
+}
+
+/// The emulated GPU's peak FP32 TFLOPS, from its model (148 SMs at 1965 MHz: 74.4).
+pub fn peak_tflops() -> f64 {
+    let attr = |a: i32| {
+        attributes(0)
+            .iter()
+            .find(|(k, _)| *k == a)
+            .map_or(0, |&(_, v)| v)
+    };
+    fp32_tflops(attr(16), attr(13), CC)
+}
+
 pub fn uuid(index: u32) -> [u8; 16] {
     let mut u = *b"gpufuse-emu-dev0";
     u[15] = b'0' + (index % 10) as u8;

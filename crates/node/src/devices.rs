@@ -86,6 +86,7 @@ fn emulated(count: u32, size: u64) -> Vec<DeviceState> {
             promised: 0,
             uuid: model::uuid(i),
             pci: model::pci(i),
+            peak_tflops: model::peak_tflops(),
         })
         .collect()
 }
@@ -140,6 +141,11 @@ fn real_gpus(d: &gpufuse_cuda_driver::Driver) -> Vec<DeviceState> {
                 promised: 0,
                 uuid: d.uuid(dev).ok()?,
                 pci: (attr(50), attr(33), attr(34)),
+                peak_tflops: model::fp32_tflops(
+                    attr(16) as i32,
+                    attr(13) as i32,
+                    (attr(75) as i32, attr(76) as i32),
+                ),
             })
         })
         .collect()

@@ -42,7 +42,25 @@ impl NodeState {
     /// share; a refusal says why.
     pub fn admit(&mut self, hello: &ClientHello, limit: Option<u64>) -> Result<Admitted, String> {
         let device = 0u32;
-        let compute = hello.resources.compute_percent;
+        let compute = match (hello.resources.compute_percent, hello.resources.tflops) {
+            (Some(_), Some(_)) => {
+                return Err("ask for compute as a percentage or in TFLOPS, not both".into())
+            }
+            (None, Some(t)) => {
+                let peak = self
+                    .devices
+                    .get(device as usize)
+                    .map_or(0.0, |d| d.peak_tflops);
+                let percent = (f64::from(t) * 100.0 / peak).ceil();
+                if !(percent > 0.0 && percent <= 100.0) {
+                    return Err(format!(
+                        "cannot grant {t} TFLOPS: device {device} peaks at {peak:.1} TFLOPS (FP32)"
+                    ));
+                }
+                Some(percent as u32)
+            }
+            (c, None) => c,
+        };
         if compute.is_some_and(|c| !(1..=100).contains(&c)) {
             return Err(format!(
                 "a compute share is a percentage (1-100), not {}",

@@ -72,6 +72,8 @@ pub struct DeviceState {
     pub promised: u64,
     pub uuid: [u8; 16],
     pub pci: (u32, u32, u32),
+    /// Peak FP32 TFLOPS: what a `--tflops` request is a share of.
+    pub peak_tflops: f64,
 }
 
 /// One live session.

@@ -141,6 +141,7 @@ proptest! {
             promised: 0,
             uuid: [0; 16],
             pci: (0, 0, 0),
+            peak_tflops: 100.0,
         };
         let state = Arc::new(Mutex::new(NodeState::new(
             vec![device],
