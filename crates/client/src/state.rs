@@ -53,7 +53,17 @@ pub struct Allocation {
     pub device: u32,
     /// Allocated from the device's memory pool (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`).
     pub pooled: bool,
+    /// Managed (`cuMemAllocManaged`): the same address is mapped in this process.
+    pub managed: bool,
+    /// How far into the server's allocation this pointer starts (a managed allocation is
+    /// page-aligned inside a larger one); the server frees by its own start.
+    pub offset: u64,
 }
+
+/// Device attributes the client answers for managed memory: MANAGED_MEMORY 1,
+/// PAGEABLE_MEMORY_ACCESS 0, CONCURRENT_MANAGED_ACCESS 0, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES
+/// 0, DIRECT_MANAGED_MEM_ACCESS_FROM_HOST 0.
+const MANAGED_ATTRIBUTES: [(usize, i32); 5] = [(83, 1), (88, 0), (89, 0), (100, 0), (101, 0)];
 
 /// What a device's memory pool holds. Freed pool memory goes back to the device at once (no
 /// caching), so reserved equals used.
@@ -154,6 +164,11 @@ pub struct Inner {
     pub images_sent: HashSet<[u8; 32]>,
     /// Per device: its default memory pool.
     pub pools: HashMap<u32, PoolStats>,
+    /// Whether the device holds the current contents of managed memory (device work has been
+    /// issued since the host last had them).
+    pub managed_on_device: bool,
+    /// How many managed allocations exist (none: nothing to move at all).
+    pub managed_count: usize,
     /// CUDA graphs and stream capture.
     pub graphs: crate::graph::Graphs,
 }
@@ -213,6 +228,13 @@ impl Session {
                         *slot = value;
                     }
                 }
+                // Managed memory as the client provides it (whatever the server's GPU does):
+                // supported, with no concurrent host access while device work is outstanding.
+                for (id, value) in MANAGED_ATTRIBUTES {
+                    if let Some(slot) = v.get_mut(id) {
+                        *slot = value;
+                    }
+                }
                 v
             })
             .collect();
@@ -242,6 +264,8 @@ impl Session {
                 events: HashMap::new(),
                 images_sent: HashSet::new(),
                 pools: HashMap::new(),
+                managed_on_device: false,
+                managed_count: 0,
                 graphs: Default::default(),
             }),
         })

@@ -13,6 +13,11 @@ use crate::{DeviceState, NodeState, SessionRecord};
 /// Address window of each session: 1 TiB, above the host's usual mappings.
 pub const WINDOW: u64 = 1 << 40;
 const WINDOW_BASE: u64 = 0x0000_2000_0000_0000;
+/// Windows are reused after this many sessions, so that every window lies in the lower 47-bit
+/// user address space (32 to 96 TiB): a client maps managed memory at its device address.
+/// Sessions are separate worker processes, so two sessions with the same window never see
+/// each other's memory.
+const WINDOWS: u64 = 64;
 
 /// A session the node admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,7 +119,7 @@ impl NodeState {
         Ok(Admitted {
             id,
             device,
-            base: WINDOW_BASE + (id % 4096) * WINDOW,
+            base: WINDOW_BASE + (id % WINDOWS) * WINDOW,
         })
     }
 

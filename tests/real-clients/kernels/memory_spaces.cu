@@ -169,5 +169,64 @@ static void check_local_memory() {
   CK(cudaFree(dout));
 }
 
+__global__ void scale_add(float* a, float k, float b, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) a[i] = a[i] * k + b;
+}
+
+// Managed memory: one pointer written by the host, updated by kernels, read back by the host
+// after a synchronize (twice, with host writes in between), counted in cudaMemGetInfo, seen as
+// managed by cudaPointerGetAttributes; prefetch and advice accepted.
+static void check_managed() {
+  const int n = 100000;
+  int managed = 0;
+  CK(cudaDeviceGetAttribute(&managed, cudaDevAttrManagedMemory, 0));
+  EXPECT_RESULT(managed == 1, "cudaDevAttrManagedMemory = %d", managed);
+  size_t free0 = 0, free1 = 0, total = 0;
+  CK(cudaMemGetInfo(&free0, &total));
+  float* a = nullptr;
+  CK(cudaMallocManaged(&a, n * sizeof(float)));
+  CK(cudaMemGetInfo(&free1, &total));
+  EXPECT_RESULT(free0 - free1 >= n * sizeof(float), "cudaMemGetInfo free went from %zu to %zu",
+                free0, free1);
+  cudaPointerAttributes attr;
+  CK(cudaPointerGetAttributes(&attr, a));
+  EXPECT_RESULT(attr.type == cudaMemoryTypeManaged, "pointer type %d, want managed",
+                (int)attr.type);
+  for (int i = 0; i < n; i++) a[i] = (float)(i % 1000);
+  scale_add<<<(n + 255) / 256, 256>>>(a, 2.0f, 1.0f, n);
+  CK_LAUNCH("scale_add");
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < n; i++) {
+    float want = (float)(i % 1000) * 2.0f + 1.0f;
+    EXPECT_RESULT(a[i] == want, "after one kernel a[%d] = %g, want %g", i, a[i], want);
+  }
+  for (int i = 0; i < n; i += 2) a[i] = -1.0f;  // host writes between kernels
+  int dev = 0;
+  CK(cudaGetDevice(&dev));
+  cudaMemLocation loc = {cudaMemLocationTypeDevice, dev};
+  CK(cudaMemPrefetchAsync(a, n * sizeof(float), loc, 0, 0));
+  CK(cudaMemAdvise(a, n * sizeof(float), cudaMemAdviseSetReadMostly, loc));
+  scale_add<<<(n + 255) / 256, 256>>>(a, 3.0f, 0.0f, n);
+  CK_LAUNCH("scale_add");
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  scale_add<<<(n + 255) / 256, 256, 0, s>>>(a, 1.0f, 0.5f, n);
+  CK(cudaStreamSynchronize(s));
+  for (int i = 0; i < n; i++) {
+    float first = (float)(i % 1000) * 2.0f + 1.0f;
+    float want = (i % 2 == 0 ? -1.0f : first) * 3.0f + 0.5f;
+    EXPECT_RESULT(a[i] == want, "after three kernels a[%d] = %g, want %g", i, a[i], want);
+  }
+  CK(cudaStreamDestroy(s));
+  CK(cudaFree(a));
+  size_t free2 = 0;
+  CK(cudaMemGetInfo(&free2, &total));
+  EXPECT_RESULT(free2 >= free0 || free0 - free2 < (1 << 20), "free after cudaFree %zu, before %zu",
+                free2, free0);
+  std::printf("checked managed memory: host and kernels on one pointer, %d floats\n", n);
+}
+
 KCHECK_MAIN({"dynamic_shared", check_dynamic_shared}, {"constant_memory", check_constant_memory},
-            {"device_globals", check_device_globals}, {"local_memory", check_local_memory})
+            {"device_globals", check_device_globals}, {"local_memory", check_local_memory},
+            {"managed", check_managed})

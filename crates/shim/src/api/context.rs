@@ -95,7 +95,8 @@ fn synchronize(ctx: u64) -> Result<(), CUresult> {
     g.conn
         .call(&Request::CtxSynchronize { ctx })
         .map_err(client_err)?;
-    async_error(&mut g)
+    async_error(&mut g)?;
+    crate::api::managed::to_host(&mut g)
 }
 
 #[no_mangle]
@@ -144,7 +145,15 @@ fn primary_reset(dev: CUdevice) -> Result<(), CUresult> {
         .call(&Request::DeviceReset { device: d })
         .map_err(client_err)?;
     let _ = g.conn.take_async_error();
+    for (&p, a) in g
+        .allocations
+        .iter()
+        .filter(|(_, a)| a.device == d && a.managed)
+    {
+        crate::api::managed::unmap(p, a.size);
+    }
     g.allocations.retain(|_, a| a.device != d);
+    g.managed_count = g.allocations.values().filter(|a| a.managed).count();
     let modules: Vec<u64> = g
         .modules
         .iter()

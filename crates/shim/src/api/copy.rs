@@ -43,6 +43,7 @@ pub(crate) fn htod(
         return Ok(());
     };
     let src = host_bytes(src, n)?;
+    crate::api::managed::to_device(g)?;
     for (i, chunk) in src.chunks(MAX_COPY_CHUNK).enumerate() {
         let req = Request::MemcpyHtoD {
             dst: dst + (i * MAX_COPY_CHUNK) as u64,
@@ -57,6 +58,7 @@ pub(crate) fn htod(
 fn dtoh_sync(g: &mut Inner, dst: &mut [u8], src: u64, stream: u64) -> Result<(), CUresult> {
     check_device_range(g, src, dst.len() as u64)?;
     not_capturing(g, stream)?;
+    crate::api::managed::to_device(g)?;
     for (i, chunk) in dst.chunks_mut(MAX_COPY_CHUNK).enumerate() {
         let req = Request::MemcpyDtoH {
             src: src + (i * MAX_COPY_CHUNK) as u64,
@@ -65,7 +67,9 @@ fn dtoh_sync(g: &mut Inner, dst: &mut [u8], src: u64, stream: u64) -> Result<(),
         };
         g.conn.call_read_into(&req, chunk).map_err(client_err)?;
     }
-    async_error(g)
+    async_error(g)?;
+    // A synchronous copy waits for the device: the host may read managed memory after it.
+    crate::api::managed::to_host(g)
 }
 
 pub(crate) fn dtoh_async(
@@ -94,6 +98,7 @@ pub(crate) fn dtoh_async(
     if g.find_host(dst as usize).is_none() {
         return dtoh_sync(g, host_bytes_mut(dst, len)?, src, stream);
     }
+    crate::api::managed::to_device(g)?;
     let mut off = 0;
     while off < len {
         let n = (len - off).min(MAX_COPY_CHUNK);
@@ -124,6 +129,7 @@ pub(crate) fn dtod(
     let Some(_) = g.graphs.record(stream, Op::DtoD { dst, src, len }) else {
         return Ok(());
     };
+    crate::api::managed::to_device(g)?;
     g.conn
         .quiet(&Request::MemcpyDtoD {
             dst,
@@ -349,6 +355,9 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
         pitch: pitch as u64,
     };
     let (w64, h64) = (w as u64, h as u64);
+    if src_dev || dst_dev {
+        crate::api::managed::to_device(&mut g)?;
+    }
     match (src_dev, dst_dev) {
         (true, true) => g
             .conn
@@ -443,6 +452,7 @@ fn memset(dst: u64, value: u32, elem: u8, count: usize, stream: CUstream) -> Res
         let Some(_) = g.graphs.record(st, op) else {
             return Ok(());
         };
+        crate::api::managed::to_device(g)?;
         g.conn
             .quiet(&Request::Memset {
                 dst,
@@ -485,6 +495,7 @@ fn memset2d(
             }
             return Ok(());
         }
+        crate::api::managed::to_device(g)?;
         let req = Request::Memset2D {
             dst: Rect {
                 ptr: dst,

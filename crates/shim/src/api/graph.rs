@@ -290,16 +290,18 @@ fn run(g: &mut Inner, stream: u64, op: Op) -> Result<(), CUresult> {
             value,
             elem_size,
             count,
-        } => g
-            .conn
-            .quiet(&Request::Memset {
-                dst,
-                value,
-                elem_size,
-                count,
-                stream,
-            })
-            .map_err(client_err),
+        } => {
+            crate::api::managed::to_device(g)?;
+            g.conn
+                .quiet(&Request::Memset {
+                    dst,
+                    value,
+                    elem_size,
+                    count,
+                    stream,
+                })
+                .map_err(client_err)
+        }
         Op::EventRecord { event } => {
             if g.events.contains_key(&event) {
                 g.conn

@@ -137,6 +137,7 @@ pub(crate) fn send_launch(
         block,
         shared_mem,
     };
+    crate::api::managed::to_device(g)?;
     let req = Request::LaunchKernel(Launch {
         function,
         grid: dims.grid,

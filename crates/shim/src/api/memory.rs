@@ -38,6 +38,8 @@ fn alloc(g: &mut Inner, size: usize) -> Result<u64, CUresult> {
             size: size as u64,
             device,
             pooled: false,
+            managed: false,
+            offset: 0,
         },
     );
     Ok(p)
@@ -82,6 +84,8 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
                 size: p * height as u64,
                 device,
                 pooled: false,
+                managed: false,
+                offset: 0,
             },
         );
         out(dptr, ptr)?;
@@ -97,11 +101,19 @@ fn free(ptr: u64) -> Result<(), CUresult> {
     let s = session()?;
     let mut g = s.lock();
     let a = g.allocations.remove(&ptr).ok_or(INVALID_VALUE)?;
+    if a.managed {
+        crate::api::managed::unmap(ptr, a.size);
+        g.managed_count -= 1;
+    }
     if a.pooled {
         let pool = g.pools.entry(a.device).or_default();
         pool.used = pool.used.saturating_sub(a.size);
     }
-    g.conn.quiet(&Request::MemFree { ptr }).map_err(client_err)
+    g.conn
+        .quiet(&Request::MemFree {
+            ptr: ptr - a.offset,
+        })
+        .map_err(client_err)
 }
 
 #[no_mangle]
@@ -505,9 +517,11 @@ fn write_attribute(
                 std::ptr::null_mut()
             },
         ),
-        P_SYNC_MEMOPS | P_IS_MANAGED | P_IS_LEGACY_IPC | P_GDR_CAPABLE => {
-            out(data.cast::<u32>(), 0)
-        }
+        P_IS_MANAGED => out(
+            data.cast::<u32>(),
+            g.find_allocation(ptr, 1).is_some_and(|(_, a)| a.managed) as u32,
+        ),
+        P_SYNC_MEMOPS | P_IS_LEGACY_IPC | P_GDR_CAPABLE => out(data.cast::<u32>(), 0),
         P_MAPPED => out(data.cast::<u32>(), 1),
         P_BUFFER_ID | P_BLOCK_ID => out(data.cast::<u64>(), base),
         P_DEVICE_ORDINAL => out(data.cast::<c_int>(), device),
@@ -565,16 +579,6 @@ pub unsafe extern "C" fn cuPointerSetAttribute(
         }
         Ok(())
     })
-}
-
-/// Managed memory would need the host to fault pages in from a remote device.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocManaged(
-    _dptr: *mut CUdeviceptr,
-    _size: usize,
-    _flags: c_uint,
-) -> CUresult {
-    NOT_SUPPORTED
 }
 
 include!(concat!(env!("OUT_DIR"), "/aliases_memory.rs"));

@@ -7,6 +7,7 @@ pub mod device;
 pub mod graph;
 pub mod init;
 pub mod launch;
+pub mod managed;
 pub mod memory;
 pub mod module;
 pub mod occupancy;

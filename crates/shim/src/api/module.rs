@@ -208,6 +208,8 @@ fn global(g: &mut Inner, m: u64, name: &str) -> Result<(u64, u64), CUresult> {
                     size,
                     device,
                     pooled: false,
+                    managed: false,
+                    offset: 0,
                 });
             Ok((ptr, size))
         }
@@ -277,10 +279,7 @@ pub(crate) fn reload_libraries(g: &mut Inner, device: u32) {
         .map(|(&h, l)| (h, l.image.clone()))
         .collect();
     for (lib, image) in libs {
-        let module = match load(g, device, &image, Some(lib)) {
-            Err(NO_BINARY_FOR_GPU) => Err(NO_BINARY_FOR_GPU),
-            r => r,
-        };
+        let module = load(g, device, &image, Some(lib));
         let names: Vec<(String, u64)> = g.libraries[&lib]
             .kernels
             .iter()

@@ -105,7 +105,8 @@ pub unsafe extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
         g.conn
             .call(&Request::StreamSynchronize { stream: id })
             .map_err(client_err)?;
-        async_error(&mut g)
+        async_error(&mut g)?;
+        crate::api::managed::to_host(&mut g)
     })
 }
 
@@ -392,7 +393,8 @@ pub unsafe extern "C" fn cuEventSynchronize(event: CUevent) -> CUresult {
         g.conn
             .call(&Request::EventSynchronize { event: ev })
             .map_err(client_err)?;
-        async_error(&mut g)
+        async_error(&mut g)?;
+        crate::api::managed::to_host(&mut g)
     })
 }
 
