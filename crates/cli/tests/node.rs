@@ -654,10 +654,58 @@ fn tflops_requests_are_shares_of_the_devices_peak() {
         (Some(10), Some(10), "not both"),
         (None, Some(50), "promised"),
     ] {
-        let err = Connection::open(&s.addr, &hello(percent, tflops))
-            .err()
-            .expect("refused")
-            .to_string();
+        let Err(err) = Connection::open(&s.addr, &hello(percent, tflops)) else {
+            panic!("{percent:?}% / {tflops:?} TFLOPS was accepted");
+        };
+        let err = err.to_string();
         assert!(err.contains(why), "{err}");
     }
+}
+
+/// Physical memory from `cuMemCreate` is charged to the slice when created (over it:
+/// CUDA_ERROR_OUT_OF_MEMORY) and given back when released; a session's end releases it all.
+#[test]
+fn vmm_physical_memory_counts_against_the_slice() {
+    const OUT_OF_MEMORY: i32 = 2;
+    const CHUNK: u64 = 2 << 20;
+    let s = start("vmm-quota", "emu:1:1GiB");
+    let mut c = session(&s, Some(2 * CHUNK));
+    let create = |c: &mut Connection, handle: u64| {
+        c.call(&Request::MemCreate {
+            handle,
+            device: 0,
+            size: CHUNK,
+        })
+    };
+    create(&mut c, 1).unwrap();
+    create(&mut c, 2).unwrap();
+    assert!(matches!(
+        create(&mut c, 3),
+        Err(gpufuse_client::ClientError::Cuda(OUT_OF_MEMORY))
+    ));
+    let ReplyBody::Ptr(va) = c
+        .call(&Request::MemAddressReserve {
+            size: 2 * CHUNK,
+            align: 0,
+        })
+        .unwrap()
+    else {
+        panic!("no address");
+    };
+    c.call(&Request::MemMap {
+        ptr: va,
+        size: CHUNK,
+        handle: 1,
+    })
+    .unwrap();
+    assert_eq!(status(&s).sessions[0].used_bytes, 2 * CHUNK);
+    c.quiet(&Request::MemRelease { handle: 2 }).unwrap();
+    c.call(&Request::Ping).unwrap();
+    assert_eq!(status(&s).sessions[0].used_bytes, CHUNK);
+    create(&mut c, 3).unwrap();
+    drop(c);
+    eventually("the session's memory is back", || {
+        let st = status(&s);
+        st.sessions.is_empty() && st.devices[0].used_bytes == 0
+    });
 }

@@ -16,6 +16,8 @@ pub enum Kind {
     MemPool = 8,
     Graph = 9,
     GraphExec = 10,
+    /// Physical memory (`CUmemGenericAllocationHandle`).
+    Physical = 11,
 }
 
 const SHIFT: u32 = 48;

@@ -55,6 +55,8 @@ pub struct Allocation {
     pub pooled: bool,
     /// Managed (`cuMemAllocManaged`): the same address is mapped in this process.
     pub managed: bool,
+    /// Mapped physical memory (`cuMemMap`): unmapped, never freed with `cuMemFree`.
+    pub mapped: bool,
     /// How far into the server's allocation this pointer starts (a managed allocation is
     /// page-aligned inside a larger one); the server frees by its own start.
     pub offset: u64,
@@ -169,6 +171,10 @@ pub struct Inner {
     pub managed_on_device: bool,
     /// How many managed allocations exist (none: nothing to move at all).
     pub managed_count: usize,
+    /// Physical memory made with `cuMemCreate`: handle -> (size, device).
+    pub physical: HashMap<u64, (u64, u32)>,
+    /// Mapped physical memory: address -> handle.
+    pub mappings: HashMap<u64, u64>,
     /// CUDA graphs and stream capture.
     pub graphs: crate::graph::Graphs,
 }
@@ -266,6 +272,8 @@ impl Session {
                 pools: HashMap::new(),
                 managed_on_device: false,
                 managed_count: 0,
+                physical: HashMap::new(),
+                mappings: HashMap::new(),
                 graphs: Default::default(),
             }),
         })

@@ -49,6 +49,29 @@ pub trait Device: Send {
     /// Loads a module image (fatbin, cubin or PTX).
     fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, Status>;
     fn unload_module(&mut self, module: ModuleId) -> Result<(), Status>;
+    /// Virtual memory management: physical memory of `size` bytes, mapped nowhere yet.
+    fn create_physical(&mut self, _size: u64) -> Result<u64, Status> {
+        Err(status::NOT_SUPPORTED)
+    }
+    /// Frees physical memory now, or when it is unmapped.
+    fn release_physical(&mut self, _physical: u64) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
+    /// Reserves `size` bytes of the session's address space, aligned to `align`.
+    fn reserve(&mut self, _size: u64, _align: u64) -> Result<u64, Status> {
+        Err(status::NOT_SUPPORTED)
+    }
+    fn unreserve(&mut self, _ptr: u64, _size: u64) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
+    /// Maps all of `physical` at `ptr`, which must lie in a reservation.
+    fn map(&mut self, _ptr: u64, _physical: u64) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
+    /// Unmaps every mapping inside `[ptr, ptr+size)`.
+    fn unmap(&mut self, _ptr: u64, _size: u64) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
     /// Device memory a loaded module holds (its `__device__` and `__constant__` variables),
     /// which the session is charged for. A backend that cannot tell says 0.
     fn module_bytes(&self, _module: ModuleId) -> u64 {

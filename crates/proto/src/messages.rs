@@ -380,6 +380,19 @@ pub enum Request<'a> {
     /// Sync -> [`Reply::Launches`]: every launch the worker received, for component tests and
     /// diagnostics (the last `max` of them).
     DebugLaunchLog { max: u32 },
+    /// Sync. Virtual memory management: physical memory `handle` of `size` bytes on `device`
+    /// (charged to the session's slice), not yet mapped anywhere.
+    MemCreate { handle: u64, device: u32, size: u64 },
+    /// Quiet. Releases physical memory (at once if unmapped, else at its unmapping).
+    MemRelease { handle: u64 },
+    /// Sync -> [`Reply::Ptr`]. Reserves `size` bytes of device address space.
+    MemAddressReserve { size: u64, align: u64 },
+    /// Quiet. Frees a reservation (its mappings must be gone).
+    MemAddressFree { ptr: u64, size: u64 },
+    /// Sync. Maps all of physical memory `handle` at `ptr`, inside a reservation.
+    MemMap { ptr: u64, size: u64, handle: u64 },
+    /// Quiet. Unmaps what is mapped in `[ptr, ptr+size)`; the physical memory keeps its data.
+    MemUnmap { ptr: u64, size: u64 },
 }
 
 impl Request<'_> {
@@ -390,6 +403,9 @@ impl Request<'_> {
             Request::CtxCreate { .. }
                 | Request::CtxDestroy { .. }
                 | Request::MemFree { .. }
+                | Request::MemRelease { .. }
+                | Request::MemAddressFree { .. }
+                | Request::MemUnmap { .. }
                 | Request::MemcpyHtoD { .. }
                 | Request::MemcpyDtoHAsync { .. }
                 | Request::MemcpyDtoD { .. }

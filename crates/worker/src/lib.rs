@@ -43,6 +43,15 @@ pub enum WorkerError {
     UnexpectedFrame(FrameKind),
 }
 
+/// A session's virtual-memory books: client handle -> (device physical id, size), reserved
+/// ranges and mapped ranges (start -> size).
+#[derive(Default)]
+struct VmmBooks {
+    physical: HashMap<u64, (u64, u64)>,
+    reserved: HashMap<u64, u64>,
+    mapped: HashMap<u64, u64>,
+}
+
 /// The session's view of its device and what it holds.
 pub struct Session<'a> {
     device: &'a mut dyn Device,
@@ -57,6 +66,8 @@ pub struct Session<'a> {
     modules: HashMap<u64, u64>,
     /// Device bytes each client module's variables hold (charged like allocations).
     module_bytes: HashMap<u64, u64>,
+    /// Virtual memory management: what the session created, reserved and mapped.
+    vmm: VmmBooks,
     functions: HashMap<u64, (u64, String)>,
     images: HashMap<[u8; 32], Vec<u8>>,
     deferred: Option<Status>,
@@ -105,6 +116,7 @@ impl<'a> Session<'a> {
             events: HashMap::new(),
             modules: HashMap::new(),
             module_bytes: HashMap::new(),
+            vmm: VmmBooks::default(),
             functions: HashMap::new(),
             images: HashMap::new(),
             deferred: None,
@@ -236,6 +248,19 @@ impl<'a> Session<'a> {
         let ptrs: Vec<u64> = self.allocations.keys().copied().collect();
         for p in ptrs {
             let _ = self.free(p);
+        }
+        let mapped: Vec<(u64, u64)> = self.vmm.mapped.drain().collect();
+        for (ptr, size) in mapped {
+            let _ = self.device.unmap(ptr, size);
+        }
+        let physical: Vec<(u64, u64)> = self.vmm.physical.drain().map(|(_, p)| p).collect();
+        for (id, size) in physical {
+            let _ = self.device.release_physical(id);
+            self.uncharge(size);
+        }
+        let reserved: Vec<(u64, u64)> = self.vmm.reserved.drain().collect();
+        for (ptr, size) in reserved {
+            let _ = self.device.unreserve(ptr, size);
         }
         let modules: Vec<(u64, u64)> = self.modules.drain().collect();
         for (module, id) in modules {
@@ -592,6 +617,54 @@ impl<'a> Session<'a> {
                 return Ok(ReplyBody::Launches(
                     self.launches.iter().skip(n).cloned().collect(),
                 ));
+            }
+            MemCreate {
+                handle,
+                device,
+                size,
+            } => {
+                self.check_device(device)?;
+                if self.vmm.physical.contains_key(&handle) {
+                    return Err(st::INVALID_VALUE);
+                }
+                self.charge(size)?;
+                match self.device.create_physical(size) {
+                    Ok(id) => {
+                        self.vmm.physical.insert(handle, (id, size));
+                    }
+                    Err(e) => {
+                        self.uncharge(size);
+                        return Err(e);
+                    }
+                }
+            }
+            MemRelease { handle } => {
+                let (id, size) = self.vmm.physical.remove(&handle).ok_or(st::INVALID_VALUE)?;
+                self.device.release_physical(id)?;
+                self.uncharge(size);
+            }
+            MemAddressReserve { size, align } => {
+                let ptr = self.device.reserve(size, align)?;
+                self.vmm.reserved.insert(ptr, size);
+                return Ok(ReplyBody::Ptr(ptr));
+            }
+            MemAddressFree { ptr, size } => {
+                self.device.unreserve(ptr, size)?;
+                self.vmm.reserved.remove(&ptr);
+            }
+            MemMap { ptr, size, handle } => {
+                let &(id, psize) = self.vmm.physical.get(&handle).ok_or(st::INVALID_VALUE)?;
+                if size != psize {
+                    // Part of a physical allocation, or several: not supported yet.
+                    return Err(st::NOT_SUPPORTED);
+                }
+                self.device.map(ptr, id)?;
+                self.vmm.mapped.insert(ptr, size);
+            }
+            MemUnmap { ptr, size } => {
+                self.device.unmap(ptr, size)?;
+                let end = ptr.saturating_add(size);
+                self.vmm.mapped.retain(|&p, _| p < ptr || p >= end);
             }
         }
         Ok(ReplyBody::None)

@@ -1,6 +1,6 @@
 """cuda-python (cuda.bindings.driver + nvrtc) through whatever libcuda.so.1 the loader finds:
 cuInit, device queries, primary and created contexts, cuMemAlloc, cuMemcpyHtoD/DtoH (sync and
-async), streams, events, stream-ordered allocations and the pool's accounting, a PTX module from NVRTC launched with cuLaunchKernel, and SASS for
+async), streams, events, stream-ordered allocations and the pool's accounting, virtual memory management, a PTX module from NVRTC launched with cuLaunchKernel, and SASS for
 another architecture: cuModuleLoadData refuses it (CUDA_ERROR_NO_BINARY_FOR_GPU) while
 cuLibraryLoadData loads it lazily and only cuLibraryGetKernel fails, as cuBLAS relies on.
 
@@ -193,6 +193,62 @@ extern "C" __global__ void affine(const float* x, float* y, float a, float b, in
     ck(cu.cuMemFreeAsync(a1, stream), "cuMemFreeAsync")
     ck(cu.cuStreamSynchronize(stream), "sync")
     print("PASS memory_pool", flush=True)
+
+    # Virtual memory management: two physical chunks mapped back to back in one reservation,
+    # used by copies and a kernel, charged to the device's memory, kept across an unmap.
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = int(dev)
+    gran = ck(cu.cuMemGetAllocationGranularity(
+        prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+        "cuMemGetAllocationGranularity")
+    expect(gran > 0 and (2 * MiB) % gran == 0, f"granularity {gran}")
+    chunk = 2 * MiB
+    free_before, _ = ck(cu.cuMemGetInfo(), "cuMemGetInfo")
+    h1 = ck(cu.cuMemCreate(chunk, prop, 0), "cuMemCreate")
+    h2 = ck(cu.cuMemCreate(chunk, prop, 0), "cuMemCreate")
+    free_after, _ = ck(cu.cuMemGetInfo(), "cuMemGetInfo")
+    expect(free_before - free_after >= 2 * chunk,
+           f"cuMemCreate charged {free_before - free_after} bytes, want {2 * chunk}")
+    va = ck(cu.cuMemAddressReserve(2 * chunk, 0, 0, 0), "cuMemAddressReserve")
+    ck(cu.cuMemMap(va, chunk, 0, h1, 0), "cuMemMap")
+    ck(cu.cuMemMap(int(va) + chunk, chunk, 0, h2, 0), "cuMemMap")
+    access = cu.CUmemAccessDesc()
+    access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    access.location.id = int(dev)
+    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    ck(cu.cuMemSetAccess(va, 2 * chunk, [access], 1), "cuMemSetAccess")
+    vx = np.arange(chunk // 4, dtype=np.float32)
+    ck(cu.cuMemcpyHtoD(va, vx, chunk), "cuMemcpyHtoD into mapped memory")
+    vy = int(va) + chunk
+    vn = chunk // 4
+    vargs = [np.array([int(va)], dtype=np.uint64), np.array([vy], dtype=np.uint64),
+             np.array([2.0], dtype=np.float32), np.array([1.0], dtype=np.float32),
+             np.array([vn], dtype=np.int32)]
+    vptrs = np.array([a.ctypes.data for a in vargs], dtype=np.uint64)
+    vmod = ck(cu.cuModuleLoadData(ptx), "cuModuleLoadData")
+    vfn = ck(cu.cuModuleGetFunction(vmod, b"affine"), "cuModuleGetFunction")
+    ck(cu.cuLaunchKernel(vfn, (vn + 255) // 256, 1, 1, 256, 1, 1, 0, stream,
+                         vptrs.ctypes.data, 0), "cuLaunchKernel on mapped memory")
+    ck(cu.cuStreamSynchronize(stream), "sync")
+    got = np.zeros_like(vx)
+    ck(cu.cuMemcpyDtoH(got, vy, chunk), "cuMemcpyDtoH from mapped memory")
+    if verify:
+        expect(np.array_equal(got, 2.0 * vx + 1.0), "kernel on mapped memory")
+    ck(cu.cuMemUnmap(va, 2 * chunk), "cuMemUnmap")
+    ck(cu.cuMemMap(va, chunk, 0, h2, 0), "cuMemMap again")
+    ck(cu.cuMemSetAccess(va, chunk, [access], 1), "cuMemSetAccess")
+    again = np.zeros_like(vx)
+    ck(cu.cuMemcpyDtoH(again, va, chunk), "cuMemcpyDtoH after remapping")
+    if verify:
+        expect(np.array_equal(again, got), "data kept across unmap and map")
+    ck(cu.cuMemUnmap(va, chunk), "cuMemUnmap")
+    ck(cu.cuMemAddressFree(va, 2 * chunk), "cuMemAddressFree")
+    ck(cu.cuMemRelease(h1), "cuMemRelease")
+    ck(cu.cuMemRelease(h2), "cuMemRelease")
+    ck(cu.cuModuleUnload(vmod), "cuModuleUnload")
+    print("PASS virtual_memory", flush=True)
 
     # SASS for an architecture the device cannot run (another major version).
     foreign = "sm_75" if major != 7 else "sm_90"

@@ -7,6 +7,7 @@
 //! races are never undefined behaviour in the host). Modules keep their PTX, its layout and the
 //! compiled program; kernels run on the interpreter (`gpufuse_ptx`).
 
+mod vmm;
 mod words;
 
 use std::collections::{BTreeMap, HashMap};
@@ -47,6 +48,7 @@ pub struct EmuDevice {
     next_module: ModuleId,
     /// What the last failed launch said (for the worker's log).
     last_error: Option<String>,
+    vmm: vmm::Vmm,
 }
 
 /// Device memory as the interpreter sees it during a launch: every allocation's words, by
@@ -87,6 +89,7 @@ impl EmuDevice {
             modules: HashMap::new(),
             next_module: 1,
             last_error: None,
+            vmm: vmm::Vmm::default(),
         }
     }
 
@@ -140,6 +143,9 @@ impl Device for EmuDevice {
     }
 
     fn free(&mut self, ptr: u64) -> Result<u64, Status> {
+        if self.vmm.is_mapped(ptr) {
+            return Err(INVALID_VALUE);
+        }
         self.allocations
             .remove(&ptr)
             .map(|b| b.len() as u64)
@@ -256,6 +262,44 @@ impl Device for EmuDevice {
             let _ = self.free(*ptr);
         }
         Ok(())
+    }
+
+    fn create_physical(&mut self, size: u64) -> Result<u64, Status> {
+        if size > self.total {
+            return Err(OUT_OF_MEMORY);
+        }
+        self.vmm.create(size)
+    }
+
+    fn release_physical(&mut self, physical: u64) -> Result<(), Status> {
+        self.vmm.release(physical)
+    }
+
+    fn reserve(&mut self, size: u64, align: u64) -> Result<u64, Status> {
+        if size == 0 || !size.is_multiple_of(vmm::GRANULARITY) || (align != 0 && !align.is_power_of_two()) {
+            return Err(INVALID_VALUE);
+        }
+        let align = align.max(vmm::GRANULARITY);
+        let ptr = self.next.div_ceil(align) * align;
+        let end = ptr.checked_add(size).ok_or(OUT_OF_MEMORY)?;
+        if end > self.window_end {
+            return Err(OUT_OF_MEMORY);
+        }
+        self.next = end;
+        self.vmm.reserve(ptr, size);
+        Ok(ptr)
+    }
+
+    fn unreserve(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        self.vmm.unreserve(ptr, size)
+    }
+
+    fn map(&mut self, ptr: u64, physical: u64) -> Result<(), Status> {
+        self.vmm.map(ptr, physical, &mut self.allocations)
+    }
+
+    fn unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        self.vmm.unmap(ptr, size, &mut self.allocations)
     }
 
     fn module_bytes(&self, module: ModuleId) -> u64 {

@@ -154,6 +154,11 @@ fn primary_reset(dev: CUdevice) -> Result<(), CUresult> {
     }
     g.allocations.retain(|_, a| a.device != d);
     g.managed_count = g.allocations.values().filter(|a| a.managed).count();
+    g.physical.retain(|_, (_, dev)| *dev != d);
+    let inner = &mut *g;
+    inner
+        .mappings
+        .retain(|p, _| inner.allocations.contains_key(p));
     let modules: Vec<u64> = g
         .modules
         .iter()

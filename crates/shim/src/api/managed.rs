@@ -111,6 +111,7 @@ fn alloc_managed(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> Result<(
             device,
             pooled: false,
             managed: true,
+            mapped: false,
             offset: p - base,
         },
     );

@@ -39,6 +39,7 @@ fn alloc(g: &mut Inner, size: usize) -> Result<u64, CUresult> {
             device,
             pooled: false,
             managed: false,
+            mapped: false,
             offset: 0,
         },
     );
@@ -85,6 +86,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
                 device,
                 pooled: false,
                 managed: false,
+                mapped: false,
                 offset: 0,
             },
         );
@@ -100,6 +102,10 @@ fn free(ptr: u64) -> Result<(), CUresult> {
     }
     let s = session()?;
     let mut g = s.lock();
+    match g.allocations.get(&ptr) {
+        Some(a) if !a.mapped => {}
+        _ => return Err(INVALID_VALUE),
+    }
     let a = g.allocations.remove(&ptr).ok_or(INVALID_VALUE)?;
     if a.managed {
         crate::api::managed::unmap(ptr, a.size);

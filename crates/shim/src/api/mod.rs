@@ -12,3 +12,4 @@ pub mod memory;
 pub mod module;
 pub mod occupancy;
 pub mod stream;
+pub mod vmm;

@@ -209,6 +209,7 @@ fn global(g: &mut Inner, m: u64, name: &str) -> Result<(u64, u64), CUresult> {
                     device,
                     pooled: false,
                     managed: false,
+                    mapped: false,
                     offset: 0,
                 });
             Ok((ptr, size))

@@ -1,0 +1,204 @@
+//! Virtual memory management on the emulated GPU: physical memory that exists apart from any
+//! address, address ranges reserved in the session's window, and mappings of the one into the
+//! other.
+//!
+//! A mapping moves the physical memory's words into the device's address map at the mapped
+//! address (so copies and kernels see it like any allocation) and unmapping moves them back:
+//! the data survives an unmap and a later map elsewhere. One physical allocation is mapped at
+//! most once at a time (a second mapping, which would alias it, is refused as not supported),
+//! and a mapping covers its whole physical allocation.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::words::Words;
+use crate::status::*;
+
+/// Granularity of reservations and physical sizes: 2 MiB, as GPUs report it.
+pub const GRANULARITY: u64 = 2 << 20;
+
+#[derive(Default)]
+pub struct Vmm {
+    /// Physical memory by id: its size, and its words while unmapped.
+    physical: HashMap<u64, Physical>,
+    next_physical: u64,
+    /// Reserved ranges: start -> size.
+    reserved: BTreeMap<u64, u64>,
+    /// Mapped ranges: start -> physical id.
+    mapped: BTreeMap<u64, u64>,
+}
+
+struct Physical {
+    size: u64,
+    words: Option<Words>,
+    mapped_at: Option<u64>,
+    released: bool,
+}
+
+impl Vmm {
+    pub fn create(&mut self, size: u64) -> Result<u64, Status> {
+        if size == 0 || !size.is_multiple_of(GRANULARITY) {
+            return Err(INVALID_VALUE);
+        }
+        let words = Words::zeroed(usize::try_from(size).map_err(|_| OUT_OF_MEMORY)?)
+            .ok_or(OUT_OF_MEMORY)?;
+        self.next_physical += 1;
+        self.physical.insert(
+            self.next_physical,
+            Physical {
+                size,
+                words: Some(words),
+                mapped_at: None,
+                released: false,
+            },
+        );
+        Ok(self.next_physical)
+    }
+
+    pub fn release(&mut self, id: u64) -> Result<(), Status> {
+        let p = self.physical.get_mut(&id).ok_or(INVALID_VALUE)?;
+        if p.released {
+            return Err(INVALID_VALUE);
+        }
+        p.released = true;
+        if p.mapped_at.is_none() {
+            self.physical.remove(&id);
+        }
+        Ok(())
+    }
+
+    /// Records a reservation of `size` bytes at `ptr` (the device picks the address).
+    pub fn reserve(&mut self, ptr: u64, size: u64) {
+        self.reserved.insert(ptr, size);
+    }
+
+    pub fn unreserve(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        if self.reserved.get(&ptr) != Some(&size) {
+            return Err(INVALID_VALUE);
+        }
+        if self.mapped.range(ptr..ptr + size).next().is_some() {
+            return Err(INVALID_VALUE);
+        }
+        self.reserved.remove(&ptr);
+        Ok(())
+    }
+
+    /// Maps `id` at `ptr`: its words go into `allocations`.
+    pub fn map(
+        &mut self,
+        ptr: u64,
+        id: u64,
+        allocations: &mut BTreeMap<u64, Words>,
+    ) -> Result<(), Status> {
+        let p = self.physical.get_mut(&id).ok_or(INVALID_VALUE)?;
+        if p.released {
+            return Err(INVALID_VALUE);
+        }
+        if p.mapped_at.is_some() {
+            return Err(NOT_SUPPORTED);
+        }
+        let end = ptr.checked_add(p.size).ok_or(INVALID_VALUE)?;
+        let inside = self
+            .reserved
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&r, &size)| end <= r + size);
+        let overlaps = self
+            .mapped
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&m, other)| {
+                let other_end = m + self.physical.get(other).map_or(0, |o| o.size);
+                other_end > ptr
+            });
+        if !inside || overlaps || !ptr.is_multiple_of(GRANULARITY) {
+            return Err(INVALID_VALUE);
+        }
+        let p = self.physical.get_mut(&id).ok_or(INVALID_VALUE)?;
+        allocations.insert(ptr, p.words.take().ok_or(INVALID_VALUE)?);
+        p.mapped_at = Some(ptr);
+        self.mapped.insert(ptr, id);
+        Ok(())
+    }
+
+    /// Unmaps every mapping that starts in `[ptr, ptr+size)`; they must lie wholly inside it.
+    pub fn unmap(
+        &mut self,
+        ptr: u64,
+        size: u64,
+        allocations: &mut BTreeMap<u64, Words>,
+    ) -> Result<(), Status> {
+        let end = ptr.checked_add(size).ok_or(INVALID_VALUE)?;
+        let starts: Vec<(u64, u64)> = self.mapped.range(ptr..end).map(|(&a, &i)| (a, i)).collect();
+        if starts.is_empty() {
+            return Err(INVALID_VALUE);
+        }
+        for &(at, id) in &starts {
+            let psize = self.physical.get(&id).map_or(0, |p| p.size);
+            if at + psize > end {
+                return Err(INVALID_VALUE);
+            }
+        }
+        for (at, id) in starts {
+            self.mapped.remove(&at);
+            let words = allocations.remove(&at);
+            let Some(p) = self.physical.get_mut(&id) else {
+                continue;
+            };
+            p.mapped_at = None;
+            p.words = words;
+            if p.released {
+                self.physical.remove(&id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `ptr` starts a mapping (such memory is not freed with `cuMemFree`).
+    pub fn is_mapped(&self, ptr: u64) -> bool {
+        self.mapped.contains_key(&ptr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_survives_unmap_and_map_elsewhere() {
+        let mut v = Vmm::default();
+        let mut allocations = BTreeMap::new();
+        let base = 0x1000_0000_0000u64;
+        v.reserve(base, 4 * GRANULARITY);
+        let a = v.create(GRANULARITY).unwrap();
+        assert_eq!(v.create(GRANULARITY + 1), Err(INVALID_VALUE));
+        v.map(base, a, &mut allocations).unwrap();
+        allocations.get_mut(&base).unwrap().bytes_mut()[5] = 42;
+        assert_eq!(
+            v.map(base + GRANULARITY, a, &mut allocations),
+            Err(NOT_SUPPORTED)
+        );
+        assert_eq!(v.unreserve(base, 4 * GRANULARITY), Err(INVALID_VALUE));
+        v.unmap(base, 4 * GRANULARITY, &mut allocations).unwrap();
+        assert!(allocations.is_empty());
+        v.map(base + 2 * GRANULARITY, a, &mut allocations).unwrap();
+        assert_eq!(allocations[&(base + 2 * GRANULARITY)].bytes()[5], 42);
+        // Outside the reservation, or overlapping a mapping: refused.
+        let b = v.create(2 * GRANULARITY).unwrap();
+        assert_eq!(
+            v.map(base + 3 * GRANULARITY, b, &mut allocations),
+            Err(INVALID_VALUE)
+        );
+        assert_eq!(
+            v.map(base + GRANULARITY, b, &mut allocations),
+            Err(INVALID_VALUE)
+        );
+        v.map(base, b, &mut allocations).unwrap();
+        v.release(a).unwrap();
+        v.unmap(base + 2 * GRANULARITY, GRANULARITY, &mut allocations)
+            .unwrap();
+        assert_eq!(
+            v.map(base + 2 * GRANULARITY, a, &mut allocations),
+            Err(INVALID_VALUE)
+        );
+    }
+}

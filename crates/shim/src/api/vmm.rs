@@ -1,0 +1,336 @@
+//! Virtual memory management (`cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`, ...), as
+//! PyTorch's expandable segments and other allocators use it. Physical memory is charged to
+//! the session's slice when it is created. A mapping covers one whole physical allocation
+//! (offset 0, its full size; a partial mapping is `CUDA_ERROR_NOT_SUPPORTED`), and one
+//! physical allocation is mapped at one address at a time. A copy may not span two mappings.
+
+use std::ffi::{c_int, c_ulonglong, c_void};
+
+use gpufuse_client::handles::{self, Kind};
+use gpufuse_client::state::Allocation;
+use gpufuse_proto::{ReplyBody, Request};
+
+use crate::api::context::client_err;
+use crate::api::memory::CUdeviceptr;
+use crate::ffi::{out, read, read_at};
+use crate::global::session;
+use crate::guard::guard;
+use crate::status::{CUresult, INVALID_DEVICE, INVALID_VALUE, NOT_SUPPORTED, UNKNOWN};
+
+pub type CUmemGenericAllocationHandle = c_ulonglong;
+
+/// 2 MiB, the granularity GPUs report for device memory.
+const GRANULARITY: u64 = 2 << 20;
+const ALLOCATION_TYPE_PINNED: c_int = 1;
+const LOCATION_TYPE_DEVICE: c_int = 1;
+const ACCESS_READWRITE: c_int = 3;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemLocation {
+    kind: c_int,
+    id: c_int,
+}
+
+/// `CUmemAllocationProp` (32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AllocationProp {
+    kind: c_int,
+    requested_handle_types: c_int,
+    location: MemLocation,
+    win32_metadata: *mut c_void,
+    compression_type: u8,
+    gpu_direct_rdma_capable: u8,
+    usage: u16,
+    reserved: [u8; 4],
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AccessDesc {
+    location: MemLocation,
+    flags: c_int,
+}
+
+const _: () = assert!(std::mem::size_of::<AllocationProp>() == 32);
+const _: () = assert!(std::mem::size_of::<AccessDesc>() == 12);
+
+/// The device a pinned, device-located allocation property names.
+fn prop_device(prop: *const AllocationProp) -> Result<u32, CUresult> {
+    let p = read(prop)?;
+    if p.kind != ALLOCATION_TYPE_PINNED || p.location.kind != LOCATION_TYPE_DEVICE {
+        return Err(INVALID_VALUE);
+    }
+    session()?.device(p.location.id).ok_or(INVALID_DEVICE)?;
+    Ok(p.location.id as u32)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    prop: *const AllocationProp,
+    _option: c_int,
+) -> CUresult {
+    guard(|| {
+        prop_device(prop)?;
+        out(granularity, GRANULARITY as usize)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const AllocationProp,
+    flags: c_ulonglong,
+) -> CUresult {
+    guard(|| {
+        let device = prop_device(prop)?;
+        let size = size as u64;
+        if flags != 0 || size == 0 || !size.is_multiple_of(GRANULARITY) || handle.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let h = handles::mint(Kind::Physical);
+        let s = session()?;
+        let mut g = s.lock();
+        g.conn
+            .call(&Request::MemCreate {
+                handle: h,
+                device,
+                size,
+            })
+            .map_err(client_err)?;
+        g.physical.insert(h, (size, device));
+        out(handle, h)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        g.physical.remove(&handle).ok_or(INVALID_VALUE)?;
+        g.conn
+            .quiet(&Request::MemRelease { handle })
+            .map_err(client_err)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    alignment: usize,
+    _addr: CUdeviceptr,
+    _flags: c_ulonglong,
+) -> CUresult {
+    guard(|| {
+        if ptr.is_null() || size == 0 || !(size as u64).is_multiple_of(GRANULARITY) {
+            return Err(INVALID_VALUE);
+        }
+        let s = session()?;
+        let mut g = s.lock();
+        let reply = g
+            .conn
+            .call(&Request::MemAddressReserve {
+                size: size as u64,
+                align: alignment as u64,
+            })
+            .map_err(client_err)?;
+        let ReplyBody::Ptr(p) = reply else {
+            return Err(UNKNOWN);
+        };
+        out(ptr, p)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        g.conn
+            .quiet(&Request::MemAddressFree {
+                ptr,
+                size: size as u64,
+            })
+            .map_err(client_err)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: CUmemGenericAllocationHandle,
+    flags: c_ulonglong,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        let &(psize, device) = g.physical.get(&handle).ok_or(INVALID_VALUE)?;
+        if flags != 0 {
+            return Err(INVALID_VALUE);
+        }
+        if offset != 0 || size as u64 != psize {
+            return Err(NOT_SUPPORTED);
+        }
+        g.conn
+            .call(&Request::MemMap {
+                ptr,
+                size: psize,
+                handle,
+            })
+            .map_err(client_err)?;
+        g.allocations.insert(
+            ptr,
+            Allocation {
+                size: psize,
+                device,
+                pooled: false,
+                managed: false,
+                mapped: true,
+                offset: 0,
+            },
+        );
+        g.mappings.insert(ptr, handle);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        let end = ptr.checked_add(size as u64).ok_or(INVALID_VALUE)?;
+        let inside: Vec<u64> = g
+            .allocations
+            .range(ptr..end)
+            .filter(|(_, a)| a.mapped)
+            .map(|(&p, _)| p)
+            .collect();
+        if inside.is_empty() {
+            return Err(INVALID_VALUE);
+        }
+        g.conn
+            .call(&Request::MemUnmap {
+                ptr,
+                size: size as u64,
+            })
+            .map_err(client_err)?;
+        for p in inside {
+            g.allocations.remove(&p);
+            g.mappings.remove(&p);
+        }
+        Ok(())
+    })
+}
+
+/// Every byte of `[ptr, ptr+size)` lies in mapped memory.
+fn all_mapped(ptr: u64, size: u64) -> Result<(), CUresult> {
+    let s = session()?;
+    let g = s.lock();
+    let mut at = ptr;
+    let end = ptr.checked_add(size).ok_or(INVALID_VALUE)?;
+    while at < end {
+        match g.find_allocation(at, 1) {
+            Some((base, a)) if a.mapped => at = base + a.size,
+            _ => return Err(INVALID_VALUE),
+        }
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemSetAccess(
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const AccessDesc,
+    count: usize,
+) -> CUresult {
+    guard(|| {
+        if count == 0 {
+            return Err(INVALID_VALUE);
+        }
+        for i in 0..count {
+            let d = read_at(desc, i)?;
+            if d.location.kind != LOCATION_TYPE_DEVICE || !(0..=ACCESS_READWRITE).contains(&d.flags)
+            {
+                return Err(INVALID_VALUE);
+            }
+            session()?.device(d.location.id).ok_or(INVALID_DEVICE)?;
+        }
+        all_mapped(ptr, size as u64)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAccess(
+    flags: *mut c_ulonglong,
+    location: *const MemLocation,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    guard(|| {
+        let loc = read(location)?;
+        if loc.kind != LOCATION_TYPE_DEVICE {
+            return Err(INVALID_VALUE);
+        }
+        all_mapped(ptr, 1)?;
+        out(flags, ACCESS_READWRITE as c_ulonglong)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut AllocationProp,
+    handle: CUmemGenericAllocationHandle,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let &(_, device) = s.lock().physical.get(&handle).ok_or(INVALID_VALUE)?;
+        out(
+            prop,
+            AllocationProp {
+                kind: ALLOCATION_TYPE_PINNED,
+                requested_handle_types: 0,
+                location: MemLocation {
+                    kind: LOCATION_TYPE_DEVICE,
+                    id: device as c_int,
+                },
+                win32_metadata: std::ptr::null_mut(),
+                compression_type: 0,
+                gpu_direct_rdma_capable: 0,
+                usage: 0,
+                reserved: [0; 4],
+            },
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let g = s.lock();
+        let (base, a) = g
+            .find_allocation(addr as usize as u64, 1)
+            .ok_or(INVALID_VALUE)?;
+        let h = *g
+            .mappings
+            .get(&base)
+            .filter(|_| a.mapped)
+            .ok_or(INVALID_VALUE)?;
+        out(handle, h)
+    })
+}
+
+include!(concat!(env!("OUT_DIR"), "/aliases_vmm.rs"));
