@@ -18,6 +18,8 @@ pub enum Kind {
     GraphExec = 10,
     /// Physical memory (`CUmemGenericAllocationHandle`).
     Physical = 11,
+    /// `CUarray`.
+    Array = 12,
 }
 
 const SHIFT: u32 = 48;

@@ -67,6 +67,20 @@ pub struct Allocation {
 /// 0, DIRECT_MANAGED_MEM_ACCESS_FROM_HOST 0.
 const MANAGED_ATTRIBUTES: [(usize, i32); 5] = [(83, 1), (88, 0), (89, 0), (100, 0), (101, 0)];
 
+/// A CUDA array, kept as linear device memory: rows of `pitch` bytes, `height` rows per
+/// slice, `depth` slices (the layout is private to the driver, so any layout serves copies).
+#[derive(Debug, Clone, Copy)]
+pub struct ArrayInfo {
+    pub ptr: u64,
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+    pub format: i32,
+    pub channels: u32,
+    pub flags: u32,
+    pub pitch: u64,
+}
+
 /// What a device's memory pool holds. Freed pool memory goes back to the device at once (no
 /// caching), so reserved equals used.
 #[derive(Debug, Clone, Copy, Default)]
@@ -175,6 +189,8 @@ pub struct Inner {
     pub physical: HashMap<u64, (u64, u32)>,
     /// Mapped physical memory: address -> handle.
     pub mappings: HashMap<u64, u64>,
+    /// CUDA arrays: handle -> their linear device memory and shape.
+    pub arrays: HashMap<u64, ArrayInfo>,
     /// CUDA graphs and stream capture.
     pub graphs: crate::graph::Graphs,
 }
@@ -274,6 +290,7 @@ impl Session {
                 managed_count: 0,
                 physical: HashMap::new(),
                 mappings: HashMap::new(),
+                arrays: HashMap::new(),
                 graphs: Default::default(),
             }),
         })

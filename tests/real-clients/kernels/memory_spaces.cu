@@ -227,6 +227,46 @@ static void check_managed() {
   std::printf("checked managed memory: host and kernels on one pointer, %d floats\n", n);
 }
 
+// CUDA arrays as storage: allocation counted in cudaMemGetInfo, 2-D copies in and out (with a
+// sub-rectangle), the descriptor, and the memory back after cudaFreeArray.
+static void check_arrays() {
+  const int w = 300, h = 200;
+  size_t free0 = 0, free1 = 0, total = 0;
+  CK(cudaMemGetInfo(&free0, &total));
+  cudaChannelFormatDesc fmt = cudaCreateChannelDesc<float>();
+  cudaArray_t arr = nullptr;
+  CK(cudaMallocArray(&arr, &fmt, w, h));
+  CK(cudaMemGetInfo(&free1, &total));
+  EXPECT_RESULT(free0 - free1 >= (size_t)w * h * sizeof(float),
+                "cudaMemGetInfo free went from %zu to %zu", free0, free1);
+  std::vector<float> src(w * h), back(w * h, -1.0f);
+  for (int i = 0; i < w * h; i++) src[i] = (float)(khash(i) % 10000);
+  CK(cudaMemcpy2DToArray(arr, 0, 0, src.data(), w * sizeof(float), w * sizeof(float), h,
+                         cudaMemcpyHostToDevice));
+  CK(cudaMemcpy2DFromArray(back.data(), w * sizeof(float), arr, 0, 0, w * sizeof(float), h,
+                           cudaMemcpyDeviceToHost));
+  for (int i = 0; i < w * h; i++)
+    EXPECT_RESULT(back[i] == src[i], "array round trip [%d] = %g, want %g", i, back[i], src[i]);
+  // A 10x5 sub-rectangle starting at column 7, row 3.
+  std::vector<float> sub(10 * 5, 0.0f);
+  CK(cudaMemcpy2DFromArray(sub.data(), 10 * sizeof(float), arr, 7 * sizeof(float), 3,
+                           10 * sizeof(float), 5, cudaMemcpyDeviceToHost));
+  for (int r = 0; r < 5; r++)
+    for (int c = 0; c < 10; c++)
+      EXPECT_RESULT(sub[r * 10 + c] == src[(r + 3) * w + c + 7], "sub-rectangle (%d, %d)", r, c);
+  cudaChannelFormatDesc got_fmt;
+  cudaExtent extent;
+  unsigned int flags = 0;
+  CK(cudaArrayGetInfo(&got_fmt, &extent, &flags, arr));
+  EXPECT_RESULT(extent.width == (size_t)w && extent.height == (size_t)h && got_fmt.x == 32,
+                "array info %zux%zu, %d bits", extent.width, extent.height, got_fmt.x);
+  CK(cudaFreeArray(arr));
+  size_t free2 = 0;
+  CK(cudaMemGetInfo(&free2, &total));
+  EXPECT_RESULT(free2 == free0, "free after cudaFreeArray %zu, before %zu", free2, free0);
+  std::printf("checked a %dx%d float array: copies in and out, descriptor, memory\n", w, h);
+}
+
 KCHECK_MAIN({"dynamic_shared", check_dynamic_shared}, {"constant_memory", check_constant_memory},
             {"device_globals", check_device_globals}, {"local_memory", check_local_memory},
-            {"managed", check_managed})
+            {"managed", check_managed}, {"arrays", check_arrays})

@@ -276,7 +276,10 @@ impl Device for EmuDevice {
     }
 
     fn reserve(&mut self, size: u64, align: u64) -> Result<u64, Status> {
-        if size == 0 || !size.is_multiple_of(vmm::GRANULARITY) || (align != 0 && !align.is_power_of_two()) {
+        if size == 0
+            || !size.is_multiple_of(vmm::GRANULARITY)
+            || (align != 0 && !align.is_power_of_two())
+        {
             return Err(INVALID_VALUE);
         }
         let align = align.max(vmm::GRANULARITY);

@@ -159,6 +159,9 @@ fn primary_reset(dev: CUdevice) -> Result<(), CUresult> {
     inner
         .mappings
         .retain(|p, _| inner.allocations.contains_key(p));
+    inner
+        .arrays
+        .retain(|_, a| inner.allocations.contains_key(&a.ptr));
     let modules: Vec<u64> = g
         .modules
         .iter()

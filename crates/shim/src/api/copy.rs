@@ -55,7 +55,12 @@ pub(crate) fn htod(
     Ok(())
 }
 
-fn dtoh_sync(g: &mut Inner, dst: &mut [u8], src: u64, stream: u64) -> Result<(), CUresult> {
+pub(crate) fn dtoh_sync(
+    g: &mut Inner,
+    dst: &mut [u8],
+    src: u64,
+    stream: u64,
+) -> Result<(), CUresult> {
     check_device_range(g, src, dst.len() as u64)?;
     not_capturing(g, stream)?;
     crate::api::managed::to_device(g)?;
@@ -292,22 +297,29 @@ const MEM_DEVICE: c_int = 2;
 const MEM_ARRAY: c_int = 3;
 const MEM_UNIFIED: c_int = 4;
 
-/// Whether one side of a 2-D copy is device memory, and its address of the first byte.
+/// Whether one side of a 2-D copy is device memory, its address of the first byte, and its
+/// pitch (an array's own, whatever the copy says).
+#[allow(clippy::too_many_arguments)]
 fn side(
     g: &Inner,
     kind: c_int,
     host: usize,
     device: u64,
+    array: *mut c_void,
     x: usize,
     y: usize,
     pitch: usize,
-) -> Result<(bool, u64), CUresult> {
+) -> Result<(bool, u64, usize), CUresult> {
     let off = (y * pitch + x) as u64;
     match kind {
-        MEM_HOST => Ok((false, host as u64 + off)),
-        MEM_DEVICE => Ok((true, device + off)),
-        MEM_UNIFIED => Ok((g.find_allocation(device, 1).is_some(), device + off)),
-        MEM_ARRAY => Err(NOT_SUPPORTED),
+        MEM_HOST => Ok((false, host as u64 + off, pitch)),
+        MEM_DEVICE => Ok((true, device + off, pitch)),
+        MEM_UNIFIED => Ok((g.find_allocation(device, 1).is_some(), device + off, pitch)),
+        MEM_ARRAY => {
+            let a = crate::api::array::array(g, array)?;
+            let pitch = a.pitch as usize;
+            Ok((true, a.ptr + (y * pitch + x) as u64, pitch))
+        }
         _ => Err(INVALID_VALUE),
     }
 }
@@ -321,26 +333,28 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
         return Ok(());
     }
     not_capturing(&g, st)?;
-    let (src_dev, src) = side(
+    let (src_dev, src, src_pitch) = side(
         &g,
         p.src_memory_type,
         p.src_host as usize,
         p.src_device,
+        p.src_array,
         p.src_x_in_bytes,
         p.src_y,
         p.src_pitch,
     )?;
-    let (dst_dev, dst) = side(
+    let (dst_dev, dst, dst_pitch) = side(
         &g,
         p.dst_memory_type,
         p.dst_host as usize,
         p.dst_device,
+        p.dst_array,
         p.dst_x_in_bytes,
         p.dst_y,
         p.dst_pitch,
     )?;
-    let (sp, dp) = (p.src_pitch.max(w), p.dst_pitch.max(w));
-    if (src_dev && p.src_pitch < w) || (dst_dev && p.dst_pitch < w) {
+    let (sp, dp) = (src_pitch.max(w), dst_pitch.max(w));
+    if (src_dev && src_pitch < w) || (dst_dev && dst_pitch < w) {
         return Err(INVALID_VALUE);
     }
     let span = |pitch: usize| (pitch * (h - 1) + w) as u64;
@@ -435,6 +449,91 @@ pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2(p: *const Memcpy2D) -> CUresult 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpy2DAsync_v2(p: *const Memcpy2D, stream: CUstream) -> CUresult {
     guard(|| copy2d(&read(p)?, stream, false))
+}
+
+/// `CUDA_MEMCPY3D` (200 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy3D {
+    src_x_in_bytes: usize,
+    src_y: usize,
+    src_z: usize,
+    src_lod: usize,
+    src_memory_type: c_int,
+    src_host: *const c_void,
+    src_device: CUdeviceptr,
+    src_array: *mut c_void,
+    reserved0: *mut c_void,
+    src_pitch: usize,
+    src_height: usize,
+    dst_x_in_bytes: usize,
+    dst_y: usize,
+    dst_z: usize,
+    dst_lod: usize,
+    dst_memory_type: c_int,
+    dst_host: *mut c_void,
+    dst_device: CUdeviceptr,
+    dst_array: *mut c_void,
+    reserved1: *mut c_void,
+    dst_pitch: usize,
+    dst_height: usize,
+    width_in_bytes: usize,
+    height: usize,
+    depth: usize,
+}
+
+const _: () = assert!(std::mem::size_of::<Memcpy3D>() == 200);
+
+/// A 3-D copy as one 2-D copy per slice: slice `z` of linear memory starts `pitch x height`
+/// bytes after slice `z - 1`, and an array's slices follow each other in its rows.
+fn copy3d(p: &Memcpy3D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
+    if p.src_lod != 0 || p.dst_lod != 0 {
+        return Err(INVALID_VALUE);
+    }
+    let rows_per_slice =
+        |kind: c_int, array: *mut c_void, height: usize| -> Result<usize, CUresult> {
+            if kind == MEM_ARRAY {
+                let s = session()?;
+                let a = crate::api::array::array(&s.lock(), array)?;
+                Ok(a.height.max(1) as usize)
+            } else {
+                Ok(height.max(p.height))
+            }
+        };
+    let src_rows = rows_per_slice(p.src_memory_type, p.src_array, p.src_height)?;
+    let dst_rows = rows_per_slice(p.dst_memory_type, p.dst_array, p.dst_height)?;
+    for z in 0..p.depth.max(1) {
+        let slice = Memcpy2D {
+            src_x_in_bytes: p.src_x_in_bytes,
+            src_y: p.src_y + (p.src_z + z) * src_rows,
+            src_memory_type: p.src_memory_type,
+            src_host: p.src_host,
+            src_device: p.src_device,
+            src_array: p.src_array,
+            src_pitch: p.src_pitch,
+            dst_x_in_bytes: p.dst_x_in_bytes,
+            dst_y: p.dst_y + (p.dst_z + z) * dst_rows,
+            dst_memory_type: p.dst_memory_type,
+            dst_host: p.dst_host,
+            dst_device: p.dst_device,
+            dst_array: p.dst_array,
+            dst_pitch: p.dst_pitch,
+            width_in_bytes: p.width_in_bytes,
+            height: p.height,
+        };
+        copy2d(&slice, stream, sync)?;
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3D_v2(p: *const Memcpy3D) -> CUresult {
+    guard(|| copy3d(&read(p)?, std::ptr::null_mut(), true))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DAsync_v2(p: *const Memcpy3D, stream: CUstream) -> CUresult {
+    guard(|| copy3d(&read(p)?, stream, false))
 }
 
 fn memset(dst: u64, value: u32, elem: u8, count: usize, stream: CUstream) -> Result<(), CUresult> {

@@ -17,7 +17,7 @@ pub type CUdeviceptr = u64;
 
 const HOST_ALIGN: usize = 4096;
 
-fn alloc(g: &mut Inner, size: usize) -> Result<u64, CUresult> {
+pub(crate) fn alloc(g: &mut Inner, size: usize) -> Result<u64, CUresult> {
     if size == 0 {
         return Err(INVALID_VALUE);
     }
@@ -95,7 +95,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     })
 }
 
-fn free(ptr: u64) -> Result<(), CUresult> {
+pub(crate) fn free(ptr: u64) -> Result<(), CUresult> {
     // Freeing NULL does nothing, as the driver does (the runtime forwards cudaFree(NULL)).
     if ptr == 0 {
         return Ok(());

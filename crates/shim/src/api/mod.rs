@@ -1,6 +1,7 @@
 //! The exported driver functions, by area. Each module ends by including its generated
 //! per-thread-stream aliases.
 
+pub mod array;
 pub mod context;
 pub mod copy;
 pub mod device;
