@@ -71,9 +71,8 @@ CUPY_CUSTOM = [
      "cumsum is wrong from element 64 on (see warp.cu syncwarp_barrier)"),
     ("scan", "default", None),
     ("sort", "none",
-     "CuPy's thrust module (cupy/cuda/thrust*.so, its own static libcudart) asks for driver export "
-     "table f8cff95121468b4eb9e2fb469e7c0dd9, the shim refuses it, and radix_sort fails with "
-     "cudaErrorInvalidDevice"),
+     "CuPy's thrust radix sort (CUB's onesweep kernel) uses `bar.red.or.pred` (__syncthreads_or), "
+     "which the VM does not implement: the launch fails with cudaErrorNotSupported"),
 ]
 
 

@@ -709,3 +709,71 @@ fn vmm_physical_memory_counts_against_the_slice() {
         st.sessions.is_empty() && st.devices[0].used_bytes == 0
     });
 }
+
+/// An image larger than one frame arrives in parts, in order, and loads by its hash; parts out
+/// of order or with the wrong hash are refused and nothing is loaded.
+#[test]
+fn large_images_arrive_in_parts() {
+    const INVALID_VALUE: i32 = 1;
+    let s = start("image-parts", "emu:1:1GiB");
+    let mut c = session(&s, None);
+    let ptx = format!(
+        ".version 7.0\n.target sm_80\n.address_size 64\n// {}\n.visible .entry k()\n{{\n\tret;\n}}\n\0",
+        "x".repeat(3 << 20)
+    );
+    let image = ptx.as_bytes();
+    let hash: [u8; 32] =
+        sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
+    let part = |offset: usize, len: usize, hash: [u8; 32]| Request::ModuleImagePart {
+        hash,
+        total: image.len() as u64,
+        offset: offset as u64,
+        data: &image[offset..offset + len],
+    };
+    let load = Request::ModuleLoad {
+        module: 5,
+        device: 0,
+        hash,
+        image: None,
+    };
+    // Out of order: refused, reported by the next reply.
+    c.quiet(&part(1 << 20, 1 << 20, hash)).unwrap();
+    assert_eq!(
+        c.call_raw(&Request::Ping).unwrap().deferred_error,
+        Some(INVALID_VALUE)
+    );
+    // All of it under the wrong hash: refused, and the load still needs the image.
+    let mut wrong = hash;
+    wrong[0] ^= 1;
+    let third = image.len() / 3;
+    for (offset, len) in [
+        (0, third),
+        (third, third),
+        (2 * third, image.len() - 2 * third),
+    ] {
+        c.quiet(&part(offset, len, wrong)).unwrap();
+    }
+    assert_eq!(
+        c.call_raw(&Request::Ping).unwrap().deferred_error,
+        Some(INVALID_VALUE)
+    );
+    assert_eq!(c.call(&load).unwrap(), ReplyBody::NeedImage);
+    for (offset, len) in [
+        (0, third),
+        (third, third),
+        (2 * third, image.len() - 2 * third),
+    ] {
+        c.quiet(&part(offset, len, hash)).unwrap();
+    }
+    assert_eq!(c.call(&load).unwrap(), ReplyBody::None);
+    let ReplyBody::Function(_) = c
+        .call(&Request::ModuleGetFunction {
+            module: 5,
+            name: "k",
+            function: 6,
+        })
+        .unwrap()
+    else {
+        panic!("no function");
+    };
+}

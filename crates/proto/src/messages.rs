@@ -393,6 +393,15 @@ pub enum Request<'a> {
     MemMap { ptr: u64, size: u64, handle: u64 },
     /// Quiet. Unmaps what is mapped in `[ptr, ptr+size)`; the physical memory keeps its data.
     MemUnmap { ptr: u64, size: u64 },
+    /// Quiet. Part of a module image too large for one frame, in order from offset 0; a
+    /// [`Request::ModuleLoad`] without the image follows once all `total` bytes are sent.
+    ModuleImagePart {
+        hash: [u8; 32],
+        total: u64,
+        offset: u64,
+        #[serde(borrow, with = "serde_bytes")]
+        data: &'a [u8],
+    },
 }
 
 impl Request<'_> {
@@ -406,6 +415,7 @@ impl Request<'_> {
                 | Request::MemRelease { .. }
                 | Request::MemAddressFree { .. }
                 | Request::MemUnmap { .. }
+                | Request::ModuleImagePart { .. }
                 | Request::MemcpyHtoD { .. }
                 | Request::MemcpyDtoHAsync { .. }
                 | Request::MemcpyDtoD { .. }

@@ -32,6 +32,8 @@ pub use control::{ControlLedger, Ledger, LocalLedger};
 const LAUNCH_LOG: usize = 1024;
 /// Images kept for deduplication (by content hash) per session.
 const MAX_CACHED_IMAGES: usize = 256;
+/// The largest module image accepted in parts (CuPy's thrust module holds about 75 MB).
+const MAX_IMAGE_BYTES: u64 = 1 << 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -70,6 +72,8 @@ pub struct Session<'a> {
     vmm: VmmBooks,
     functions: HashMap<u64, (u64, String)>,
     images: HashMap<[u8; 32], Vec<u8>>,
+    /// An image arriving in parts (`ModuleImagePart`): its hash and the bytes so far.
+    partial_image: Option<([u8; 32], Vec<u8>)>,
     deferred: Option<Status>,
     staged: Vec<StagedCopy>,
     launches: VecDeque<LaunchRecord>,
@@ -119,6 +123,7 @@ impl<'a> Session<'a> {
             vmm: VmmBooks::default(),
             functions: HashMap::new(),
             images: HashMap::new(),
+            partial_image: None,
             deferred: None,
             staged: Vec::new(),
             launches: VecDeque::new(),
@@ -617,6 +622,36 @@ impl<'a> Session<'a> {
                 return Ok(ReplyBody::Launches(
                     self.launches.iter().skip(n).cloned().collect(),
                 ));
+            }
+            ModuleImagePart {
+                hash,
+                total,
+                offset,
+                data,
+            } => {
+                if total > MAX_IMAGE_BYTES {
+                    return Err(st::INVALID_VALUE);
+                }
+                let mut part = match self.partial_image.take() {
+                    Some((h, bytes)) if h == hash && bytes.len() as u64 == offset => bytes,
+                    _ if offset == 0 => Vec::new(),
+                    _ => return Err(st::INVALID_VALUE),
+                };
+                if offset + data.len() as u64 > total {
+                    return Err(st::INVALID_VALUE);
+                }
+                part.extend_from_slice(data);
+                if part.len() as u64 == total {
+                    if Sha256::digest(&part).as_slice() != hash {
+                        return Err(st::INVALID_VALUE);
+                    }
+                    if self.images.len() >= MAX_CACHED_IMAGES {
+                        self.images.clear();
+                    }
+                    self.images.insert(hash, part);
+                } else {
+                    self.partial_image = Some((hash, part));
+                }
             }
             MemCreate {
                 handle,

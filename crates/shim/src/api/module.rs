@@ -34,20 +34,37 @@ fn p(h: u64) -> *mut c_void {
     h as usize as *mut c_void
 }
 
+/// Images above this size travel in parts (a frame carries at most 64 MiB and change).
+const IMAGE_PART: usize = 32 << 20;
+
 /// Loads `image` on `device` as module `module`.
 fn load(g: &mut Inner, device: u32, image: &[u8], library: Option<u64>) -> Result<u64, CUresult> {
     let hash: [u8; 32] = Sha256::digest(image).into();
     let module = handles::mint(Kind::Module);
     let mut send = !g.images_sent.contains(&hash);
     loop {
+        // An image larger than a frame goes ahead in parts; the load then names it by hash.
+        let parts = send && image.len() > IMAGE_PART;
+        if parts {
+            for (i, data) in image.chunks(IMAGE_PART).enumerate() {
+                let part = Request::ModuleImagePart {
+                    hash,
+                    total: image.len() as u64,
+                    offset: (i * IMAGE_PART) as u64,
+                    data,
+                };
+                g.conn.quiet(&part).map_err(client_err)?;
+            }
+        }
         let req = Request::ModuleLoad {
             module,
             device,
             hash,
-            image: send.then_some(image),
+            image: (send && !parts).then_some(image),
         };
         match g.conn.call(&req).map_err(client_err)? {
             ReplyBody::NeedImage if !send => send = true,
+            ReplyBody::NeedImage => return Err(crate::status::INVALID_IMAGE),
             ReplyBody::None => break,
             _ => return Err(UNKNOWN),
         }
