@@ -45,9 +45,16 @@ for transport in unix tcp; do
 done
 
 if [ -f scripts/run-real-clients.sh ]; then
-  echo "== real-client suites through gpufuse on the GPU ==" | tee -a "$out/summary.txt"
-  GPUFUSE_DEVICES=cuda bash scripts/run-real-clients.sh >"$out/real-clients.log" 2>&1
-  rc=$?; echo "real clients rc=$rc" | tee -a "$out/summary.txt"; tail -5 "$out/real-clients.log" | tee -a "$out/summary.txt"
-  [ $rc -eq 0 ] || status=1
+  for mode in native gpufuse; do
+    echo "== real-client suites on the GPU: $mode ==" | tee -a "$out/summary.txt"
+    native=0; [ $mode = native ] && native=1
+    t0=$(date +%s.%N)
+    GPUFUSE_NATIVE=$native GPUFUSE_DEVICES=cuda bash scripts/run-real-clients.sh -q -p no:cacheprovider \
+      >"$out/real-clients-$mode.log" 2>&1
+    rc=$?; t1=$(date +%s.%N)
+    printf 'real clients %-8s rc=%d wall=%.1fs\n' "$mode" "$rc" "$(echo "$t1 - $t0" | bc)" | tee -a "$out/summary.txt"
+    tail -5 "$out/real-clients-$mode.log" | tee -a "$out/summary.txt"
+    [ $rc -eq 0 ] || status=1
+  done
 fi
 exit $status

@@ -27,7 +27,10 @@ GPUFUSE = ROOT / "target" / "release" / "gpufuse"
 SHIM = ROOT / "target" / "release" / "libcuda.so"
 
 # The emulated device the suite serves: one GPU of 16 GiB.
-DEVICES = "emu:1:16GiB"
+# The server's devices (the GPU lane sets GPUFUSE_DEVICES=cuda), and GPUFUSE_NATIVE=1 to run
+# every client directly against the machine's own driver, for the lane's native comparison.
+DEVICES = os.environ.get("GPUFUSE_DEVICES", "emu:1:16GiB")
+NATIVE = os.environ.get("GPUFUSE_NATIVE") == "1"
 DEVICE_BYTES = 16 << 30
 
 CLIENT_TIMEOUT_S = 300
@@ -289,6 +292,8 @@ class Server:
 # ---- running clients -------------------------------------------------------------------------
 
 def client_argv(addr: str, argv: list[str], vram: str | None = None) -> list[str]:
+    if NATIVE:
+        return [str(a) for a in argv]
     cmd = [str(GPUFUSE), "run", "--server", addr]
     if vram:
         cmd += ["--vram", vram]
