@@ -144,14 +144,19 @@ fn main() -> Result<()> {
     ] {
         println!("== transport: {name} ==");
         let raw_rt = baseline::ping_pong_us(kind, 20_000 / scale)?;
-        let raw_bw = baseline::stream_gib_s(kind, 64 << 20, 8)?;
         let mut s = remote::Session::open(&addr)?;
         let rt = s.round_trip_us(20_000 / scale)?;
         println!("round trip:        {rt:8.2} us   raw ping-pong {raw_rt:8.2} us   ratio {:.2}x (target <= 1.5x)", rt / raw_rt);
         let (issue, drained) = s.quiet_launch_rate(1_000_000 / scale)?;
         println!("quiet launches:    {issue:10.0} /s issued, {drained:10.0} /s until synchronized (target >= 1,000,000 /s issued)");
-        let h2d = s.h2d_gib_s(64 << 20, 8)?;
-        let d2h = s.d2h_gib_s(64 << 20, 8)?;
+        // Bandwidth is noisy on a shared machine: the raw socket and gpufuse are measured in
+        // turns, three rounds, and each reports its best round.
+        let (mut raw_bw, mut h2d, mut d2h) = (0f64, 0f64, 0f64);
+        for _ in 0..3 {
+            raw_bw = raw_bw.max(baseline::stream_gib_s(kind, 64 << 20, 8)?);
+            h2d = h2d.max(s.h2d_gib_s(64 << 20, 8)?);
+            d2h = d2h.max(s.d2h_gib_s(64 << 20, 8)?);
+        }
         println!(
             "host->device:      {h2d:8.2} GiB/s  = {:5.1}% of raw socket ({raw_bw:.2} GiB/s), {:5.1}% of memcpy",
             100.0 * h2d / raw_bw,
