@@ -51,20 +51,7 @@ CHECKS = {
                "reset_relaunch"],
 }
 
-SYNCWARP = ("with warps waiting at `bar.sync 0`, warp 0 executing `bar.warp.sync -1` two or more "
-            "times inside `if (warp == 0)` lets them pass their barrier before warp 0 reaches it "
-            "(warp 1 reads the shared word warp 0 writes after its __syncwarp()s: 1, want 2)")
-
-XFAIL = {
-    ("warp", "syncwarp_barrier"): SYNCWARP,
-    ("calls", "function_pointers"):
-        "indirect calls `call (retval0), %rd1, (param0, param1), prototype_N;` are not supported "
-        "by the VM: the kernel fails with cudaErrorNotSupported (801)",
-    ("fn_table", "table"):
-        "a module global initialized with function addresses (`.global .align 8 .u64 "
-        "d_table[3] = {_Z5twicei, _Z6negatei, _Z6squarei};`) does not parse ('bad initializer "
-        "_Z5twicei'): the module fails to load, cudaErrorInvalidPtx (218) at the first call",
-}
+XFAIL: dict = {}
 
 
 def _check_params():

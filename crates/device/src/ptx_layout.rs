@@ -197,9 +197,47 @@ pub fn from_cubin(info: &gpufuse_fatbin::CubinInfo) -> Layout {
     }
 }
 
+/// The names of the module's function definitions (`.entry` or `.func` with a body, not the
+/// declarations before them), in text order: function `i` is at
+/// [`gpufuse_ptx::function_address`]`(i)`, as the VM numbers them.
+fn defined_functions(t: &[String]) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < t.len() {
+        match t[i].as_str() {
+            "{" => depth += 1,
+            "}" => depth = depth.saturating_sub(1),
+            ".entry" | ".func" if depth == 0 => {
+                // `.func (.param .b32 ret) name (params) ... { ... }` or `... ;`
+                let mut j = i + 1;
+                if t.get(j).map(String::as_str) == Some("(") {
+                    while j < t.len() && t[j] != ")" {
+                        j += 1;
+                    }
+                    j += 1;
+                }
+                let name = t.get(j).map(String::as_str);
+                while j < t.len() && t[j] != "{" && t[j] != ";" {
+                    j += 1;
+                }
+                if let (Some(name), Some("{")) = (name, t.get(j).map(String::as_str)) {
+                    out.push(name);
+                }
+                i = j;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out
+}
+
 /// Parses the layout of a PTX module.
 pub fn parse(src: &str) -> Result<Layout, LayoutError> {
     let t = tokens(&strip_comments(src));
+    let functions = defined_functions(&t);
     let mut layout = Layout::default();
     let mut depth = 0usize;
     let mut i = 0;
@@ -244,9 +282,14 @@ pub fn parse(src: &str) -> Result<Layout, LayoutError> {
                     next += 1;
                     while next < t.len() && t[next] != ";" {
                         if !matches!(t[next].as_str(), "{" | "}" | ",") {
-                            bytes.extend(element(&t[next], elem, float).ok_or_else(|| {
-                                LayoutError(format!("bad initializer {}", t[next]))
-                            })?);
+                            // A function's name is its address, as the VM numbers functions.
+                            let f = functions.iter().position(|f| *f == t[next]).map(|i| {
+                                gpufuse_ptx::function_address(i).to_le_bytes()[..elem as usize]
+                                    .to_vec()
+                            });
+                            bytes.extend(f.or_else(|| element(&t[next], elem, float)).ok_or_else(
+                                || LayoutError(format!("bad initializer {}", t[next])),
+                            )?);
                         }
                         next += 1;
                     }
@@ -315,5 +358,21 @@ mod tests {
             l.variables[1].init.as_deref(),
             Some(&1.0f32.to_le_bytes()[..])
         );
+    }
+
+    /// A table of function addresses (nvcc's `d_table[] = {f, g}`) holds the addresses the VM
+    /// gives the functions: the same bytes as the VM's own parse of the module.
+    #[test]
+    fn function_addresses_in_initializers() {
+        let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n            .func (.param .b32 r) g\n(\n.param .b32 a\n)\n;\n            .global .align 8 .u64 table[2] = {g, f};\n            .visible .entry k(.param .u64 p) { ret; }\n            .func (.param .b32 r) f(.param .b32 a) { st.param.b32 [r], 1; ret; }\n            .func (.param .b32 r) g(.param .b32 a) { st.param.b32 [r], 2; ret; }\n";
+        let l = parse(ptx).unwrap();
+        let want: Vec<u8> = [2usize, 1]
+            .iter()
+            .flat_map(|&i| gpufuse_ptx::function_address(i).to_le_bytes())
+            .collect();
+        assert_eq!(l.variables[0].init.as_deref(), Some(&want[..]));
+        let m = gpufuse_ptx::Module::parse(ptx).unwrap();
+        assert_eq!(m.globals()[0].init.as_deref(), Some(&want[..]));
+        assert!(parse(".global .u64 t[1] = {nothing};").is_err());
     }
 }

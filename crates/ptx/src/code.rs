@@ -81,11 +81,16 @@ impl Ins {
 pub const ASSERT_FAIL: &str = "__assertfail";
 /// [`CallSite::callee`] of a call to [`ASSERT_FAIL`], which has no body in the module.
 pub const ASSERT_CALLEE: u32 = u32::MAX;
+/// [`CallSite::callee`] of an indirect call: the register [`CallSite::pointer`] holds each
+/// lane's callee, a function address ([`crate::space::function_address`]).
+pub const INDIRECT_CALLEE: u32 = u32::MAX - 1;
 
 /// A call site: the callee and where its arguments come from and its return values go.
 #[derive(Debug, Clone)]
 pub struct CallSite {
     pub callee: u32,
+    /// An indirect call's function-address register.
+    pub pointer: Option<u32>,
     pub args: Vec<Src>,
     pub rets: Vec<Src>,
 }
@@ -165,18 +170,23 @@ impl Symbols<'_> {
 }
 
 /// Where a function's names live.
-struct Scope {
+struct Scope<'a> {
     /// name -> operand for the function's own variables and parameters.
     names: HashMap<String, Src>,
+    /// The module's functions: a function's name is its address.
+    functions: &'a HashMap<&'a str, usize>,
 }
 
-impl Scope {
+impl Scope<'_> {
     fn resolve(&self, name: &str, syms: &mut Symbols, used: &mut Vec<u32>) -> Src {
         if let Some(&s) = self.names.get(name) {
             if let Src::Sym(id) = s {
                 used.push(id);
             }
             return s;
+        }
+        if let Some(&i) = self.functions.get(name) {
+            return Src::Imm(crate::space::function_address(i));
         }
         let id = syms.module(name);
         used.push(id);
@@ -272,7 +282,10 @@ fn compile_function(
                 .or_insert(Src::KernelParam(p.offset as u64));
         }
     }
-    let scope = Scope { names };
+    let scope = Scope {
+        names,
+        functions: by_name,
+    };
     let mut code = Code {
         name: f.name.clone(),
         is_entry: f.is_entry,
@@ -366,6 +379,27 @@ fn compile_inst(
     let mut used = Vec::new();
     let mut args = inst.args.iter();
     if inst.op == Op::Call {
+        if let (Some(Operand::Vector(rets)), Some(&Operand::Reg(r)), Some(Operand::Vector(a))) =
+            (inst.args.first(), inst.args.get(1), inst.args.get(2))
+        {
+            // Through a function address: each lane's callee is checked when it calls.
+            let site = CallSite {
+                callee: INDIRECT_CALLEE,
+                pointer: Some(r),
+                args: a
+                    .iter()
+                    .map(|o| to_src(o, scope, syms, &mut used))
+                    .collect(),
+                rets: rets
+                    .iter()
+                    .map(|o| to_src(o, scope, syms, &mut used))
+                    .collect(),
+            };
+            ins.target = code.calls.len() as u32;
+            code.calls.push(site);
+            code.symbols.extend(used);
+            return Ok(ins);
+        }
         let (Some(Operand::Vector(rets)), Some(Operand::Sym(callee)), Some(Operand::Vector(a))) =
             (inst.args.first(), inst.args.get(1), inst.args.get(2))
         else {
@@ -375,6 +409,7 @@ fn compile_inst(
             // `assert()` in device code: the call ends the kernel with the assertion's message.
             let site = CallSite {
                 callee: ASSERT_CALLEE,
+                pointer: None,
                 args: a
                     .iter()
                     .map(|o| to_src(o, scope, syms, &mut used))
@@ -398,6 +433,7 @@ fn compile_inst(
         }
         let site = CallSite {
             callee: callee as u32,
+            pointer: None,
             args: a
                 .iter()
                 .map(|o| to_src(o, scope, syms, &mut used))

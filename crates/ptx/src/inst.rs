@@ -793,15 +793,10 @@ pub fn decode(
         };
         args.push(operand(&a, regs, fl, f3, label, is_branch)?);
     }
-    if op == Op::Bar
-        && !mods_s
-            .iter()
-            .any(|m| matches!(*m, "sync" | "arrive" | "red"))
-        && base == "bar"
-        && !mods_s.is_empty()
-        && mods_s[0] == "warp"
-    {
-        // bar.warp.sync: a warp-level no-op here (warps run in lockstep).
+    if op == Op::Bar && base == "bar" && mods_s.first() == Some(&"warp") {
+        // `bar.warp.sync mask` (`__syncwarp()`) synchronizes the lanes of its own warp only:
+        // never the block's barrier. Min-PC scheduling already holds a lane at it until every
+        // lane of the warp behind it (at a lower position) has caught up, so it is a fence.
         return Ok(Inst {
             pred,
             op: Op::Membar,
@@ -825,8 +820,8 @@ pub fn decode(
     })
 }
 
-/// `call{.uni} [(rets),] func[, (args)]`: the callee by name; a call through a register (a
-/// function pointer, with a prototype) is not supported.
+/// `call{.uni} [(rets),] func[, (args)]`: the callee by name, or, for an indirect call
+/// `call [(rets),] %rd[, (args)], prototype`, the register holding its address.
 fn decode_call(
     stmt: &str,
     pred: Option<(u32, bool)>,
@@ -860,13 +855,28 @@ fn decode_call(
         .map(str::trim)
         .filter(|c| !c.is_empty())
         .ok_or_else(|| PtxError::Syntax(format!("call without a function: {stmt}")))?;
-    if regs.contains_key(callee) || callee.starts_with('%') {
-        return Err(unsupported());
-    }
-    let args = match it.next() {
-        Some(a) => list(a).ok_or_else(|| PtxError::Syntax(format!("bad call: {stmt}")))??,
+    // An indirect call: `call (rets), %rd, (args), prototype;` through a function address.
+    let indirect = regs.contains_key(callee) || callee.starts_with('%');
+    let callee = if indirect {
+        operand(callee, regs, false, false, &mut |_| {}, false)?
+    } else {
+        Operand::Sym(callee.to_string())
+    };
+    let args = match it.peek().and_then(|a| list(a)) {
+        Some(a) => {
+            it.next();
+            a?
+        }
+        None if it.peek().is_some() && !indirect => {
+            return Err(PtxError::Syntax(format!("bad call: {stmt}")))
+        }
         None => Vec::new(),
     };
+    // The prototype (or the target list) of an indirect call: the call site's own argument
+    // and return lists say what passes, and each callee is checked against them when called.
+    if indirect {
+        it.next();
+    }
     if it.next().is_some() {
         return Err(unsupported());
     }
@@ -881,11 +891,7 @@ fn decode_call(
         ty2: b32,
         space: Space::Generic,
         mods,
-        args: vec![
-            Operand::Vector(rets),
-            Operand::Sym(callee.to_string()),
-            Operand::Vector(args),
-        ],
+        args: vec![Operand::Vector(rets), callee, Operand::Vector(args)],
         text: stmt.to_string(),
     })
 }

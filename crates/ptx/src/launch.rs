@@ -20,20 +20,27 @@ fn round_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a.max(1)) * a.max(1)
 }
 
-/// The functions a kernel can reach through calls, the kernel first.
+/// The functions a kernel can reach through calls, the kernel first. An indirect call (through
+/// a function address) may reach every device function of the module.
 fn reachable(prog: &Program, kernel: usize) -> Vec<usize> {
+    use crate::code::{ASSERT_CALLEE, INDIRECT_CALLEE};
     let mut seen = vec![false; prog.funcs.len()];
     let mut out = vec![kernel];
     seen[kernel] = true;
     let mut i = 0;
     while let Some(&f) = out.get(i) {
-        // `__assertfail` has no body to reach.
-        let callees = prog.funcs[f].calls.iter().map(|c| c.callee);
-        for c in callees.filter(|&c| c != crate::code::ASSERT_CALLEE) {
-            let c = c as usize;
-            if !seen[c] {
-                seen[c] = true;
-                out.push(c);
+        for c in prog.funcs[f].calls.iter().map(|c| c.callee) {
+            // `__assertfail` has no body to reach.
+            let callees = match c {
+                ASSERT_CALLEE => 0..0,
+                INDIRECT_CALLEE => 0..prog.funcs.len(),
+                c => c as usize..c as usize + 1,
+            };
+            for c in callees {
+                if !seen[c] && !prog.funcs[c].is_entry {
+                    seen[c] = true;
+                    out.push(c);
+                }
             }
         }
         i += 1;

@@ -19,6 +19,12 @@
 //!   recursion works, and pointers into a caller's local arrays stay valid; calls nested deeper
 //!   than 256 fail the launch with [`ExecError::StackOverflow`]; a call of `__assertfail` (a
 //!   failed device-side `assert()`) ends it with [`ExecError::Assert`] and the message;
+//! - indirect calls (`call (rets), %rd, (args), prototype;`): function `i` of a module (its
+//!   `i`-th `.entry`/`.func` definition, in text order) has the pseudo address
+//!   [`function_address`]`(i)` = [`FUNCTION_WINDOW`] `+ 8 * i`, which `mov`/`cvta` of its name
+//!   and module-variable initializers naming it (`.u64 t[] = {f, g}`) give; the lanes of a
+//!   warp calling each distinct address enter that function together; an address that is no
+//!   device function is [`ExecError::IllegalAddress`];
 //! - shared, local, param, const and global state spaces, generic addressing, atomics, fences,
 //!   [`ExecError::IllegalAddress`] for any access outside device memory and
 //!   [`ExecError::MisalignedAddress`] for one not a multiple of its size;
@@ -31,7 +37,8 @@
 //!   sense, whatever the kernel does), and atomic instructions are exact across threads
 //!   (`memory.rs`).
 //!
-//! Not yet: indirect calls (function pointers), `vprintf`, textures, tensor-core instructions.
+//! Not yet: variable addresses in initializers (`generic(var)`), `vprintf`, textures,
+//! tensor-core instructions.
 //! `cargo run -p gpufuse-ptx --example ptx_check -- FILE.ptx` lists what a module lacks;
 //! `cargo run --release -p gpufuse-ptx --example vm_bench` measures lane-instructions per
 //! second.
@@ -57,6 +64,7 @@ use std::time::Duration;
 
 pub use inst::Space;
 pub use parse::{Param, Var};
+pub use space::{function_address, function_index, FUNCTION_WINDOW};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PtxError {

@@ -171,36 +171,69 @@ fn declaration(text: &str) -> Result<(String, u64, u64, u64, Option<String>), Pt
     Ok((base.to_string(), elem, count, align.unwrap_or(elem), init))
 }
 
-fn parse_init(init: &str, elem: u64, float: bool) -> Result<Vec<u8>, PtxError> {
+/// Names in an initializer (`{func_a, func_b}`): each name, where its value goes.
+type Refs = Vec<(usize, String)>;
+
+fn parse_init(init: &str, elem: u64, float: bool, refs: &mut Refs) -> Result<Vec<u8>, PtxError> {
     let mut out = Vec::new();
     for tok in init
         .split(|c: char| c == ',' || c == '{' || c == '}' || c.is_whitespace())
         .filter(|t| !t.is_empty())
     {
-        let v = crate::inst::parse_number(tok, float, elem == 4)
-            .ok_or_else(|| PtxError::Syntax(format!("bad initializer {tok}")))?;
+        let v = match crate::inst::parse_number(tok, float, elem == 4) {
+            Some(v) => v,
+            None if is_name(tok) => {
+                refs.push((out.len(), tok.to_string()));
+                0
+            }
+            None => return Err(PtxError::Syntax(format!("bad initializer {tok}"))),
+        };
         out.extend_from_slice(&v.to_le_bytes()[..elem as usize]);
     }
     Ok(out)
 }
 
+/// A PTX identifier: `[A-Za-z_$%][A-Za-z0-9_$]*`, not a number.
+pub fn is_name(t: &str) -> bool {
+    let mut c = t.chars();
+    c.next()
+        .is_some_and(|f| f.is_ascii_alphabetic() || "_$%".contains(f))
+        && c.all(|x| x.is_ascii_alphanumeric() || "_$".contains(x))
+}
+
+/// A variable whose initializer names no symbol.
 fn var(space: &str, text: &str) -> Result<Var, PtxError> {
+    let (v, refs) = var_refs(space, text)?;
+    match refs.first() {
+        Some((_, name)) => Err(PtxError::Syntax(format!("bad initializer {name}"))),
+        None => Ok(v),
+    }
+}
+
+/// A variable, and the names its initializer holds (their bytes are zero until resolved).
+fn var_refs(space: &str, text: &str) -> Result<(Var, Refs), PtxError> {
     let (name, elem, count, align, init) = declaration(text)?;
     let float = text.contains(".f32") || text.contains(".f64");
-    let init = init.map(|i| parse_init(&i, elem, float)).transpose()?;
+    let mut refs = Vec::new();
+    let init = init
+        .map(|i| parse_init(&i, elem, float, &mut refs))
+        .transpose()?;
     let count = if count == 0 {
         init.as_ref().map_or(0, |b| b.len() as u64 / elem)
     } else {
         count
     };
-    Ok(Var {
-        name,
-        space: space.to_string(),
-        size: elem * count,
-        align,
-        elem,
-        init,
-    })
+    Ok((
+        Var {
+            name,
+            space: space.to_string(),
+            size: elem * count,
+            align,
+            elem,
+            init,
+        },
+        refs,
+    ))
 }
 
 fn params(list: &str) -> Result<Vec<Param>, PtxError> {
@@ -232,6 +265,8 @@ pub struct Parsed {
     pub target: u32,
     pub functions: Vec<Function>,
     pub globals: Vec<Var>,
+    /// Names in the globals' initializers: (global, byte offset, name), resolved at the end.
+    refs: Vec<(usize, usize, String)>,
 }
 
 pub fn parse(src: &str) -> Result<Parsed, PtxError> {
@@ -240,6 +275,7 @@ pub fn parse(src: &str) -> Result<Parsed, PtxError> {
         target: 0,
         functions: Vec::new(),
         globals: Vec::new(),
+        refs: Vec::new(),
     };
     // `.version`, `.target` and `.address_size` end at the end of their line, not at a ';'.
     let src: String = strip_comments(src)
@@ -308,6 +344,19 @@ pub fn parse(src: &str) -> Result<Parsed, PtxError> {
             top_directive(&text, &mut parsed)?;
         }
     }
+    // A function's name in an initializer is its address (`crate::space::FUNCTION_WINDOW`).
+    for (g, at, name) in std::mem::take(&mut parsed.refs) {
+        let i = parsed
+            .functions
+            .iter()
+            .position(|f| f.name == name)
+            .ok_or_else(|| PtxError::Syntax(format!("bad initializer {name}")))?;
+        let v = &mut parsed.globals[g];
+        let n = v.elem as usize;
+        if let Some(bytes) = v.init.as_mut().and_then(|b| b.get_mut(at..at + n)) {
+            bytes.copy_from_slice(&crate::space::function_address(i).to_le_bytes()[..n]);
+        }
+    }
     Ok(parsed)
 }
 
@@ -344,7 +393,12 @@ fn top_directive(stmt: &str, parsed: &mut Parsed) -> Result<(), PtxError> {
             for space in [".global", ".const"] {
                 if let Some(pos) = stmt.find(space) {
                     let text = &stmt[pos + space.len()..];
-                    parsed.globals.push(var(&space[1..], text)?);
+                    let (v, refs) = var_refs(&space[1..], text)?;
+                    let g = parsed.globals.len();
+                    parsed
+                        .refs
+                        .extend(refs.into_iter().map(|(at, name)| (g, at, name)));
+                    parsed.globals.push(v);
                     return Ok(());
                 }
             }
@@ -460,7 +514,11 @@ fn function(header: &str, body: &str) -> Result<Function, PtxError> {
                 break;
             }
         }
+        // `proto: .callprototype ...` and `tgts: .calltargets ...` describe indirect calls; the
+        // call sites themselves say what passes.
         if handled
+            || stmt.contains(".callprototype")
+            || stmt.contains(".calltargets")
             || stmt.starts_with(".pragma")
             || stmt.starts_with(".loc")
             || stmt.starts_with(".file")

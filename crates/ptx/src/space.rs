@@ -14,6 +14,25 @@ pub const SHARED_WINDOW: u64 = 0x7F00_0000_0000_0000;
 pub const LOCAL_WINDOW: u64 = 0x7E00_0000_0000_0000;
 pub const PARAM_WINDOW: u64 = 0x7D00_0000_0000_0000;
 pub const WINDOW_MASK: u64 = 0xFF00_0000_0000_0000;
+/// Function addresses (`mov.u64 %rd, func;`, `.u64 table[] = {func, ...}`): function `i` of a
+/// module (the `i`-th `.entry` or `.func` definition with a body, in the module's text order)
+/// is at `FUNCTION_WINDOW + 8 * i`. No memory lives in this window: a load or store through a
+/// function address is an illegal address, and an indirect call through anything else is too.
+pub const FUNCTION_WINDOW: u64 = 0x7C00_0000_0000_0000;
+
+/// The pseudo device address of function `index` of a module (see [`FUNCTION_WINDOW`]).
+pub const fn function_address(index: usize) -> u64 {
+    FUNCTION_WINDOW + 8 * index as u64
+}
+
+/// The function index an address names, if it is a function address.
+pub const fn function_index(addr: u64) -> Option<usize> {
+    if addr & WINDOW_MASK == FUNCTION_WINDOW && addr & 7 == 0 {
+        Some(((addr - FUNCTION_WINDOW) / 8) as usize)
+    } else {
+        None
+    }
+}
 
 /// The address of the `[...]` operand in every lane: shared, local and parameter-space
 /// addresses become generic addresses in their window.

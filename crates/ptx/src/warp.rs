@@ -154,11 +154,12 @@ impl Warp {
         self.live & !self.bar
     }
 
-    /// A lane's position: its call sites, outermost first, then its PC.
+    /// A lane's position: its call sites, outermost first, each with the function called
+    /// there (lanes of an indirect call may be in different callees), then its PC.
     fn position(&self, l: usize) -> impl Iterator<Item = u32> + '_ {
         self.stacks[l]
             .iter()
-            .map(|f| f.site)
+            .flat_map(|f| [f.site, f.func])
             .chain(std::iter::once(self.pc[l]))
     }
 
@@ -387,7 +388,50 @@ pub fn call(
         let lane = Bits(run).next().unwrap_or(0);
         return Err(ExecError::Assert(assert_message(w, env, g, cs, lane)));
     }
-    let callee = &prog.funcs[cs.callee as usize];
+    let Some(reg) = cs.pointer else {
+        return enter(w, env, code, cs, cs.callee, g, run);
+    };
+    // An indirect call: the lanes calling each distinct address enter that function together.
+    let ptr = lanes::val(w, env, g, Src::Reg(reg), 8)?;
+    let mut left = run;
+    while left != 0 {
+        let first = left.trailing_zeros() as usize;
+        let addr = ptr[first];
+        let mut lanes = 0u32;
+        for l in Bits(left) {
+            if ptr[l] == addr {
+                lanes |= 1 << l;
+            }
+        }
+        left &= !lanes;
+        let callee = crate::space::function_index(addr)
+            .filter(|&i| i < prog.funcs.len() && !prog.funcs[i].is_entry)
+            .ok_or(ExecError::IllegalAddress(addr))?;
+        let f = &prog.funcs[callee];
+        if f.params.len() != cs.args.len() || f.returns.len() != cs.rets.len() {
+            return Err(ExecError::Unsupported(format!(
+                "an indirect call of {} that does not match it: {}",
+                f.name,
+                code.texts.get(g.pc as usize).map_or("", |t| t)
+            )));
+        }
+        enter(w, env, code, cs, callee as u32, g, lanes)?;
+    }
+    Ok(())
+}
+
+/// `run`'s lanes enter function `func` from call site `cs` with a new frame.
+fn enter(
+    w: &mut Warp,
+    env: &mut Env,
+    code: &Code,
+    cs: &crate::code::CallSite,
+    func: u32,
+    g: &Group,
+    run: u32,
+) -> Result<(), ExecError> {
+    let prog = env.l.prog;
+    let callee = &prog.funcs[func as usize];
     if g.depth + 1 > MAX_DEPTH {
         return Err(ExecError::StackOverflow);
     }
@@ -441,7 +485,7 @@ pub fn call(
             }
         }
         w.stacks[l].push(Frame {
-            func: cs.callee,
+            func,
             site: g.pc,
             base,
         });
