@@ -461,7 +461,7 @@ fn compile_inst(
         }
         _ => {}
     }
-    if has_dst(inst.op) {
+    if has_dst(inst.op) || (inst.op == Op::Bar && inst.mods.bar_red) {
         match args.next() {
             Some(Operand::Vector(v)) => {
                 if v.len() > MAX_DSTS {

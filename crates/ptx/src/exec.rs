@@ -77,6 +77,21 @@ pub fn exec(
         }
         Op::Trap | Op::Brkpt if run != 0 => return Err(ExecError::Trap),
         Op::Bar => {
+            if ins.m.bar_red && run != 0 {
+                // `bar.red.op d, a{, b}, {!}c`: the predicate is the last source.
+                let last = (ins.ns as usize).checked_sub(1).ok_or_else(unsupported)?;
+                let mut c = [0u64; 32];
+                val_into(w, env, g, ins.src(last), 1, &mut c)?;
+                let red = &mut env.bar_red;
+                for l in Bits(run) {
+                    let p = c[l] & 1 != 0;
+                    red.count += p as u32;
+                    red.all &= p;
+                    red.any |= p;
+                }
+                red.waiting
+                    .push((w.index, ins.d[0], g.depth, run, ins.m.atom_op));
+            }
             w.bar |= run;
             return Ok(Flow::Next);
         }

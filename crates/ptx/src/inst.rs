@@ -275,6 +275,9 @@ pub struct Mods {
     pub uni: bool,
     /// Packed pairs (`f16x2`, `s16x2`, `u16x2`): the element type; the register is 32 bits.
     pub x2: Option<Type>,
+    /// `bar.red.{popc,and,or}`: a block barrier that also reduces a predicate over the block
+    /// (`__syncthreads_count/and/or`); the reduction is `atom_op` (Add counts).
+    pub bar_red: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -696,6 +699,10 @@ pub fn decode(
                 mods.cmp = cmp_of(m).unwrap_or_default()
             }
             "warp" if op == Op::Bar => {}
+            "red" if op == Op::Bar => mods.bar_red = true,
+            "popc" if op == Op::Bar => mods.atom_op = AtomOp::Add,
+            "and" if op == Op::Bar => mods.atom_op = AtomOp::And,
+            "or" if op == Op::Bar => mods.atom_op = AtomOp::Or,
             "and" if op == Op::Setp || op == Op::Set => mods.bool_op = BoolOp::And,
             "or" if op == Op::Setp || op == Op::Set => mods.bool_op = BoolOp::Or,
             "xor" if op == Op::Setp || op == Op::Set => mods.bool_op = BoolOp::Xor,

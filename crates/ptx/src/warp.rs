@@ -241,6 +241,29 @@ pub struct Env<'a> {
     pub ctaid: [u32; 3],
     /// The device memory region of the last global access.
     pub region: Option<Region<'a>>,
+    /// The reduction of the `bar.red` threads waiting at the block barrier.
+    pub bar_red: BarRed,
+}
+
+/// What `bar.red` (`__syncthreads_count/and/or`) gathers until the barrier releases: the
+/// predicate's count, and, or over the arriving threads, and where each waiting group wants
+/// the result (warp index, destination, call depth, lanes, reduction).
+pub struct BarRed {
+    pub count: u32,
+    pub all: bool,
+    pub any: bool,
+    pub waiting: Vec<(u32, crate::code::Dst, usize, u32, crate::inst::AtomOp)>,
+}
+
+impl Default for BarRed {
+    fn default() -> Self {
+        BarRed {
+            count: 0,
+            all: true,
+            any: false,
+            waiting: Vec::new(),
+        }
+    }
 }
 
 thread_local! {
@@ -286,6 +309,7 @@ impl<'a> Block<'a> {
                 shared: vec![0; l.shared_bytes],
                 ctaid: [0; 3],
                 region: None,
+                bar_red: BarRed::default(),
             },
             warps: spare_warps(threads, l.cfg.block),
         }
@@ -297,6 +321,7 @@ impl<'a> Block<'a> {
         let kernel = &l.prog.funcs[l.kernel];
         self.env.ctaid = ctaid;
         self.env.shared.fill(0);
+        self.env.bar_red = BarRed::default();
         for w in &mut self.warps {
             w.reset(kernel);
         }
@@ -312,6 +337,21 @@ impl<'a> Block<'a> {
                 return Ok(count);
             }
             if self.warps.iter().all(|w| w.runnable() == 0) {
+                let red = std::mem::take(&mut self.env.bar_red);
+                for (warp, d, depth, lanes, op) in red.waiting {
+                    let v = match op {
+                        crate::inst::AtomOp::And => red.all as u64,
+                        crate::inst::AtomOp::Or => red.any as u64,
+                        _ => u64::from(red.count),
+                    };
+                    if let Some(w) = self.warps.get_mut(warp as usize) {
+                        if let crate::code::Dst::Reg(r) = d {
+                            for l in Bits(lanes) {
+                                w.levels[depth][r as usize][l] = v;
+                            }
+                        }
+                    }
+                }
                 for w in &mut self.warps {
                     w.bar = 0;
                 }

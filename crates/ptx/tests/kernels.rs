@@ -612,3 +612,36 @@ fn scoped_registers_shadow_the_functions_own() {
     // Inside: %r3 = 7 + 1 = 8 (the inner-inner 100 is gone at its brace), %r1 = 8 + 8.
     assert_eq!(u32s(&mem, 0, 2), [16, 5]);
 }
+
+/// `bar.red` (`__syncthreads_count/and/or`): a block barrier that reduces a predicate over every
+/// thread of the block, here 40 threads in two warps, with a negated predicate too.
+#[test]
+fn barrier_reductions_cover_the_whole_block() {
+    let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\
+        .visible .entry k(.param .u64 out)\n{\n.reg .pred %p<8>;\n.reg .b32 %r<12>;\n.reg .b64 %rd<4>;\n\
+        ld.param.u64 %rd1, [out];\nmov.u32 %r1, %tid.x;\n\
+        setp.lt.u32 %p1, %r1, 7;\nsetp.lt.u32 %p2, %r1, 100;\nsetp.eq.u32 %p3, %r1, 39;\n\
+        bar.red.popc.u32 %r2, 0, %p1;\n\
+        bar.red.and.pred %p4, 0, %p2;\nbar.red.and.pred %p5, 0, %p1;\n\
+        bar.red.or.pred %p6, 0, %p3;\nbar.red.or.pred %p7, 0, !%p2;\n\
+        bar.red.popc.u32 %r3, 0, !%p1;\n\
+        selp.u32 %r4, 1, 0, %p4;\nselp.u32 %r5, 1, 0, %p5;\nselp.u32 %r6, 1, 0, %p6;\nselp.u32 %r7, 1, 0, %p7;\n\
+        mul.wide.u32 %rd2, %r1, 32;\nadd.s64 %rd3, %rd1, %rd2;\n\
+        st.global.v2.u32 [%rd3], {%r2, %r3};\nst.global.v4.u32 [%rd3+16], {%r4, %r5, %r6, %r7};\nret;\n}\n";
+    let m = Module::parse(ptx).unwrap();
+    assert_eq!(m.unsupported().count(), 0);
+    let mem = memory(1, 40 * 32);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [40, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    m.launch("k", &cfg, &BASE.to_le_bytes(), &mem, &|_| None)
+        .unwrap();
+    let got = u32s(&mem, 0, 40 * 8);
+    for t in 0..40 {
+        let row = &got[t * 8..t * 8 + 8];
+        assert_eq!([row[0], row[1]], [7, 33], "thread {t} counts");
+        assert_eq!(&row[4..], &[1, 0, 1, 0], "thread {t} and/or");
+    }
+}
