@@ -81,14 +81,7 @@ fn potential_block(
     limit: c_int,
 ) -> Result<(), CUresult> {
     let s = session()?;
-    let max_threads = with_function(f, |func| {
-        Ok(func
-            .info
-            .attributes
-            .iter()
-            .find(|(a, _)| *a == FUNC_MAX_THREADS)
-            .map_or(1024, |&(_, v)| v))
-    })?;
+    let max_threads = function_attribute(f, FUNC_MAX_THREADS)?.unwrap_or(1024);
     let limit = if limit <= 0 {
         max_threads
     } else {
@@ -146,14 +139,7 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
 ) -> CUresult {
     guard(|| {
         let s = session()?;
-        let static_smem = with_function(f, |func| {
-            Ok(func
-                .info
-                .attributes
-                .iter()
-                .find(|(a, _)| *a == FUNC_SHARED)
-                .map_or(0, |&(_, v)| v))
-        })?;
+        let static_smem = function_attribute(f, FUNC_SHARED)?.unwrap_or(0);
         let per_block = s.attribute(0, 97).unwrap_or(0); // opt-in shared memory per block
         out(size, (per_block - static_smem).max(0) as usize)
     })
@@ -201,26 +187,28 @@ fn cluster_config(config: *const LaunchConfig) -> Result<(c_int, usize, Option<c
     Ok((threads, c.shared_mem as usize, cluster))
 }
 
+/// One of the function's attributes (`CUfunction_attribute`), if the server gave it.
+fn function_attribute(f: CUfunction, attr: c_int) -> Result<Option<c_int>, CUresult> {
+    with_function(f, |func| {
+        Ok(func
+            .info
+            .attributes
+            .iter()
+            .find(|(a, _)| *a == attr)
+            .map(|&(_, v)| v))
+    })
+}
+
 /// The function's compiled-in cluster size (0 when it has none) and its largest allowed one.
 fn function_cluster(f: CUfunction) -> Result<(c_int, c_int), CUresult> {
-    with_function(f, |func| {
-        let fa = |a: c_int| {
-            func.info
-                .attributes
-                .iter()
-                .find(|(k, _)| *k == a)
-                .map_or(0, |&(_, v)| v)
-        };
-        let required = fa(FUNC_CLUSTER_WIDTH).max(0)
-            * fa(FUNC_CLUSTER_HEIGHT).max(0)
-            * fa(FUNC_CLUSTER_DEPTH).max(0);
-        let limit = if fa(FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED) != 0 {
-            NON_PORTABLE_CLUSTER
-        } else {
-            PORTABLE_CLUSTER
-        };
-        Ok((required, limit))
-    })
+    let fa = |a: c_int| function_attribute(f, a).map(|v| v.unwrap_or(0).max(0));
+    let required = fa(FUNC_CLUSTER_WIDTH)? * fa(FUNC_CLUSTER_HEIGHT)? * fa(FUNC_CLUSTER_DEPTH)?;
+    let limit = if fa(FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)? != 0 {
+        NON_PORTABLE_CLUSTER
+    } else {
+        PORTABLE_CLUSTER
+    };
+    Ok((required, limit))
 }
 
 fn max_active_clusters(f: CUfunction, config: *const LaunchConfig) -> Result<c_int, CUresult> {
