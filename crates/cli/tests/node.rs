@@ -777,3 +777,57 @@ fn large_images_arrive_in_parts() {
         panic!("no function");
     };
 }
+
+/// Large host-to-device copies are received straight into device memory: the data arrives
+/// intact, and one that names memory outside the session's allocations is discarded with
+/// CUDA_ERROR_INVALID_VALUE while the connection and the next copies carry on.
+#[test]
+fn large_copies_land_in_device_memory_and_bad_ones_are_discarded() {
+    const INVALID_VALUE: i32 = 1;
+    let s = start("direct-htod", "emu:1:1GiB");
+    let mut c = session(&s, None);
+    let size = 3 << 20;
+    let p = alloc(&mut c, size);
+    let data: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+    let htod = |c: &mut Connection, dst: u64, data: &[u8]| {
+        c.quiet_with_tail(
+            &Request::MemcpyHtoD {
+                dst,
+                stream: 0,
+                data: &[],
+            },
+            data,
+        )
+        .unwrap()
+    };
+    let read_back = |c: &mut Connection| {
+        let mut out = vec![0u8; size as usize];
+        c.call_read_into(
+            &Request::MemcpyDtoH {
+                src: p,
+                size,
+                stream: 0,
+            },
+            &mut out,
+        )
+        .unwrap();
+        out
+    };
+    htod(&mut c, p, &data);
+    assert!(read_back(&mut c) == data);
+    // One byte past the allocation, then a pointer that is no allocation: both discarded.
+    htod(&mut c, p + 1, &data);
+    assert_eq!(
+        c.call_raw(&Request::Ping).unwrap().deferred_error,
+        Some(INVALID_VALUE)
+    );
+    htod(&mut c, 0x10, &data[..2 << 20]);
+    assert_eq!(
+        c.call_raw(&Request::Ping).unwrap().deferred_error,
+        Some(INVALID_VALUE)
+    );
+    assert!(read_back(&mut c) == data);
+    let reversed: Vec<u8> = data.iter().rev().copied().collect();
+    htod(&mut c, p, &reversed);
+    assert!(read_back(&mut c) == reversed);
+}

@@ -43,6 +43,11 @@ pub trait Device: Send {
     fn view(&self, _src: u64, _len: u64) -> Option<&[u8]> {
         None
     }
+    /// The bytes at `[dst, dst+len)` to write in place, if the backend keeps device memory in
+    /// host memory: large host-to-device copies are then received straight into them.
+    fn view_mut(&mut self, _dst: u64, _len: u64) -> Option<&mut [u8]> {
+        None
+    }
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status>;
     /// Sets `count` elements of `elem_size` (1, 2 or 4) bytes at `dst` to `value`.
     fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status>;

@@ -248,3 +248,46 @@ mod tests {
         }
     }
 }
+
+/// If `prefix` begins a `MemcpyHtoD` request, its destination, stream, data length and the
+/// length of everything before the data: a worker receives a large copy's data straight into
+/// device memory. (postcard: the variant index and the fields as
+/// varints, the data as a varint length and then the bytes.)
+pub fn htod_prefix(prefix: &[u8]) -> Option<(u64, u64, u64, usize)> {
+    static VARIANT: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let variant = *VARIANT.get_or_init(|| {
+        let sample = crate::Request::MemcpyHtoD {
+            dst: 0,
+            stream: 0,
+            data: &[],
+        };
+        let bytes = postcard::to_allocvec(&sample).unwrap_or_default();
+        postcard::take_from_bytes::<u32>(&bytes).map_or(u32::MAX, |(v, _)| v)
+    });
+    let ((v, dst, stream, len), rest) =
+        postcard::take_from_bytes::<(u32, u64, u64, u64)>(prefix).ok()?;
+    (v == variant).then_some((dst, stream, len, prefix.len() - rest.len()))
+}
+
+#[cfg(test)]
+mod htod_prefix_tests {
+    use super::*;
+
+    #[test]
+    fn a_copys_head_is_found_and_nothing_else_is_taken_for_one() {
+        let data = vec![7u8; 300_000];
+        let req = Request::MemcpyHtoD {
+            dst: 0x2000_0000_1234,
+            stream: 77,
+            data: &data,
+        };
+        let body = postcard::to_allocvec(&req).unwrap();
+        let (dst, stream, len, head) = htod_prefix(&body[..32]).unwrap();
+        assert_eq!((dst, stream, len), (0x2000_0000_1234, 77, 300_000));
+        assert_eq!(head as u64 + len, body.len() as u64);
+        assert_eq!(&body[head..head + 4], &[7, 7, 7, 7]);
+        let other = postcard::to_allocvec(&Request::MemFree { ptr: 5 }).unwrap();
+        assert_eq!(htod_prefix(&other), None);
+        assert_eq!(htod_prefix(&[]), None);
+    }
+}

@@ -161,6 +161,68 @@ impl Conn {
             .is_ok_and(|h| bytes.len() >= HEADER_LEN.saturating_add(h.len as usize))
     }
 
+    /// The next frame's header, read but not consumed (a [`Conn::recv`] still returns it).
+    pub fn peek_header(&mut self) -> Result<FrameHeader, TransportError> {
+        self.fill(HEADER_LEN)?;
+        let head: &[u8; HEADER_LEN] = self.buf[self.start..self.start + HEADER_LEN]
+            .try_into()
+            .expect("header length");
+        Ok(FrameHeader::decode(head)?)
+    }
+
+    /// The first `n` bytes of the next frame's body (fewer if the body is shorter), read but
+    /// not consumed. Call after [`Conn::peek_header`].
+    pub fn peek_body(&mut self, n: usize) -> Result<&[u8], TransportError> {
+        let len = self.peek_header()?.len as usize;
+        let n = n.min(len);
+        self.fill(HEADER_LEN + n)?;
+        Ok(&self.buf[self.start + HEADER_LEN..self.start + HEADER_LEN + n])
+    }
+
+    /// Consumes the next frame, whose body is `skip` bytes of head and then exactly
+    /// `dst.len()` bytes, reading the latter straight into `dst` (a large copy lands in its
+    /// destination without passing through the frame buffer).
+    pub fn recv_tail_into(&mut self, skip: usize, dst: &mut [u8]) -> Result<(), TransportError> {
+        let len = self.peek_header()?.len as usize;
+        if skip.checked_add(dst.len()) != Some(len) {
+            return Err(TransportError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the frame's body is not that head and tail",
+            )));
+        }
+        self.fill(HEADER_LEN + skip)?;
+        self.start += HEADER_LEN + skip;
+        let buffered = (self.end - self.start).min(dst.len());
+        dst[..buffered].copy_from_slice(&self.buf[self.start..self.start + buffered]);
+        self.start += buffered;
+        let mut filled = buffered;
+        while filled < dst.len() {
+            match self.stream.read(&mut dst[filled..]) {
+                Ok(0) => return Err(TransportError::Closed),
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Consumes the next frame without looking at its body.
+    pub fn skip_frame(&mut self) -> Result<(), TransportError> {
+        let mut left = HEADER_LEN + self.peek_header()?.len as usize;
+        while left > 0 {
+            if self.end == self.start {
+                self.start = 0;
+                self.end = 0;
+                self.fill(1)?;
+            }
+            let n = (self.end - self.start).min(left);
+            self.start += n;
+            left -= n;
+        }
+        Ok(())
+    }
+
     /// Like [`Conn::has_frame`], after taking in, without waiting, whatever the peer has
     /// already sent: a worker asks this before giving the device back, and a buffer that only
     /// just ran dry must not count as an idle client. An error is left for the next

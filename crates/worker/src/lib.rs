@@ -707,6 +707,27 @@ impl<'a> Session<'a> {
 
     /// Runs a request as the wire sees it: a reply for synchronous requests, and a kept
     /// failure for quiet ones.
+    /// Where a large quiet host-to-device copy of `len` bytes to `dst` lands, checked as
+    /// `MemcpyHtoD` is: the device bytes to receive it into, or `Discard` (the failure is kept
+    /// as for any quiet request), or `Unsupported` when the backend has no host view.
+    pub fn htod_target(&mut self, dst: u64, stream: u64, len: u64) -> HtodTarget<'_> {
+        self.end_lease();
+        let checked = match self.sticky {
+            Some(e) => Err(e),
+            None => self
+                .check_stream(stream)
+                .and_then(|_| self.check_range(dst, len)),
+        };
+        if let Err(e) = checked {
+            self.deferred.get_or_insert(e);
+            return HtodTarget::Discard;
+        }
+        match self.device.view_mut(dst, len) {
+            Some(bytes) => HtodTarget::Write(bytes),
+            None => HtodTarget::Unsupported,
+        }
+    }
+
     pub fn dispatch(&mut self, req: Request, quiet: bool) -> Option<Reply> {
         if !matches!(req, Request::LaunchKernel(_)) {
             // Only consecutive launches share a lease: copies and synchronization do not hold
@@ -743,6 +764,16 @@ impl<'a> Session<'a> {
         Some(reply)
     }
 }
+
+/// See [`Session::htod_target`].
+pub enum HtodTarget<'a> {
+    Write(&'a mut [u8]),
+    Discard,
+    Unsupported,
+}
+
+/// Copies at least this large are received straight into device memory.
+const DIRECT_HTOD: u32 = 1 << 20;
 
 /// Serves one session on `conn` until the client leaves, then frees everything it held.
 /// Sends the hello answer first.
@@ -792,6 +823,25 @@ pub fn refuse(mut conn: Conn, reason: String) -> Result<(), WorkerError> {
 
 fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), WorkerError> {
     loop {
+        let header = conn.peek_header()?;
+        if header.kind == FrameKind::Request && header.is_quiet() && header.len >= DIRECT_HTOD {
+            if let Some((dst, stream, len, head)) = gpufuse_proto::htod_prefix(conn.peek_body(32)?)
+            {
+                if head as u64 + len == u64::from(header.len) {
+                    match session.htod_target(dst, stream, len) {
+                        HtodTarget::Write(bytes) => {
+                            conn.recv_tail_into(head, bytes)?;
+                            continue;
+                        }
+                        HtodTarget::Discard => {
+                            conn.skip_frame()?;
+                            continue;
+                        }
+                        HtodTarget::Unsupported => {}
+                    }
+                }
+            }
+        }
         let (header, body) = conn.recv()?;
         if header.kind != FrameKind::Request {
             return Err(WorkerError::UnexpectedFrame(header.kind));

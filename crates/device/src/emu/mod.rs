@@ -171,6 +171,10 @@ impl Device for EmuDevice {
         self.slice(src, len).ok()
     }
 
+    fn view_mut(&mut self, dst: u64, len: u64) -> Option<&mut [u8]> {
+        self.slice_mut(dst, len).ok()
+    }
+
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status> {
         let data = self.slice(src, len)?.to_vec();
         self.write(dst, &data)
