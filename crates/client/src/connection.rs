@@ -15,6 +15,10 @@ use crate::status::CUresult;
 
 /// Quiet calls are sent once this many bytes are waiting.
 const FLUSH_BYTES: usize = 256 * 1024;
+/// Replies of at least this much data are received straight into the caller's buffer...
+const DIRECT_READ: usize = 64 * 1024;
+/// ...when everything before the data (the reply and its staged copies) is this small.
+const MAX_DIRECT_HEAD: usize = 4096;
 
 /// Where a quiet device-to-host copy's data goes when it arrives.
 #[derive(Debug, Clone, Copy)]
@@ -211,6 +215,25 @@ impl Connection {
     /// `dst` from the connection's buffer.
     pub fn call_read_into(&mut self, req: &Request, dst: &mut [u8]) -> Result<(), ClientError> {
         let id = self.send_request(req)?;
+        // A large reply is decoded from its head and its data received straight into `dst`.
+        let header = self.conn.peek_header().map_err(ClientError::Lost)?;
+        let head_len = (header.len as usize).saturating_sub(dst.len());
+        if header.kind == FrameKind::Reply
+            && header.request_id == id
+            && dst.len() >= DIRECT_READ
+            && (1..=MAX_DIRECT_HEAD).contains(&head_len)
+        {
+            let head = self.conn.peek_body(head_len).map_err(ClientError::Lost)?;
+            if let Some(reply) = gpufuse_proto::decode_head::<Reply>(head, dst.len()) {
+                if reply.status == 0 && reply.body == gpufuse_proto::ReplyBody::Data(Vec::new()) {
+                    self.conn
+                        .recv_tail_into(head_len, dst)
+                        .map_err(ClientError::Lost)?;
+                    self.absorb(reply);
+                    return Ok(());
+                }
+            }
+        }
         let (header, body) = self.conn.recv().map_err(ClientError::Lost)?;
         if header.kind != FrameKind::Reply || header.request_id != id {
             return Err(ClientError::UnexpectedReply);

@@ -126,6 +126,19 @@ pub fn decode_with_tail<T: DeserializeOwned>(body: &[u8], tail_len: usize) -> Op
     Some((msg, tail))
 }
 
+/// Like [`decode_with_tail`], from the body's head alone (everything before the `tail_len`
+/// bytes): a client decodes a reply from its head, then receives the data straight into its
+/// destination.
+pub fn decode_head<T: DeserializeOwned>(head: &[u8], tail_len: usize) -> Option<T> {
+    let mut len = Vec::with_capacity(10);
+    varint(tail_len as u64, &mut len);
+    let head = head.strip_suffix(len.as_slice())?;
+    let mut patched = Vec::with_capacity(head.len() + 1);
+    patched.extend_from_slice(head);
+    patched.push(0);
+    postcard::from_bytes(&patched).ok()
+}
+
 /// Decodes a body that borrows from the frame (requests).
 pub fn decode_borrowed<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ProtoError> {
     postcard::from_bytes(body).map_err(ProtoError::Malformed)

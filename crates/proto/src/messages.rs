@@ -444,7 +444,7 @@ pub struct StagedCopy {
 }
 
 /// A launch as the worker received it (diagnostics).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchRecord {
     pub function_name: String,
     pub grid: Dim3,

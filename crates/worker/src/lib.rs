@@ -70,12 +70,14 @@ pub struct Session<'a> {
     module_bytes: HashMap<u64, u64>,
     /// Virtual memory management: what the session created, reserved and mapped.
     vmm: VmmBooks,
-    functions: HashMap<u64, (u64, String)>,
+    functions: HashMap<u64, (u64, std::sync::Arc<str>)>,
     images: HashMap<[u8; 32], Vec<u8>>,
     /// An image arriving in parts (`ModuleImagePart`): its hash and the bytes so far.
     partial_image: Option<([u8; 32], Vec<u8>)>,
     deferred: Option<Status>,
     staged: Vec<StagedCopy>,
+    /// The last launches received (diagnostics); records are reused, so logging allocates
+    /// nothing once the log is full.
     launches: VecDeque<LaunchRecord>,
     device_time: std::time::Duration,
     /// Reused for large device-to-host replies.
@@ -550,7 +552,7 @@ impl<'a> Session<'a> {
             } => {
                 let id = *self.modules.get(&module).ok_or(st::INVALID_HANDLE)?;
                 let info = self.device.function(id, name)?;
-                self.functions.insert(function, (module, name.to_string()));
+                self.functions.insert(function, (module, name.into()));
                 return Ok(ReplyBody::Function(info));
             }
             ModuleGetGlobal { module, name } => {
@@ -563,20 +565,25 @@ impl<'a> Session<'a> {
                 let (module, name) = self
                     .functions
                     .get(&l.function)
-                    .cloned()
+                    .map(|(m, n)| (*m, n.clone()))
                     .ok_or(st::INVALID_HANDLE)?;
                 let id = *self.modules.get(&module).ok_or(st::INVALID_HANDLE)?;
-                if self.launches.len() == LAUNCH_LOG {
-                    self.launches.pop_front();
+                let mut record = if self.launches.len() == LAUNCH_LOG {
+                    self.launches.pop_front().unwrap_or_default()
+                } else {
+                    LaunchRecord::default()
+                };
+                if *record.function_name != *name {
+                    record.function_name.clear();
+                    record.function_name.push_str(&name);
                 }
-                self.launches.push_back(LaunchRecord {
-                    function_name: name.clone(),
-                    grid: l.grid,
-                    block: l.block,
-                    shared_mem: l.shared_mem,
-                    stream: l.stream,
-                    params: l.params.to_vec(),
-                });
+                record.grid = l.grid;
+                record.block = l.block;
+                record.shared_mem = l.shared_mem;
+                record.stream = l.stream;
+                record.params.clear();
+                record.params.extend_from_slice(l.params);
+                self.launches.push_back(record);
                 tracing::debug!(
                     kernel = %name,
                     grid = ?l.grid,
