@@ -60,14 +60,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
         )),
     };
     tracing::debug!(session = a.session, backend = %a.backend, "worker serving");
-    let result = gpufuse_worker::serve(
-        conn,
-        a.session,
-        device.as_mut(),
-        &mut ledger,
-        a.device_index,
-        a.limit,
-    );
+    let result = gpufuse_worker::serve(conn, a.session, device.as_mut(), &mut ledger, a.limit);
     if let Err(e) = &result {
         tracing::warn!(session = a.session, "session ended: {e}");
     }

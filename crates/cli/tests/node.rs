@@ -831,3 +831,55 @@ fn large_copies_land_in_device_memory_and_bad_ones_are_discarded() {
     htod(&mut c, p, &reversed);
     assert!(read_back(&mut c) == reversed);
 }
+
+/// Sessions spread over the node's devices: with two emulated GPUs, a second 700 MiB slice
+/// goes to the device that still has room, a third one that fits nowhere is refused, and each
+/// session works on its own device (which it sees as its device 0).
+#[test]
+fn sessions_spread_over_devices() {
+    let s = start("spread", "emu:2:1GiB");
+    let mut a = session(&s, Some(700 << 20));
+    let mut b = session(&s, Some(700 << 20));
+    let st = status(&s);
+    let mut devices: Vec<u32> = st.sessions.iter().map(|x| x.device).collect();
+    devices.sort();
+    assert_eq!(devices, [0, 1]);
+    let hello = Connection::hello(
+        SessionKind::Cuda,
+        String::new(),
+        ResourceRequest {
+            vram_bytes: Some(700 << 20),
+            ..Default::default()
+        },
+    );
+    let Err(err) = Connection::open(&s.addr, &hello) else {
+        panic!("a third 700 MiB slice was admitted on two 1 GiB devices");
+    };
+    assert!(err.to_string().contains("VRAM"), "{err}");
+    for c in [&mut a, &mut b] {
+        let p = alloc(c, 600 << 20);
+        c.quiet(&Request::MemcpyHtoD {
+            dst: p,
+            stream: 0,
+            data: &[7; 4096],
+        })
+        .unwrap();
+        let mut out = [0u8; 4096];
+        c.call_read_into(
+            &Request::MemcpyDtoH {
+                src: p,
+                size: 4096,
+                stream: 0,
+            },
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(out, [7; 4096]);
+    }
+    let st = status(&s);
+    assert!(
+        st.devices.iter().all(|d| d.used_bytes == 600 << 20),
+        "{:?}",
+        st.devices
+    );
+}

@@ -19,6 +19,10 @@ const WINDOW_BASE: u64 = 0x0000_2000_0000_0000;
 /// each other's memory.
 const WINDOWS: u64 = 64;
 
+/// How much a device is preferred for a new session: more unpromised memory, then fewer
+/// sessions.
+type Preference = (u64, std::cmp::Reverse<usize>);
+
 /// A session the node admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Admitted {
@@ -43,62 +47,80 @@ impl NodeState {
         }
     }
 
-    /// Registers a session if its device can honour its VRAM slice (`limit`) and its compute
-    /// share; a refusal says why.
+    /// Registers a session on a device that can honour its VRAM slice (`limit`) and its
+    /// compute share, spreading sessions: the device with the most memory not promised to
+    /// others, then the fewest sessions, then the lowest index. A refusal says why (for the
+    /// first device, when none can).
     pub fn admit(&mut self, hello: &ClientHello, limit: Option<u64>) -> Result<Admitted, String> {
-        let device = 0u32;
-        let compute = match (hello.resources.compute_percent, hello.resources.tflops) {
-            (Some(_), Some(_)) => {
-                return Err("ask for compute as a percentage or in TFLOPS, not both".into())
-            }
-            (None, Some(t)) => {
-                let peak = self
-                    .devices
-                    .get(device as usize)
-                    .map_or(0.0, |d| d.peak_tflops);
-                let percent = (f64::from(t) * 100.0 / peak).ceil();
-                if !(percent > 0.0 && percent <= 100.0) {
-                    return Err(format!(
-                        "cannot grant {t} TFLOPS: device {device} peaks at {peak:.1} TFLOPS (FP32)"
-                    ));
+        if self.devices.is_empty() || self.queues.len() != self.devices.len() {
+            return Err("the server has no device".into());
+        }
+        let peak = |d: &crate::DeviceState| d.peak_tflops;
+        // (device, compute share, preference: unpromised bytes, then fewer sessions)
+        let mut best: Option<(u32, Option<u32>, Preference)> = None;
+        let mut first_refusal = None;
+        for index in 0..self.devices.len() {
+            let d = &self.devices[index];
+            let device = index as u32;
+            let compute = match (hello.resources.compute_percent, hello.resources.tflops) {
+                (Some(_), Some(_)) => {
+                    return Err("ask for compute as a percentage or in TFLOPS, not both".into())
                 }
-                Some(percent as u32)
-            }
-            (c, None) => c,
-        };
-        if compute.is_some_and(|c| !(1..=100).contains(&c)) {
-            return Err(format!(
-                "a compute share is a percentage (1-100), not {}",
-                compute.unwrap_or(0)
-            ));
-        }
-        let queue = self
-            .queues
-            .get(device as usize)
-            .cloned()
-            .ok_or("the server has no device")?;
-        let d = self
-            .devices
-            .get_mut(device as usize)
-            .ok_or("the server has no device")?;
-        let mut sched = queue.lock();
-        if let Some(c) = compute {
-            let promised = sched.promised_percent();
-            if promised + c > 100 {
+                (None, Some(t)) => {
+                    let percent = (f64::from(t) * 100.0 / peak(d)).ceil();
+                    if !(percent > 0.0 && percent <= 100.0) {
+                        first_refusal.get_or_insert(format!(
+                            "cannot grant {t} TFLOPS: device {device} peaks at {:.1} TFLOPS (FP32)",
+                            peak(d)
+                        ));
+                        continue;
+                    }
+                    Some(percent as u32)
+                }
+                (c, None) => c,
+            };
+            if compute.is_some_and(|c| !(1..=100).contains(&c)) {
                 return Err(format!(
-                    "cannot grant {c}% of device {device}'s compute: {promised}% is promised to other sessions"
+                    "a compute share is a percentage (1-100), not {}",
+                    compute.unwrap_or(0)
                 ));
             }
-        }
-        if let Some(l) = limit {
+            if let Some(c) = compute {
+                let promised = self.queues[index].lock().promised_percent();
+                if promised + c > 100 {
+                    first_refusal.get_or_insert(format!(
+                        "cannot grant {c}% of device {device}'s compute: {promised}% is promised to other sessions"
+                    ));
+                    continue;
+                }
+            }
             let unpromised = d.total.saturating_sub(d.promised);
-            if l > unpromised {
-                return Err(format!(
-                    "cannot grant {l} bytes of VRAM on device {device}: {unpromised} of {} bytes are not promised to other sessions",
-                    d.total
-                ));
+            if let Some(l) = limit {
+                if l > unpromised {
+                    first_refusal.get_or_insert(format!(
+                        "cannot grant {l} bytes of VRAM on device {device}: {unpromised} of {} bytes are not promised to other sessions",
+                        d.total
+                    ));
+                    continue;
+                }
             }
-            d.promised += l;
+            let sessions = self
+                .sessions
+                .values()
+                .filter(|s| s.device == device)
+                .count();
+            let key = (unpromised, std::cmp::Reverse(sessions));
+            if best.as_ref().is_none_or(|(_, _, k)| key > *k) {
+                best = Some((device, compute, key));
+            }
+        }
+        let Some((device, compute, _)) = best else {
+            return Err(first_refusal.unwrap_or_else(|| "the server has no device".into()));
+        };
+        let queue = self.queues[device as usize].clone();
+        let mut sched = queue.lock();
+        if let Some(l) = limit {
+            self.devices[device as usize].promised += l;
         }
         let id = self.next_session;
         self.next_session += 1;

@@ -177,7 +177,7 @@ proptest! {
             .iter_mut()
             .zip(ledgers.iter_mut())
             .zip(&admitted)
-            .map(|((d, l), (_, limit))| Some(Session::new(d, l, 0, *limit)))
+            .map(|((d, l), (_, limit))| Some(Session::new(d, l, *limit)))
             .collect();
         let mut live: Vec<Vec<u64>> = vec![Vec::new(); SESSIONS];
 

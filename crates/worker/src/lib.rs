@@ -58,7 +58,6 @@ struct VmmBooks {
 pub struct Session<'a> {
     device: &'a mut dyn Device,
     ledger: &'a mut dyn Ledger,
-    device_index: u32,
     limit: Option<u64>,
     used: u64,
     allocations: HashMap<u64, u64>,
@@ -104,16 +103,10 @@ fn micros(d: std::time::Duration) -> u64 {
 }
 
 impl<'a> Session<'a> {
-    pub fn new(
-        device: &'a mut dyn Device,
-        ledger: &'a mut dyn Ledger,
-        device_index: u32,
-        limit: Option<u64>,
-    ) -> Self {
+    pub fn new(device: &'a mut dyn Device, ledger: &'a mut dyn Ledger, limit: Option<u64>) -> Self {
         Self {
             device,
             ledger,
-            device_index,
             limit,
             used: 0,
             allocations: HashMap::new(),
@@ -173,8 +166,9 @@ impl<'a> Session<'a> {
         self.used
     }
 
+    /// A session sees one device, its ordinal 0, whichever of the node's devices serves it.
     fn check_device(&self, device: u32) -> R<()> {
-        if device == self.device_index {
+        if device == 0 {
             Ok(())
         } else {
             Err(101) // CUDA_ERROR_INVALID_DEVICE
@@ -789,7 +783,6 @@ pub fn serve(
     session_id: u64,
     device: &mut dyn Device,
     ledger: &mut dyn Ledger,
-    index: u32,
     limit: Option<u64>,
 ) -> Result<(), WorkerError> {
     let info = device.info(limit);
@@ -805,7 +798,7 @@ pub fn serve(
         },
     );
     conn.send(&out).map_err(TransportError::from)?;
-    let mut session = Session::new(device, ledger, index, limit);
+    let mut session = Session::new(device, ledger, limit);
     let result = run(&mut conn, &mut session, &mut out);
     session.release_all();
     match result {

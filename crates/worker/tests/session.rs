@@ -20,7 +20,7 @@ fn pair() -> (Connection, std::thread::JoinHandle<u64>) {
         let mut conn = Conn::new(Stream::Unix(b));
         // The node reads the hello before it hands the connection to a worker.
         conn.recv().unwrap();
-        gpufuse_worker::serve(conn, 1, &mut dev, &mut ledger, 0, None).unwrap();
+        gpufuse_worker::serve(conn, 1, &mut dev, &mut ledger, None).unwrap();
         ledger.used
     });
     let hello = Connection::hello(
