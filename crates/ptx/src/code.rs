@@ -379,61 +379,36 @@ fn compile_inst(
     let mut used = Vec::new();
     let mut args = inst.args.iter();
     if inst.op == Op::Call {
-        if let (Some(Operand::Vector(rets)), Some(&Operand::Reg(r)), Some(Operand::Vector(a))) =
-            (inst.args.first(), inst.args.get(1), inst.args.get(2))
-        {
-            // Through a function address: each lane's callee is checked when it calls.
-            let site = CallSite {
-                callee: INDIRECT_CALLEE,
-                pointer: Some(r),
-                args: a
-                    .iter()
-                    .map(|o| to_src(o, scope, syms, &mut used))
-                    .collect(),
-                rets: rets
-                    .iter()
-                    .map(|o| to_src(o, scope, syms, &mut used))
-                    .collect(),
-            };
-            ins.target = code.calls.len() as u32;
-            code.calls.push(site);
-            code.symbols.extend(used);
-            return Ok(ins);
-        }
-        let (Some(Operand::Vector(rets)), Some(Operand::Sym(callee)), Some(Operand::Vector(a))) =
+        let (Some(Operand::Vector(rets)), Some(target), Some(Operand::Vector(a))) =
             (inst.args.first(), inst.args.get(1), inst.args.get(2))
         else {
             return Err(format!("bad call: {}", inst.text));
         };
-        if callee == ASSERT_FAIL && !by_name.contains_key(ASSERT_FAIL) {
+        let (callee, pointer, rets): (u32, Option<u32>, &[Operand]) = match target {
+            // Through a function address: each lane's callee is checked when it calls.
+            &Operand::Reg(r) => (INDIRECT_CALLEE, Some(r), rets),
             // `assert()` in device code: the call ends the kernel with the assertion's message.
-            let site = CallSite {
-                callee: ASSERT_CALLEE,
-                pointer: None,
-                args: a
-                    .iter()
-                    .map(|o| to_src(o, scope, syms, &mut used))
-                    .collect(),
-                rets: Vec::new(),
-            };
-            ins.target = code.calls.len() as u32;
-            code.calls.push(site);
-            code.symbols.extend(used);
-            return Ok(ins);
-        }
-        let &callee = by_name
-            .get(callee.as_str())
-            .ok_or_else(|| format!("call {callee} (a function without a body)"))?;
-        let target = &functions[callee];
-        if target.is_entry || target.params.len() != a.len() || target.returns.len() != rets.len() {
-            return Err(format!(
-                "call that does not match its callee: {}",
-                inst.text
-            ));
-        }
+            Operand::Sym(name) if name == ASSERT_FAIL && !by_name.contains_key(ASSERT_FAIL) => {
+                (ASSERT_CALLEE, None, &[])
+            }
+            Operand::Sym(name) => {
+                let &callee = by_name
+                    .get(name.as_str())
+                    .ok_or_else(|| format!("call {name} (a function without a body)"))?;
+                let f = &functions[callee];
+                if f.is_entry || f.params.len() != a.len() || f.returns.len() != rets.len() {
+                    return Err(format!(
+                        "call that does not match its callee: {}",
+                        inst.text
+                    ));
+                }
+                (callee as u32, None, rets)
+            }
+            _ => return Err(format!("bad call: {}", inst.text)),
+        };
         let site = CallSite {
-            callee: callee as u32,
-            pointer: None,
+            callee,
+            pointer,
             args: a
                 .iter()
                 .map(|o| to_src(o, scope, syms, &mut used))
