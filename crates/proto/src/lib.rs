@@ -115,15 +115,8 @@ fn varint(mut n: u64, out: &mut Vec<u8>) {
 /// stay where they are in the frame (no copy). `None` if the body is not of that shape.
 pub fn decode_with_tail<T: DeserializeOwned>(body: &[u8], tail_len: usize) -> Option<(T, &[u8])> {
     let split = body.len().checked_sub(tail_len)?;
-    let (prefix, tail) = body.split_at(split);
-    let mut len = Vec::with_capacity(10);
-    varint(tail_len as u64, &mut len);
-    let head = prefix.strip_suffix(len.as_slice())?;
-    let mut patched = Vec::with_capacity(head.len() + 1);
-    patched.extend_from_slice(head);
-    patched.push(0);
-    let msg = postcard::from_bytes(&patched).ok()?;
-    Some((msg, tail))
+    let (head, tail) = body.split_at(split);
+    Some((decode_head(head, tail_len)?, tail))
 }
 
 /// Like [`decode_with_tail`], from the body's head alone (everything before the `tail_len`
