@@ -183,6 +183,12 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// What a host-to-device copy of `len` bytes to `dst` on `stream` must pass.
+    fn check_htod(&self, dst: u64, stream: u64, len: u64) -> R<()> {
+        self.check_stream(stream)?;
+        self.check_range(dst, len)
+    }
+
     /// `[ptr, ptr+len)` must be inside one of this session's allocations.
     fn check_range(&self, ptr: u64, len: u64) -> R<()> {
         if len == 0 || self.device.contains(ptr, len) {
@@ -334,8 +340,7 @@ impl<'a> Session<'a> {
                 return Ok(ReplyBody::MemInfo { free, total });
             }
             MemcpyHtoD { dst, stream, data } => {
-                self.check_stream(stream)?;
-                self.check_range(dst, data.len() as u64)?;
+                self.check_htod(dst, stream, data.len() as u64)?;
                 self.device.write(dst, data)?;
             }
             MemcpyDtoH { src, size, stream } => {
@@ -713,11 +718,10 @@ impl<'a> Session<'a> {
     /// as for any quiet request), or `Unsupported` when the backend has no host view.
     pub fn htod_target(&mut self, dst: u64, stream: u64, len: u64) -> HtodTarget<'_> {
         self.end_lease();
+        // As `dispatch` runs a quiet request: a poisoned session fails it, else `handle`'s checks.
         let checked = match self.sticky {
             Some(e) => Err(e),
-            None => self
-                .check_stream(stream)
-                .and_then(|_| self.check_range(dst, len)),
+            None => self.check_htod(dst, stream, len),
         };
         if let Err(e) = checked {
             self.deferred.get_or_insert(e);
