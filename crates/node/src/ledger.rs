@@ -55,36 +55,34 @@ impl NodeState {
         if self.devices.is_empty() || self.queues.len() != self.devices.len() {
             return Err("the server has no device".into());
         }
-        let peak = |d: &crate::DeviceState| d.peak_tflops;
+        let (percent, tflops) = (hello.resources.compute_percent, hello.resources.tflops);
+        if percent.is_some() && tflops.is_some() {
+            return Err("ask for compute as a percentage or in TFLOPS, not both".into());
+        }
+        if let Some(c) = percent.filter(|c| !(1..=100).contains(c)) {
+            return Err(format!("a compute share is a percentage (1-100), not {c}"));
+        }
         // (device, compute share, preference: unpromised bytes, then fewer sessions)
         let mut best: Option<(u32, Option<u32>, Preference)> = None;
         let mut first_refusal = None;
         for index in 0..self.devices.len() {
             let d = &self.devices[index];
             let device = index as u32;
-            let compute = match (hello.resources.compute_percent, hello.resources.tflops) {
-                (Some(_), Some(_)) => {
-                    return Err("ask for compute as a percentage or in TFLOPS, not both".into())
-                }
-                (None, Some(t)) => {
-                    let percent = (f64::from(t) * 100.0 / peak(d)).ceil();
-                    if !(percent > 0.0 && percent <= 100.0) {
+            // A TFLOPS request is a share of this device's peak.
+            let compute = match tflops {
+                Some(t) => {
+                    let share = (f64::from(t) * 100.0 / d.peak_tflops).ceil();
+                    if !(share > 0.0 && share <= 100.0) {
                         first_refusal.get_or_insert(format!(
                             "cannot grant {t} TFLOPS: device {device} peaks at {:.1} TFLOPS (FP32)",
-                            peak(d)
+                            d.peak_tflops
                         ));
                         continue;
                     }
-                    Some(percent as u32)
+                    Some(share as u32)
                 }
-                (c, None) => c,
+                None => percent,
             };
-            if compute.is_some_and(|c| !(1..=100).contains(&c)) {
-                return Err(format!(
-                    "a compute share is a percentage (1-100), not {}",
-                    compute.unwrap_or(0)
-                ));
-            }
             if let Some(c) = compute {
                 let promised = self.queues[index].lock().promised_percent();
                 if promised + c > 100 {
