@@ -65,8 +65,6 @@ pub struct Session<'a> {
     streams: HashSet<u64>,
     events: HashMap<u64, Option<Instant>>,
     modules: HashMap<u64, u64>,
-    /// Device bytes each client module's variables hold (charged like allocations).
-    module_bytes: HashMap<u64, u64>,
     /// Virtual memory management: what the session created, reserved and mapped.
     vmm: VmmBooks,
     functions: HashMap<u64, (u64, std::sync::Arc<str>)>,
@@ -114,7 +112,6 @@ impl<'a> Session<'a> {
             streams: HashSet::new(),
             events: HashMap::new(),
             modules: HashMap::new(),
-            module_bytes: HashMap::new(),
             vmm: VmmBooks::default(),
             functions: HashMap::new(),
             images: HashMap::new(),
@@ -219,10 +216,13 @@ impl<'a> Session<'a> {
         self.ledger.release(size);
     }
 
-    fn uncharge_module(&mut self, module: u64) {
-        if let Some(bytes) = self.module_bytes.remove(&module) {
-            self.uncharge(bytes);
-        }
+    /// Unloads a device module and gives back what its variables were charged (the device
+    /// says how much, as it did at load).
+    fn unload_module(&mut self, id: u64) -> R<()> {
+        let bytes = self.device.module_bytes(id);
+        self.device.unload_module(id)?;
+        self.uncharge(bytes);
+        Ok(())
     }
 
     fn alloc(&mut self, size: u64) -> R<u64> {
@@ -269,10 +269,9 @@ impl<'a> Session<'a> {
         for (ptr, size) in reserved {
             let _ = self.device.unreserve(ptr, size);
         }
-        let modules: Vec<(u64, u64)> = self.modules.drain().collect();
-        for (module, id) in modules {
-            let _ = self.device.unload_module(id);
-            self.uncharge_module(module);
+        let modules: Vec<u64> = self.modules.drain().map(|(_, id)| id).collect();
+        for id in modules {
+            let _ = self.unload_module(id);
         }
         self.functions.clear();
         self.streams.clear();
@@ -533,16 +532,13 @@ impl<'a> Session<'a> {
                     return Err(e);
                 }
                 if let Some(old) = self.modules.insert(module, id) {
-                    let _ = self.device.unload_module(old);
-                    self.uncharge_module(module);
+                    let _ = self.unload_module(old);
                 }
-                self.module_bytes.insert(module, bytes);
             }
             ModuleUnload { module } => {
                 let id = self.modules.remove(&module).ok_or(st::INVALID_HANDLE)?;
-                self.uncharge_module(module);
                 self.functions.retain(|_, (m, _)| *m != module);
-                self.device.unload_module(id)?;
+                self.unload_module(id)?;
             }
             ModuleGetFunction {
                 module,
