@@ -84,6 +84,18 @@ fn recv_now(stream: &Stream, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
+/// One blocking read of at least a byte; the peer closing is [`TransportError::Closed`].
+fn read_some(stream: &mut Stream, buf: &mut [u8]) -> Result<usize, TransportError> {
+    loop {
+        match stream.read(buf) {
+            Ok(0) => return Err(TransportError::Closed),
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -133,11 +145,7 @@ impl Conn {
 
     /// Reads the next frame. The body borrows the connection's buffer until the next call.
     pub fn recv(&mut self) -> Result<(FrameHeader, &[u8]), TransportError> {
-        self.fill(HEADER_LEN)?;
-        let header_bytes: &[u8; HEADER_LEN] = self.buf[self.start..self.start + HEADER_LEN]
-            .try_into()
-            .expect("header length");
-        let header = FrameHeader::decode(header_bytes)?;
+        let header = self.peek_header()?;
         let total = HEADER_LEN + header.len as usize;
         self.fill(total)?;
         let body = self.start + HEADER_LEN..self.start + total;
@@ -197,12 +205,7 @@ impl Conn {
         self.start += buffered;
         let mut filled = buffered;
         while filled < dst.len() {
-            match self.stream.read(&mut dst[filled..]) {
-                Ok(0) => return Err(TransportError::Closed),
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
-            }
+            filled += read_some(&mut self.stream, &mut dst[filled..])?;
         }
         Ok(())
     }
@@ -212,8 +215,7 @@ impl Conn {
         let mut left = HEADER_LEN + self.peek_header()?.len as usize;
         while left > 0 {
             if self.end == self.start {
-                self.start = 0;
-                self.end = 0;
+                self.compact();
                 self.fill(1)?;
             }
             let n = (self.end - self.start).min(left);
@@ -237,9 +239,7 @@ impl Conn {
             if self.start == 0 {
                 return Ok(()); // a frame larger than the buffer is on its way
             }
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
+            self.compact();
         }
         match recv_now(&self.stream, &mut self.buf[self.end..]) {
             Ok(n) => self.end += n, // 0: the peer closed; recv reports it
@@ -258,31 +258,28 @@ impl Conn {
         }
         if self.start + need > self.buf.len() {
             // Compact, and grow if one frame is larger than the buffer.
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
+            self.compact();
             if need > self.buf.len() {
                 self.buf.resize(need, 0);
             }
         }
         while self.end - self.start < need {
-            let n = match self.stream.read(&mut self.buf[self.end..]) {
-                Ok(0) => return Err(TransportError::Closed),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
-            };
-            self.end += n;
+            self.end += read_some(&mut self.stream, &mut self.buf[self.end..])?;
         }
         Ok(())
+    }
+
+    /// Moves the bytes not yet returned to the front of the buffer.
+    fn compact(&mut self) {
+        self.buf.copy_within(self.start..self.end, 0);
+        self.end -= self.start;
+        self.start = 0;
     }
 
     /// Shrinks an oversized receive buffer back after a large frame.
     pub fn trim(&mut self) {
         if self.buf.len() > READ_CHUNK * 4 && self.end - self.start <= READ_CHUNK {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
+            self.compact();
             self.buf.truncate(READ_CHUNK);
             self.buf.shrink_to_fit();
         }
