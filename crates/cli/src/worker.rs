@@ -30,6 +30,9 @@ pub struct WorkerArgs {
     /// `emu` (the emulated GPU) or `cuda` (an NVIDIA GPU through its driver).
     #[arg(long, default_value = "emu")]
     backend: String,
+    /// The emulated device's model by compute capability (`120` for sm_120).
+    #[arg(long, default_value_t = 100)]
+    arch: u32,
 }
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
@@ -52,12 +55,22 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        _ => Box::new(EmuDevice::new(
-            a.device_index,
-            a.device_total,
-            a.window_base,
-            a.window_size,
-        )),
+        _ => {
+            let Some(model) = gpufuse_device::model::by_arch(a.arch) else {
+                let reason = format!("no emulated model sm_{}", a.arch);
+                let _ = gpufuse_worker::refuse(conn, reason);
+                return Ok(());
+            };
+            Box::new(
+                EmuDevice::new(
+                    a.device_index,
+                    a.device_total,
+                    a.window_base,
+                    a.window_size,
+                )
+                .with_model(model),
+            )
+        }
     };
     tracing::debug!(session = a.session, backend = %a.backend, "worker serving");
     let result = gpufuse_worker::serve(conn, a.session, device.as_mut(), &mut ledger, a.limit);

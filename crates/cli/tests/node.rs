@@ -883,3 +883,20 @@ fn sessions_spread_over_devices() {
         st.devices
     );
 }
+
+#[test]
+fn an_emulated_model_is_chosen_by_its_compute_capability() {
+    let s = start("model", "emu:1:1GiB:sm_120");
+    let hello = Connection::hello(SessionKind::Cuda, String::new(), Default::default());
+    let (_c, accepted) = Connection::open(&s.addr, &hello).unwrap();
+    let attr = |id: i32| {
+        accepted.devices[0]
+            .attributes
+            .iter()
+            .find(|(k, _)| *k == id)
+            .map(|&(_, v)| v)
+    };
+    assert_eq!((attr(75), attr(76)), (Some(12), Some(0)));
+    assert_eq!(attr(16), Some(188), "the sm_120 model's multiprocessors");
+    assert_eq!(status(&s).devices[0].compute_capability, (12, 0));
+}

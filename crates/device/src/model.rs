@@ -1,16 +1,120 @@
-//! The emulated GPU's device model: an NVIDIA B200-class GPU (compute capability 10.0, 148 SMs)
-//! as the CUDA driver describes it, with the memory the server was configured with. 10.0 because
-//! the VM runs PTX, and a driver refuses PTX that targets a newer architecture than the device:
-//! libraries built for many architectures (CuPy's CUB, for one) embed PTX only for the newest
-//! (`compute_100`), and every older PTX target still loads on a 10.0 device. Features the
-//! emulated GPU does not have (textures, surfaces, peer access, managed memory, mapped host
-//! memory, IPC, cooperative launches) are reported as absent (0).
+//! The emulated GPU's device models, as the CUDA driver describes them, with the memory the
+//! server was configured with. The default is an NVIDIA B200-class GPU (compute capability 10.0,
+//! 148 SMs) because the VM runs PTX and a driver refuses PTX that targets a newer architecture
+//! than the device: libraries built for many architectures (CuPy's CUB, for one) embed PTX only
+//! for their newest target (`compute_100`), and every older PTX target still loads on a 10.0
+//! device. Libraries whose PTX targets a newer architecture (NVIDIA's cuBLAS and cuBLASLt ship
+//! `compute_120` PTX only) need a newer model: `--devices emu:1:16GiB:sm_120`. The figures of
+//! each model are the public specifications of the GPU it is named after. Features the emulated
+//! GPU does not have (textures, surfaces, peer access, managed memory, mapped host memory, IPC,
+//! cooperative launches) are reported as absent (0).
 
-/// Compute capability: the PTX that nvcc, NVRTC and CuPy emit for it is what the VM runs.
+/// One emulated GPU model: what `cuDeviceGetAttribute` reports, by the GPU it is named after.
+#[derive(Debug, PartialEq)]
+pub struct Model {
+    /// Compute capability (major, minor).
+    pub cc: (i32, i32),
+    /// The GPU whose public figures the model reports.
+    pub like: &'static str,
+    pub sms: i32,
+    /// Boost clock, kHz.
+    pub clock_khz: i32,
+    pub mem_clock_khz: i32,
+    pub bus_width_bits: i32,
+    pub l2_bytes: i32,
+    pub shared_per_sm: i32,
+    /// Shared memory a block may opt into (`cudaFuncAttributeMaxDynamicSharedMemorySize`).
+    pub shared_per_block_optin: i32,
+    pub threads_per_sm: i32,
+    pub blocks_per_sm: i32,
+}
+
+impl Model {
+    /// `sm_100` for compute capability 10.0.
+    pub fn arch(&self) -> u32 {
+        (self.cc.0 * 10 + self.cc.1) as u32
+    }
+}
+
+/// The models `--devices emu:N:SIZE:sm_XX` can name.
+pub const MODELS: &[Model] = &[
+    Model {
+        cc: (8, 0),
+        like: "A100 SXM4",
+        sms: 108,
+        clock_khz: 1410000,
+        mem_clock_khz: 1215000,
+        bus_width_bits: 5120,
+        l2_bytes: 41943040,
+        shared_per_sm: 167936,
+        shared_per_block_optin: 166912,
+        threads_per_sm: 2048,
+        blocks_per_sm: 32,
+    },
+    Model {
+        cc: (9, 0),
+        like: "H100 SXM5",
+        sms: 132,
+        clock_khz: 1980000,
+        mem_clock_khz: 2619000,
+        bus_width_bits: 5120,
+        l2_bytes: 52428800,
+        shared_per_sm: 233472,
+        shared_per_block_optin: 232448,
+        threads_per_sm: 2048,
+        blocks_per_sm: 32,
+    },
+    Model {
+        cc: (10, 0),
+        like: "B200",
+        sms: 148,
+        clock_khz: 1965000,
+        mem_clock_khz: 3996000,
+        bus_width_bits: 8192,
+        l2_bytes: 132120576,
+        shared_per_sm: 233472,
+        shared_per_block_optin: 232448,
+        threads_per_sm: 2048,
+        blocks_per_sm: 32,
+    },
+    Model {
+        cc: (12, 0),
+        like: "RTX PRO 6000 Blackwell",
+        sms: 188,
+        clock_khz: 2617000,
+        mem_clock_khz: 14001000,
+        bus_width_bits: 512,
+        l2_bytes: 134217728,
+        shared_per_sm: 102400,
+        shared_per_block_optin: 101376,
+        threads_per_sm: 1536,
+        blocks_per_sm: 24,
+    },
+];
+
+/// The default model: compute capability 10.0.
+pub fn default_model() -> &'static Model {
+    by_arch(100).expect("sm_100 is in MODELS")
+}
+
+/// The model for `sm_XX`, if there is one.
+pub fn by_arch(arch: u32) -> Option<&'static Model> {
+    MODELS.iter().find(|m| m.arch() == arch)
+}
+
+/// `sm_80, sm_90, ...`: for error messages and help.
+pub fn arch_list() -> String {
+    MODELS
+        .iter()
+        .map(|m| format!("sm_{}", m.arch()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Compute capability of the default model.
 pub const CC: (i32, i32) = (10, 0);
-/// Shared memory per block without opting in, and the opt-in maximum (bytes).
+/// Shared memory per block without opting in (bytes), the same on every model.
 pub const SHARED_PER_BLOCK: i32 = 49152;
-pub const SHARED_PER_BLOCK_OPTIN: i32 = 232448;
 pub const NAME: &str = "gpufuse emulated GPU";
 /// PCI domain, bus and device of emulated device `index` (also in the integrity check).
 pub fn pci(index: u32) -> (u32, u32, u32) {
@@ -18,7 +122,7 @@ pub fn pci(index: u32) -> (u32, u32, u32) {
 }
 
 /// Every `CUdevice_attribute` id from 1 to 161 (CUDA 13.5) and its value.
-pub fn attributes(index: u32) -> Vec<(i32, i32)> {
+pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
     let (domain, bus, device) = pci(index);
     let known: &[(i32, i32)] = &[
         (1, 1024),             // max threads per block
@@ -33,10 +137,10 @@ pub fn attributes(index: u32) -> Vec<(i32, i32)> {
         (10, 32),              // warp size
         (11, 2147483647),      // max pitch
         (12, 65536),           // registers per block
-        (13, 1965000),         // clock rate, kHz
+        (13, m.clock_khz),     // clock rate, kHz
         (14, 512),             // texture alignment
         (15, 1),               // gpu overlap
-        (16, 148),             // multiprocessors
+        (16, m.sms),           // multiprocessors
         (17, 0),               // kernel exec timeout
         (18, 0),               // integrated
         (19, 0),               // can map host memory: no (the device may be on another host)
@@ -47,20 +151,20 @@ pub fn attributes(index: u32) -> Vec<(i32, i32)> {
         (33, bus as i32),
         (34, device as i32),
         (35, 0),         // TCC
-        (36, 3996000),   // memory clock, kHz
-        (37, 8192),      // memory bus width
-        (38, 132120576), // L2 cache, bytes
-        (39, 2048),      // max threads per multiprocessor
+        (36, m.mem_clock_khz), // memory clock, kHz
+        (37, m.bus_width_bits),
+        (38, m.l2_bytes),
+        (39, m.threads_per_sm),
         (40, 3),         // async engines
         (41, 1),         // unified addressing
         (50, domain as i32),
         (51, 32), // texture pitch alignment
-        (75, CC.0),
-        (76, CC.1),
+        (75, m.cc.0),
+        (76, m.cc.1),
         (78, 1),      // stream priorities
         (79, 1),      // global L1 cache
         (80, 1),      // local L1 cache
-        (81, 233472), // shared memory per multiprocessor
+        (81, m.shared_per_sm),
         (82, 65536),  // registers per multiprocessor
         (83, 0),      // managed memory: no
         (84, 0),      // multi-GPU board
@@ -73,11 +177,11 @@ pub fn attributes(index: u32) -> Vec<(i32, i32)> {
         (91, 0),
         (95, 0), // cooperative launch: no (not yet in the VM)
         (96, 0),
-        (97, SHARED_PER_BLOCK_OPTIN),
+        (97, m.shared_per_block_optin),
         (98, 0),
         (99, 1),     // host register supported
         (102, 0),    // virtual memory management: not exposed to clients yet
-        (106, 32),   // max blocks per multiprocessor
+        (106, m.blocks_per_sm),
         (108, 0),    // max persisting L2
         (109, 0),    // max access policy window
         (111, 1024), // reserved shared memory per block
@@ -99,7 +203,6 @@ pub fn attributes(index: u32) -> Vec<(i32, i32)> {
         .collect()
 }
 
-/// A stable UUID for emulated device `index` (version-4 layout, fixed bytes).
 /// Peak FP32 throughput in TFLOPS of a GPU with `sms` multiprocessors at `clock_khz`: FP32
 /// lanes per multiprocessor by compute capability (64 on 7.x and 8.0, 128 from 8.6 on), two
 /// FLOPs per fused multiply-add. A `--tflops` request is converted to a share of this.
@@ -111,17 +214,12 @@ pub fn fp32_tflops(sms: i32, clock_khz: i32, cc: (i32, i32)) -> f64 {
     f64::from(sms.max(0)) * lanes * 2.0 * f64::from(clock_khz.max(0)) * 1e3 / 1e12
 }
 
-/// The emulated GPU's peak FP32 TFLOPS, from its model (148 SMs at 1965 MHz: 74.4).
-pub fn peak_tflops() -> f64 {
-    let attr = |a: i32| {
-        attributes(0)
-            .iter()
-            .find(|(k, _)| *k == a)
-            .map_or(0, |&(_, v)| v)
-    };
-    fp32_tflops(attr(16), attr(13), CC)
+/// A model's peak FP32 TFLOPS (the default, 148 SMs at 1965 MHz: 74.4).
+pub fn peak_tflops(m: &Model) -> f64 {
+    fp32_tflops(m.sms, m.clock_khz, m.cc)
 }
 
+/// A stable UUID for emulated device `index` (version-4 layout, fixed bytes).
 pub fn uuid(index: u32) -> [u8; 16] {
     let mut u = *b"gpufuse-emu-dev0";
     u[15] = b'0' + (index % 10) as u8;
@@ -136,13 +234,25 @@ mod tests {
 
     #[test]
     fn every_attribute_is_answered_once() {
-        let a = attributes(0);
-        assert_eq!(a.len(), 161);
-        assert!(a.iter().enumerate().all(|(i, &(id, _))| id == i as i32 + 1));
-        let get = |id| a[id as usize - 1].1;
-        assert_eq!((get(75), get(76)), CC);
-        assert_eq!(get(10), 32);
-        assert_eq!(get(41), 1);
-        assert_eq!(get(115), 1);
+        for m in MODELS {
+            let a = attributes(m, 0);
+            assert_eq!(a.len(), 161);
+            assert!(a.iter().enumerate().all(|(i, &(id, _))| id == i as i32 + 1));
+            let get = |id| a[id as usize - 1].1;
+            assert_eq!((get(75), get(76)), m.cc);
+            assert_eq!(get(10), 32);
+            assert_eq!(get(41), 1);
+            assert_eq!(get(115), 1);
+            assert!(get(97) <= get(81), "{}: opt-in shared fits an SM", m.like);
+        }
+        assert_eq!(default_model().cc, CC);
+    }
+
+    #[test]
+    fn models_by_arch() {
+        assert_eq!(by_arch(120).map(|m| m.cc), Some((12, 0)));
+        assert!(by_arch(75).is_none());
+        assert_eq!(arch_list(), "sm_80, sm_90, sm_100, sm_120");
+        assert!((peak_tflops(default_model()) - 74.4).abs() < 0.1);
     }
 }

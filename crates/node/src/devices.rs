@@ -1,4 +1,4 @@
-//! `--devices auto|emu:N[:SIZE]|cuda`.
+//! `--devices auto|emu:N[:SIZE][:sm_XX]|cuda`.
 
 use std::str::FromStr;
 
@@ -11,15 +11,20 @@ use crate::DeviceState;
 pub enum DeviceSpec {
     /// NVIDIA GPUs when a driver and a GPU are present, otherwise one emulated GPU.
     Auto,
-    /// `count` emulated GPUs of `size` bytes.
-    Emulated { count: u32, size: u64 },
+    /// `count` emulated GPUs of `size` bytes, of the model with compute capability `arch`
+    /// (`100` for sm_100: `gpufuse_device::model::MODELS`).
+    Emulated { count: u32, size: u64, arch: u32 },
     /// NVIDIA GPUs through the driver; an error without one.
     Cuda,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceSpecError {
-    #[error("bad --devices {0:?}: expected auto, cuda or emu:N[:SIZE] (e.g. emu:2:16GiB)")]
+    #[error(
+        "bad --devices {0:?}: expected auto, cuda or emu:N[:SIZE][:MODEL] (e.g. emu:2:16GiB or \
+         emu:1:16GiB:sm_120; models: {models})",
+        models = model::arch_list()
+    )]
     Bad(String),
     #[error("--devices cuda: {0}")]
     NoDriver(gpufuse_cuda_driver::DriverError),
@@ -63,20 +68,32 @@ impl FromStr for DeviceSpec {
                     .next()
                     .map_or(Some(1), |c| c.parse().ok())
                     .ok_or_else(bad)?;
-                let size = parts
-                    .next()
-                    .map_or(Some(DEFAULT_SIZE), parse_size)
-                    .ok_or_else(bad)?;
-                if count == 0 || count > 16 || size == 0 || parts.next().is_some() {
+                let (mut size, mut arch) = (None, None);
+                for part in parts {
+                    match part.strip_prefix("sm_") {
+                        Some(sm) if arch.is_none() => {
+                            let sm = sm.parse().ok().filter(|&sm| model::by_arch(sm).is_some());
+                            arch = Some(sm.ok_or_else(bad)?);
+                        }
+                        None if size.is_none() && arch.is_none() => {
+                            size = Some(parse_size(part).ok_or_else(bad)?);
+                        }
+                        _ => return Err(bad()),
+                    }
+                }
+                let size = size.unwrap_or(DEFAULT_SIZE);
+                let arch = arch.unwrap_or(model::default_model().arch());
+                if count == 0 || count > 16 || size == 0 {
                     return Err(bad());
                 }
-                Ok(DeviceSpec::Emulated { count, size })
+                Ok(DeviceSpec::Emulated { count, size, arch })
             }
         }
     }
 }
 
-fn emulated(count: u32, size: u64) -> Vec<DeviceState> {
+fn emulated(count: u32, size: u64, arch: u32) -> Vec<DeviceState> {
+    let m = model::by_arch(arch).unwrap_or(model::default_model());
     (0..count)
         .map(|i| DeviceState {
             name: model::NAME.to_string(),
@@ -86,7 +103,8 @@ fn emulated(count: u32, size: u64) -> Vec<DeviceState> {
             promised: 0,
             uuid: model::uuid(i),
             pci: model::pci(i),
-            peak_tflops: model::peak_tflops(),
+            peak_tflops: model::peak_tflops(m),
+            compute_capability: (m.cc.0 as u32, m.cc.1 as u32),
         })
         .collect()
 }
@@ -95,7 +113,9 @@ impl DeviceSpec {
     /// The devices to serve, and notes for the log and `gpufuse status`.
     pub fn resolve(&self) -> Result<(Vec<DeviceState>, Vec<String>), DeviceSpecError> {
         match self {
-            DeviceSpec::Emulated { count, size } => Ok((emulated(*count, *size), vec![])),
+            DeviceSpec::Emulated { count, size, arch } => {
+                Ok((emulated(*count, *size, *arch), vec![]))
+            }
             DeviceSpec::Cuda => {
                 let d = gpufuse_cuda_driver::Driver::load().map_err(DeviceSpecError::NoDriver)?;
                 let gpus = real_gpus(&d);
@@ -116,7 +136,7 @@ impl DeviceSpec {
                     }
                 };
                 Ok((
-                    emulated(1, DEFAULT_SIZE),
+                    emulated(1, DEFAULT_SIZE, model::default_model().arch()),
                     vec![format!(
                         "devices auto: {why}; serving one emulated GPU of 16 GiB"
                     )],
@@ -146,6 +166,7 @@ fn real_gpus(d: &gpufuse_cuda_driver::Driver) -> Vec<DeviceState> {
                     attr(13) as i32,
                     (attr(75) as i32, attr(76) as i32),
                 ),
+                compute_capability: (attr(75), attr(76)),
             })
         })
         .collect()
@@ -161,25 +182,61 @@ mod tests {
             "emu:2:16GiB".parse::<DeviceSpec>().unwrap(),
             DeviceSpec::Emulated {
                 count: 2,
-                size: 16 << 30
+                size: 16 << 30,
+                arch: 100,
             }
         );
         assert_eq!(
             "emu:1".parse::<DeviceSpec>().unwrap(),
             DeviceSpec::Emulated {
                 count: 1,
-                size: 16 << 30
+                size: 16 << 30,
+                arch: 100,
             }
         );
         assert_eq!(
             "emu".parse::<DeviceSpec>().unwrap(),
             DeviceSpec::Emulated {
                 count: 1,
-                size: 16 << 30
+                size: 16 << 30,
+                arch: 100,
             }
         );
         assert_eq!("auto".parse::<DeviceSpec>().unwrap(), DeviceSpec::Auto);
-        for bad in ["emu:0", "emu:x", "emu:1:lots", "gpu", "emu:1:1G:3"] {
+        assert_eq!(
+            "emu:1:8GiB:sm_120".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Emulated {
+                count: 1,
+                size: 8 << 30,
+                arch: 120,
+            }
+        );
+        assert_eq!(
+            "emu:2:sm_90".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Emulated {
+                count: 2,
+                size: 16 << 30,
+                arch: 90,
+            }
+        );
+        let (devices, _) = "emu:1:1GiB:sm_120"
+            .parse::<DeviceSpec>()
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert_eq!(devices[0].compute_capability, (12, 0));
+        let err = "emu:1:1G:sm_75".parse::<DeviceSpec>().unwrap_err().to_string();
+        assert!(err.contains("sm_120"), "the error lists the models: {err}");
+        for bad in [
+            "emu:0",
+            "emu:x",
+            "emu:1:lots",
+            "gpu",
+            "emu:1:1G:3",
+            "emu:1:1G:sm_75",
+            "emu:1:sm_100:1G",
+            "emu:1:1G:sm_100:sm_90",
+        ] {
             assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
         }
     }

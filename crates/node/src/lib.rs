@@ -74,6 +74,8 @@ pub struct DeviceState {
     pub pci: (u32, u32, u32),
     /// Peak FP32 TFLOPS: what a `--tflops` request is a share of.
     pub peak_tflops: f64,
+    /// The compute capability the device reports (an emulated device's model).
+    pub compute_capability: (u32, u32),
 }
 
 /// One live session.
@@ -118,10 +120,7 @@ impl NodeState {
                     total_bytes: d.total,
                     used_bytes: d.used,
                     uuid: d.uuid,
-                    compute_capability: (
-                        gpufuse_device::model::CC.0 as u32,
-                        gpufuse_device::model::CC.1 as u32,
-                    ),
+                    compute_capability: d.compute_capability,
                     pci: d.pci,
                     utilization_percent: self.queues.get(i).map_or(0, |q| {
                         let now = q.now();

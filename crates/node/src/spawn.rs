@@ -22,12 +22,13 @@ pub fn run_worker(
     config: &NodeConfig,
 ) {
     let Admitted { id, device, base } = admitted;
-    let (total, kind, queue) = {
+    let (total, kind, cc, queue) = {
         let s = lock(state);
         let d = s.devices.get(device as usize);
         (
             d.map_or(0, |d| d.total),
             d.map_or(gpufuse_proto::DeviceKind::Emulated, |d| d.kind),
+            d.map_or((10, 0), |d| d.compute_capability),
             s.queues.get(device as usize).cloned(),
         )
     };
@@ -60,6 +61,7 @@ pub fn run_worker(
                 gpufuse_proto::DeviceKind::Emulated => "emu",
             },
         ])
+        .args(["--arch", &(cc.0 * 10 + cc.1).to_string()])
         .stdin(Stdio::from(client_fd))
         .stdout(Stdio::from(OwnedFd::from(child_end)))
         .stderr(Stdio::inherit());

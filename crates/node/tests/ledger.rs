@@ -142,6 +142,7 @@ proptest! {
             uuid: [0; 16],
             pci: (0, 0, 0),
             peak_tflops: 100.0,
+            compute_capability: (10, 0),
         };
         let state = Arc::new(Mutex::new(NodeState::new(
             vec![device],

@@ -49,6 +49,7 @@ pub struct EmuDevice {
     /// What the last failed launch said (for the worker's log).
     last_error: Option<String>,
     vmm: vmm::Vmm,
+    model: &'static model::Model,
 }
 
 /// Device memory as the interpreter sees it during a launch: every allocation's words, by
@@ -90,7 +91,14 @@ impl EmuDevice {
             next_module: 1,
             last_error: None,
             vmm: vmm::Vmm::default(),
+            model: model::default_model(),
         }
+    }
+
+    /// The same device as another model (`--devices emu:N:SIZE:sm_120`).
+    pub fn with_model(mut self, model: &'static model::Model) -> Self {
+        self.model = model;
+        self
     }
 
     fn find(&self, ptr: u64, len: u64) -> Option<(u64, usize)> {
@@ -122,7 +130,7 @@ impl Device for EmuDevice {
             kind: DeviceKind::Emulated,
             uuid: model::uuid(self.index),
             total_mem: limit.map_or(self.total, |l| l.min(self.total)),
-            attributes: model::attributes(self.index),
+            attributes: model::attributes(self.model, self.index),
         }
     }
 
@@ -197,7 +205,7 @@ impl Device for EmuDevice {
     }
 
     fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, Status> {
-        let sm = (model::CC.0 * 10 + model::CC.1) as u32;
+        let sm = self.model.arch();
         let (layout, program) = match gpufuse_fatbin::select_ptx(image, sm) {
             Ok(ptx) => {
                 dump_ptx(&ptx);
@@ -331,7 +339,7 @@ impl Device for EmuDevice {
         let ptx_arch = m
             .program
             .as_ref()
-            .map_or(model::CC.0 * 10, |p| p.target_sm() as i32);
+            .map_or(self.model.arch() as i32, |p| p.target_sm() as i32);
         let attributes = vec![
             (0, max_threads),
             (1, static_shared),
@@ -339,7 +347,7 @@ impl Device for EmuDevice {
             (3, 0),  // local bytes
             (4, 32), // registers
             (5, ptx_arch),
-            (6, model::CC.0 * 10 + model::CC.1), // binary version: JIT-compiled for the device
+            (6, self.model.arch() as i32), // binary version: JIT-compiled for the device
             (7, 0),                              // cache mode CA
             (8, model::SHARED_PER_BLOCK - static_shared),
             (9, -1), // preferred carveout
@@ -379,7 +387,7 @@ impl Device for EmuDevice {
         {
             return Err(INVALID_CONFIGURATION);
         }
-        if l.shared_mem as i64 > model::SHARED_PER_BLOCK_OPTIN as i64 {
+        if l.shared_mem as i64 > self.model.shared_per_block_optin as i64 {
             return Err(INVALID_VALUE);
         }
         let need = k
