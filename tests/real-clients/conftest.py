@@ -55,6 +55,22 @@ def _server_session(request):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def server_sm120(request):
+    """A second server whose emulated GPU is the compute capability 12.0 model
+    (`--devices emu:1:16GiB:sm_120`): NVIDIA's cuBLAS ships its kernels' PTX for compute_120
+    only. On the GPU lane (GPUFUSE_DEVICES=cuda) it serves the real GPUs like `server`."""
+    missing = [p for p in (support.GPUFUSE, support.SHIM) if not p.exists()]
+    if missing:
+        pytest.fail(f"missing {', '.join(map(str, missing))}: run cargo build --release",
+                    pytrace=False)
+    devices = support.DEVICES if support.DEVICES == "cuda" else "emu:1:16GiB:sm_120"
+    server = support.Server(devices)
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def server(_server_session, request):
     """The running server; if an earlier test left it dead, it is restarted (and said so)."""

@@ -201,7 +201,8 @@ def free_tcp_port() -> int:
 class Server:
     """`gpufuse serve` on a fresh unix socket and a TCP port; logs to a file."""
 
-    def __init__(self) -> None:
+    def __init__(self, devices: str | None = None) -> None:
+        self.devices = devices or DEVICES
         self.dir = Path(tempfile.mkdtemp(prefix="gpufuse-real-clients-"))
         self.log_path = self.dir / "server.log"
         self.proc: subprocess.Popen | None = None
@@ -223,7 +224,7 @@ class Server:
         env["GPUFUSE_LOG"] = os.environ.get("GPUFUSE_TEST_SERVER_LOG", "info")
         self.proc = subprocess.Popen(
             [str(GPUFUSE), "serve", "--listen", self.unix, "--listen", self.tcp,
-             "--devices", DEVICES],
+             "--devices", self.devices],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env,
         )

@@ -2,6 +2,12 @@
 streams, and a GEMM that must fail cleanly (or compute) on the emulated GPU. The program is
 cublas/cublas_handles.c, built with gcc against libcudart 12.9 and libcublas from the wheels.
 
+On the compute capability 12.0 model (`--devices emu:1:16GiB:sm_120`, fixture `server_sm120`)
+cuBLAS's PTX loads and runs: GEMMs that cuBLAS routes to kernels it ships as PTX (small-n,
+k = 1, GEMV-style) compute, checked against a CPU reference; shapes whose kernel cuBLAS ships as
+SASS only fail cleanly with cudaErrorNoKernelImageForDevice. docs/export-tables.md has the
+shapes and the export-table slots this path calls (21318c60 slots 51 and 39).
+
 cuBLAS and cuBLASLt load about fifty fatbins with cuLibraryLoadData in cublasCreate and
 cublasLtCreate. Their kernels are SASS for sm_50..sm_120 plus PTX for compute_120 only, so the
 emulated GPU (compute capability 10.0, runs PTX) loads them as a GPU of its architecture would
@@ -85,3 +91,33 @@ def test_cublas_gemm_computes_or_fails_cleanly(programs, server, cublas_program)
     outcome = stdout_value(res, "gemm outcome")
     if outcome != "computed":
         assert "cuda=cudaError" in outcome or "cublas=CUBLAS_STATUS_" in outcome, outcome
+
+
+@pytest.mark.kernel_results
+def test_cublas_gemms_compute_on_the_sm120_model(programs, server_sm120, cublas_program):
+    """cublasSgemm, cublasDgemm, cublasGemmEx (f16 in, f32 compute) and cublasLtMatmul run
+    cuBLAS's compute_120 PTX on the emulated GPU and match a CPU reference (one process: loading
+    cuBLAS's images takes most of the time)."""
+    checks = ["sgemm_ref", "dgemm_ref", "gemmex_f16", "lt_matmul"]
+    res = run_client(programs, server_sm120.unix, [cublas_program, *checks],
+                     env={"GPUFUSE_LOG": "1"})
+    assert_ok(res, [f"PASS {c}" for c in checks])
+    checked = [line for line in res.stdout.splitlines() if " checked=" in line]
+    assert len(checked) == 18, res.stdout
+    unimplemented = [line for line in res.stderr.splitlines() if "is not implemented" in line
+                     and "21318c60" in line]
+    assert not unimplemented, "\n".join(unimplemented)
+
+
+@pytest.mark.kernel_results
+def test_cublas_sass_only_gemm_fails_cleanly_on_the_sm120_model(programs, server_sm120,
+                                                               cublas_program):
+    """An 8x8 SGEMM computes; a 128x128 one makes cuBLAS pick a kernel it ships as SASS only:
+    a clean, named error, never a wrong result or a crash."""
+    res = run_client(programs, server_sm120.unix, [cublas_program, "gemm", "gemm128"])
+    assert_ok(res, ["PASS gemm", "PASS gemm128"])
+    outcomes = [line for line in res.stdout.splitlines() if line.startswith("gemm outcome=")]
+    assert outcomes[0] == "gemm outcome=computed", res.stdout
+    if support.DEVICES != "cuda":
+        assert outcomes[1] == ("gemm outcome=error cublas=CUBLAS_STATUS_SUCCESS "
+                               "cuda=cudaErrorNoKernelImageForDevice"), res.stdout
