@@ -137,15 +137,16 @@ pub fn end(
 }
 
 /// Warns when a TCP listener runs without authentication: anyone who can reach it may run
-/// code on the node's devices and see every session.
-pub fn warn_if_open_tcp(config: &NodeConfig) {
-    if matches!(config.tokens, TokenPolicy::Open) {
-        for a in &config.listen {
-            if matches!(a, gpufuse_transport::Address::Tcp(_)) {
-                tracing::warn!(
-                    "{a} accepts sessions without authentication: anyone who can reach it can use the GPUs and end sessions; pass --token-secret-file (see `gpufuse token`) or listen on a unix socket"
-                );
-            }
+/// code on the node's devices, see every session and end them.
+pub fn warn_if_open_tcp(tokens: &TokenPolicy, listeners: &[gpufuse_transport::Listener]) {
+    if !matches!(tokens, TokenPolicy::Open) {
+        return;
+    }
+    for l in listeners {
+        if let Ok(a @ gpufuse_transport::Address::Tcp(_)) = l.local_address() {
+            tracing::warn!(
+                "{a} accepts sessions without authentication: anyone who can reach it can use the GPUs and end sessions; pass --token-secret-file (see `gpufuse token`) or listen on a unix socket"
+            );
         }
     }
 }

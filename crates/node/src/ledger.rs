@@ -96,10 +96,10 @@ impl NodeState {
             if let Some(l) = limit {
                 if l > unpromised {
                     first_refusal.get_or_insert(format!(
-                        "cannot grant {} of VRAM on device {device}: {} of its {} are not promised to other sessions",
+                        "cannot grant {} of VRAM on device {device}: it has {}, of which {} is not promised to other sessions",
                         crate::admin::human_bytes(l),
-                        crate::admin::human_bytes(unpromised),
-                        crate::admin::human_bytes(d.total)
+                        crate::admin::human_bytes(d.total),
+                        crate::admin::human_bytes(unpromised)
                     ));
                     continue;
                 }

@@ -199,7 +199,7 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
         );
         listeners.push(l);
     }
-    admin::warn_if_open_tcp(&config);
+    admin::warn_if_open_tcp(&config.tokens, &listeners);
     let config = Arc::new(config);
     let mut threads = Vec::new();
     for l in listeners {
