@@ -324,13 +324,9 @@ fn kill_on_a_token_node_ends_only_the_tenants_own_sessions() {
         "{}",
         stderr(&o)
     );
-    assert_eq!(
-        status_json_with(&s, &alice)["sessions"]
-            .as_array()
-            .unwrap()
-            .len(),
-        1
-    );
+    let st = status_json_with(&s, &alice);
+    assert_eq!(st["sessions"].as_array().unwrap().len(), 1, "{st}");
+    assert_eq!(st["sessions"][0]["tenant"], "alice");
     let o = gpufuse(&["kill", "--server", &s.sock(), "--token", &alice, &id]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(s.log().contains("tenant alice"), "{}", s.log());
