@@ -62,6 +62,8 @@ def test_kill_ends_a_session_frees_its_memory_and_the_program_sees_a_cuda_error(
         memset, sync = (kv.split("=")[1] for kv in line.split()[1:])
         assert memset in ("cudaSuccess", "cudaErrorDevicesUnavailable"), (line, err)
         assert sync == "cudaErrorDevicesUnavailable", (line, err)
+        # The shim says why, once.
+        assert err.count("the session has ended") == 1, err
     finally:
         if proc.poll() is None:
             proc.kill()
