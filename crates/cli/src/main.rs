@@ -1,5 +1,6 @@
 //! The `gpufuse` command. Thin: each subcommand is a module over the library crates.
 
+mod admin;
 mod run;
 mod status;
 mod token;
@@ -7,11 +8,27 @@ mod worker;
 
 use clap::{Parser, Subcommand};
 
+/// `--version`: the crate version and the commit it was built from (`build.rs`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("GPUFUSE_GIT_COMMIT"),
+    ")"
+);
+
+const LOGGING_HELP: &str = "\
+Logging: `gpufuse serve` and its workers log to stderr at level info. Set GPUFUSE_LOG to change
+it: GPUFUSE_LOG=debug, GPUFUSE_LOG=warn, or per module, e.g. GPUFUSE_LOG=info,gpufuse_node=debug
+(tracing's EnvFilter syntax). Colour is used only when stderr is a terminal and NO_COLOR is unset.
+
+Environment: GPUFUSE_SERVER (--server), GPUFUSE_TOKEN (--token), GPUFUSE_LOG (log level).";
+
 #[derive(Parser)]
 #[command(
     name = "gpufuse",
-    version,
-    about = "GPU virtualization and pooling: remote CUDA, enforced slices, one pool"
+    version = VERSION,
+    about = "GPU virtualization and pooling: remote CUDA, enforced slices, one pool",
+    after_help = LOGGING_HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -21,6 +38,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a node: listen for sessions and serve them on this machine's GPUs (or emulated ones).
+    #[command(after_help = LOGGING_HELP)]
     Serve(ServeArgs),
     /// Run a program with gpufuse's libcuda.so.1 in place of NVIDIA's.
     Run(run::RunArgs),
@@ -28,6 +46,16 @@ enum Command {
     Status(status::StatusArgs),
     /// Create a token secret or issue session tokens.
     Token(token::TokenArgs),
+    /// List a node's sessions.
+    Sessions(admin::SessionsArgs),
+    /// End a session: its worker is killed, its memory freed, and its program's next CUDA call
+    /// fails with CUDA_ERROR_DEVICE_UNAVAILABLE.
+    Kill(admin::KillArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions(admin::CompletionsArgs),
+    /// Print gpufuse's man page (roff) to stdout: `gpufuse man | man -l -`; `gpufuse man serve`
+    /// prints gpufuse-serve(1).
+    Man(admin::ManArgs),
     /// (internal) Serve one session; started by `gpufuse serve`.
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
@@ -50,12 +78,17 @@ struct ServeArgs {
     compute_policy: gpufuse_proto::ComputePolicy,
 }
 
+/// Logs go to stderr, coloured only on a terminal and without `NO_COLOR` (no escape codes in
+/// log files).
 fn init_logs() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUFUSE_LOG")
         .unwrap_or_else(|_| "info".into());
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && !no_color)
         .init();
 }
 
@@ -63,6 +96,13 @@ fn init_logs() {
 fn main() -> std::process::ExitCode {
     match run_cli() {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // `gpufuse man | head`: the reader left; nothing to report.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("gpufuse: {e:#}");
             std::process::ExitCode::FAILURE
@@ -92,6 +132,10 @@ fn run_cli() -> anyhow::Result<()> {
         Command::Run(a) => run::run(a),
         Command::Status(a) => status::status(a),
         Command::Token(a) => token::token(a),
+        Command::Sessions(a) => admin::sessions(a),
+        Command::Kill(a) => admin::kill(a),
+        Command::Completions(a) => admin::completions(a),
+        Command::Man(a) => admin::man(a),
         Command::Worker(a) => {
             init_logs();
             worker::worker(a)

@@ -1,26 +1,40 @@
-//! `gpufuse run`: runs a program with the shim first on `LD_LIBRARY_PATH`.
+//! `gpufuse run`: asks the node whether it would admit the session, then runs the program with
+//! the shim first on `LD_LIBRARY_PATH`.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use gpufuse_client::Connection;
+use gpufuse_proto::{Qos, ResourceRequest, ServerHello, SessionKind};
+
+fn vram_size(s: &str) -> Result<u64, String> {
+    gpufuse_node::parse_size(s)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("expected {}", gpufuse_node::SIZE_FORMS))
+}
 
 #[derive(clap::Args)]
 pub struct RunArgs {
     #[arg(long, env = "GPUFUSE_SERVER")]
     server: gpufuse_transport::Address,
-    /// VRAM for the session (e.g. 4GiB); the program sees this much.
-    #[arg(long)]
-    vram: Option<String>,
-    /// Compute share in percent.
-    #[arg(long)]
+    /// VRAM for the session (e.g. 4GiB, 1.5GiB, 512MiB); the program sees this much.
+    #[arg(long, value_name = "SIZE", value_parser = vram_size)]
+    vram: Option<u64>,
+    /// Compute share in percent (1-100).
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
     compute: Option<u32>,
     /// Compute in TFLOPS: a share of the device's peak FP32 throughput (instead of --compute).
     #[arg(long)]
     tflops: Option<u32>,
     /// low | medium | high | critical
     #[arg(long)]
-    qos: Option<String>,
+    qos: Option<Qos>,
     #[arg(long, env = "GPUFUSE_TOKEN")]
     token: Option<String>,
+    /// Start the program without asking the node first whether it would admit the session.
+    #[arg(long)]
+    no_check: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -54,9 +68,10 @@ fn shim_dir() -> anyhow::Result<PathBuf> {
     }
     let tmp = dir.join(format!(".gpufuse-shim-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)?;
+    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     for (name, to) in &links {
-        std::os::unix::fs::symlink(to, tmp.join(name))?;
+        std::os::unix::fs::symlink(to, tmp.join(name))
+            .with_context(|| format!("cannot create the link {}", tmp.join(name).display()))?;
     }
     let _ = std::fs::remove_dir_all(&target);
     if std::fs::rename(&tmp, &target).is_err() {
@@ -73,29 +88,60 @@ fn prepend(var: &str, dir: &Path) -> String {
     }
 }
 
+/// Asks the node whether a session with these resources would be admitted now, so a refusal
+/// is reported with the node's reason before the program starts (a refused program would only
+/// see "no CUDA-capable device").
+fn check_admission(a: &RunArgs, resources: &ResourceRequest) -> anyhow::Result<()> {
+    let mut hello = Connection::hello(
+        SessionKind::Check,
+        a.token.clone().unwrap_or_default(),
+        resources.clone(),
+    );
+    // This process becomes the program (exec), so the pid is the program's.
+    hello.program = a.command[0].clone();
+    let not_started = || format!("{} was not started", a.command[0]);
+    match Connection::one_shot(&a.server, &hello) {
+        Ok(ServerHello::Admissible { .. }) => Ok(()),
+        Ok(ServerHello::Refused { reason }) => anyhow::bail!(
+            "the gpufuse server at {} refused the session: {reason}; {}",
+            a.server,
+            not_started()
+        ),
+        Ok(_) => anyhow::bail!(
+            "the gpufuse server at {} gave an unexpected answer to the admission check; {}",
+            a.server,
+            not_started()
+        ),
+        Err(e) => Err(anyhow::Error::new(e).context(not_started())),
+    }
+}
+
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
     let dir = shim_dir()?;
+    let resources = ResourceRequest {
+        vram_bytes: a.vram,
+        compute_percent: a.compute,
+        tflops: a.tflops,
+        qos: a.qos.unwrap_or_default(),
+    };
+    if !a.no_check {
+        check_admission(&a, &resources)?;
+    }
     let mut cmd = std::process::Command::new(&a.command[0]);
     cmd.args(&a.command[1..])
         .env("LD_LIBRARY_PATH", prepend("LD_LIBRARY_PATH", &dir))
         .env("GPUFUSE_SERVER", a.server.to_string());
-    if let Some(v) = &a.vram {
-        let bytes = gpufuse_node::parse_size(v).ok_or_else(|| anyhow::anyhow!("bad --vram {v}"))?;
+    if let Some(bytes) = a.vram {
         cmd.env("GPUFUSE_VRAM", bytes.to_string());
     }
     if let Some(c) = a.compute {
-        anyhow::ensure!((1..=100).contains(&c), "--compute is a percentage (1-100)");
         cmd.env("GPUFUSE_COMPUTE", c.to_string());
     }
     if let Some(t) = a.tflops {
         cmd.env("GPUFUSE_TFLOPS", t.to_string());
     }
-    if let Some(q) = &a.qos {
-        anyhow::ensure!(
-            ["low", "medium", "high", "critical"].contains(&q.as_str()),
-            "--qos is low, medium, high or critical"
-        );
-        cmd.env("GPUFUSE_QOS", q);
+    if let Some(q) = a.qos {
+        cmd.env("GPUFUSE_QOS", q.name());
     }
     if let Some(t) = &a.token {
         cmd.env("GPUFUSE_TOKEN", t);

@@ -31,7 +31,8 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
                 "utilization_percent": d.utilization_percent,
             })).collect::<Vec<_>>(),
             "sessions": s.sessions.iter().map(|x| serde_json::json!({
-                "id": x.id, "pid": x.pid, "program": x.program, "worker_pid": x.worker_pid,
+                "id": x.id, "pid": x.pid, "program": x.program, "tenant": x.subject,
+                "worker_pid": x.worker_pid,
                 "device": x.device, "used_bytes": x.used_bytes, "limit_bytes": x.limit_bytes,
                 "qos": x.qos.name(), "compute_percent": x.compute_percent,
                 "device_time_us": x.device_time_us,
@@ -65,8 +66,12 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         let share = x
             .compute_percent
             .map_or("-".to_string(), |c| format!("{c}%"));
+        let tenant = x
+            .subject
+            .as_deref()
+            .map_or(String::new(), |t| format!("tenant {t}  "));
         println!(
-            "  #{:<4} pid {:<8} worker {:<8} {:>10.1} MiB used, limit {limit}  {}",
+            "  #{:<4} pid {:<8} worker {:<8} {:>10.1} MiB used, limit {limit}  {tenant}{}",
             x.id,
             x.pid,
             x.worker_pid,

@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
+
 #[derive(clap::Args)]
 pub struct TokenArgs {
     #[command(subcommand)]
@@ -28,16 +30,21 @@ enum TokenCommand {
 }
 
 pub fn read_secret(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let hex = std::fs::read_to_string(path)?;
+    let hex = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the token secret file {}", path.display()))?;
     let hex = hex.trim();
-    anyhow::ensure!(
-        hex.len() >= 32 && hex.len() % 2 == 0,
-        "{} does not hold a hex secret",
-        path.display()
-    );
+    let not_hex = || {
+        anyhow::anyhow!(
+            "{} does not hold a token secret (at least 32 hex digits; `gpufuse token secret FILE` writes one)",
+            path.display()
+        )
+    };
+    if hex.len() < 32 || hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(not_hex());
+    }
     (0..hex.len())
         .step_by(2)
-        .map(|i| Ok(u8::from_str_radix(&hex[i..i + 2], 16)?))
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(|_| not_hex()))
         .collect()
 }
 
@@ -53,8 +60,10 @@ pub fn token(a: TokenArgs) -> anyhow::Result<()> {
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
-                .open(&file)?;
-            std::io::Write::write_all(&mut f, hex.as_bytes())?;
+                .open(&file)
+                .with_context(|| format!("cannot create {}", file.display()))?;
+            std::io::Write::write_all(&mut f, hex.as_bytes())
+                .with_context(|| format!("cannot write {}", file.display()))?;
             println!("wrote a new secret to {}", file.display());
         }
         TokenCommand::Issue {
@@ -67,9 +76,12 @@ pub fn token(a: TokenArgs) -> anyhow::Result<()> {
                 .duration_since(std::time::UNIX_EPOCH)?
                 .as_secs();
             let max_vram_bytes = match max_vram {
-                Some(s) => Some(
-                    gpufuse_node::parse_size(&s).ok_or_else(|| anyhow::anyhow!("bad size {s}"))?,
-                ),
+                Some(s) => Some(gpufuse_node::parse_size(&s).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "bad --max-vram {s:?}: expected {}",
+                        gpufuse_node::SIZE_FORMS
+                    )
+                })?),
                 None => None,
             };
             let claims = gpufuse_auth::Claims {

@@ -95,7 +95,7 @@ impl Connection {
                 },
             )),
             ServerHello::Refused { reason } => Err(ClientError::Refused(reason)),
-            ServerHello::Status(_) => Err(ClientError::UnexpectedReply),
+            _ => Err(ClientError::UnexpectedReply),
         }
     }
 
@@ -109,20 +109,26 @@ impl Connection {
             token,
             Default::default(),
         );
+        match Self::one_shot(addr, &hello)? {
+            ServerHello::Status(s) => Ok(s),
+            ServerHello::Refused { reason } => Err(ClientError::Refused(reason)),
+            _ => Err(ClientError::UnexpectedReply),
+        }
+    }
+
+    /// Sends `hello` to the node at `addr` and returns its answer: for the hellos the node
+    /// answers itself (`Status`, `Check`, `End`).
+    pub fn one_shot(addr: &Address, hello: &ClientHello) -> Result<ServerHello, ClientError> {
         let stream = addr.connect().map_err(|source| ClientError::Connect {
             addr: addr.to_string(),
             source,
         })?;
         let mut conn = Conn::new(stream);
         let mut frame = Vec::new();
-        encode_frame(&mut frame, FrameKind::Hello, 0, 0, &hello);
+        encode_frame(&mut frame, FrameKind::Hello, 0, 0, hello);
         conn.send(&frame).map_err(|e| ClientError::Lost(e.into()))?;
         let (_, body) = conn.recv().map_err(ClientError::Lost)?;
-        match decode_owned::<ServerHello>(body).map_err(ClientError::Protocol)? {
-            ServerHello::Status(s) => Ok(s),
-            ServerHello::Refused { reason } => Err(ClientError::Refused(reason)),
-            ServerHello::Accepted { .. } => Err(ClientError::UnexpectedReply),
-        }
+        decode_owned::<ServerHello>(body).map_err(ClientError::Protocol)
     }
 
     /// A hello for this process.

@@ -34,12 +34,24 @@ pub enum DeviceSpecError {
 
 const DEFAULT_SIZE: u64 = 16 << 30;
 
-/// Parses `16GiB`, `512MiB`, `2G`, `1000000`.
+/// The sizes [`parse_size`] accepts, for error messages.
+pub const SIZE_FORMS: &str =
+    "a number of bytes with an optional unit B, KiB (K, KB), MiB (M, MB), \
+GiB (G, GB) or TiB (T, TB), all powers of 1024, e.g. 4GiB, 1.5GiB, 512MiB or 1000000";
+
+/// Parses `16GiB`, `1.5GiB`, `512MiB`, `2G`, `1000000` (units are powers of 1024; a fraction
+/// of a byte is dropped).
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty() || frac.len() > 9 || (num.contains('.') && frac.is_empty()) {
+        return None;
+    }
+    let int: u64 = int.parse().ok()?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
@@ -48,7 +60,13 @@ pub fn parse_size(s: &str) -> Option<u64> {
         "t" | "tb" | "tib" => 1 << 40,
         _ => return None,
     };
-    n.checked_mul(mult)
+    let frac_bytes = if frac.is_empty() {
+        0
+    } else {
+        let digits: u128 = frac.parse().ok()?;
+        digits * u128::from(mult) / 10u128.pow(frac.len() as u32)
+    };
+    u64::try_from(u128::from(int) * u128::from(mult) + frac_bytes).ok()
 }
 
 impl FromStr for DeviceSpec {
@@ -247,6 +265,22 @@ mod tests {
         assert_eq!(parse_size("2G"), Some(2 << 30));
         assert_eq!(parse_size("1000000"), Some(1_000_000));
         assert_eq!(parse_size("12 parsecs"), None);
+        assert_eq!(parse_size("1.5GiB"), Some(3 << 29));
+        assert_eq!(parse_size("0.5 MiB"), Some(1 << 19));
+        assert_eq!(parse_size("1.25k"), Some(1280));
+        assert_eq!(parse_size("2.7"), Some(2));
+        for bad in [
+            "abc",
+            "",
+            ".5G",
+            "1.G",
+            "1..5G",
+            "1.5.2G",
+            "1.0000000001G",
+            "99999999TiB",
+        ] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -96,8 +96,10 @@ impl NodeState {
             if let Some(l) = limit {
                 if l > unpromised {
                     first_refusal.get_or_insert(format!(
-                        "cannot grant {l} bytes of VRAM on device {device}: {unpromised} of {} bytes are not promised to other sessions",
-                        d.total
+                        "cannot grant {} of VRAM on device {device}: it has {}, of which {} is not promised to other sessions",
+                        crate::admin::human_bytes(l),
+                        crate::admin::human_bytes(d.total),
+                        crate::admin::human_bytes(unpromised)
                     ));
                     continue;
                 }
@@ -134,6 +136,7 @@ impl NodeState {
                 limit,
                 qos: hello.resources.qos,
                 compute,
+                subject: None,
             },
         );
         Ok(Admitted {

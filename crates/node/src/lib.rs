@@ -8,6 +8,7 @@
 //! control socket, and when a worker exits for any reason (its client left, was killed, or the
 //! worker itself crashed) everything its session held is released. Other sessions never notice.
 
+pub mod admin;
 mod devices;
 mod ledger;
 pub mod queue;
@@ -24,7 +25,7 @@ use gpufuse_proto::{
 };
 use gpufuse_transport::{Address, Conn, Stream, TransportError};
 
-pub use devices::{parse_size, DeviceSpec, DeviceSpecError};
+pub use devices::{parse_size, DeviceSpec, DeviceSpecError, SIZE_FORMS};
 pub use ledger::{Admitted, WINDOW};
 pub use queue::DeviceQueue;
 
@@ -90,6 +91,8 @@ pub struct SessionRecord {
     pub qos: Qos,
     /// The session's compute share in percent.
     pub compute: Option<u32>,
+    /// The subject of the session's token (its tenant), on a node that checks tokens.
+    pub subject: Option<String>,
 }
 
 /// The node's shared state. Lock order: this state, then a device queue; never the reverse.
@@ -142,6 +145,7 @@ impl NodeState {
                             id,
                             pid: s.pid,
                             program: s.program.clone(),
+                            subject: s.subject.clone(),
                             worker_pid: s.worker_pid,
                             device: s.device,
                             used_bytes: s.used,
@@ -194,6 +198,7 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
         );
         listeners.push(l);
     }
+    admin::warn_if_open_tcp(&config.tokens, &listeners);
     let config = Arc::new(config);
     let mut threads = Vec::new();
     for l in listeners {
@@ -284,22 +289,28 @@ fn handle_connection(stream: Stream, state: &Shared, config: &NodeConfig) {
             let status = lock(state).status();
             answer(&mut conn, &ServerHello::Status(status));
         }
+        SessionKind::Check => {
+            let reply = match admin::slice_limit(&hello, claims.as_ref()) {
+                Ok(limit) => admin::check(state, &hello, limit),
+                Err(reason) => ServerHello::Refused { reason },
+            };
+            answer(&mut conn, &reply);
+        }
+        SessionKind::End { session } => {
+            let reply = admin::end(state, config, session, claims.as_ref(), &hello);
+            answer(&mut conn, &reply);
+        }
         SessionKind::Cuda => {
-            let mut limit = hello.resources.vram_bytes;
-            if let Some(max) = claims.as_ref().and_then(|c| c.max_vram_bytes) {
-                if limit.is_some_and(|l| l > max) {
-                    return refuse(
-                        &mut conn,
-                        format!("the token allows at most {max} bytes of VRAM"),
-                    );
-                }
-                limit = Some(limit.unwrap_or(max));
-            }
+            let limit = match admin::slice_limit(&hello, claims.as_ref()) {
+                Ok(l) => l,
+                Err(reason) => return refuse(&mut conn, reason),
+            };
             let admitted = lock(state).admit(&hello, limit);
             let a = match admitted {
                 Ok(a) => a,
                 Err(reason) => return refuse(&mut conn, reason),
             };
+            admin::set_subject(state, a.id, claims.as_ref());
             set_timeout(conn.stream(), None);
             spawn::run_worker(conn, tcp, a, limit, state, config);
         }

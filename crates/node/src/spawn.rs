@@ -86,13 +86,13 @@ pub fn run_worker(
     if let Some(s) = lock(state).sessions.get_mut(&id) {
         s.worker_pid = child.id();
     }
-    tracing::info!(session = id, worker = child.id(), "session started");
+    crate::admin::log_started(state, id);
     serve_control(&mut control, id, state, &queue);
     // The worker is gone or going: its place in the launch queue goes first, so that nobody
     // waits on a dead session.
     queue.remove(id);
     let status = child.wait();
-    tracing::info!(session = id, "session ended ({status:?})");
+    crate::admin::log_ended(state, id, &status);
     release(state, id);
 }
 

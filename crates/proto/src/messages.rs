@@ -13,6 +13,13 @@ pub enum SessionKind {
     Cuda,
     /// A one-shot status query answered by the node itself.
     Status,
+    /// A one-shot admission check (`gpufuse run`, before it starts the program): the node
+    /// answers `Admissible` or `Refused` exactly as it would a `Cuda` hello with the same token
+    /// and resources, and keeps nothing.
+    Check,
+    /// A one-shot request to end session `session` (`gpufuse kill`): the node kills its worker
+    /// and answers `Ended` once everything the session held is released.
+    End { session: u64 },
 }
 
 /// Quality-of-service level of a session.
@@ -146,6 +153,14 @@ pub enum ServerHello {
         reason: String,
     },
     Status(NodeStatus),
+    /// A `Check` hello would be admitted now, on device `device`.
+    Admissible {
+        device: u32,
+    },
+    /// An `End` hello's session is gone and its memory released.
+    Ended {
+        session: u64,
+    },
 }
 
 /// A node's state as `gpufuse status` shows it.
@@ -179,6 +194,8 @@ pub struct SessionStatus {
     pub id: u64,
     pub pid: u32,
     pub program: String,
+    /// The subject of the session's token (its tenant), when the node checks tokens.
+    pub subject: Option<String>,
     pub worker_pid: u32,
     pub device: u32,
     pub used_bytes: u64,

@@ -92,5 +92,6 @@ void check_threads(void);
 void check_device_reset(void);
 void check_vram_limit(void);
 void hold_1gib(void);
+void hold_until_stdin(void);
 
 #endif

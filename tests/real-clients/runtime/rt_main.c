@@ -29,6 +29,7 @@ static const struct check checks[] = {
     {"device_reset", check_device_reset, 1},
     {"vram_limit", check_vram_limit, 0},
     {"hold_1gib", hold_1gib, 0},
+    {"hold_until_stdin", hold_until_stdin, 0},
 };
 
 static void run_one(const struct check *c) {
@@ -228,4 +229,22 @@ void hold_1gib(void) {
   for (int i = 0; i < 600; i++) sleep(1);
   fprintf(stderr, "FAIL: hold_1gib was not killed within 10 minutes\n");
   exit(1);
+}
+
+/* For `gpufuse kill`: allocate 1 GiB (touched), say so, wait for a line on stdin, then report
+ * what the next CUDA calls return ("AFTER memset=<name> sync=<name>") and exit 0. */
+void hold_until_stdin(void) {
+  void *d = NULL;
+  char line[16];
+  CK(cudaMalloc(&d, 1 * GiB));
+  CK(cudaMemset(d, 0x5a, 1 * MiB));
+  CK(cudaDeviceSynchronize());
+  printf("READY pid=%d\n", (int)getpid());
+  fflush(stdout);
+  EXPECT(fgets(line, sizeof line, stdin) != NULL, "stdin closed before the go-ahead");
+  cudaError_t m = cudaMemset(d, 0, 1 * MiB);
+  cudaError_t s = cudaDeviceSynchronize();
+  printf("AFTER memset=%s sync=%s\n", cudaGetErrorName(m), cudaGetErrorName(s));
+  fflush(stdout);
+  exit(0);
 }

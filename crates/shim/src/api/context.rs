@@ -24,6 +24,17 @@ fn as_ctx(h: u64) -> CUcontext {
 }
 
 pub fn client_err(e: gpufuse_client::ClientError) -> CUresult {
+    // A lost connection fails every later call the same way: say why once, on stderr, as the
+    // failed connect is reported.
+    static LOST_REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if matches!(e, gpufuse_client::ClientError::Lost(_))
+        && !LOST_REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        let cause = std::error::Error::source(&e).map_or(String::new(), |s| format!(" ({s})"));
+        eprintln!(
+            "gpufuse: {e}{cause}: the session has ended (`gpufuse kill`, or its worker or the server stopped); CUDA calls now return CUDA_ERROR_DEVICE_UNAVAILABLE"
+        );
+    }
     e.status()
 }
 
