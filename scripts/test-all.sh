@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # Runs every test tier that works without a GPU:
-#   unit + component (cargo test), then the real-client suites (NVIDIA's libraries from PyPI
+#   style (fmt, clippy), unit + component (cargo test), the fuzz targets for a bounded time
+#   (scripts/fuzz.sh), then the real-client suites (NVIDIA's libraries from PyPI
 #   through the shim against a real `gpufuse serve` on the emulated GPU).
 # Installs what it needs first (idempotent): PyPI wheels into .deps/, see scripts/setup-test-deps.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== style: cargo fmt --check, cargo clippy -D warnings =="
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== build (release) =="
 cargo build --release --workspace
 
 echo "== unit and component tests =="
 cargo test --release --workspace
+
+echo "== fuzz targets (20 s each) =="
+bash scripts/fuzz.sh 20
 
 echo "== real-client suites =="
 bash scripts/run-real-clients.sh

@@ -62,13 +62,8 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
                 return Ok(());
             };
             Box::new(
-                EmuDevice::new(
-                    a.device_index,
-                    a.device_total,
-                    a.window_base,
-                    a.window_size,
-                )
-                .with_model(model),
+                EmuDevice::new(a.device_index, a.device_total, a.window_base, a.window_size)
+                    .with_model(model),
             )
         }
     };

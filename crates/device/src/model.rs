@@ -150,24 +150,24 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (32, 0),               // ECC
         (33, bus as i32),
         (34, device as i32),
-        (35, 0),         // TCC
+        (35, 0),               // TCC
         (36, m.mem_clock_khz), // memory clock, kHz
         (37, m.bus_width_bits),
         (38, m.l2_bytes),
         (39, m.threads_per_sm),
-        (40, 3),         // async engines
-        (41, 1),         // unified addressing
+        (40, 3), // async engines
+        (41, 1), // unified addressing
         (50, domain as i32),
         (51, 32), // texture pitch alignment
         (75, m.cc.0),
         (76, m.cc.1),
-        (78, 1),      // stream priorities
-        (79, 1),      // global L1 cache
-        (80, 1),      // local L1 cache
+        (78, 1), // stream priorities
+        (79, 1), // global L1 cache
+        (80, 1), // local L1 cache
         (81, m.shared_per_sm),
-        (82, 65536),  // registers per multiprocessor
-        (83, 0),      // managed memory: no
-        (84, 0),      // multi-GPU board
+        (82, 65536), // registers per multiprocessor
+        (83, 0),     // managed memory: no
+        (84, 0),     // multi-GPU board
         (85, 0),
         (86, 0), // host native atomics
         (87, 2), // single:double performance ratio
@@ -179,8 +179,8 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (96, 0),
         (97, m.shared_per_block_optin),
         (98, 0),
-        (99, 1),     // host register supported
-        (102, 0),    // virtual memory management: not exposed to clients yet
+        (99, 1),  // host register supported
+        (102, 0), // virtual memory management: not exposed to clients yet
         (106, m.blocks_per_sm),
         (108, 0),    // max persisting L2
         (109, 0),    // max access policy window

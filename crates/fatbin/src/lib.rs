@@ -96,13 +96,17 @@ pub fn measure_len<S: ByteSource + ?Sized>(src: &S) -> Result<usize, FatbinError
         }
         ImageKind::Fatbin => {
             let h = src.read(0, 16).ok_or(FatbinError::Truncated)?;
-            u16_at(h, 6) as u64 + u64_at(h, 8)
+            (u16_at(h, 6) as u64).saturating_add(u64_at(h, 8))
         }
         ImageKind::Cubin => cubin_len(src)?,
         ImageKind::Ptx => ptx_len(src)?,
     };
     if len > MAX_IMAGE {
         return Err(FatbinError::TooLarge);
+    }
+    // A header that claims more than the source holds is a truncated image, not a length.
+    if len > 0 && src.read(len - 1, 1).is_none() {
+        return Err(FatbinError::Truncated);
     }
     Ok(len as usize)
 }
@@ -131,14 +135,14 @@ fn cubin_len<S: ByteSource + ?Sized>(src: &S) -> Result<u64, FatbinError> {
     let (phentsize, phnum) = (u16_at(eh, 54) as u64, u16_at(eh, 56) as u64);
     let (shentsize, shnum) = (u16_at(eh, 58) as u64, u16_at(eh, 60) as u64);
     let mut end = 64u64
-        .max(shoff + shnum * shentsize)
-        .max(phoff + phnum * phentsize);
+        .max(shoff.saturating_add(shnum * shentsize))
+        .max(phoff.saturating_add(phnum * phentsize));
     if end > MAX_IMAGE {
         return Err(FatbinError::TooLarge);
     }
     for i in 0..shnum {
         let sh = src
-            .read(shoff + i * shentsize, 64)
+            .read(shoff.saturating_add(i * shentsize), 64)
             .ok_or(FatbinError::Truncated)?;
         let (kind, off, size) = (u32_at(sh, 4), u64_at(sh, 24), u64_at(sh, 32));
         if kind != 8 {
@@ -148,7 +152,7 @@ fn cubin_len<S: ByteSource + ?Sized>(src: &S) -> Result<u64, FatbinError> {
     }
     for i in 0..phnum {
         let ph = src
-            .read(phoff + i * phentsize, 56)
+            .read(phoff.saturating_add(i * phentsize), 56)
             .ok_or(FatbinError::Truncated)?;
         end = end.max(u64_at(ph, 8).saturating_add(u64_at(ph, 32)));
     }
@@ -305,6 +309,27 @@ pub fn select_cubin(image: &[u8], sm: u32) -> Result<Option<(u32, Vec<u8>)>, Fat
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Found by the `fatbin` fuzz target: a 36-byte fatbin whose header claims 32,395 bytes
+    /// was measured at 32,395, and a caller slicing that much panicked.
+    #[test]
+    fn a_header_claiming_more_than_the_source_holds_is_truncated() {
+        let mut image = [0xffu8; 36];
+        image[..4].copy_from_slice(&FATBIN_MAGIC.to_le_bytes());
+        image[6..8].copy_from_slice(&16u16.to_le_bytes());
+        image[8..16].copy_from_slice(&32379u64.to_le_bytes());
+        assert!(matches!(
+            measure_len(&image[..]),
+            Err(FatbinError::Truncated)
+        ));
+        image[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(
+            measure_len(&image[..]),
+            Err(FatbinError::TooLarge)
+        ));
+        image[8..16].copy_from_slice(&20u64.to_le_bytes());
+        assert_eq!(measure_len(&image[..]).unwrap(), 36);
+    }
 
     #[test]
     fn ptx_is_measured_to_its_nul() {

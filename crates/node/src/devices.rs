@@ -243,7 +243,10 @@ mod tests {
             .resolve()
             .unwrap();
         assert_eq!(devices[0].compute_capability, (12, 0));
-        let err = "emu:1:1G:sm_75".parse::<DeviceSpec>().unwrap_err().to_string();
+        let err = "emu:1:1G:sm_75"
+            .parse::<DeviceSpec>()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("sm_120"), "the error lists the models: {err}");
         for bad in [
             "emu:0",

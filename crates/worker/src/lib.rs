@@ -281,7 +281,9 @@ impl<'a> Session<'a> {
         self.staged.clear();
     }
 
-    fn rows(&mut self, r: Rect, width: u64, height: u64) -> R<()> {
+    /// Checks `height` rows of `width` bytes at `r` against the session; returns the bytes
+    /// they hold (`width * height`, checked: both come from the wire).
+    fn rows(&mut self, r: Rect, width: u64, height: u64) -> R<u64> {
         if width > r.pitch && height > 1 {
             return Err(st::INVALID_VALUE);
         }
@@ -290,7 +292,8 @@ impl<'a> Session<'a> {
             .checked_mul(height.saturating_sub(1))
             .and_then(|s| s.checked_add(width))
             .ok_or(st::INVALID_VALUE)?;
-        self.check_range(r.ptr, span)
+        self.check_range(r.ptr, span)?;
+        width.checked_mul(height).ok_or(st::INVALID_VALUE)
     }
 
     /// Runs one request. `Ok` carries the reply body for synchronous requests.
@@ -406,12 +409,15 @@ impl<'a> Session<'a> {
                 data,
             } => {
                 self.check_stream(stream)?;
-                self.rows(dst, width, height)?;
-                if data.len() as u64 != width * height {
+                let total = self.rows(dst, width, height)?;
+                if data.len() as u64 != total {
                     return Err(st::INVALID_VALUE);
                 }
-                for (row, chunk) in data.chunks(width as usize).enumerate() {
-                    self.device.write(dst.ptr + row as u64 * dst.pitch, chunk)?;
+                // Zero-width rows copy nothing (and `chunks(0)` would panic).
+                if total > 0 {
+                    for (row, chunk) in data.chunks(width as usize).enumerate() {
+                        self.device.write(dst.ptr + row as u64 * dst.pitch, chunk)?;
+                    }
                 }
             }
             Memcpy2DDtoH {
@@ -421,10 +427,12 @@ impl<'a> Session<'a> {
                 stream,
             } => {
                 self.check_stream(stream)?;
-                self.rows(src, width, height)?;
-                let mut out = vec![0u8; (width * height) as usize];
-                for (row, chunk) in out.chunks_mut(width as usize).enumerate() {
-                    self.device.read(src.ptr + row as u64 * src.pitch, chunk)?;
+                let total = self.rows(src, width, height)?;
+                let mut out = vec![0u8; usize::try_from(total).map_err(|_| st::INVALID_VALUE)?];
+                if total > 0 {
+                    for (row, chunk) in out.chunks_mut(width as usize).enumerate() {
+                        self.device.read(src.ptr + row as u64 * src.pitch, chunk)?;
+                    }
                 }
                 return Ok(ReplyBody::Data(out));
             }
@@ -448,7 +456,10 @@ impl<'a> Session<'a> {
                 stream,
             } => {
                 self.check_stream(stream)?;
-                self.rows(dst, width * elem_size as u64, height)?;
+                let row_bytes = width
+                    .checked_mul(elem_size as u64)
+                    .ok_or(st::INVALID_VALUE)?;
+                self.rows(dst, row_bytes, height)?;
                 for row in 0..height {
                     self.device
                         .memset(dst.ptr + row * dst.pitch, value, elem_size, width)?;

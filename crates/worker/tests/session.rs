@@ -146,3 +146,58 @@ fn sessions_cannot_name_memory_or_handles_they_do_not_own() {
     drop(c);
     w.join().unwrap();
 }
+
+/// Found by the `worker_requests` fuzz target: a 2-D copy with zero-width rows panicked the
+/// worker (`chunks(0)`), and `width * height` from the wire was unchecked.
+#[test]
+fn zero_width_and_overflowing_2d_copies_are_answered_not_panics() {
+    let (mut c, w) = pair();
+    let p = alloc(&mut c, 4096);
+    let rect = gpufuse_proto::Rect { ptr: p, pitch: 64 };
+    let got = c
+        .call(&Request::Memcpy2DDtoH {
+            src: rect,
+            width: 0,
+            height: 3,
+            stream: 0,
+        })
+        .unwrap();
+    assert_eq!(got, ReplyBody::Data(vec![]));
+    c.quiet(&Request::Memcpy2DHtoD {
+        dst: rect,
+        width: 0,
+        height: 3,
+        stream: 0,
+        data: &[],
+    })
+    .unwrap();
+    c.quiet(&Request::Memset2D {
+        dst: rect,
+        value: 0,
+        elem_size: 4,
+        width: u64::MAX / 2,
+        height: 1,
+        stream: 0,
+    })
+    .unwrap();
+    c.call(&Request::CtxSynchronize { ctx: 0 }).unwrap();
+    assert_eq!(
+        c.take_async_error(),
+        Some(1),
+        "the overflowing memset is refused"
+    );
+    assert!(matches!(
+        c.call(&Request::Memcpy2DDtoH {
+            src: gpufuse_proto::Rect {
+                ptr: p,
+                pitch: 1 << 62
+            },
+            width: 1 << 62,
+            height: 1 << 3,
+            stream: 0,
+        }),
+        Err(ClientError::Cuda(1))
+    ));
+    drop(c);
+    assert_eq!(w.join().unwrap(), 0);
+}

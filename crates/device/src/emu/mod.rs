@@ -348,7 +348,7 @@ impl Device for EmuDevice {
             (4, 32), // registers
             (5, ptx_arch),
             (6, self.model.arch() as i32), // binary version: JIT-compiled for the device
-            (7, 0),                              // cache mode CA
+            (7, 0),                        // cache mode CA
             (8, model::SHARED_PER_BLOCK - static_shared),
             (9, -1), // preferred carveout
             (10, 0), // cluster size must be set

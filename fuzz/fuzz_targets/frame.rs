@@ -1,0 +1,32 @@
+//! Everything a peer's bytes reach before a request is handled: the frame header, every
+//! message type's decoder, the split of a bulk tail from its head, and the direct
+//! host-to-device prefix. None may panic; what decodes must encode back to a frame that
+//! decodes to the same message.
+#![no_main]
+
+use gpufuse_proto::{ClientHello, Reply, Request, ServerHello};
+use gpufuse_proto::{FrameHeader, FrameKind, HEADER_LEN};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Some(head) = data.first_chunk::<HEADER_LEN>() {
+        if let Ok(h) = FrameHeader::decode(head) {
+            assert_eq!(FrameHeader::decode(&h.encode()).ok(), Some(h));
+        }
+    }
+    let body = data.get(HEADER_LEN.min(data.len())..).unwrap_or_default();
+    if let Ok(req) = gpufuse_proto::decode_borrowed::<Request>(body) {
+        let mut frame = Vec::new();
+        gpufuse_proto::encode_frame(&mut frame, FrameKind::Request, 0, 1, &req);
+        let back: Request = gpufuse_proto::decode_borrowed(&frame[HEADER_LEN..]).unwrap();
+        assert_eq!(back, req);
+    }
+    let _ = gpufuse_proto::decode_owned::<Reply>(body);
+    let _ = gpufuse_proto::decode_owned::<ClientHello>(body);
+    let _ = gpufuse_proto::decode_owned::<ServerHello>(body);
+    for tail in [0, 1, 8, body.len() / 2, body.len()] {
+        let _ = gpufuse_proto::decode_with_tail::<Reply>(body, tail);
+        let _ = gpufuse_proto::decode_head::<Reply>(body, tail);
+    }
+    let _ = gpufuse_proto::htod_prefix(body);
+});
