@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup-test-deps.sh
 # shellcheck disable=SC1091
 . .deps/env.sh
+# cuGetErrorString's texts are NVIDIA's: the checked-in table still matches libcudart's.
+"$GPUFUSE_PY" scripts/gen_result_texts.py "$GPUFUSE_CUDART13_LIB/libcudart.so.13" --check
 
 echo "== building gpufuse (release) =="
 pkgs=(-p gpufuse-cli -p gpufuse-shim)

@@ -1,7 +1,8 @@
 //! CUDA driver facts, generated from NVIDIA's headers by `scripts/gen_cuda_types.py`
 //! (checked in; `scripts/check_cuda_types.sh` verifies they are current):
 //! the names a real `libcuda.so.1` exports, the `cuGetProcAddress` version table, and the
-//! `CUresult` codes. No dependencies, no unsafe.
+//! `CUresult` codes; and what `cuGetErrorString` says for each code, read from NVIDIA's libcudart
+//! by `scripts/gen_result_texts.py`. No dependencies, no unsafe.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::type_complexity)]
@@ -15,6 +16,17 @@ mod generated {
 pub use generated::exports::DRIVER_EXPORTS;
 pub use generated::proc_table::FAMILIES;
 pub use generated::result::*;
+
+mod result_text;
+pub use result_text::RESULT_TEXTS;
+
+/// What `cuGetErrorString` says for `code` (NVIDIA's text; `scripts/gen_result_texts.py`).
+pub fn result_text(code: CUresult) -> Option<&'static str> {
+    RESULT_TEXTS
+        .binary_search_by_key(&code, |&(c, _)| c)
+        .ok()
+        .map(|i| RESULT_TEXTS[i].1)
+}
 
 /// `CUresult`.
 pub type CUresult = i32;
@@ -164,6 +176,17 @@ mod tests {
             resolve_proc("cuMemAlloc", 1000, 0),
             ProcLookup::VersionTooNew
         );
+    }
+
+    #[test]
+    fn every_result_has_nvidias_text() {
+        for &(code, name) in generated::result::RESULTS {
+            assert!(result_text(code).is_some(), "{code} {name}");
+        }
+        assert_eq!(result_text(500), Some("named symbol not found"));
+        assert_eq!(result_text(1), Some("invalid argument"));
+        assert_eq!(result_text(0), Some("no error"));
+        assert_eq!(result_text(12345), None);
     }
 
     #[test]

@@ -64,6 +64,24 @@ def main():
     expect(ua == 1, f"unified addressing {ua}")
     uuid = ck(cu.cuDeviceGetUuid(dev), "cuDeviceGetUuid")
     expect(len(bytes(uuid.bytes)) == 16, "uuid length")
+    # CUDA's 13-byte PCI bus id, and every form cuDeviceGetByPCIBusId takes back.
+    bus_id = ck(cu.cuDeviceGetPCIBusId(13, dev), "cuDeviceGetPCIBusId").split(b"\0")[0].decode()
+    print(f"pci_bus_id={bus_id}")
+    expect(len(bus_id) == 12 and bus_id.count(":") == 2 and bus_id.endswith(".0"),
+           f"bus id {bus_id!r} is not of the form 0000:40:00.0")
+    for form in (bus_id, "0000" + bus_id, bus_id[5:], bus_id.upper()):
+        found = ck(cu.cuDeviceGetByPCIBusId(form.encode()), f"cuDeviceGetByPCIBusId({form})")
+        expect(int(found) == int(dev), f"{form} names device {int(found)}")
+    # NVIDIA's texts, not names turned into sentences.
+    for code, want in ((cu.CUresult.CUDA_ERROR_NOT_FOUND, "named symbol not found"),
+                       (cu.CUresult.CUDA_ERROR_INVALID_VALUE, "invalid argument"),
+                       (cu.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,
+                        "an illegal memory access was encountered")):
+        text = ck(cu.cuGetErrorString(code), "cuGetErrorString").decode()
+        expect(text == want, f"cuGetErrorString({code!r}) = {text!r}, want {want!r}")
+    # Profiler control succeeds and does nothing (programs bracket regions with it).
+    ck(cu.cuProfilerStart(), "cuProfilerStart")
+    ck(cu.cuProfilerStop(), "cuProfilerStop")
     print("PASS device_queries", flush=True)
 
     # Primary context.

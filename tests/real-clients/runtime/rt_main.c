@@ -181,6 +181,17 @@ void check_device_reset(void) {
   CK(cudaMemcpy(r, c, 8 * MiB, cudaMemcpyDeviceToHost));
   expect_same(h, r, 8 * MiB, "round trip after cudaDeviceReset");
   CK(cudaFree(c));
+
+  /* Two resets in a row, then cudaSetDevice: NVIDIA's driver accepts it (the runtime reuses the
+   * primary context's handle, which stays valid across a reset). */
+  CK(cudaDeviceReset());
+  CK(cudaDeviceReset());
+  CK(cudaSetDevice(0));
+  CK(cudaMalloc(&c, 8 * MiB));
+  CK(cudaMemcpy(c, h, 8 * MiB, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(r, c, 8 * MiB, cudaMemcpyDeviceToHost));
+  expect_same(h, r, 8 * MiB, "round trip after two resets and cudaSetDevice");
+  CK(cudaFree(c));
   free(h);
   free(r);
 }

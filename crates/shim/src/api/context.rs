@@ -48,10 +48,18 @@ pub fn context_device(g: &Inner, ctx: u64) -> Result<u32, CUresult> {
     if ctx == 0 {
         return Err(INVALID_CONTEXT);
     }
-    g.contexts
-        .get(&ctx)
-        .map(|c| c.device)
-        .ok_or(INVALID_CONTEXT)
+    match g.contexts.get(&ctx) {
+        Some(c) => Ok(c.device),
+        // A primary context's handle stays valid after a reset, as the driver's does: the
+        // runtime keeps it across cudaDeviceReset and uses it again.
+        None => primary_device(g, ctx).ok_or(INVALID_CONTEXT),
+    }
+}
+
+/// The device whose primary context `ctx` is.
+fn primary_device(g: &Inner, ctx: u64) -> Option<u32> {
+    let d = g.primary.iter().position(|p| p.handle == ctx)?;
+    u32::try_from(d).ok()
 }
 
 /// The current context and its device.
@@ -358,8 +366,11 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     guard(|| {
         let s = session()?;
         let h = handle(ctx);
-        if h != 0 && !s.lock().contexts.contains_key(&h) {
-            return Err(INVALID_CONTEXT);
+        let mut g = s.lock();
+        if h != 0 && !g.contexts.contains_key(&h) {
+            // A reset primary context becomes active again when it is made current.
+            let d = primary_device(&g, h).ok_or(INVALID_CONTEXT)?;
+            ensure_primary(&mut g, d)?;
         }
         state::set_current_context(h);
         Ok(())

@@ -173,13 +173,39 @@ pub unsafe extern "C" fn cuDeviceGetProperties(prop: *mut DevProp, dev: CUdevice
     })
 }
 
+/// `0000:40:00.0`: CUDA's 13-byte form (4-digit domain), as the driver writes it.
 fn pci_bus_id(dev: CUdevice) -> Result<String, CUresult> {
-    Ok(format!(
-        "{:08x}:{:02x}:{:02x}.0",
+    let (domain, bus, device) = pci_location(dev)?;
+    Ok(format!("{domain:04x}:{bus:02x}:{device:02x}.0"))
+}
+
+fn pci_location(dev: CUdevice) -> Result<(c_int, c_int, c_int), CUresult> {
+    Ok((
         attr(dev, PCI_DOMAIN_ID)?,
         attr(dev, PCI_BUS_ID)?,
-        attr(dev, PCI_DEVICE_ID)?
+        attr(dev, PCI_DEVICE_ID)?,
     ))
+}
+
+/// `[domain:]bus:device[.function]`, hexadecimal, any domain width (NVML writes 8 digits).
+fn parse_pci_bus_id(id: &str) -> Option<(c_int, c_int, c_int)> {
+    let hex = |s: &str| c_int::from_str_radix(s, 16).ok();
+    let id = id.split_once('.').map_or(
+        id,
+        |(head, function)| {
+            if hex(function) == Some(0) {
+                head
+            } else {
+                ""
+            }
+        },
+    );
+    let parts: Vec<&str> = id.split(':').collect();
+    match parts.as_slice() {
+        [domain, bus, device] => Some((hex(domain)?, hex(bus)?, hex(device)?)),
+        [bus, device] => Some((0, hex(bus)?, hex(device)?)),
+        _ => None,
+    }
 }
 
 #[no_mangle]
@@ -200,12 +226,10 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_char) -> CUresult {
     guard(|| {
-        let want = cstr(id)?.to_ascii_lowercase();
+        let want = parse_pci_bus_id(cstr(id)?).ok_or(INVALID_VALUE)?;
         let s = session()?;
         for d in 0..s.devices.len() as c_int {
-            let have = pci_bus_id(d)?;
-            // Accept the short form "bus:device.function" as the driver does.
-            if have == want || have.ends_with(&want) {
+            if pci_location(d)? == want {
                 return out(dev, d);
             }
         }
@@ -263,3 +287,24 @@ pub unsafe extern "C" fn cuDeviceGetTexture1DLinearMaxWidth(
 }
 
 include!(concat!(env!("OUT_DIR"), "/aliases_device.rs"));
+
+#[cfg(test)]
+mod tests {
+    use super::parse_pci_bus_id;
+
+    #[test]
+    fn pci_bus_ids_parse_in_every_form_the_driver_takes() {
+        for id in [
+            "0000:40:00.0",
+            "00000000:40:00.0",
+            "40:00.0",
+            "40:00",
+            "0000:40:00",
+        ] {
+            assert_eq!(parse_pci_bus_id(id), Some((0, 0x40, 0)), "{id}");
+        }
+        for bad in ["", "40", "0000:40:00.1", "zz:00.0", "0:0:0:0"] {
+            assert_eq!(parse_pci_bus_id(bad), None, "{bad}");
+        }
+    }
+}

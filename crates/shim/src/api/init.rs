@@ -125,15 +125,7 @@ fn error_strings() -> &'static HashMap<CUresult, (CString, CString)> {
         (-1..1000)
             .filter_map(|code| {
                 let name = gpufuse_cuda_types::result_name(code)?;
-                let text = name
-                    .trim_start_matches("CUDA_ERROR_")
-                    .replace('_', " ")
-                    .to_lowercase();
-                let text = if code == 0 {
-                    "no error".to_string()
-                } else {
-                    text
-                };
+                let text = gpufuse_cuda_types::result_text(code)?;
                 Some((code, (CString::new(name).ok()?, CString::new(text).ok()?)))
             })
             .collect()
@@ -160,6 +152,27 @@ pub unsafe extern "C" fn cuGetErrorString(error: CUresult, text: *mut *const c_c
             Err(INVALID_VALUE)
         }
     })
+}
+
+/// Profiler control succeeds and does nothing: no profiler attaches to a remote device, and
+/// programs call these around the region they want profiled.
+#[no_mangle]
+pub unsafe extern "C" fn cuProfilerStart() -> CUresult {
+    guard(|| global::session().map(|_| ()))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuProfilerStop() -> CUresult {
+    guard(|| global::session().map(|_| ()))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuProfilerInitialize(
+    _config: *const c_char,
+    _output: *const c_char,
+    _mode: c_int,
+) -> CUresult {
+    guard(|| global::session().map(|_| ()))
 }
 
 include!(concat!(env!("OUT_DIR"), "/aliases_init.rs"));
