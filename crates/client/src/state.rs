@@ -51,8 +51,9 @@ impl SessionConfig {
 pub struct Allocation {
     pub size: u64,
     pub device: u32,
-    /// Allocated from the device's memory pool (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`).
-    pub pooled: bool,
+    /// The memory pool it was allocated from (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`):
+    /// its handle.
+    pub pool: Option<u64>,
     /// Managed (`cuMemAllocManaged`): the same address is mapped in this process.
     pub managed: bool,
     /// Mapped physical memory (`cuMemMap`): unmapped, never freed with `cuMemFree`.
@@ -85,6 +86,10 @@ pub struct ArrayInfo {
 /// caching), so reserved equals used.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PoolStats {
+    /// The device the pool allocates on.
+    pub device: u32,
+    /// Largest size the pool may reach (`CUmemPoolProps::maxSize`); 0: the device's memory.
+    pub max_size: u64,
     pub used: u64,
     pub high: u64,
     pub reserved_high: u64,
@@ -178,8 +183,12 @@ pub struct Inner {
     pub events: HashMap<u64, Event>,
     /// Content hashes of images this connection already sent.
     pub images_sent: HashSet<[u8; 32]>,
-    /// Per device: its default memory pool.
-    pub pools: HashMap<u32, PoolStats>,
+    /// Memory pools by handle: each device's default pool (made on first use) and the pools
+    /// `cuMemPoolCreate` made.
+    pub pools: HashMap<u64, PoolStats>,
+    /// Per device: the pool `cuMemAllocAsync` allocates from when it is not the default
+    /// (`cuDeviceSetMemPool`).
+    pub current_pools: HashMap<u32, u64>,
     /// Whether the device holds the current contents of managed memory (device work has been
     /// issued since the host last had them).
     pub managed_on_device: bool,
@@ -286,6 +295,7 @@ impl Session {
                 events: HashMap::new(),
                 images_sent: HashSet::new(),
                 pools: HashMap::new(),
+                current_pools: HashMap::new(),
                 managed_on_device: false,
                 managed_count: 0,
                 physical: HashMap::new(),

@@ -210,6 +210,46 @@ extern "C" __global__ void affine(const float* x, float* y, float a, float b, in
     expect(high == used, f"pool high after reset {high}, want {used}")
     ck(cu.cuMemFreeAsync(a1, stream), "cuMemFreeAsync")
     ck(cu.cuStreamSynchronize(stream), "sync")
+
+    # A pool of its own: cuMemPoolCreate, allocations charged to it (not to the default pool),
+    # its maxSize enforced, cuDeviceSetMemPool routing cuMemAllocAsync to it, then destroyed.
+    props = cu.CUmemPoolProps()
+    props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    props.location.id = int(dev)
+    props.maxSize = 8 * MiB
+    mine = ck(cu.cuMemPoolCreate(props), "cuMemPoolCreate")
+    default_before = pool_attr(P.CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    b1 = ck(cu.cuMemAllocFromPoolAsync(3 * MiB, mine, stream), "cuMemAllocFromPoolAsync")
+    mine_used = int(ck(cu.cuMemPoolGetAttribute(mine, P.CU_MEMPOOL_ATTR_USED_MEM_CURRENT), "attr"))
+    expect(mine_used == 3 * MiB, f"created pool used {mine_used}, want {3 * MiB}")
+    expect(pool_attr(P.CU_MEMPOOL_ATTR_USED_MEM_CURRENT) == default_before,
+           "an allocation from a created pool was charged to the default pool")
+    err, _ = cu.cuMemAllocFromPoolAsync(6 * MiB, mine, stream)
+    expect(err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY, f"past the pool's maxSize: {err!r}")
+    ck(cu.cuDeviceSetMemPool(dev, mine), "cuDeviceSetMemPool")
+    expect(int(ck(cu.cuDeviceGetMemPool(dev), "cuDeviceGetMemPool")) == int(mine),
+           "cuDeviceGetMemPool after cuDeviceSetMemPool")
+    b2 = ck(cu.cuMemAllocAsync(1 * MiB, stream), "cuMemAllocAsync from the current pool")
+    mine_used = int(ck(cu.cuMemPoolGetAttribute(mine, P.CU_MEMPOOL_ATTR_USED_MEM_CURRENT), "attr"))
+    expect(mine_used == 4 * MiB, f"created pool used {mine_used}, want {4 * MiB}")
+    ck(cu.cuMemFreeAsync(b1, stream), "cuMemFreeAsync")
+    ck(cu.cuMemFreeAsync(b2, stream), "cuMemFreeAsync")
+    ck(cu.cuStreamSynchronize(stream), "sync")
+    ck(cu.cuMemPoolDestroy(mine), "cuMemPoolDestroy")
+    expect(int(ck(cu.cuDeviceGetMemPool(dev), "cuDeviceGetMemPool")) == int(pool),
+           "the default pool is current again after the created one is destroyed")
+    err, = cu.cuMemPoolDestroy(pool)
+    expect(err == cu.CUresult.CUDA_ERROR_INVALID_VALUE, f"destroying the default pool: {err!r}")
+
+    # cuStreamAttachMemAsync on managed memory (checked, nothing to move).
+    m = ck(cu.cuMemAllocManaged(1 * MiB, cu.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL.value),
+           "cuMemAllocManaged")
+    ck(cu.cuStreamAttachMemAsync(stream, m, 0,
+                                 cu.CUmemAttach_flags.CU_MEM_ATTACH_SINGLE.value),
+       "cuStreamAttachMemAsync")
+    ck(cu.cuStreamSynchronize(stream), "sync")
+    ck(cu.cuMemFree(m), "cuMemFree managed")
     print("PASS memory_pool", flush=True)
 
     # Virtual memory management: two physical chunks mapped back to back in one reservation,

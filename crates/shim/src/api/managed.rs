@@ -109,7 +109,7 @@ fn alloc_managed(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> Result<(
         Allocation {
             size: size as u64,
             device,
-            pooled: false,
+            pool: None,
             managed: true,
             mapped: false,
             offset: p - base,

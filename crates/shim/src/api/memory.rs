@@ -3,7 +3,7 @@
 use std::alloc::Layout;
 use std::ffi::{c_int, c_uint, c_void};
 
-use gpufuse_client::state::{Allocation, HostAllocation, Inner};
+use gpufuse_client::state::{Allocation, HostAllocation, Inner, PoolStats};
 use gpufuse_proto::{ReplyBody, Request};
 
 use crate::api::context::{client_err, current, CUcontext};
@@ -11,7 +11,7 @@ use crate::api::stream::stream_id;
 use crate::ffi::{out, out_opt, read, read_at};
 use crate::global::session;
 use crate::guard::guard;
-use crate::status::{CUresult, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS};
+use crate::status::{CUresult, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY};
 
 pub type CUdeviceptr = u64;
 
@@ -37,7 +37,7 @@ pub(crate) fn alloc(g: &mut Inner, size: usize) -> Result<u64, CUresult> {
         Allocation {
             size: size as u64,
             device,
-            pooled: false,
+            pool: None,
             managed: false,
             mapped: false,
             offset: 0,
@@ -84,7 +84,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
             Allocation {
                 size: p * height as u64,
                 device,
-                pooled: false,
+                pool: None,
                 managed: false,
                 mapped: false,
                 offset: 0,
@@ -111,8 +111,7 @@ pub(crate) fn free(ptr: u64) -> Result<(), CUresult> {
         crate::api::managed::unmap(ptr, a.size);
         g.managed_count -= 1;
     }
-    if a.pooled {
-        let pool = g.pools.entry(a.device).or_default();
+    if let Some(pool) = a.pool.and_then(|h| g.pools.get_mut(&h)) {
         pool.used = pool.used.saturating_sub(a.size);
     }
     g.conn
@@ -127,6 +126,29 @@ pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     guard(|| free(ptr))
 }
 
+/// Allocates `size` bytes from `pool` (a handle) and charges the pool.
+fn alloc_from_pool(g: &mut Inner, size: usize, pool: u64) -> Result<u64, CUresult> {
+    let device = pool_device(g, pool)?;
+    let (_, current) = current(g)?;
+    if device != current {
+        return Err(INVALID_VALUE);
+    }
+    let stats = pool_stats(g, pool)?;
+    if stats.max_size != 0 && stats.used.saturating_add(size as u64) > stats.max_size {
+        return Err(OUT_OF_MEMORY);
+    }
+    let p = alloc(g, size)?;
+    if let Some(a) = g.allocations.get_mut(&p) {
+        a.pool = Some(pool);
+        let size = a.size;
+        let stats = pool_stats(g, pool)?;
+        stats.used += size;
+        stats.high = stats.high.max(stats.used);
+        stats.reserved_high = stats.reserved_high.max(stats.used);
+    }
+    Ok(p)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
@@ -137,15 +159,13 @@ pub unsafe extern "C" fn cuMemAllocAsync(
         let s = session()?;
         let mut g = s.lock();
         stream_id(&g, stream)?;
-        let p = alloc(&mut g, size)?;
-        if let Some(a) = g.allocations.get_mut(&p) {
-            a.pooled = true;
-            let (device, size) = (a.device, a.size);
-            let pool = g.pools.entry(device).or_default();
-            pool.used += size;
-            pool.high = pool.high.max(pool.used);
-            pool.reserved_high = pool.reserved_high.max(pool.used);
-        }
+        let (_, device) = current(&g)?;
+        let pool = g
+            .current_pools
+            .get(&device)
+            .copied()
+            .unwrap_or_else(|| default_pool(device));
+        let p = alloc_from_pool(&mut g, size, pool)?;
         out(dptr, p)
     })
 }
@@ -154,11 +174,16 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     dptr: *mut CUdeviceptr,
     size: usize,
-    _pool: *mut c_void,
+    pool: *mut c_void,
     stream: *mut c_void,
 ) -> CUresult {
-    // SAFETY: same contract as `cuMemAllocAsync`; the pool is the device's default pool.
-    unsafe { cuMemAllocAsync(dptr, size, stream) }
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        stream_id(&g, stream)?;
+        let p = alloc_from_pool(&mut g, size, pool as usize as u64)?;
+        out(dptr, p)
+    })
 }
 
 #[no_mangle]
@@ -172,9 +197,34 @@ pub unsafe extern "C" fn cuMemFreeAsync(ptr: CUdeviceptr, stream: *mut c_void) -
     })
 }
 
-/// The default memory pool of a device: an opaque, non-NULL handle per device.
-fn pool_handle(dev: c_int) -> *mut c_void {
-    (0x9000_0000usize + dev as usize) as *mut c_void
+/// Default pools are `DEFAULT_POOLS + device`; created pools count up from `CREATED_POOLS`.
+/// Both are opaque, non-NULL handles.
+const DEFAULT_POOLS: u64 = 0x9000_0000;
+const CREATED_POOLS: u64 = 0xa000_0000;
+
+fn default_pool(dev: u32) -> u64 {
+    DEFAULT_POOLS + u64::from(dev)
+}
+
+/// The device `pool` allocates on: a created pool's, or a valid device's default pool.
+fn pool_device(g: &Inner, pool: u64) -> Result<u32, CUresult> {
+    if let Some(stats) = g.pools.get(&pool) {
+        return Ok(stats.device);
+    }
+    let dev = pool
+        .checked_sub(DEFAULT_POOLS)
+        .filter(|&d| pool < CREATED_POOLS && (d as usize) < g.primary.len())
+        .ok_or(INVALID_VALUE)?;
+    Ok(dev as u32)
+}
+
+/// A pool's books (a default pool's made on first use).
+fn pool_stats(g: &mut Inner, pool: u64) -> Result<&mut PoolStats, CUresult> {
+    let device = pool_device(g, pool)?;
+    Ok(g.pools.entry(pool).or_insert(PoolStats {
+        device,
+        ..PoolStats::default()
+    }))
 }
 
 #[no_mangle]
@@ -183,26 +233,97 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: 
         session()?
             .device(dev)
             .ok_or(crate::status::INVALID_DEVICE)?;
-        out(pool, pool_handle(dev))
+        out(pool, default_pool(dev as u32) as usize as *mut c_void)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut *mut c_void, dev: c_int) -> CUresult {
-    // SAFETY: same contract.
-    unsafe { cuDeviceGetDefaultMemPool(pool, dev) }
+    guard(|| {
+        let s = session()?;
+        s.device(dev).ok_or(crate::status::INVALID_DEVICE)?;
+        let d = dev as u32;
+        let h = s
+            .lock()
+            .current_pools
+            .get(&d)
+            .copied()
+            .unwrap_or_else(|| default_pool(d));
+        out(pool, h as usize as *mut c_void)
+    })
 }
 
-/// The device whose default pool `pool` is.
-fn pool_device(pool: *mut c_void) -> Result<u32, CUresult> {
-    let dev = (pool as usize)
-        .checked_sub(0x9000_0000)
-        .and_then(|d| c_int::try_from(d).ok())
-        .ok_or(INVALID_VALUE)?;
-    session()?
-        .device(dev)
-        .ok_or(INVALID_VALUE)
-        .map(|_| dev as u32)
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: *mut c_void) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        s.device(dev).ok_or(crate::status::INVALID_DEVICE)?;
+        let mut g = s.lock();
+        let h = pool as usize as u64;
+        if pool_device(&g, h)? != dev as u32 {
+            return Err(INVALID_VALUE);
+        }
+        g.current_pools.insert(dev as u32, h);
+        Ok(())
+    })
+}
+
+/// `CUmemPoolProps`: allocation type, handle types, location (type, id), a Windows pointer,
+/// `maxSize`, usage, reserved bytes (88 bytes).
+const POOL_PROPS_LEN: usize = 88;
+const MEM_ALLOCATION_TYPE_PINNED: i32 = 1;
+const MEM_LOCATION_TYPE_DEVICE: i32 = 1;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) -> CUresult {
+    guard(|| {
+        if pool.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let p = read(props.cast::<[u8; POOL_PROPS_LEN]>())?;
+        let i32_at = |o: usize| i32::from_le_bytes([p[o], p[o + 1], p[o + 2], p[o + 3]]);
+        let (alloc_type, handle_types) = (i32_at(0), i32_at(4));
+        let (location_type, device) = (i32_at(8), i32_at(12));
+        let max_size = u64::from_le_bytes(p[24..32].try_into().map_err(|_| INVALID_VALUE)?);
+        if alloc_type != MEM_ALLOCATION_TYPE_PINNED || location_type != MEM_LOCATION_TYPE_DEVICE {
+            return Err(INVALID_VALUE);
+        }
+        // IPC handles (POSIX fd, fabric) cannot cross to a remote device.
+        if handle_types != 0 {
+            return Err(NOT_SUPPORTED);
+        }
+        let s = session()?;
+        s.device(device).ok_or(crate::status::INVALID_DEVICE)?;
+        let mut g = s.lock();
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let h = CREATED_POOLS + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        g.pools.insert(
+            h,
+            PoolStats {
+                device: device as u32,
+                max_size,
+                ..PoolStats::default()
+            },
+        );
+        out(pool, h as usize as *mut c_void)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: *mut c_void) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        let h = pool as usize as u64;
+        if h < CREATED_POOLS || !g.pools.contains_key(&h) {
+            return Err(INVALID_VALUE);
+        }
+        // Allocations still out keep working and are freed as usual; the device falls back
+        // to its default pool if this one was current.
+        g.pools.remove(&h);
+        g.current_pools.retain(|_, &mut p| p != h);
+        Ok(())
+    })
 }
 
 // CUmemPool_attribute.
@@ -221,10 +342,9 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     value: *mut c_void,
 ) -> CUresult {
     guard(|| {
-        let dev = pool_device(pool)?;
         let s = session()?;
         let mut g = s.lock();
-        let stats = g.pools.entry(dev).or_default();
+        let stats = pool_stats(&mut g, pool as usize as u64)?;
         match attr {
             POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES..=POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
                 read(value.cast::<c_int>())?;
@@ -254,9 +374,8 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
     value: *mut c_void,
 ) -> CUresult {
     guard(|| {
-        let dev = pool_device(pool)?;
         let s = session()?;
-        let stats = s.lock().pools.get(&dev).copied().unwrap_or_default();
+        let stats = *pool_stats(&mut s.lock(), pool as usize as u64)?;
         match attr {
             // Reuse policies: all enabled.
             POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES..=POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
@@ -274,8 +393,13 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolTrimTo(_pool: *mut c_void, _keep: usize) -> CUresult {
-    SUCCESS
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: *mut c_void, _keep: usize) -> CUresult {
+    // Freed pool memory goes back to the device at once: nothing is cached to trim.
+    guard(|| {
+        let s = session()?;
+        let g = s.lock();
+        pool_device(&g, pool as usize as u64).map(|_| ())
+    })
 }
 
 #[no_mangle]

@@ -224,7 +224,7 @@ fn global(g: &mut Inner, m: u64, name: &str) -> Result<(u64, u64), CUresult> {
                 .or_insert(gpufuse_client::state::Allocation {
                     size,
                     device,
-                    pooled: false,
+                    pool: None,
                     managed: false,
                     mapped: false,
                     offset: 0,

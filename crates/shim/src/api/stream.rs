@@ -110,6 +110,45 @@ pub unsafe extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
     })
 }
 
+/// `cuStreamAttachMemAsync`: managed memory is moved whole to the device before device work
+/// and back after a synchronize (crates/shim/src/api/managed.rs), so an attachment changes
+/// nothing; the stream, the flags and the range (inside one allocation) are still checked.
+fn attach_mem(stream: CUstream, ptr: u64, len: usize, flags: c_uint) -> Result<(), CUresult> {
+    const GLOBAL: c_uint = 1;
+    const HOST: c_uint = 2;
+    const SINGLE: c_uint = 4;
+    if ![GLOBAL, HOST, SINGLE].contains(&flags) {
+        return Err(INVALID_VALUE);
+    }
+    let s = session()?;
+    let g = s.lock();
+    stream_id(&g, stream)?;
+    // Length 0 means the whole allocation.
+    g.find_allocation(ptr, len.max(1) as u64)
+        .ok_or(INVALID_VALUE)
+        .map(|_| ())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamAttachMemAsync(
+    stream: CUstream,
+    ptr: u64,
+    len: usize,
+    flags: c_uint,
+) -> CUresult {
+    guard(|| attach_mem(stream, ptr, len, flags))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamAttachMemAsync_ptsz(
+    stream: CUstream,
+    ptr: u64,
+    len: usize,
+    flags: c_uint,
+) -> CUresult {
+    guard(|| attach_mem(stream, ptr, len, flags))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamQuery(stream: CUstream) -> CUresult {
     guard(|| {

@@ -192,7 +192,7 @@ pub unsafe extern "C" fn cuMemMap(
             Allocation {
                 size: psize,
                 device,
-                pooled: false,
+                pool: None,
                 managed: false,
                 mapped: true,
                 offset: 0,
