@@ -43,7 +43,8 @@ def test_cuda_bindings_driver(programs, server):
     res = run_client(programs, server.unix,
                      [programs.python, PY / "cuda_bindings_driver.py", "--launch-only"])
     assert_ok(res, ["PASS device_queries", "PASS memory", "PASS streams_events",
-                    "PASS nvrtc_module_launch", "PASS memory_pool", "PASS virtual_memory",
+                    "PASS nvrtc_module_launch", "PASS graph_kernel_node", "PASS memory_pool",
+                    "PASS virtual_memory",
                     "PASS foreign_sass", "PASS created_context"])
 
 

@@ -7,7 +7,7 @@ from support import assert_ok, run_client, stdout_value
 CHECKS = [
     "device_props", "alloc_free", "memcpy_all_directions", "memset", "memcpy_2d",
     "pinned_host", "mem_info", "pointer_attributes", "streams", "events",
-    "async_stream_order", "error_paths", "threads", "device_reset",
+    "async_stream_order", "error_paths", "threads", "device_reset", "graph_nodes",
 ]
 VERSIONS = [12, 13]
 

@@ -185,6 +185,31 @@ extern "C" __global__ void affine(const float* x, float* y, float a, float b, in
         fail("cuda_bindings_driver: kernel results differ")
     print("PASS nvrtc_module_launch", flush=True)
 
+    # The same kernel as a graph kernel node (cuGraphAddKernelNode), with a memset node in
+    # front of it; the kernel's parameters are read when the node is added.
+    graph = ck(cu.cuGraphCreate(0), "cuGraphCreate")
+    mp = cu.CUDA_MEMSET_NODE_PARAMS()
+    mp.dst, mp.value, mp.elementSize, mp.width, mp.height = dy, 0, 4, count, 1
+    setn = ck(cu.cuGraphAddMemsetNode(graph, None, 0, mp, ctx), "cuGraphAddMemsetNode")
+    kp = cu.CUDA_KERNEL_NODE_PARAMS()
+    kp.func = fn
+    kp.gridDimX, kp.gridDimY, kp.gridDimZ = (count + 255) // 256, 1, 1
+    kp.blockDimX, kp.blockDimY, kp.blockDimZ = 256, 1, 1
+    kp.sharedMemBytes = 0
+    kp.kernelParams = int(arg_ptrs.ctypes.data)
+    ck(cu.cuGraphAddKernelNode(graph, [setn], 1, kp), "cuGraphAddKernelNode")
+    exe = ck(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    ck(cu.cuMemsetD8(dy, 0xFF, x.nbytes), "cuMemsetD8")
+    ck(cu.cuGraphLaunch(exe, stream), "cuGraphLaunch")
+    ck(cu.cuStreamSynchronize(stream), "cuStreamSynchronize after the graph")
+    y = np.zeros_like(x)
+    ck(cu.cuMemcpyDtoH(y, dy, y.nbytes), "cuMemcpyDtoH")
+    if verify and not np.array_equal(y, 1.5 * x - 2.0):
+        fail("cuda_bindings_driver: the kernel node's results differ")
+    ck(cu.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
+    ck(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+    print("PASS graph_kernel_node", flush=True)
+
     # Stream-ordered allocations and the default pool's accounting.
     pool = ck(cu.cuDeviceGetDefaultMemPool(dev), "cuDeviceGetDefaultMemPool")
     P = cu.CUmemPool_attribute

@@ -90,6 +90,7 @@ void check_async_stream_order(void);
 void check_error_paths(void);
 void check_threads(void);
 void check_device_reset(void);
+void check_graph_nodes(void);
 void check_vram_limit(void);
 void hold_1gib(void);
 void hold_until_stdin(void);

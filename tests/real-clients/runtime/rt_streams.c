@@ -209,3 +209,70 @@ void check_threads(void) {
   for (int i = 0; i < NTHREADS; i++) EXPECT(pthread_join(t[i], NULL) == 0, "pthread_join");
   CK(cudaDeviceSynchronize());
 }
+
+static int host_node_runs;
+static void CUDART_CB count_host_node(void *user) { *(int *)user += 1; }
+
+/* A graph built node by node (no capture): memset, 1-D copies in every direction, a 2-D copy
+ * to host memory, a host node and an empty node, launched twice. Host memory is read when the
+ * graph runs, not when it is built. */
+void check_graph_nodes(void) {
+  enum { N = 64 * 1024, W = 64, H = 16, PITCH = 256 };
+  unsigned char *h = xmalloc(N), *r = xmalloc(N), *rect = xmalloc(W * H);
+  unsigned char *a = NULL, *b = NULL;
+  CK(cudaMalloc((void **)&a, N));
+  CK(cudaMalloc((void **)&b, N));
+  cudaGraph_t graph = NULL;
+  CK(cudaGraphCreate(&graph, 0));
+
+  cudaGraphNode_t set = NULL, up = NULL, d2d = NULL, down = NULL, down2d = NULL, host = NULL,
+                  empty = NULL;
+  struct cudaMemsetParams ms = {0};
+  ms.dst = b;
+  ms.value = 0x07070707u;
+  ms.elementSize = 4;
+  ms.width = N / 4;
+  ms.height = 1;
+  CK(cudaGraphAddMemsetNode(&set, graph, NULL, 0, &ms));
+  CK(cudaGraphAddMemcpyNode1D(&up, graph, &set, 1, a, h, N, cudaMemcpyHostToDevice));
+  CK(cudaGraphAddMemcpyNode1D(&d2d, graph, &up, 1, b, a, N / 2, cudaMemcpyDeviceToDevice));
+  CK(cudaGraphAddMemcpyNode1D(&down, graph, &d2d, 1, r, b, N, cudaMemcpyDeviceToHost));
+  struct cudaMemcpy3DParms p3 = {0};
+  p3.srcPtr = (struct cudaPitchedPtr){.ptr = b, .pitch = PITCH, .xsize = W, .ysize = H};
+  p3.dstPtr = (struct cudaPitchedPtr){.ptr = rect, .pitch = W, .xsize = W, .ysize = H};
+  p3.extent = (struct cudaExtent){.width = W, .height = H, .depth = 1};
+  p3.kind = cudaMemcpyDeviceToHost;
+  CK(cudaGraphAddMemcpyNode(&down2d, graph, &d2d, 1, &p3));
+  struct cudaHostNodeParams hp = {count_host_node, &host_node_runs};
+  cudaGraphNode_t after[2] = {down, down2d};
+  CK(cudaGraphAddHostNode(&host, graph, after, 2, &hp));
+  CK(cudaGraphAddEmptyNode(&empty, graph, &host, 1));
+
+  size_t count = 0;
+  CK(cudaGraphGetNodes(graph, NULL, &count));
+  EXPECT(count >= 6, "graph has %zu nodes", count);
+
+  cudaGraphExec_t exec = NULL;
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int run = 0; run < 2; run++) {
+    fill_pattern(h, N, 11 + run);
+    memset(r, 0, N);
+    memset(rect, 0, W * H);
+    CK(cudaGraphLaunch(exec, 0));
+    CK(cudaStreamSynchronize(0));
+    expect_same(h, r, N / 2, "first half: host -> a -> b -> host");
+    for (int i = N / 2; i < N; i++)
+      EXPECT(r[i] == 7, "second half byte %d = %d, want the memset's 7 (run %d)", i, r[i], run);
+    for (int y = 0; y < H; y++)
+      expect_same(h + (size_t)y * PITCH, rect + (size_t)y * W, W, "2-D copy row");
+    EXPECT(host_node_runs == run + 1, "host node ran %d times after %d launches",
+           host_node_runs, run + 1);
+  }
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  free(h);
+  free(r);
+  free(rect);
+}

@@ -294,13 +294,13 @@ pub struct Memcpy2D {
 
 const MEM_HOST: c_int = 1;
 const MEM_DEVICE: c_int = 2;
-const MEM_ARRAY: c_int = 3;
+pub(crate) const MEM_ARRAY: c_int = 3;
 const MEM_UNIFIED: c_int = 4;
 
 /// Whether one side of a 2-D copy is device memory, its address of the first byte, and its
 /// pitch (an array's own, whatever the copy says).
 #[allow(clippy::too_many_arguments)]
-fn side(
+pub(crate) fn side(
     g: &Inner,
     kind: c_int,
     host: usize,
@@ -455,31 +455,31 @@ pub unsafe extern "C" fn cuMemcpy2DAsync_v2(p: *const Memcpy2D, stream: CUstream
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Memcpy3D {
-    src_x_in_bytes: usize,
-    src_y: usize,
-    src_z: usize,
-    src_lod: usize,
-    src_memory_type: c_int,
-    src_host: *const c_void,
-    src_device: CUdeviceptr,
-    src_array: *mut c_void,
-    reserved0: *mut c_void,
-    src_pitch: usize,
-    src_height: usize,
-    dst_x_in_bytes: usize,
-    dst_y: usize,
-    dst_z: usize,
-    dst_lod: usize,
-    dst_memory_type: c_int,
-    dst_host: *mut c_void,
-    dst_device: CUdeviceptr,
-    dst_array: *mut c_void,
-    reserved1: *mut c_void,
-    dst_pitch: usize,
-    dst_height: usize,
-    width_in_bytes: usize,
-    height: usize,
-    depth: usize,
+    pub(crate) src_x_in_bytes: usize,
+    pub(crate) src_y: usize,
+    pub(crate) src_z: usize,
+    pub(crate) src_lod: usize,
+    pub(crate) src_memory_type: c_int,
+    pub(crate) src_host: *const c_void,
+    pub(crate) src_device: CUdeviceptr,
+    pub(crate) src_array: *mut c_void,
+    pub(crate) reserved0: *mut c_void,
+    pub(crate) src_pitch: usize,
+    pub(crate) src_height: usize,
+    pub(crate) dst_x_in_bytes: usize,
+    pub(crate) dst_y: usize,
+    pub(crate) dst_z: usize,
+    pub(crate) dst_lod: usize,
+    pub(crate) dst_memory_type: c_int,
+    pub(crate) dst_host: *mut c_void,
+    pub(crate) dst_device: CUdeviceptr,
+    pub(crate) dst_array: *mut c_void,
+    pub(crate) reserved1: *mut c_void,
+    pub(crate) dst_pitch: usize,
+    pub(crate) dst_height: usize,
+    pub(crate) width_in_bytes: usize,
+    pub(crate) height: usize,
+    pub(crate) depth: usize,
 }
 
 const _: () = assert!(std::mem::size_of::<Memcpy3D>() == 200);

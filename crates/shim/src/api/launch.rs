@@ -20,7 +20,7 @@ const PARAM_BUFFER_SIZE: usize = 2;
 const MAX_PARAM_BYTES: usize = 32764;
 
 /// Packs `kernelParams` (one pointer per parameter) or `extra` (a pre-packed buffer).
-fn pack(
+pub(crate) fn pack(
     layout: &[gpufuse_proto::ParamSlot],
     params: *const *const c_void,
     extra: *const *const c_void,

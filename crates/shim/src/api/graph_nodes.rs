@@ -1,0 +1,346 @@
+//! Building graphs node by node (`cuGraphAdd*Node`): each node becomes the operations a stream
+//! capture of the same work would have recorded (`gpufuse_client::graph::Op`), appended to the
+//! graph. Dependencies must name nodes already in the graph, so appending in the order nodes are
+//! added is a valid order to replay them in; replay is sequential on the launch stream.
+//! A 2-D or 3-D copy becomes one copy per row; a 2-D memset one memset per row.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use gpufuse_client::graph::Op;
+use gpufuse_client::state::Inner;
+
+use crate::api::copy::{side, Memcpy3D, MEM_ARRAY};
+use crate::api::graph::CUgraph;
+use crate::api::launch::pack;
+use crate::api::module::h;
+use crate::ffi::{out, read, read_at};
+use crate::global::session;
+use crate::guard::guard;
+use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED};
+
+pub type CUgraphNode = *mut c_void;
+
+/// Appends `ops` to `graph` after checking `deps` name nodes of it; writes the new node's
+/// handle (the graph and the index of its last operation, as `cuGraphGetNodes` numbers them).
+fn add(
+    g: &mut Inner,
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    ops: Vec<Op>,
+) -> Result<(), CUresult> {
+    if node.is_null() || (ndeps > 0 && deps.is_null()) {
+        return Err(INVALID_VALUE);
+    }
+    let gh = h(graph);
+    let graph_ops = g
+        .graphs
+        .graphs
+        .get_mut(&gh)
+        .ok_or(INVALID_HANDLE)?
+        .ops
+        .len();
+    for i in 0..ndeps {
+        let dep = read_at(deps, i)? as usize as u64;
+        let index = dep & 0xffff;
+        if dep >> 16 != gh & 0xffff_ffff || index == 0 || index as usize > graph_ops {
+            return Err(INVALID_VALUE);
+        }
+    }
+    let graph_ref = g.graphs.graphs.get_mut(&gh).ok_or(INVALID_HANDLE)?;
+    graph_ref.ops.extend(ops);
+    // An empty node stands at the last operation so far (the index is never replayed alone).
+    let index = graph_ref.ops.len().max(1) as u64;
+    out(
+        node,
+        ((gh & 0xffff_ffff) << 16 | index) as usize as CUgraphNode,
+    )
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2` (the v1 struct is its first 56 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KernelNodeParams {
+    func: *mut c_void,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem: c_uint,
+    kernel_params: *const *const c_void,
+    extra: *const *const c_void,
+    kern: *mut c_void,
+    ctx: *mut c_void,
+}
+
+fn kernel_node(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    p: KernelNodeParams,
+) -> Result<(), CUresult> {
+    if p.grid.contains(&0) || p.block.contains(&0) {
+        return Err(INVALID_VALUE);
+    }
+    let s = session()?;
+    let mut g = s.lock();
+    let handle = if p.func.is_null() { p.kern } else { p.func };
+    let function = g
+        .resolve_function(handle as usize as u64)
+        .ok_or(INVALID_HANDLE)?;
+    let params = pack(
+        &g.functions[&function].info.params,
+        p.kernel_params,
+        p.extra,
+    )?;
+    let op = Op::Launch {
+        function,
+        grid: p.grid,
+        block: p.block,
+        shared_mem: p.shared_mem,
+        params,
+        attributes: Vec::new(),
+    };
+    add(&mut g, node, graph, deps, ndeps, vec![op])
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddKernelNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *const c_void,
+) -> CUresult {
+    guard(|| {
+        // The v1 struct: everything up to `extra`.
+        let v1 = read(params.cast::<[u8; 56]>())?;
+        let mut bytes = [0u8; std::mem::size_of::<KernelNodeParams>()];
+        bytes[..56].copy_from_slice(&v1);
+        let p = read(bytes.as_ptr().cast::<KernelNodeParams>())?;
+        kernel_node(node, graph, deps, ndeps, p)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *const c_void,
+) -> CUresult {
+    guard(|| {
+        let p = read(params.cast::<KernelNodeParams>())?;
+        kernel_node(node, graph, deps, ndeps, p)
+    })
+}
+
+/// One operation per row of a 3-D copy (host-to-host copies have no operation: refused).
+fn copy_ops(g: &Inner, p: &Memcpy3D) -> Result<Vec<Op>, CUresult> {
+    if p.src_lod != 0 || p.dst_lod != 0 {
+        return Err(INVALID_VALUE);
+    }
+    let (w, rows, slices) = (p.width_in_bytes, p.height.max(1), p.depth.max(1));
+    let rows_per_slice = |kind: c_int, array: *mut c_void, height: usize| {
+        if kind == MEM_ARRAY {
+            crate::api::array::array(g, array).map(|a| a.height.max(1) as usize)
+        } else {
+            Ok(height.max(rows))
+        }
+    };
+    let src_rows = rows_per_slice(p.src_memory_type, p.src_array, p.src_height)?;
+    let dst_rows = rows_per_slice(p.dst_memory_type, p.dst_array, p.dst_height)?;
+    let mut ops = Vec::new();
+    if w == 0 {
+        return Ok(ops);
+    }
+    for z in 0..slices {
+        for r in 0..rows {
+            let sy = p.src_y + (p.src_z + z) * src_rows + r;
+            let dy = p.dst_y + (p.dst_z + z) * dst_rows + r;
+            let (src_dev, src, _) = side(
+                g,
+                p.src_memory_type,
+                p.src_host as usize,
+                p.src_device,
+                p.src_array,
+                p.src_x_in_bytes,
+                sy,
+                p.src_pitch.max(w),
+            )?;
+            let (dst_dev, dst, _) = side(
+                g,
+                p.dst_memory_type,
+                p.dst_host as usize,
+                p.dst_device,
+                p.dst_array,
+                p.dst_x_in_bytes,
+                dy,
+                p.dst_pitch.max(w),
+            )?;
+            ops.push(match (src_dev, dst_dev) {
+                (false, true) => Op::HtoD {
+                    dst,
+                    src_host: src as usize,
+                    len: w,
+                },
+                (true, false) => Op::DtoH {
+                    dst_host: dst as usize,
+                    src,
+                    len: w,
+                },
+                (true, true) => Op::DtoD {
+                    dst,
+                    src,
+                    len: w as u64,
+                },
+                (false, false) => return Err(NOT_SUPPORTED),
+            });
+        }
+    }
+    Ok(ops)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemcpyNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *const Memcpy3D,
+    _ctx: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        let p = read(params)?;
+        let s = session()?;
+        let mut g = s.lock();
+        let ops = copy_ops(&g, &p)?;
+        add(&mut g, node, graph, deps, ndeps, ops)
+    })
+}
+
+/// `CUDA_MEMSET_NODE_PARAMS`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MemsetNodeParams {
+    dst: u64,
+    pitch: usize,
+    value: c_uint,
+    element_size: c_uint,
+    width: usize,
+    height: usize,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemsetNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *const c_void,
+    _ctx: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        let p = read(params.cast::<MemsetNodeParams>())?;
+        let elem_size = match p.element_size {
+            1 | 2 | 4 => p.element_size as u8,
+            _ => return Err(INVALID_VALUE),
+        };
+        let row_bytes = p
+            .width
+            .checked_mul(p.element_size as usize)
+            .ok_or(INVALID_VALUE)?;
+        if p.height > 1 && p.pitch < row_bytes {
+            return Err(INVALID_VALUE);
+        }
+        let ops = (0..p.height.max(1))
+            .map(|r| Op::Memset {
+                dst: p.dst + (r * p.pitch) as u64,
+                value: p.value,
+                elem_size,
+                count: p.width as u64,
+            })
+            .collect();
+        let s = session()?;
+        let mut g = s.lock();
+        add(&mut g, node, graph, deps, ndeps, ops)
+    })
+}
+
+/// `CUDA_HOST_NODE_PARAMS`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct HostNodeParams {
+    func: *const c_void,
+    user: *mut c_void,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddHostNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *const c_void,
+) -> CUresult {
+    guard(|| {
+        let p = read(params.cast::<HostNodeParams>())?;
+        if p.func.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let op = Op::HostFn {
+            func: p.func as usize,
+            user: p.user as usize,
+        };
+        let s = session()?;
+        let mut g = s.lock();
+        add(&mut g, node, graph, deps, ndeps, vec![op])
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddEmptyNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        add(&mut g, node, graph, deps, ndeps, Vec::new())
+    })
+}
+
+/// Edges: a graph is replayed in the order its nodes were added, so an edge from an earlier
+/// node to a later one holds already; one that would need reordering is refused.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddDependencies(
+    graph: CUgraph,
+    from: *const CUgraphNode,
+    to: *const CUgraphNode,
+    count: usize,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let g = s.lock();
+        let gh = h(graph);
+        g.graphs.graphs.get(&gh).ok_or(INVALID_HANDLE)?;
+        for i in 0..count {
+            let (a, b) = (
+                read_at(from, i)? as usize as u64,
+                read_at(to, i)? as usize as u64,
+            );
+            if a >> 16 != gh & 0xffff_ffff || b >> 16 != gh & 0xffff_ffff {
+                return Err(INVALID_VALUE);
+            }
+            if a & 0xffff >= b & 0xffff {
+                return Err(NOT_SUPPORTED);
+            }
+        }
+        Ok(())
+    })
+}
+
+include!(concat!(env!("OUT_DIR"), "/aliases_graph_nodes.rs"));
