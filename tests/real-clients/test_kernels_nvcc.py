@@ -43,7 +43,7 @@ CHECKS = {
     "double": ["ieee", "conversions", "reduction", "directed_rounding"],
     "math": ["float_functions", "float_intrinsics", "double_functions", "double_trig_pow"],
     "memory_spaces": ["dynamic_shared", "constant_memory", "device_globals", "local_memory",
-                      "managed", "arrays"],
+                      "managed", "arrays", "mapped_host"],
     "calls": ["noinline", "recursion", "function_pointers", "barrier_in_callee"],
     "fn_table": ["table"],
     "graphs": ["capture_replay", "fork_join", "many_nodes"],

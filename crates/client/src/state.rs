@@ -103,6 +103,9 @@ pub struct HostAllocation {
     pub flags: u32,
     /// Registered by the application (`cuMemHostRegister`), not allocated by us.
     pub registered: bool,
+    /// Mapped pinned memory (`CU_MEMHOSTALLOC_DEVICEMAP`): kept like managed memory, a device
+    /// allocation at the same address, so kernels reach it through the same pointer.
+    pub device_mapped: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -6,8 +6,9 @@
 //! device. Libraries whose PTX targets a newer architecture (NVIDIA's cuBLAS and cuBLASLt ship
 //! `compute_120` PTX only) need a newer model: `--devices emu:1:16GiB:sm_120`. The figures of
 //! each model are the public specifications of the GPU it is named after. Features the emulated
-//! GPU does not have (textures, surfaces, peer access, managed memory, mapped host memory, IPC,
-//! cooperative launches) are reported as absent (0).
+//! GPU does not have (textures, surfaces, peer access, managed memory, IPC, cooperative
+//! launches) are reported as absent (0); the client answers managed memory itself, and mapped
+//! pinned memory is kept like managed memory (crates/shim/src/api/managed.rs).
 
 /// One emulated GPU model: what `cuDeviceGetAttribute` reports, by the GPU it is named after.
 #[derive(Debug, PartialEq)]
@@ -143,7 +144,7 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (16, m.sms),           // multiprocessors
         (17, 0),               // kernel exec timeout
         (18, 0),               // integrated
-        (19, 0),               // can map host memory: no (the device may be on another host)
+        (19, 1),               // can map host memory: mapped pinned memory moves like managed
         (20, 0),               // compute mode default
         (30, 512),             // surface alignment
         (31, 1),               // concurrent kernels

@@ -267,6 +267,44 @@ static void check_arrays() {
   std::printf("checked a %dx%d float array: copies in and out, descriptor, memory\n", w, h);
 }
 
+// Mapped pinned memory (cudaHostAllocMapped): the device reports canMapHostMemory, kernels
+// read and write it through cudaHostGetDevicePointer's pointer (the same address: unified
+// addressing), and the host sees the results after a synchronize.
+static void check_mapped_host() {
+  const int n = 50000;
+  int can_map = 0;
+  CK(cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, 0));
+  EXPECT_RESULT(can_map == 1, "cudaDevAttrCanMapHostMemory = %d", can_map);
+  float* h = nullptr;
+  CK(cudaHostAlloc(&h, n * sizeof(float), cudaHostAllocMapped));
+  float* d = nullptr;
+  CK(cudaHostGetDevicePointer(&d, h, 0));
+  EXPECT_RESULT(d == h, "device pointer %p for host pointer %p", (void*)d, (void*)h);
+  cudaPointerAttributes attr;
+  CK(cudaPointerGetAttributes(&attr, h));
+  EXPECT_RESULT(attr.type == cudaMemoryTypeHost, "pointer type %d, want host", (int)attr.type);
+  for (int i = 0; i < n; i++) h[i] = (float)(i % 500);
+  scale_add<<<(n + 255) / 256, 256>>>(d, 4.0f, -1.0f, n);
+  CK_LAUNCH("scale_add");
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < n; i++) {
+    float want = (float)(i % 500) * 4.0f - 1.0f;
+    EXPECT_RESULT(h[i] == want, "mapped h[%d] = %g, want %g", i, h[i], want);
+  }
+  // A copy from mapped memory to ordinary device memory sees the kernel's results too.
+  float* other = nullptr;
+  CK(cudaMalloc(&other, n * sizeof(float)));
+  CK(cudaMemcpy(other, h, n * sizeof(float), cudaMemcpyHostToDevice));
+  std::vector<float> back(n);
+  CK(cudaMemcpy(back.data(), other, n * sizeof(float), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < n; i++)
+    EXPECT_RESULT(back[i] == h[i], "copied back [%d] = %g, want %g", i, back[i], h[i]);
+  CK(cudaFree(other));
+  CK(cudaFreeHost(h));
+  std::printf("checked mapped pinned memory: %d floats written by a kernel\n", n);
+}
+
 KCHECK_MAIN({"dynamic_shared", check_dynamic_shared}, {"constant_memory", check_constant_memory},
             {"device_globals", check_device_globals}, {"local_memory", check_local_memory},
-            {"managed", check_managed}, {"arrays", check_arrays})
+            {"managed", check_managed}, {"arrays", check_arrays},
+            {"mapped_host", check_mapped_host})

@@ -80,7 +80,14 @@ fn alloc_managed(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> Result<(
     }
     let s = session()?;
     let mut g = s.lock();
-    let (_, device) = current(&g)?;
+    let p = alloc_mirrored(&mut g, size)?;
+    out(dptr, p)
+}
+
+/// A device allocation of `size` bytes with host pages at the same address, moved like managed
+/// memory (managed memory, and mapped pinned memory: `CU_MEMHOSTALLOC_DEVICEMAP`).
+pub(crate) fn alloc_mirrored(g: &mut Inner, size: usize) -> Result<u64, CUresult> {
+    let (_, device) = current(g)?;
     // Host pages must start at the device address: the server's allocation gets a page more,
     // and the managed pointer is its first page boundary (what the slice is charged for
     // includes that page and the rounding up to whole pages).
@@ -117,7 +124,7 @@ fn alloc_managed(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> Result<(
     );
     g.managed_count += 1;
     g.managed_on_device = false;
-    out(dptr, p)
+    Ok(p)
 }
 
 #[no_mangle]

@@ -16,6 +16,8 @@ use crate::status::{CUresult, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY};
 pub type CUdeviceptr = u64;
 
 const HOST_ALIGN: usize = 4096;
+/// `CU_MEMHOSTALLOC_DEVICEMAP`.
+const HOST_ALLOC_DEVICEMAP: u32 = 0x02;
 
 pub(crate) fn alloc(g: &mut Inner, size: usize) -> Result<u64, CUresult> {
     if size == 0 {
@@ -444,6 +446,22 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CUres
         return Err(INVALID_VALUE);
     }
     let s = session()?;
+    if flags & HOST_ALLOC_DEVICEMAP != 0 {
+        // Kernels reach it through the same pointer (unified addressing): a device allocation
+        // with host pages at its address, moved like managed memory.
+        let mut g = s.lock();
+        let p = crate::api::managed::alloc_mirrored(&mut g, size.max(1))?;
+        g.host.insert(
+            p as usize,
+            HostAllocation {
+                size: size.max(1),
+                flags,
+                registered: false,
+                device_mapped: true,
+            },
+        );
+        return out(pp, p as usize as *mut c_void);
+    }
     let layout = Layout::from_size_align(size.max(1), HOST_ALIGN).map_err(|_| OUT_OF_MEMORY)?;
     // SAFETY: the layout has a non-zero size.
     let p = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -456,6 +474,7 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CUres
             size: size.max(1),
             flags,
             registered: false,
+            device_mapped: false,
         },
     );
     out(pp, p.cast())
@@ -480,6 +499,11 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     guard(|| {
         let s = session()?;
         let mut g = s.lock();
+        if g.host.get(&(p as usize)).is_some_and(|h| h.device_mapped) {
+            g.host.remove(&(p as usize));
+            drop(g);
+            return free(p as usize as u64);
+        }
         match g.host.get(&(p as usize)) {
             Some(h) if !h.registered => {
                 let h = *h;
@@ -517,6 +541,7 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
                 size,
                 flags,
                 registered: true,
+                device_mapped: false,
             },
         );
         Ok(())
@@ -547,14 +572,26 @@ pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -
     })
 }
 
-/// Mapped (zero-copy) host memory cannot be reached by a remote device.
+/// Mapped pinned memory has the same address on the device (unified addressing). Registered
+/// memory cannot be reached by a device in another process: not supported.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
-    _d: *mut CUdeviceptr,
-    _p: *mut c_void,
-    _flags: c_uint,
+    d: *mut CUdeviceptr,
+    p: *mut c_void,
+    flags: c_uint,
 ) -> CUresult {
-    NOT_SUPPORTED
+    guard(|| {
+        if flags != 0 {
+            return Err(INVALID_VALUE);
+        }
+        let s = session()?;
+        let g = s.lock();
+        match g.find_host(p as usize) {
+            Some((_, h)) if h.device_mapped => out(d, p as usize as u64),
+            Some((_, h)) if h.registered => Err(NOT_SUPPORTED),
+            _ => Err(INVALID_VALUE),
+        }
+    })
 }
 
 // CUpointer_attribute ids.
@@ -590,15 +627,16 @@ enum PointerKind {
 }
 
 fn classify(g: &Inner, ptr: u64) -> PointerKind {
+    // Host first: mapped pinned memory is also a device allocation, and is host memory.
+    if let Some((base, h)) = g.find_host(ptr as usize) {
+        return PointerKind::Host { base, size: h.size };
+    }
     if let Some((base, a)) = g.find_allocation(ptr, 1) {
         return PointerKind::Device {
             base,
             size: a.size,
             device: a.device,
         };
-    }
-    if let Some((base, h)) = g.find_host(ptr as usize) {
-        return PointerKind::Host { base, size: h.size };
     }
     PointerKind::Unknown
 }
@@ -649,7 +687,8 @@ fn write_attribute(
         ),
         P_IS_MANAGED => out(
             data.cast::<u32>(),
-            g.find_allocation(ptr, 1).is_some_and(|(_, a)| a.managed) as u32,
+            (mem_type == MEMORYTYPE_DEVICE
+                && g.find_allocation(ptr, 1).is_some_and(|(_, a)| a.managed)) as u32,
         ),
         P_SYNC_MEMOPS | P_IS_LEGACY_IPC | P_GDR_CAPABLE => out(data.cast::<u32>(), 0),
         P_MAPPED => out(data.cast::<u32>(), 1),
