@@ -62,6 +62,8 @@ pub struct Ins {
     pub s: [Src; MAX_SRCS],
     /// The `[base+offset]` operand of memory instructions.
     pub addr: Option<(Src, i64)>,
+    /// The second address operand (`cp.async`'s source).
+    pub addr2: Option<(Src, i64)>,
     /// A branch's target, or a call's index in [`Code::calls`].
     pub target: u32,
 }
@@ -332,6 +334,7 @@ fn trap_ins() -> Ins {
         svec: false,
         s: [Src::Bad; MAX_SRCS],
         addr: None,
+        addr2: None,
         target: 0,
     }
 }
@@ -353,6 +356,9 @@ fn has_dst(op: Op) -> bool {
             | Op::Nanosleep
             | Op::Prefetch
             | Op::Call
+            | Op::Griddep
+            | Op::CpAsync
+            | Op::CpAsyncWait
     )
 }
 
@@ -427,6 +433,13 @@ fn compile_inst(
         Op::St | Op::Red | Op::Prefetch => {
             ins.addr = mem_operand(args.next(), scope, syms, &mut used);
         }
+        Op::CpAsync => {
+            ins.addr = mem_operand(args.next(), scope, syms, &mut used);
+            ins.addr2 = mem_operand(args.next(), scope, syms, &mut used);
+            if ins.addr2.is_none() {
+                return Err(format!("cp.async without a source address: {}", inst.text));
+            }
+        }
         Op::Bra => {
             ins.target = match inst.args.last() {
                 Some(Operand::Label(t)) => u32::try_from(*t).unwrap_or(u32::MAX),
@@ -459,9 +472,19 @@ fn compile_inst(
         ins.addr = mem_operand(args.next(), scope, syms, &mut used);
     }
     let mut n = 0;
-    for (k, o) in args.enumerate() {
+    let mut rest: Vec<&Operand> = args.collect();
+    if inst.mods.cache_hint && matches!(inst.op, Op::St | Op::Red | Op::Atom | Op::CpAsync) {
+        // The cache policy operand of `.L2::cache_hint`: a hint the VM has no use for.
+        if rest.pop().is_none() {
+            return Err(format!("cache hint without a policy: {}", inst.text));
+        }
+    }
+    for (k, o) in rest.into_iter().enumerate() {
         match o {
-            Operand::Vector(v) if k == 0 && inst.op == Op::Mov || inst.op == Op::St => {
+            Operand::Vector(v)
+                if k == 0 && inst.op == Op::Mov
+                    || matches!(inst.op, Op::St | Op::Atom | Op::Red) =>
+            {
                 if n + v.len() > MAX_SRCS {
                     return Err(too_many());
                 }
@@ -483,7 +506,7 @@ fn compile_inst(
     ins.ns = n as u8;
     if matches!(
         inst.op,
-        Op::Ld | Op::Ldu | Op::St | Op::Atom | Op::Red | Op::Prefetch
+        Op::Ld | Op::Ldu | Op::St | Op::Atom | Op::Red | Op::Prefetch | Op::CpAsync
     ) && ins.addr.is_none()
     {
         return Err(format!(

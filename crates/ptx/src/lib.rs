@@ -48,7 +48,9 @@
 mod alu;
 mod code;
 mod collective;
+mod copy;
 mod exec;
+mod half;
 mod inst;
 mod lanes;
 mod launch;
