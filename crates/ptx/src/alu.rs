@@ -213,7 +213,10 @@ fn arith_of(i: &Ins, t: Type, a: u64, b: u64) -> Option<u64> {
         }
         Op::Mul24 => {
             let (x, y) = if signed {
-                (sext(a & 0xff_ffff, 3) as i128, sext(b & 0xff_ffff, 3) as i128)
+                (
+                    sext(a & 0xff_ffff, 3) as i128,
+                    sext(b & 0xff_ffff, 3) as i128,
+                )
             } else {
                 ((a & 0xff_ffff) as i128, (b & 0xff_ffff) as i128)
             };
@@ -321,22 +324,32 @@ pub fn canonical_nan(t: Type) -> u64 {
 /// `.relu`; otherwise a NaN operand yields the other, and -0 is below +0.
 pub fn min_max(i: &Ins, t: Type, a: u64, b: u64) -> u64 {
     let (mut x, mut y) = (fv(a, t), fv(b, t));
+    // `.xorsign`: the result's sign is the XOR of the operands' sign bits (NaNs' too).
+    let sign = x.is_sign_negative() != y.is_sign_negative();
     if x.is_nan() || y.is_nan() {
         if i.m.nan || (x.is_nan() && y.is_nan()) {
             return canonical_nan(t);
         }
-        let r = if x.is_nan() { b } else { a };
-        return if i.m.relu && fv(r, t) <= 0.0 { 0 } else { r };
+        let (r, v) = if x.is_nan() { (b, y) } else { (a, x) };
+        if i.m.xorsign {
+            let m = if sign { -v.abs() } else { v.abs() };
+            return from_f(m, t);
+        }
+        return if i.m.relu && v <= 0.0 { 0 } else { r };
     }
-    let sign = x.is_sign_negative() != y.is_sign_negative();
     if i.m.xorsign {
         x = x.abs();
         y = y.abs();
     }
     let max = i.op == Op::Max;
     let r = if x == y && x == 0.0 {
-        // Zeros of different signs: min is -0, max +0.
-        if (x.is_sign_negative() || y.is_sign_negative()) != max {
+        // Zeros: -0 is below +0.
+        let neg = if max {
+            x.is_sign_negative() && y.is_sign_negative()
+        } else {
+            x.is_sign_negative() || y.is_sign_negative()
+        };
+        if neg {
             -0.0
         } else {
             0.0
@@ -370,7 +383,11 @@ pub fn cvt(i: &Ins, v: u64) -> u64 {
         };
         let r = f.encode(x, i.m.rnd.unwrap_or('n'), i.m.satfinite);
         let r = if i.m.relu { crate::half::relu(f, r) } else { r };
-        return if i.m.sat { finish(i, dst, f.decode(r)) } else { r };
+        return if i.m.sat {
+            finish(i, dst, f.decode(r))
+        } else {
+            r
+        };
     }
     match (dst.is_float(), src.is_float()) {
         (true, true) => {
@@ -480,7 +497,10 @@ pub fn mad(i: &Ins, x: u64, y: u64, z: u64, carry: &mut bool) -> u64 {
     if i.op == Op::Mad24 {
         let signed = ty.kind == Ty::S;
         let (a, b) = if signed {
-            (sext(x & 0xff_ffff, 3) as i128, sext(y & 0xff_ffff, 3) as i128)
+            (
+                sext(x & 0xff_ffff, 3) as i128,
+                sext(y & 0xff_ffff, 3) as i128,
+            )
         } else {
             ((x & 0xff_ffff) as i128, (y & 0xff_ffff) as i128)
         };
@@ -607,23 +627,33 @@ pub fn redux(op: AtomOp, t: Type, a: u64, b: u64) -> Option<u64> {
     })
 }
 
-/// `bfe`: a bit field, sign-extended for signed types.
+/// `bfe`: the bit field of `len` bits at `pos` (each 0..255), sign-extended from its top
+/// bit for signed types; bits past the operand's msb read as that sign.
 pub fn bfe(ty: Type, x: u64, pos: u64, len: u64) -> u64 {
     let bits = ty.size as u64 * 8;
+    let msb = bits - 1;
     if len == 0 {
         return 0;
     }
-    let field =
-        if pos >= bits { 0 } else { x >> pos } & if len >= 64 { u64::MAX } else { (1 << len) - 1 };
-    if ty.kind == Ty::S {
-        let sign_pos = (pos + len - 1).min(bits - 1);
-        let sign = (x >> sign_pos) & 1;
-        let l = len.min(bits);
-        if sign == 1 && l < 64 {
-            (field | (u64::MAX << l)) & mask(ty.size)
-        } else {
-            field
-        }
+    let sbit = if ty.kind == Ty::S {
+        (x >> (pos + len - 1).min(msb)) & 1
+    } else {
+        0
+    };
+    // Bits that come from the operand: positions pos..pos+len that lie within it.
+    let take = if pos > msb { 0 } else { len.min(bits - pos) };
+    let field = if take == 0 {
+        0
+    } else {
+        (x >> pos)
+            & if take >= 64 {
+                u64::MAX
+            } else {
+                (1 << take) - 1
+            }
+    };
+    if sbit == 1 && take < 64 {
+        (field | (u64::MAX << take)) & mask(ty.size)
     } else {
         field
     }

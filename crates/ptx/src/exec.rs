@@ -101,12 +101,9 @@ pub fn exec(
             }
             return Ok(Flow::Next);
         }
-        Op::Trap
-        | Op::Brkpt
-        | Op::Nanosleep
-        | Op::Prefetch
-        | Op::Griddep
-        | Op::CpAsyncWait => return Ok(Flow::Next),
+        Op::Trap | Op::Brkpt | Op::Nanosleep | Op::Prefetch | Op::Griddep | Op::CpAsyncWait => {
+            return Ok(Flow::Next)
+        }
         Op::Activemask | Op::Vote | Op::Redux | Op::Match | Op::Shfl | Op::Elect => {
             collective::exec(w, env, g, ins, run, &unsupported)?;
             return Ok(Flow::Next);
@@ -343,7 +340,8 @@ pub fn exec(
             let r = if let Some(e) = ins.m.x2 {
                 map3(&x, &y, &z, run, |a, b, c| {
                     let lo = alu::fma_of(ins, e, a & 0xffff, b & 0xffff, c & 0xffff);
-                    let hi = alu::fma_of(ins, e, a >> 16 & 0xffff, b >> 16 & 0xffff, c >> 16 & 0xffff);
+                    let hi =
+                        alu::fma_of(ins, e, a >> 16 & 0xffff, b >> 16 & 0xffff, c >> 16 & 0xffff);
                     (hi & 0xffff) << 16 | (lo & 0xffff)
                 })
             } else if ty.kind == Ty::F && ty.size == 4 && !ins.m.sat && !ins.m.relu {
@@ -376,7 +374,10 @@ pub fn exec(
         Op::Tanh | Op::Ex2 if ins.m.x2.is_some() => {
             let x = v!(w, env, 0, ty);
             let e = ins.m.x2.unwrap_or(ty);
-            let one = crate::code::Ins { ty: e, ..ins.clone() };
+            let one = crate::code::Ins {
+                ty: e,
+                ..ins.clone()
+            };
             let mut r = [0u64; 32];
             for l in Bits(run) {
                 let lo = alu::unary_float(&one, x[l] & 0xffff).ok_or_else(unsupported)?;
@@ -494,7 +495,13 @@ pub fn exec(
                 } else {
                     mask(ty.size)
                 };
-                put(w, g, d0, &map1(&r, run, |r| if r != 0 { one } else { 0 }), run);
+                put(
+                    w,
+                    g,
+                    d0,
+                    &map1(&r, run, |r| if r != 0 { one } else { 0 }),
+                    run,
+                );
             } else {
                 put(w, g, d0, &r, run);
             }
@@ -601,12 +608,24 @@ pub fn exec(
         Op::Szext => {
             let (x, b) = (v!(w, env, 0, ty), v!(w, env, 1, U32));
             let wrap = ins.m.shf_wrap;
-            put(w, g, d0, &map2(&x, &b, run, |x, b| alu::szext(ty, wrap, x, b)), run);
+            put(
+                w,
+                g,
+                d0,
+                &map2(&x, &b, run, |x, b| alu::szext(ty, wrap, x, b)),
+                run,
+            );
         }
         Op::Bmsk => {
             let (a, b) = (v!(w, env, 0, U32), v!(w, env, 1, U32));
             let wrap = ins.m.shf_wrap;
-            put(w, g, d0, &map2(&a, &b, run, |a, b| alu::bmsk(wrap, a, b)), run);
+            put(
+                w,
+                g,
+                d0,
+                &map2(&a, &b, run, |a, b| alu::bmsk(wrap, a, b)),
+                run,
+            );
         }
         Op::Createpolicy => {
             // An opaque policy: the VM has no cache for it to steer.

@@ -280,10 +280,7 @@ pub fn cvt_packed(
         Some(s) => {
             let sb = s.bits();
             let m = (1u64 << sb) - 1;
-            (
-                s.format().decode((a >> sb) & m),
-                s.format().decode(a & m),
-            )
+            (s.format().decode((a >> sb) & m), s.format().decode(a & m))
         }
     };
     (conv(hi) << dbits) | conv(lo)

@@ -716,9 +716,7 @@ pub fn decode(
         "redux" => Op::Redux,
         "call" => Op::Call,
         "bfind" => Op::Bfind,
-        "griddepcontrol"
-            if matches!(mods_s.as_slice(), ["wait"] | ["launch_dependents"]) =>
-        {
+        "griddepcontrol" if matches!(mods_s.as_slice(), ["wait"] | ["launch_dependents"]) => {
             Op::Griddep
         }
         "cp" => match mods_s.as_slice() {
@@ -829,7 +827,11 @@ pub fn decode(
             "wait" | "launch_dependents" if op == Op::Griddep => {}
             "async" | "commit_group" | "wait_group" | "wait_all"
                 if matches!(op, Op::CpAsync | Op::CpAsyncWait) => {}
-            "fractional" | "range" | "L2::evict_last" | "L2::evict_normal" | "L2::evict_first"
+            "fractional"
+            | "range"
+            | "L2::evict_last"
+            | "L2::evict_normal"
+            | "L2::evict_first"
             | "L2::evict_unchanged"
                 if op == Op::Createpolicy => {}
             "L2::evict_last" | "L2::evict_normal" | "L2::evict_first" | "L2::evict_unchanged"
@@ -933,9 +935,7 @@ pub fn decode(
     let ty = types.first().copied().unwrap_or(b32);
     let ty2 = types.get(1).copied().unwrap_or(ty);
     let small_cvt = op == Op::Cvt && (mods.pk_dst.is_some() || (ty.is_float() && ty.size == 2));
-    if mods.rnd.is_some()
-        && !small_cvt
-        && !crate::round::supported(op, ty, ty2, mods.x2.is_some())
+    if mods.rnd.is_some() && !small_cvt && !crate::round::supported(op, ty, ty2, mods.x2.is_some())
     {
         // A directed rounding the VM cannot honour (f16, packed pairs, or an instruction that
         // takes no rounding mode) fails rather than rounding to nearest.
