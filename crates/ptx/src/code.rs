@@ -107,6 +107,8 @@ pub struct Code {
     /// Each instruction's text, for error messages.
     pub texts: Vec<Box<str>>,
     pub calls: Vec<CallSite>,
+    /// The A, B and C register lists of each `mma` (the instruction's `target`).
+    pub mma: Vec<[Vec<Src>; 3]>,
     /// Bytes of local memory a frame of this function takes (parameters, return values,
     /// `.local` and `.param` variables), a multiple of 16.
     pub frame: u64,
@@ -295,6 +297,7 @@ fn compile_function(
         insts: Vec::with_capacity(f.insts.len()),
         texts: Vec::with_capacity(f.insts.len()),
         calls: Vec::new(),
+        mma: Vec::new(),
         frame: round_up(frame, 16),
         params,
         returns,
@@ -468,7 +471,27 @@ fn compile_inst(
             None => {}
         }
     }
-    if matches!(inst.op, Op::Ld | Op::Ldu | Op::Atom) {
+    if inst.op == Op::Mma {
+        // `{d}, {a}, {b}, {c}`: the source lists live beside the code.
+        let mut lists: Vec<Vec<Src>> = Vec::new();
+        for o in args.by_ref() {
+            lists.push(match o {
+                Operand::Vector(v) => v
+                    .iter()
+                    .map(|x| to_src(x, scope, syms, &mut used))
+                    .collect(),
+                o => vec![to_src(o, scope, syms, &mut used)],
+            });
+        }
+        let Ok([a, b, c]) = <[Vec<Src>; 3]>::try_from(lists) else {
+            return Err(format!("mma without three source lists: {}", inst.text));
+        };
+        ins.target = code.mma.len() as u32;
+        code.mma.push([a, b, c]);
+        code.symbols.extend(used);
+        return Ok(ins);
+    }
+    if matches!(inst.op, Op::Ld | Op::Ldu | Op::Atom | Op::Ldmatrix) {
         ins.addr = mem_operand(args.next(), scope, syms, &mut used);
     }
     let mut n = 0;

@@ -104,6 +104,18 @@ pub fn exec(
         Op::Trap | Op::Brkpt | Op::Nanosleep | Op::Prefetch | Op::Griddep | Op::CpAsyncWait => {
             return Ok(Flow::Next)
         }
+        Op::Mma => {
+            if run != 0 {
+                crate::tensor::mma(w, env, code, g, ins, run)?;
+            }
+            return Ok(Flow::Next);
+        }
+        Op::Ldmatrix => {
+            if run != 0 {
+                crate::tensor::ldmatrix(w, env, g, ins, run)?;
+            }
+            return Ok(Flow::Next);
+        }
         Op::Activemask | Op::Vote | Op::Redux | Op::Match | Op::Shfl | Op::Elect => {
             collective::exec(w, env, g, ins, run, &unsupported)?;
             return Ok(Flow::Next);

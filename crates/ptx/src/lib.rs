@@ -58,6 +58,7 @@ mod memory;
 mod parse;
 mod round;
 mod space;
+mod tensor;
 mod warp;
 
 use std::sync::atomic::AtomicU64;

@@ -1419,3 +1419,130 @@ fn unsupported_instructions_are_named() {
         );
     }
 }
+
+/// Forms whose extra types or modifiers the VM would otherwise drop fail instead.
+#[test]
+fn forms_the_vm_would_misread_are_refused() {
+    for body in [
+        "add.f32.f16 %f1, %f1, %rs1;",
+        "cvt.pack.sat.u8.s32.b32 %r1, %r1, %r1, %r1;",
+        "mad.hi.sat.s32 %r1, %r1, %r1, %r1;",
+        "max.abs.f32 %f1, %f1, %f1;",
+    ] {
+        let src = format!(
+            ".version 9.0\n.target sm_100\n.address_size 64\n.visible .entry k()\n{{\n\
+             .reg .b16 %rs<3>;\n.reg .b32 %r<4>;\n.reg .f32 %f<3>;\n{body}\nret;\n}}\n"
+        );
+        let m = Module::parse(&src).unwrap_or_else(|e| panic!("{body}: {e}"));
+        assert!(m.unsupported().next().is_some(), "{body} was accepted");
+    }
+}
+
+/// `ldmatrix` (x4, x2.trans) feeding `mma.sync` m16n8k16 (f16 and bf16 into f32, f16 into
+/// f16), m16n8k8 tf32 and m8n8k4 f64, checked against matrix products computed here (in f64,
+/// rounded once to the accumulator's type; tf32 inputs lose their low 13 mantissa bits).
+#[test]
+fn ldmatrix_and_mma() {
+    let mut s = 0x1234_abcdu32;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 17;
+        s ^= s << 5;
+        s
+    };
+    // Each word: two f16 values in [-4, 4); read as bf16 or f32 they stay finite too.
+    let mut word = || {
+        let lo = f16::from_f32((next() % 64) as f32 / 8.0 - 4.0).to_bits() as u32;
+        let hi = f16::from_f32((next() % 64) as f32 / 8.0 - 4.0).to_bits() as u32;
+        hi << 16 | lo
+    };
+    let a: Vec<u32> = (0..128).map(|_| word()).collect();
+    let b: Vec<u32> = (0..128).map(|_| word()).collect();
+    let c: Vec<u32> = (0..128)
+        .map(|k| ((k as i32 % 23 - 11) as f32 / 4.0).to_bits())
+        .collect();
+    let mut mem = VecMemory::new(BASE, 4 * MB);
+    for (k, v) in [&a, &b, &c].iter().enumerate() {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        mem.write(k * MB, &bytes);
+    }
+    let params: Vec<u8> = (0..4u64)
+        .flat_map(|k| (BASE + k * MB as u64).to_le_bytes())
+        .collect();
+    module()
+        .launch(
+            "mma_ops",
+            &LaunchConfig {
+                grid: [1, 1, 1],
+                block: [32, 1, 1],
+                dynamic_shared_bytes: 0,
+            },
+            &params,
+            &mut mem,
+            &|_| None,
+        )
+        .unwrap();
+    let out: Vec<u32> = mem
+        .read(3 * MB, 4 * 576)
+        .chunks(4)
+        .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+        .collect();
+    // Element (r, col) of a row-major matrix of 16-bit values stored two to a word.
+    let e16 = |v: &[u32], cols: usize, r: usize, col: usize| -> u32 {
+        let i = r * cols + col;
+        (v[i / 2] >> (16 * (i % 2))) & 0xffff
+    };
+    let f32w = |w: u32| f32::from_bits(w) as f64;
+    let mut failures = Vec::new();
+    let mut expect = |what: &str, r: usize, col: usize, got: u32, want: u32| {
+        if got != want && failures.len() < 10 {
+            failures.push(format!(
+                "{what} D[{r}][{col}]: got {got:#x}, want {want:#x}"
+            ));
+        }
+    };
+    for r in 0..16 {
+        for col in 0..8 {
+            // m16n8k16: A 16x16 and B 16x8 of 16-bit values.
+            let sum = |val: &dyn Fn(u32) -> f64, acc: f64| -> f64 {
+                (0..16).fold(acc, |s, k| {
+                    s + val(e16(&a, 16, r, k)) * val(e16(&b, 8, k, col))
+                })
+            };
+            let h = |x: u32| f16::from_bits(x as u16).to_f64();
+            let bh = |x: u32| bf16::from_bits(x as u16).to_f64();
+            let cv = f32w(c[r * 8 + col]);
+            expect(
+                "f16->f32",
+                r,
+                col,
+                out[r * 8 + col],
+                (sum(&h, cv) as f32).to_bits(),
+            );
+            expect(
+                "bf16->f32",
+                r,
+                col,
+                out[128 + r * 8 + col],
+                (sum(&bh, cv) as f32).to_bits(),
+            );
+            let d16 = (out[256 + r * 4 + col / 2] >> (16 * (col % 2))) & 0xffff;
+            expect("f16->f16", r, col, d16, f16::round(sum(&h, 0.0)));
+            // m16n8k8 tf32: A 16x8 and B 8x8 as f32 words.
+            let tf = |w: u32| f32::from_bits(w & !0x1fff) as f64;
+            let t = (0..8).fold(cv, |s, k| s + tf(a[r * 8 + k]) * tf(b[k * 8 + col]));
+            expect("tf32", r, col, out[320 + r * 8 + col], (t as f32).to_bits());
+            // m8n8k4 f64: A 8x4, B 4x8, C 8x8, the f32 words widened.
+            if r < 8 {
+                let d = (0..4).fold(f32w(c[r * 8 + col]), |s, k| {
+                    s + f32w(a[r * 4 + k]) * f32w(b[k * 8 + col])
+                });
+                let i = 448 + 2 * (r * 8 + col);
+                expect("f64 lo", r, col, out[i], d.to_bits() as u32);
+                expect("f64 hi", r, col, out[i + 1], (d.to_bits() >> 32) as u32);
+            }
+        }
+    }
+    drop(expect);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
