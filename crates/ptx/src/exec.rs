@@ -639,6 +639,33 @@ pub fn exec(
                 run,
             );
         }
+        Op::Vabsdiff => {
+            // d = each element's |a - b| (or their sum plus c with `.add`); `ty` is the
+            // sources' type (its kind says whether the elements are signed).
+            let (x, y, z) = (v!(w, env, 0, U32), v!(w, env, 1, U32), v!(w, env, 2, U32));
+            let (n, add, signed) = (ins.m.simd as u32, ins.m.simd_add, ty.kind == Ty::S);
+            let bits = 32 / n.max(1);
+            let r = map3(&x, &y, &z, run, |a, b, c| {
+                let m = (1u64 << bits) - 1;
+                let (mut d, mut sum) = (0u64, c & 0xffff_ffff);
+                for i in 0..n {
+                    let (p, q) = ((a >> (i * bits)) & m, (b >> (i * bits)) & m);
+                    let diff = if signed {
+                        (sext(p, (bits / 8) as u8) - sext(q, (bits / 8) as u8)).unsigned_abs()
+                    } else {
+                        p.abs_diff(q)
+                    };
+                    d |= (diff & m) << (i * bits);
+                    sum = sum.wrapping_add(diff);
+                }
+                if add {
+                    sum & 0xffff_ffff
+                } else {
+                    d
+                }
+            });
+            put(w, g, d0, &r, run);
+        }
         Op::Createpolicy => {
             // An opaque policy: the VM has no cache for it to steer.
             put(w, g, d0, &[0; 32], run);

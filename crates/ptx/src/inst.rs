@@ -158,6 +158,9 @@ pub enum Op {
     Mma,
     /// `ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16`.
     Ldmatrix,
+    /// `vabsdiff2`/`vabsdiff4{.add}`: SIMD absolute differences of halfwords or bytes
+    /// (default selectors and masks only), what `__vabsdiffu4`/`__vsadu4` use.
+    Vabsdiff,
     /// `call (rets), func, (args)`: args[0] is a vector of return operands, args[1] the
     /// function's name, args[2] a vector of arguments.
     Call,
@@ -341,6 +344,9 @@ pub struct Mods {
     pub mma: Option<crate::tensor::Mma>,
     /// `ldmatrix.trans`.
     pub trans: bool,
+    /// SIMD lanes of a video instruction (2 or 4), and its `.add` secondary operation.
+    pub simd: u8,
+    pub simd_add: bool,
 }
 
 /// What `testp` tests.
@@ -742,6 +748,8 @@ pub fn decode(
         "elect" => Op::Elect,
         "mma" => Op::Mma,
         "ldmatrix" => Op::Ldmatrix,
+        "vabsdiff2" => Op::Vabsdiff,
+        "vabsdiff4" => Op::Vabsdiff,
         // Cache-residency hints: no cache, nothing to do (`discard` leaves the line's
         // contents undefined; keeping them is one of the allowed outcomes).
         "discard" | "applypriority" => Op::Prefetch,
@@ -855,6 +863,7 @@ pub fn decode(
             "L2" if op == Op::Prefetch => {}
             "sync" | "aligned" | "m8n8" | "x1" | "x2" | "x4" if op == Op::Ldmatrix => {}
             "trans" if op == Op::Ldmatrix => mods.trans = true,
+            "add" if op == Op::Vabsdiff => mods.simd_add = true,
             "rni" => mods.rnd_int = Some('n'),
             "rzi" => mods.rnd_int = Some('z'),
             "rmi" => mods.rnd_int = Some('m'),
@@ -956,7 +965,15 @@ pub fn decode(
     // elsewhere it is a form the VM does not run (mixed-precision `add.f32.f16`, `cvt.pack`
     // with three), never one to run with the first type alone.
     let two_types = matches!(op, Op::Cvt | Op::Set | Op::Dp4a | Op::Dp2a);
-    if types.len() > 2 || (types.len() == 2 && !two_types) {
+    if op == Op::Vabsdiff {
+        // `vabsdiff4.dtype.atype.btype`: 32-bit operands, both sources alike; no operand
+        // selectors or destination masks (`%r1.b0` would not be a register name).
+        mods.simd = if base == "vabsdiff2" { 2 } else { 4 };
+        if types.len() != 3 || types.iter().any(|t| t.size != 4) || types[1] != types[2] {
+            return Err(unsupported());
+        }
+        types.remove(0);
+    } else if types.len() > 2 || (types.len() == 2 && !two_types) {
         return Err(unsupported());
     }
     // Integer saturation is implemented for add/sub (s32), mad24 and cvt only.

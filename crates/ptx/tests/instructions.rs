@@ -1391,7 +1391,7 @@ fn unsupported_instructions_are_named() {
         ("tcgen05.fence::before_thread_sync;", "tcgen05"),
         ("atom.global.exch.b128 %rd2, [%rd1], %rd3;", "atom.global.exch.b128"),
         ("cvt.rn.satfinite.e2m1x2.f32 %rs1, %f1, %f1;", "e2m1x2"),
-        ("vabsdiff4.u32.u32.u32 %r1, %r1, %r1, %r1;", "vabsdiff4"),
+        ("vadd4.u32.u32.u32.sat %r1, %r1, %r1, %r1;", "vadd4"),
     ] {
         let src = format!(
             ".version 9.0\n.target sm_100\n.address_size 64\n.visible .entry k()\n{{\n\
@@ -1545,4 +1545,52 @@ fn ldmatrix_and_mma() {
     }
     drop(expect);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn simd_video_intrinsics() {
+    let n = 512;
+    let a = words(n, 0x5151, INT_SPECIALS);
+    let b = words(n, 0x7373, INT_SPECIALS);
+    let got = run("simd_ops", 4, &a, &b, &a);
+    let names = ["__vabsdiffu4", "__vsadu4", "__vsadu2", "__vabsdiffs4"];
+    let parts = |v: u32, bits: u32| -> Vec<u32> {
+        (0..32 / bits)
+            .map(|i| (v >> (i * bits)) & ((1u64 << bits) - 1) as u32)
+            .collect()
+    };
+    check(
+        "simd_ops",
+        &got,
+        &names,
+        |t, k| {
+            let (x, y) = (a[t], b[t]);
+            let d8: Vec<u32> = parts(x, 8)
+                .iter()
+                .zip(parts(y, 8))
+                .map(|(p, q)| p.abs_diff(q))
+                .collect();
+            let d16: Vec<u32> = parts(x, 16)
+                .iter()
+                .zip(parts(y, 16))
+                .map(|(p, q)| p.abs_diff(q))
+                .collect();
+            Some(match k {
+                0 => d8.iter().enumerate().map(|(i, d)| d << (8 * i)).sum(),
+                1 => d8.iter().sum(),
+                2 => d16.iter().sum(),
+                3 => parts(x, 8)
+                    .iter()
+                    .zip(parts(y, 8))
+                    .enumerate()
+                    .map(|(i, (&p, q))| {
+                        ((p as u8 as i8 as i32 - q as u8 as i8 as i32).unsigned_abs() & 0xff)
+                            << (8 * i)
+                    })
+                    .sum(),
+                _ => return None,
+            })
+        },
+        |_, g, w| g == w,
+    );
 }
