@@ -86,6 +86,10 @@ pub const ASSERT_CALLEE: u32 = u32::MAX;
 /// [`CallSite::callee`] of an indirect call: the register [`CallSite::pointer`] holds each
 /// lane's callee, a function address ([`crate::space::function_address`]).
 pub const INDIRECT_CALLEE: u32 = u32::MAX - 1;
+/// The function nvcc calls for device-side `printf`, declared `.extern`.
+pub const VPRINTF: &str = "vprintf";
+/// [`CallSite::callee`] of a call to [`VPRINTF`] (`printf.rs`).
+pub const VPRINTF_CALLEE: u32 = u32::MAX - 2;
 
 /// A call site: the callee and where its arguments come from and its return values go.
 #[derive(Debug, Clone)]
@@ -399,6 +403,13 @@ fn compile_inst(
             // `assert()` in device code: the call ends the kernel with the assertion's message.
             Operand::Sym(name) if name == ASSERT_FAIL && !by_name.contains_key(ASSERT_FAIL) => {
                 (ASSERT_CALLEE, None, &[])
+            }
+            // `printf` in device code: formatted by the VM (`printf.rs`).
+            Operand::Sym(name) if name == VPRINTF && !by_name.contains_key(VPRINTF) => {
+                if a.len() != 2 || rets.len() > 1 {
+                    return Err(format!("call that does not match vprintf: {}", inst.text));
+                }
+                (VPRINTF_CALLEE, None, rets)
             }
             Operand::Sym(name) => {
                 let &callee = by_name

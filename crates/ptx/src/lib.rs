@@ -56,6 +56,7 @@ mod lanes;
 mod launch;
 mod memory;
 mod parse;
+mod printf;
 mod round;
 mod space;
 mod tensor;
@@ -105,6 +106,11 @@ pub enum ExecError {
 pub trait DeviceMemory: Sync {
     /// The region holding `addr`, if any.
     fn region(&self, addr: u64) -> Option<Region<'_>>;
+
+    /// The text of one device-side `printf` call (`vprintf`), formatted. Calls of one launch
+    /// come in the order the threads made them; the device keeps them for the application.
+    /// By default the text is dropped.
+    fn print(&self, _text: &[u8]) {}
 }
 
 /// One allocation of device memory. Byte `k` of it is bits `8 * (k % 8)..` of `words[k / 8]`
@@ -311,6 +317,7 @@ pub struct VecMemory {
     base: u64,
     len: u64,
     words: Vec<AtomicU64>,
+    printed: std::sync::Mutex<Vec<u8>>,
 }
 
 impl VecMemory {
@@ -320,7 +327,13 @@ impl VecMemory {
             base,
             len: len as u64,
             words: (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect(),
+            printed: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// What device-side `printf` printed so far, taken.
+    pub fn take_printed(&self) -> Vec<u8> {
+        std::mem::take(&mut *self.printed.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     pub fn base(&self) -> u64 {
@@ -370,5 +383,10 @@ impl DeviceMemory for VecMemory {
                 words: &self.words,
             },
         )
+    }
+
+    fn print(&self, text: &[u8]) {
+        let mut p = self.printed.lock().unwrap_or_else(|p| p.into_inner());
+        p.extend_from_slice(text);
     }
 }

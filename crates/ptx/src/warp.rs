@@ -428,6 +428,9 @@ pub fn call(
         let lane = Bits(run).next().unwrap_or(0);
         return Err(ExecError::Assert(assert_message(w, env, g, cs, lane)));
     }
+    if cs.callee == crate::code::VPRINTF_CALLEE {
+        return crate::printf::vprintf(w, env, g, cs, run);
+    }
     let Some(reg) = cs.pointer else {
         return enter(w, env, code, cs, cs.callee, g, run);
     };

@@ -1594,3 +1594,91 @@ fn simd_video_intrinsics() {
         |_, g, w| g == w,
     );
 }
+
+/// Device-side `printf` (`vprintf`): each call's text, formatted by the VM, against the host C
+/// library's `snprintf` with the same format and arguments.
+#[test]
+fn device_printf_matches_the_c_library() {
+    let n = 64;
+    let a: Vec<u32> = (0..n as u32).map(|i| 0xdead_0000 + i * 0x1111).collect();
+    let m = module();
+    let mut mem = VecMemory::new(BASE, 4 * MB);
+    let bytes: Vec<u8> = a.iter().flat_map(|x| x.to_le_bytes()).collect();
+    mem.write(0, &bytes);
+    let params: Vec<u8> = (0..4u64)
+        .flat_map(|k| (BASE + k * MB as u64).to_le_bytes())
+        .collect();
+    // The module's string constants, placed after the buffers as a device would.
+    let mut at = 3 * MB + MB / 2;
+    let mut addrs = std::collections::HashMap::new();
+    for v in m.globals() {
+        if let Some(init) = &v.init {
+            mem.write(at, init);
+        }
+        addrs.insert(v.name.clone(), BASE + at as u64);
+        at += (v.size as usize).div_ceil(16) * 16;
+    }
+    m.launch(
+        "printf_ops",
+        &LaunchConfig {
+            grid: [1, 1, 1],
+            block: [64, 1, 1],
+            dynamic_shared_bytes: 0,
+        },
+        &params,
+        &mut mem,
+        &|name| addrs.get(name).copied(),
+    )
+    .unwrap();
+    let got = String::from_utf8(mem.take_printed()).unwrap();
+    let fmt = c"t=%d u=%u x=%#x X=%08X o=%#o c=%c s=%s f=%.3f e=%e E=%.2E g=%g G=%G ll=%lld llu=%llu p=%p %% w=[%5d|%-5d|%05d|%+d|% d] *=[%*d|%.*f] str=[%.2s|%-6s|%6s] h=%hd hh=%hhu zero=[%.0d]\n";
+    let mut want = String::new();
+    // The three threads' first calls run together (one warp), then their second calls.
+    for t in 0..3i32 {
+        let mut buf = vec![0u8; 1024];
+        // SAFETY: a NUL-terminated format whose conversions match the arguments' C types, and
+        // a buffer of the length given.
+        let len = unsafe {
+            libc::snprintf(
+                buf.as_mut_ptr() as *mut libc::c_char,
+                buf.len(),
+                fmt.as_ptr(),
+                t as libc::c_int,
+                a[t as usize] as libc::c_uint,
+                a[t as usize] as libc::c_uint,
+                a[t as usize] as libc::c_uint,
+                8 + t as libc::c_uint,
+                ('A' as i32 + t) as libc::c_int,
+                c"hey".as_ptr(),
+                (1.5f32 * t as f32) as f64,
+                12345.678f64,
+                0.000123456f64,
+                0.0001 * (t + 1) as f64,
+                1e-5 * (t + 1) as f64,
+                -1234567890123i64 * (t + 1) as i64,
+                u64::MAX - t as u64,
+                (0x1230 + t as usize) as *const libc::c_void,
+                t,
+                t,
+                -t,
+                t,
+                t,
+                4 as libc::c_int,
+                t,
+                2 as libc::c_int,
+                3.14159f64,
+                c"abcdef".as_ptr(),
+                c"ab".as_ptr(),
+                c"cd".as_ptr(),
+                (70000 + t) as libc::c_int,
+                (300 + t) as libc::c_int,
+                t,
+            )
+        };
+        want.push_str(std::str::from_utf8(&buf[..len as usize]).unwrap());
+    }
+    for t in 0..3 {
+        want.push_str(&format!("second {}\n", t * 10));
+    }
+    assert_eq!(got, want);
+}

@@ -49,12 +49,19 @@ pub struct EmuDevice {
     /// What the last failed launch said (for the worker's log).
     last_error: Option<String>,
     vmm: vmm::Vmm,
+    /// Device-side `printf` output not yet taken by the worker.
+    output: Vec<u8>,
 }
+
+/// Device-side `printf` output one launch may produce (CUDA's default printf FIFO); what
+/// follows is dropped, as on a GPU whose buffer fills.
+const PRINTF_FIFO: usize = 1 << 20;
 
 /// Device memory as the interpreter sees it during a launch: every allocation's words, by
 /// address.
 struct Memory<'a> {
     regions: Vec<(u64, &'a [AtomicU64], u64)>,
+    printed: std::sync::Mutex<Vec<u8>>,
 }
 
 impl<'a> Memory<'a> {
@@ -65,6 +72,7 @@ impl<'a> Memory<'a> {
                 .map(|(&start, w)| (start, w.len() as u64, w))
                 .map(|(start, len, w)| (start, w.atomic(), len))
                 .collect(),
+            printed: std::sync::Mutex::new(Vec::new()),
         }
     }
 }
@@ -74,6 +82,14 @@ impl gpufuse_ptx::DeviceMemory for Memory<'_> {
         let i = self.regions.partition_point(|r| r.0 <= addr);
         let &(start, words, len) = self.regions.get(i.checked_sub(1)?)?;
         (addr - start < len).then_some(gpufuse_ptx::Region { start, len, words })
+    }
+
+    fn print(&self, text: &[u8]) {
+        let mut p = self.printed.lock().unwrap_or_else(|p| p.into_inner());
+        // Whole records only, within the launch's printf buffer.
+        if p.len() + text.len() <= PRINTF_FIFO {
+            p.extend_from_slice(text);
+        }
     }
 }
 
@@ -89,6 +105,7 @@ impl EmuDevice {
             modules: HashMap::new(),
             next_module: 1,
             last_error: None,
+            output: Vec::new(),
             vmm: vmm::Vmm::default(),
         }
     }
@@ -408,6 +425,11 @@ impl Device for EmuDevice {
         let result = program.launch(l.function, &cfg, l.params, &mem, &|name| {
             variables.get(name).map(|&(p, _)| p)
         });
+        // printf output reaches the application even when the launch then faults.
+        let printed = mem.printed.into_inner().unwrap_or_else(|p| p.into_inner());
+        if self.output.len() < 16 * PRINTF_FIFO {
+            self.output.extend_from_slice(&printed);
+        }
         match result {
             Ok(stats) => Ok(stats.elapsed),
             Err(e) => {
@@ -430,6 +452,10 @@ impl Device for EmuDevice {
 
     fn take_error_detail(&mut self) -> Option<String> {
         self.last_error.take()
+    }
+
+    fn take_output(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.output)
     }
 }
 
