@@ -90,6 +90,9 @@ pub const INDIRECT_CALLEE: u32 = u32::MAX - 1;
 pub const VPRINTF: &str = "vprintf";
 /// [`CallSite::callee`] of a call to [`VPRINTF`] (`printf.rs`).
 pub const VPRINTF_CALLEE: u32 = u32::MAX - 2;
+/// [`CallSite::callee`] of device `malloc` and `free` (`heap.rs`).
+pub const MALLOC_CALLEE: u32 = u32::MAX - 3;
+pub const FREE_CALLEE: u32 = u32::MAX - 4;
 
 /// A call site: the callee and where its arguments come from and its return values go.
 #[derive(Debug, Clone)]
@@ -410,6 +413,16 @@ fn compile_inst(
                     return Err(format!("call that does not match vprintf: {}", inst.text));
                 }
                 (VPRINTF_CALLEE, None, rets)
+            }
+            // `malloc`/`free` (`new`/`delete`) in device code: the device heap (`heap.rs`).
+            Operand::Sym(name)
+                if (name == "malloc" || name == "free") && !by_name.contains_key(name.as_str()) =>
+            {
+                let malloc = name == "malloc";
+                if a.len() != 1 || rets.len() != malloc as usize {
+                    return Err(format!("call that does not match {name}: {}", inst.text));
+                }
+                (if malloc { MALLOC_CALLEE } else { FREE_CALLEE }, None, rets)
             }
             Operand::Sym(name) => {
                 let &callee = by_name

@@ -976,6 +976,10 @@ pub fn decode(
     } else if types.len() > 2 || (types.len() == 2 && !two_types) {
         return Err(unsupported());
     }
+    // `redux.sync` on floats (`.min/.max{.abs}{.NaN}.f32`) is not implemented.
+    if op == Op::Redux && ty.is_float() {
+        return Err(unsupported());
+    }
     // Integer saturation is implemented for add/sub (s32), mad24 and cvt only.
     if mods.sat
         && !mods.x2.unwrap_or(ty).is_float()

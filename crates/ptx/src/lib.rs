@@ -29,7 +29,12 @@
 //!   [`ExecError::IllegalAddress`] for any access outside device memory and
 //!   [`ExecError::MisalignedAddress`] for one not a multiple of its size;
 //! - float rounding modifiers: `.rn` (the default) and exact `.rz`, `.rm`, `.rp` on f32/f64
-//!   arithmetic and conversions (`round.rs`); a directed mode on f16 fails as unsupported;
+//!   arithmetic and conversions (`round.rs`) and on conversions to f16/bf16/fp8/tf32
+//!   (`half.rs`, which also does their packed forms); a directed mode on f16 arithmetic fails
+//!   as unsupported;
+//! - `cp.async` and its waits (`copy.rs`), `ldmatrix` and `mma.sync` (`tensor.rs`), device
+//!   `printf` (`printf.rs`: formatted records go to [`DeviceMemory::print`]);
+//!   docs/ptx-instructions.md lists every PTX instruction and what runs;
 //! - the blocks of a launch run in parallel on the host's cores (`launch.rs`): as many threads
 //!   as [`std::thread::available_parallelism`] (or `GPUFUSE_EMU_THREADS`), each taking the next
 //!   block. Device memory is therefore shared: [`DeviceMemory`] hands out regions of
@@ -37,8 +42,8 @@
 //!   sense, whatever the kernel does), and atomic instructions are exact across threads
 //!   (`memory.rs`).
 //!
-//! Not yet: variable addresses in initializers (`generic(var)`), `vprintf`, textures,
-//! tensor-core instructions.
+//! Not yet: variable addresses in initializers (`generic(var)`), device `malloc`, textures,
+//! `wmma`/`wgmma`/`tcgen05`, TMA (`cp.async.bulk`), `mbarrier`.
 //! `cargo run -p gpufuse-ptx --example ptx_check -- FILE.ptx` lists what a module lacks;
 //! `cargo run --release -p gpufuse-ptx --example vm_bench` measures lane-instructions per
 //! second.
@@ -51,6 +56,7 @@ mod collective;
 mod copy;
 mod exec;
 mod half;
+mod heap;
 mod inst;
 mod lanes;
 mod launch;
@@ -66,6 +72,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+pub use heap::{Heap, DEFAULT_HEAP};
 pub use inst::Space;
 pub use parse::{Param, Var};
 pub use space::{function_address, function_index, FUNCTION_WINDOW};
@@ -111,6 +118,11 @@ pub trait DeviceMemory: Sync {
     /// come in the order the threads made them; the device keeps them for the application.
     /// By default the text is dropped.
     fn print(&self, _text: &[u8]) {}
+
+    /// The session's device heap for `malloc`/`free` in kernels, if the device keeps one.
+    fn heap(&self) -> Option<&Heap> {
+        None
+    }
 }
 
 /// One allocation of device memory. Byte `k` of it is bits `8 * (k % 8)..` of `words[k / 8]`
@@ -243,6 +255,16 @@ impl Module {
         self.kernels.iter().find(|k| k.name == name)
     }
 
+    /// Whether a function of the module calls device `malloc` or `free` (the device then
+    /// provides a heap, [`DeviceMemory::heap`]).
+    pub fn uses_heap(&self) -> bool {
+        use code::{FREE_CALLEE, MALLOC_CALLEE};
+        self.program
+            .funcs
+            .iter()
+            .any(|f| f.calls.iter().any(|c| matches!(c.callee, MALLOC_CALLEE | FREE_CALLEE)))
+    }
+
     /// Module-scope `.global` and `.const` variables (the device allocates them).
     pub fn globals(&self) -> &[Var] {
         &self.globals
@@ -318,6 +340,7 @@ pub struct VecMemory {
     len: u64,
     words: Vec<AtomicU64>,
     printed: std::sync::Mutex<Vec<u8>>,
+    heap: Option<Heap>,
 }
 
 impl VecMemory {
@@ -328,7 +351,15 @@ impl VecMemory {
             len: len as u64,
             words: (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect(),
             printed: std::sync::Mutex::new(Vec::new()),
+            heap: None,
         }
+    }
+
+    /// The last `bytes` of the memory become a device heap for `malloc`/`free` in kernels.
+    pub fn with_heap(mut self, bytes: u64) -> VecMemory {
+        let bytes = bytes.min(self.len);
+        self.heap = Some(Heap::new(self.base + self.len - bytes, bytes));
+        self
     }
 
     /// What device-side `printf` printed so far, taken.
@@ -388,5 +419,9 @@ impl DeviceMemory for VecMemory {
     fn print(&self, text: &[u8]) {
         let mut p = self.printed.lock().unwrap_or_else(|p| p.into_inner());
         p.extend_from_slice(text);
+    }
+
+    fn heap(&self) -> Option<&Heap> {
+        self.heap.as_ref()
     }
 }

@@ -1428,6 +1428,7 @@ fn forms_the_vm_would_misread_are_refused() {
         "cvt.pack.sat.u8.s32.b32 %r1, %r1, %r1, %r1;",
         "mad.hi.sat.s32 %r1, %r1, %r1, %r1;",
         "max.abs.f32 %f1, %f1, %f1;",
+        "redux.sync.min.f32 %f1, %f1, 0xffffffff;",
     ] {
         let src = format!(
             ".version 9.0\n.target sm_100\n.address_size 64\n.visible .entry k()\n{{\n\

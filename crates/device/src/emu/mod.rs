@@ -51,6 +51,9 @@ pub struct EmuDevice {
     vmm: vmm::Vmm,
     /// Device-side `printf` output not yet taken by the worker.
     output: Vec<u8>,
+    /// The session's heap for `malloc`/`free` in kernels: reserved (8 MiB, CUDA's default) by
+    /// the first launch of a module that calls them, kept for the session's life.
+    heap: Option<gpufuse_ptx::Heap>,
 }
 
 /// Device-side `printf` output one launch may produce (CUDA's default printf FIFO); what
@@ -62,10 +65,14 @@ const PRINTF_FIFO: usize = 1 << 20;
 struct Memory<'a> {
     regions: Vec<(u64, &'a [AtomicU64], u64)>,
     printed: std::sync::Mutex<Vec<u8>>,
+    heap: Option<&'a gpufuse_ptx::Heap>,
 }
 
 impl<'a> Memory<'a> {
-    fn new(allocations: &'a mut BTreeMap<u64, words::Words>) -> Self {
+    fn new(
+        allocations: &'a mut BTreeMap<u64, words::Words>,
+        heap: Option<&'a gpufuse_ptx::Heap>,
+    ) -> Self {
         Memory {
             regions: allocations
                 .iter_mut()
@@ -73,6 +80,7 @@ impl<'a> Memory<'a> {
                 .map(|(start, len, w)| (start, w.atomic(), len))
                 .collect(),
             printed: std::sync::Mutex::new(Vec::new()),
+            heap,
         }
     }
 }
@@ -91,6 +99,10 @@ impl gpufuse_ptx::DeviceMemory for Memory<'_> {
             p.extend_from_slice(text);
         }
     }
+
+    fn heap(&self) -> Option<&gpufuse_ptx::Heap> {
+        self.heap
+    }
 }
 
 impl EmuDevice {
@@ -106,6 +118,7 @@ impl EmuDevice {
             next_module: 1,
             last_error: None,
             output: Vec::new(),
+            heap: None,
             vmm: vmm::Vmm::default(),
         }
     }
@@ -420,8 +433,21 @@ impl Device for EmuDevice {
             block: l.block,
             dynamic_shared_bytes: l.shared_mem,
         };
+        if program.uses_heap() && self.heap.is_none() {
+            // Device memory like any allocation, but the application's calls never name it
+            // (as on a GPU, heap blocks are not for cudaMemcpy or cudaFree).
+            let size = gpufuse_ptx::DEFAULT_HEAP;
+            let base = self.alloc(size)?;
+            self.heap = Some(gpufuse_ptx::Heap::new(base, size));
+        }
+        let Some(m) = self.modules.get(&l.module) else {
+            return Err(INVALID_HANDLE);
+        };
+        let Ok(program) = &m.program else {
+            return Err(INVALID_HANDLE);
+        };
         let variables = &m.variables;
-        let mem = Memory::new(&mut self.allocations);
+        let mem = Memory::new(&mut self.allocations, self.heap.as_ref());
         let result = program.launch(l.function, &cfg, l.params, &mem, &|name| {
             variables.get(name).map(|&(p, _)| p)
         });
