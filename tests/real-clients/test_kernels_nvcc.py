@@ -49,7 +49,7 @@ CHECKS = {
     "graphs": ["capture_replay", "fork_join", "many_nodes"],
     "faults": ["trap", "illegal_address", "misaligned", "assert", "reset_after_fault",
                "reset_relaunch"],
-    "device_io": ["printf"],
+    "device_io": ["printf", "malloc"],
 }
 
 XFAIL: dict = {}

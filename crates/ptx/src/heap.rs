@@ -129,12 +129,13 @@ pub fn call(
     use crate::code::Src;
     use crate::space::{load, store, LOCAL_WINDOW};
     use crate::ExecError;
-    let heap = env
-        .l
-        .mem
-        .heap()
-        .ok_or_else(|| ExecError::Unsupported("device malloc/free without a device heap".into()))?;
-    let arg = *cs.args.first().ok_or(ExecError::Unsupported("malloc/free without an argument".into()))?;
+    let heap =
+        env.l.mem.heap().ok_or_else(|| {
+            ExecError::Unsupported("device malloc/free without a device heap".into())
+        })?;
+    let arg = *cs.args.first().ok_or(ExecError::Unsupported(
+        "malloc/free without an argument".into(),
+    ))?;
     let vals = match arg {
         Src::FrameParam(_) => [0; 32],
         a => crate::lanes::val(w, env, g, a, 8)?,

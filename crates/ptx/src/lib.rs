@@ -33,7 +33,8 @@
 //!   (`half.rs`, which also does their packed forms); a directed mode on f16 arithmetic fails
 //!   as unsupported;
 //! - `cp.async` and its waits (`copy.rs`), `ldmatrix` and `mma.sync` (`tensor.rs`), device
-//!   `printf` (`printf.rs`: formatted records go to [`DeviceMemory::print`]);
+//!   `printf` (`printf.rs`: formatted records go to [`DeviceMemory::print`]), device
+//!   `malloc`/`free` from the heap [`DeviceMemory::heap`] gives (`heap.rs`);
 //!   docs/ptx-instructions.md lists every PTX instruction and what runs;
 //! - the blocks of a launch run in parallel on the host's cores (`launch.rs`): as many threads
 //!   as [`std::thread::available_parallelism`] (or `GPUFUSE_EMU_THREADS`), each taking the next
@@ -42,7 +43,7 @@
 //!   sense, whatever the kernel does), and atomic instructions are exact across threads
 //!   (`memory.rs`).
 //!
-//! Not yet: variable addresses in initializers (`generic(var)`), device `malloc`, textures,
+//! Not yet: variable addresses in initializers (`generic(var)`), textures,
 //! `wmma`/`wgmma`/`tcgen05`, TMA (`cp.async.bulk`), `mbarrier`.
 //! `cargo run -p gpufuse-ptx --example ptx_check -- FILE.ptx` lists what a module lacks;
 //! `cargo run --release -p gpufuse-ptx --example vm_bench` measures lane-instructions per
@@ -259,10 +260,11 @@ impl Module {
     /// provides a heap, [`DeviceMemory::heap`]).
     pub fn uses_heap(&self) -> bool {
         use code::{FREE_CALLEE, MALLOC_CALLEE};
-        self.program
-            .funcs
-            .iter()
-            .any(|f| f.calls.iter().any(|c| matches!(c.callee, MALLOC_CALLEE | FREE_CALLEE)))
+        self.program.funcs.iter().any(|f| {
+            f.calls
+                .iter()
+                .any(|c| matches!(c.callee, MALLOC_CALLEE | FREE_CALLEE))
+        })
     }
 
     /// Module-scope `.global` and `.const` variables (the device allocates them).

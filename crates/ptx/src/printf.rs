@@ -292,7 +292,13 @@ fn format(w: &Warp, env: &mut Env, l: usize, fmt: u64, args: u64) -> Result<Vec<
                 let s = if p == 0 {
                     b"(null)".to_vec()
                 } else {
-                    string(w, env, l, p, spec.precision.map_or(MAX_STRING, |p| p as u64))?
+                    string(
+                        w,
+                        env,
+                        l,
+                        p,
+                        spec.precision.map_or(MAX_STRING, |p| p as u64),
+                    )?
                 };
                 let body = String::from_utf8_lossy(&s).into_owned();
                 spec.pad("", "", &body, false)
@@ -315,7 +321,9 @@ fn format(w: &Warp, env: &mut Env, l: usize, fmt: u64, args: u64) -> Result<Vec<
                     match conv {
                         b'f' | b'F' => format!("{a:.p$}"),
                         b'e' | b'E' => exp_form(a, p, upper),
-                        b'g' | b'G' => general_form(a, spec.precision.unwrap_or(6), spec.alt, upper),
+                        b'g' | b'G' => {
+                            general_form(a, spec.precision.unwrap_or(6), spec.alt, upper)
+                        }
                         // %a: hexadecimal floating point, as glibc writes a normal double.
                         _ => hex_float(a, spec.precision),
                     }

@@ -431,7 +431,10 @@ pub fn call(
     if cs.callee == crate::code::VPRINTF_CALLEE {
         return crate::printf::vprintf(w, env, g, cs, run);
     }
-    if matches!(cs.callee, crate::code::MALLOC_CALLEE | crate::code::FREE_CALLEE) {
+    if matches!(
+        cs.callee,
+        crate::code::MALLOC_CALLEE | crate::code::FREE_CALLEE
+    ) {
         let malloc = cs.callee == crate::code::MALLOC_CALLEE;
         return crate::heap::call(w, env, g, cs, run, malloc);
     }

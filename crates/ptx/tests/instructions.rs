@@ -1683,3 +1683,71 @@ fn device_printf_matches_the_c_library() {
     }
     assert_eq!(got, want);
 }
+
+/// Device `malloc`/`free` and `new`/`delete` from the device heap; a block outlives the
+/// launch that allocated it; a memory without a heap fails such a kernel by name.
+#[test]
+fn device_heap() {
+    let n = 256;
+    let a = words(n, 0x4242, INT_SPECIALS);
+    let b: Vec<u32> = (0..n as u32).map(|i| i * 7).collect();
+    let m = module();
+    let mut mem = VecMemory::new(BASE, 5 * MB).with_heap(MB as u64);
+    for (k, v) in [&a, &b].iter().enumerate() {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        mem.write(k * MB, &bytes);
+    }
+    let params: Vec<u8> = (0..4u64)
+        .flat_map(|k| (BASE + k * MB as u64).to_le_bytes())
+        .collect();
+    let cfg = |threads: u32| LaunchConfig {
+        grid: [threads.div_ceil(64), 1, 1],
+        block: [threads.min(64), 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    m.launch("heap_ops", &cfg(n as u32), &params, &mut mem, &|_| None)
+        .unwrap();
+    let out: Vec<u32> = mem
+        .read(3 * MB, 8 * n)
+        .chunks(4)
+        .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+        .collect();
+    for t in 0..n {
+        let len = 4 + (a[t] & 7) as i32;
+        let sum = (0..len).fold(0i32, |s, j| s.wrapping_add((a[t] as i32).wrapping_add(j)));
+        assert_eq!(out[2 * t] as i32, sum, "malloc'd block of thread {t}");
+        assert_eq!(
+            f32::from_bits(out[2 * t + 1]),
+            1.5 + b[t] as f32,
+            "new[] of thread {t}"
+        );
+    }
+    // A block kept across launches, then freed by another kernel.
+    let slot = BASE + 3 * MB as u64;
+    let p1: Vec<u8> = slot.to_le_bytes().to_vec();
+    m.launch("heap_keep", &cfg(1), &p1, &mut mem, &|_| None)
+        .unwrap();
+    let p2: Vec<u8> = slot
+        .to_le_bytes()
+        .iter()
+        .chain((slot + 64).to_le_bytes().iter())
+        .copied()
+        .collect();
+    m.launch("heap_take", &cfg(1), &p2, &mut mem, &|_| None)
+        .unwrap();
+    assert_eq!(&mem.read(3 * MB + 64, 4)[..], &1234i32.to_le_bytes()[..]);
+    // Freeing it again is a fault.
+    let e = m
+        .launch("heap_take", &cfg(1), &p2, &mut mem, &|_| None)
+        .unwrap_err();
+    assert!(matches!(e, ExecError::IllegalAddress(_)), "{e}");
+    // Without a heap: an error naming it.
+    let mut bare = VecMemory::new(BASE, 4 * MB);
+    let e = m
+        .launch("heap_keep", &cfg(1), &p1, &mut bare, &|_| None)
+        .unwrap_err();
+    assert!(
+        matches!(&e, ExecError::Unsupported(t) if t.contains("malloc")),
+        "{e}"
+    );
+}
