@@ -306,7 +306,7 @@ fn finish(i: &Ins, t: Type, r: f64) -> u64 {
         if r.is_nan() {
             return canonical_nan(t);
         }
-        return from_f(if r < 0.0 || r == 0.0 { 0.0 } else { r }, t);
+        return from_f(if r <= 0.0 { 0.0 } else { r }, t);
     }
     from_f(r, t)
 }

@@ -250,6 +250,7 @@ pub fn scalar(v: u64, t: crate::inst::Type) -> f64 {
 /// Packed `cvt`: `d` in packed format `dst` from `a`/`b`. With a scalar source (`ty2`),
 /// `a` goes to the upper element and `b` to the lower; with a packed source, each element of
 /// `a` is converted in place.
+#[allow(clippy::too_many_arguments)]
 pub fn cvt_packed(
     dst: Packed,
     src: Option<Packed>,

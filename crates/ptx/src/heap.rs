@@ -92,29 +92,6 @@ impl Heap {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn blocks_are_aligned_disjoint_and_reused() {
-        let h = Heap::new(0x1008, 1024);
-        let a = h.alloc(10).unwrap();
-        let b = h.alloc(100).unwrap();
-        assert_eq!(a % 16, 0);
-        assert!(b >= a + 16);
-        assert!(h.free(a));
-        assert!(!h.free(a), "double free");
-        assert!(!h.free(b + 8), "not a block");
-        let c = h.alloc(16).unwrap();
-        assert_eq!(c, a, "first fit reuses the freed block");
-        assert!(h.alloc(2000).is_none());
-        assert!(h.free(b) && h.free(c));
-        let (base, len) = h.range();
-        assert_eq!(h.alloc(len), Some(base), "freed neighbours merge");
-    }
-}
-
 /// `malloc(size)` / `free(ptr)` called by `run`'s lanes (lowest first): each lane's block, or
 /// NULL, goes to its return value. A device memory without a heap fails the launch; freeing
 /// what is not a live block is an illegal address (a GPU's behaviour is undefined).
@@ -164,4 +141,27 @@ pub fn call(
     }
     w.goto(run, g.pc + 1);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_aligned_disjoint_and_reused() {
+        let h = Heap::new(0x1008, 1024);
+        let a = h.alloc(10).unwrap();
+        let b = h.alloc(100).unwrap();
+        assert_eq!(a % 16, 0);
+        assert!(b >= a + 16);
+        assert!(h.free(a));
+        assert!(!h.free(a), "double free");
+        assert!(!h.free(b + 8), "not a block");
+        let c = h.alloc(16).unwrap();
+        assert_eq!(c, a, "first fit reuses the freed block");
+        assert!(h.alloc(2000).is_none());
+        assert!(h.free(b) && h.free(c));
+        let (base, len) = h.range();
+        assert_eq!(h.alloc(len), Some(base), "freed neighbours merge");
+    }
 }

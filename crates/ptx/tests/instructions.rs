@@ -18,7 +18,7 @@ fn module() -> Module {
 /// `nout` output words.
 fn run(kernel: &str, nout: usize, a: &[u32], b: &[u32], c: &[u32]) -> Vec<Vec<u32>> {
     let n = a.len();
-    assert!(n % 64 == 0 && b.len() == n && c.len() == n);
+    assert!(n.is_multiple_of(64) && b.len() == n && c.len() == n);
     let m = module();
     let mut mem = VecMemory::new(BASE, 4 * MB);
     for (k, v) in [a, b, c].iter().enumerate() {
@@ -36,7 +36,7 @@ fn run(kernel: &str, nout: usize, a: &[u32], b: &[u32], c: &[u32]) -> Vec<Vec<u3
             dynamic_shared_bytes: 0,
         },
         &params,
-        &mut mem,
+        &mem,
         &|_| None,
     )
     .unwrap_or_else(|e| panic!("{kernel}: {e}"));
@@ -441,7 +441,7 @@ fn int64_intrinsics() {
             let x = ((b[t] as u64) << 32) | a[t] as u64;
             let y = ((c[t] as u64) << 32) | b[t] as u64;
             let pair = |v: u64, k: usize| {
-                Some(if k % 2 == 0 {
+                Some(if k.is_multiple_of(2) {
                     v as u32
                 } else {
                     (v >> 32) as u32
@@ -889,7 +889,7 @@ fn half_intrinsics() {
             let cmp2 = |f: &dyn Fn(f64, f64) -> bool, one: u32| -> u32 {
                 let lo = f(f16::val(x & 0xffff), f16::val(y & 0xffff)) as u32;
                 let hi = f(f16::val(x >> 16), f16::val(y >> 16)) as u32;
-                (hi * one) << 16 | lo * one
+                ((hi * one) << 16) | (lo * one)
             };
             let cf = f32::from_bits(z);
             Some(match k {
@@ -983,7 +983,7 @@ fn bf16_intrinsics() {
                 22 => {
                     let lo = (fa < fb) as u32;
                     let hi = (bf16::val(x >> 16) < bf16::val(y >> 16)) as u32;
-                    (hi * 0xffff) << 16 | lo * 0xffff
+                    ((hi * 0xffff) << 16) | (lo * 0xffff)
                 }
                 23 => (fa as f32).to_bits(),
                 24 => bf16::round(cf as f64),
@@ -1271,7 +1271,7 @@ fn atomics_of_every_type() {
             dynamic_shared_bytes: 0,
         },
         &params,
-        &mut mem,
+        &mem,
         &|_| None,
     )
     .unwrap();
@@ -1349,7 +1349,7 @@ fn atomics_of_every_type() {
     );
     // inc wraps to 0 past 16, dec wraps to 16 below 0 (or above 16): 256 steps of each.
     assert_eq!(w[22], 256 % 17, "atomicInc");
-    assert_eq!(w[23], (17 - 256 % 17) % 17, "atomicDec");
+    assert_eq!(w[23], (17 - 256 % 17), "atomicDec");
     assert_eq!(w[24], 256, "atomicAdd_block");
     assert_eq!(w[25], 512, "atomicAdd_system");
 }
@@ -1399,7 +1399,7 @@ fn unsupported_instructions_are_named() {
              {body}\nret;\n}}\n"
         );
         let m = Module::parse(&src).unwrap_or_else(|e| panic!("{body}: {e}"));
-        let mut mem = VecMemory::new(BASE, 64);
+        let mem = VecMemory::new(BASE, 64);
         let e = m
             .launch(
                 "k",
@@ -1409,7 +1409,7 @@ fn unsupported_instructions_are_named() {
                     dynamic_shared_bytes: 0,
                 },
                 &[],
-                &mut mem,
+                &mem,
                 &|_| None,
             )
             .unwrap_err();
@@ -1460,7 +1460,7 @@ fn ldmatrix_and_mma() {
     let a: Vec<u32> = (0..128).map(|_| word()).collect();
     let b: Vec<u32> = (0..128).map(|_| word()).collect();
     let c: Vec<u32> = (0..128)
-        .map(|k| ((k as i32 % 23 - 11) as f32 / 4.0).to_bits())
+        .map(|k| ((k % 23 - 11) as f32 / 4.0).to_bits())
         .collect();
     let mut mem = VecMemory::new(BASE, 4 * MB);
     for (k, v) in [&a, &b, &c].iter().enumerate() {
@@ -1479,7 +1479,7 @@ fn ldmatrix_and_mma() {
                 dynamic_shared_bytes: 0,
             },
             &params,
-            &mut mem,
+            &mem,
             &|_| None,
         )
         .unwrap();
@@ -1544,7 +1544,6 @@ fn ldmatrix_and_mma() {
             }
         }
     }
-    drop(expect);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -1599,6 +1598,7 @@ fn simd_video_intrinsics() {
 /// Device-side `printf` (`vprintf`): each call's text, formatted by the VM, against the host C
 /// library's `snprintf` with the same format and arguments.
 #[test]
+#[allow(clippy::approx_constant)] // 3.14159 is the kernel's own argument
 fn device_printf_matches_the_c_library() {
     let n = 64;
     let a: Vec<u32> = (0..n as u32).map(|i| 0xdead_0000 + i * 0x1111).collect();
@@ -1627,7 +1627,7 @@ fn device_printf_matches_the_c_library() {
             dynamic_shared_bytes: 0,
         },
         &params,
-        &mut mem,
+        &mem,
         &|name| addrs.get(name).copied(),
     )
     .unwrap();
@@ -1705,7 +1705,7 @@ fn device_heap() {
         block: [threads.min(64), 1, 1],
         dynamic_shared_bytes: 0,
     };
-    m.launch("heap_ops", &cfg(n as u32), &params, &mut mem, &|_| None)
+    m.launch("heap_ops", &cfg(n as u32), &params, &mem, &|_| None)
         .unwrap();
     let out: Vec<u32> = mem
         .read(3 * MB, 8 * n)
@@ -1725,7 +1725,7 @@ fn device_heap() {
     // A block kept across launches, then freed by another kernel.
     let slot = BASE + 3 * MB as u64;
     let p1: Vec<u8> = slot.to_le_bytes().to_vec();
-    m.launch("heap_keep", &cfg(1), &p1, &mut mem, &|_| None)
+    m.launch("heap_keep", &cfg(1), &p1, &mem, &|_| None)
         .unwrap();
     let p2: Vec<u8> = slot
         .to_le_bytes()
@@ -1733,18 +1733,18 @@ fn device_heap() {
         .chain((slot + 64).to_le_bytes().iter())
         .copied()
         .collect();
-    m.launch("heap_take", &cfg(1), &p2, &mut mem, &|_| None)
+    m.launch("heap_take", &cfg(1), &p2, &mem, &|_| None)
         .unwrap();
     assert_eq!(&mem.read(3 * MB + 64, 4)[..], &1234i32.to_le_bytes()[..]);
     // Freeing it again is a fault.
     let e = m
-        .launch("heap_take", &cfg(1), &p2, &mut mem, &|_| None)
+        .launch("heap_take", &cfg(1), &p2, &mem, &|_| None)
         .unwrap_err();
     assert!(matches!(e, ExecError::IllegalAddress(_)), "{e}");
     // Without a heap: an error naming it.
-    let mut bare = VecMemory::new(BASE, 4 * MB);
+    let bare = VecMemory::new(BASE, 4 * MB);
     let e = m
-        .launch("heap_keep", &cfg(1), &p1, &mut bare, &|_| None)
+        .launch("heap_keep", &cfg(1), &p1, &bare, &|_| None)
         .unwrap_err();
     assert!(
         matches!(&e, ExecError::Unsupported(t) if t.contains("malloc")),
