@@ -369,6 +369,7 @@ fn has_dst(op: Op) -> bool {
             | Op::Griddep
             | Op::CpAsync
             | Op::CpAsyncWait
+            | Op::Stackrestore
     )
 }
 

@@ -666,6 +666,64 @@ pub fn exec(
             });
             put(w, g, d0, &r, run);
         }
+        Op::Alloca => {
+            // alloca.u64 ptr, size{, align}: a block on the lane's alloca stack.
+            let size = v!(w, env, 0, ty);
+            let align = if ins.ns > 1 {
+                v!(w, env, 1, U32)
+            } else {
+                [8; 32]
+            };
+            let mut r = [0u64; 32];
+            for l in Bits(run) {
+                let a = align[l].clamp(1, 1 << 12).next_power_of_two();
+                let stack = &mut w.alloca[l];
+                let start = (stack.len() as u64).div_ceil(a) * a;
+                let end = start.checked_add(size[l]).filter(|&e| e <= warp::MAX_LOCAL);
+                let Some(end) = end else {
+                    return Err(ExecError::StackOverflow);
+                };
+                stack.resize(end as usize, 0);
+                r[l] = crate::space::ALLOCA_WINDOW + start;
+            }
+            put(w, g, d0, &r, run);
+        }
+        Op::Stacksave => {
+            let mut r = [0u64; 32];
+            for l in Bits(run) {
+                r[l] = crate::space::ALLOCA_WINDOW + w.alloca[l].len() as u64;
+            }
+            put(w, g, d0, &r, run);
+        }
+        Op::Stackrestore => {
+            let x = v!(w, env, 0, ty);
+            for l in Bits(run) {
+                let sp = x[l].wrapping_sub(crate::space::ALLOCA_WINDOW);
+                if sp > w.alloca[l].len() as u64 {
+                    return Err(ExecError::IllegalAddress(x[l]));
+                }
+                w.alloca[l].truncate(sp as usize);
+            }
+        }
+        Op::Slct => {
+            let (x, y) = (v!(w, env, 0, ty), v!(w, env, 1, ty));
+            let c = v!(w, env, 2, ins.ty2);
+            let cty = ins.ty2;
+            let r = map3(&x, &y, &c, run, |x, y, c| {
+                let take_a = if cty.is_float() {
+                    // -0 counts as >= 0; NaN does not.
+                    alu::fv(c, cty) >= 0.0
+                } else {
+                    sext(c, cty.size) >= 0
+                };
+                if take_a {
+                    x
+                } else {
+                    y
+                }
+            });
+            put(w, g, d0, &r, run);
+        }
         Op::Createpolicy => {
             // An opaque policy: the VM has no cache for it to steer.
             put(w, g, d0, &[0; 32], run);

@@ -161,6 +161,12 @@ pub enum Op {
     /// `vabsdiff2`/`vabsdiff4{.add}`: SIMD absolute differences of halfwords or bytes
     /// (default selectors and masks only), what `__vabsdiffu4`/`__vsadu4` use.
     Vabsdiff,
+    /// `alloca.u64 ptr, size{, align}` (`ALLOCA_WINDOW`), `stacksave`, `stackrestore`.
+    Alloca,
+    Stacksave,
+    Stackrestore,
+    /// `slct.dtype.{s32,f32} d, a, b, c`: `c >= 0 ? a : b`.
+    Slct,
     /// `call (rets), func, (args)`: args[0] is a vector of return operands, args[1] the
     /// function's name, args[2] a vector of arguments.
     Call,
@@ -748,6 +754,10 @@ pub fn decode(
         "elect" => Op::Elect,
         "mma" => Op::Mma,
         "ldmatrix" => Op::Ldmatrix,
+        "alloca" => Op::Alloca,
+        "stacksave" => Op::Stacksave,
+        "stackrestore" => Op::Stackrestore,
+        "slct" => Op::Slct,
         "vabsdiff2" => Op::Vabsdiff,
         "vabsdiff4" => Op::Vabsdiff,
         // Cache-residency hints: no cache, nothing to do (`discard` leaves the line's
@@ -964,7 +974,7 @@ pub fn decode(
     // A second type only where the instruction reads one (`cvt`, `set`, `dp4a`, `dp2a`):
     // elsewhere it is a form the VM does not run (mixed-precision `add.f32.f16`, `cvt.pack`
     // with three), never one to run with the first type alone.
-    let two_types = matches!(op, Op::Cvt | Op::Set | Op::Dp4a | Op::Dp2a);
+    let two_types = matches!(op, Op::Cvt | Op::Set | Op::Dp4a | Op::Dp2a | Op::Slct);
     if op == Op::Vabsdiff {
         // `vabsdiff4.dtype.atype.btype`: 32-bit operands, both sources alike; no operand
         // selectors or destination masks (`%r1.b0` would not be a register name).

@@ -81,6 +81,9 @@ pub struct Warp {
     /// Per lane, inline: a launch of one small block allocates only its register file.
     pub stacks: [Vec<Frame>; 32],
     pub local: [Vec<u8>; 32],
+    /// Each lane's `alloca` stack (`ALLOCA_WINDOW` addresses), grown upward; its length is
+    /// the stack pointer `stacksave` reads and `stackrestore` sets.
+    pub alloca: [Vec<u8>; 32],
 }
 
 impl Warp {
@@ -97,6 +100,7 @@ impl Warp {
             levels: vec![Vec::new()],
             stacks: std::array::from_fn(|_| Vec::new()),
             local: std::array::from_fn(|_| Vec::new()),
+            alloca: std::array::from_fn(|_| Vec::new()),
         };
         w.place(index, threads, block);
         w
@@ -132,6 +136,9 @@ impl Warp {
         self.carry = 0;
         self.calling = 0;
         self.pc = [0; 32];
+        for a in &mut self.alloca {
+            a.clear();
+        }
         let regs = &mut self.levels[0];
         regs.clear();
         regs.resize(kernel.nregs, [0; 32]);

@@ -1751,3 +1751,43 @@ fn device_heap() {
         "{e}"
     );
 }
+
+/// `alloca` blocks (used by a callee with a frame of its own), `stacksave`/`stackrestore`,
+/// and `slct`.
+#[test]
+fn alloca_stack_and_slct() {
+    let n = 256;
+    let a = words(n, 0x6161, INT_SPECIALS);
+    let b = words(n, 0x6262, INT_SPECIALS);
+    let c = words(n, 0x6363, INT_SPECIALS);
+    let got = run("stack_ops", 4, &a, &b, &c);
+    check(
+        "stack_ops",
+        &got,
+        &[
+            "alloca'd buffer sum",
+            "alloca'd buffer last",
+            "stacksave/restore",
+            "slct.s32",
+        ],
+        |t, k| {
+            let len = 1 + (a[t] & 15) as i32;
+            let t32 = t as i32;
+            let elem = |i: i32| i.wrapping_mul(t32).wrapping_add(t32 + (i & 3));
+            Some(match k {
+                0 => (0..len).fold(0i32, |s, i| s.wrapping_add(elem(i))) as u32,
+                1 => elem(len - 1) as u32,
+                2 => 1,
+                3 => {
+                    if (c[t] as i32) >= 0 {
+                        a[t]
+                    } else {
+                        b[t]
+                    }
+                }
+                _ => return None,
+            })
+        },
+        |_, g, w| g == w,
+    );
+}
