@@ -20,6 +20,8 @@ pub enum Elem {
     Tf32,
     F32,
     F64,
+    E4m3,
+    E5m2,
 }
 
 impl Elem {
@@ -30,6 +32,8 @@ impl Elem {
             "tf32" => Elem::Tf32,
             "f32" => Elem::F32,
             "f64" => Elem::F64,
+            "e4m3" => Elem::E4m3,
+            "e5m2" => Elem::E5m2,
             _ => return None,
         })
     }
@@ -38,6 +42,7 @@ impl Elem {
     fn per_reg(self) -> usize {
         match self {
             Elem::F16 | Elem::Bf16 => 2,
+            Elem::E4m3 | Elem::E5m2 => 4,
             _ => 1,
         }
     }
@@ -50,6 +55,8 @@ impl Elem {
             Elem::Tf32 => f32::from_bits(reg as u32 & !0x1fff) as f64,
             Elem::F32 => f32::from_bits(reg as u32) as f64,
             Elem::F64 => f64::from_bits(reg),
+            Elem::E4m3 => crate::half::E4M3.decode((reg >> (8 * e)) & 0xff),
+            Elem::E5m2 => crate::half::E5M2.decode((reg >> (8 * e)) & 0xff),
         }
     }
 
@@ -59,6 +66,8 @@ impl Elem {
             Elem::Bf16 => BF16.encode(x, 'n', false),
             Elem::Tf32 | Elem::F32 => (x as f32).to_bits() as u64,
             Elem::F64 => x.to_bits(),
+            Elem::E4m3 => crate::half::E4M3.encode(x, 'n', true),
+            Elem::E5m2 => crate::half::E5M2.encode(x, 'n', true),
         }
     }
 }
@@ -69,7 +78,9 @@ pub struct Mma {
     pub m: u8,
     pub n: u8,
     pub k: u8,
+    /// A's element type; B's is `b` (they differ only for fp8, `e5m2.e4m3`).
     pub ab: Elem,
+    pub b: Elem,
     pub d: Elem,
     pub c: Elem,
 }
@@ -86,6 +97,7 @@ pub fn decode_mma(mods: &[&str]) -> Option<Mma> {
             "m16n8k16" => shape = Some((16, 8, 16)),
             "m16n8k8" => shape = Some((16, 8, 8)),
             "m8n8k4" => shape = Some((8, 8, 4)),
+            "m16n8k32" => shape = Some((16, 8, 32)),
             t => types.push(Elem::parse(t)?),
         }
     }
@@ -96,10 +108,12 @@ pub fn decode_mma(mods: &[&str]) -> Option<Mma> {
     let [d, a, b, c] = types[..] else {
         return None;
     };
-    if a != b {
+    let fp8 = |e: Elem| matches!(e, Elem::E4m3 | Elem::E5m2);
+    if a != b && !(fp8(a) && fp8(b)) {
         return None;
     }
     let ok = match (m, n, k, a) {
+        (16, 8, 32, Elem::E4m3 | Elem::E5m2) => d == Elem::F32 && c == Elem::F32,
         (16, 8, 16, Elem::F16) | (16, 8, 8, Elem::F16) => {
             matches!((d, c), (Elem::F32, Elem::F32) | (Elem::F16, Elem::F16))
         }
@@ -114,6 +128,7 @@ pub fn decode_mma(mods: &[&str]) -> Option<Mma> {
         n,
         k,
         ab: a,
+        b,
         d,
         c,
     })
@@ -137,6 +152,11 @@ impl Mma {
         let (g, t) = (l >> 2, l & 3);
         match (self.m, self.k, self.ab) {
             (8, 4, _) => (g, t),
+            // 8-bit elements, four to a register: quads where 16-bit layouts have pairs.
+            (16, 32, _) => {
+                let (reg, e) = (i / 4, i % 4);
+                (g + 8 * (reg & 1), 4 * t + e + 16 * (reg >> 1))
+            }
             (16, 8, Elem::Tf32) => (g + 8 * (i & 1), t + 4 * (i >> 1)),
             (16, 8, _) => (g + 8 * (i >> 1), 2 * t + (i & 1)),
             _ => (g + 8 * ((i >> 1) & 1), 2 * t + (i & 1) + 8 * (i >> 2)),
@@ -148,6 +168,10 @@ impl Mma {
         let (g, t) = (l >> 2, l & 3);
         match (self.k, self.ab) {
             (4, _) => (t, g),
+            (32, _) => {
+                let (reg, e) = (i / 4, i % 4);
+                (4 * t + e + 16 * reg, g)
+            }
             (8, Elem::Tf32) => (t + 4 * i, g),
             (8, _) => (2 * t + i, g),
             _ => (2 * t + (i & 1) + 8 * (i >> 1), g),
@@ -225,7 +249,7 @@ pub fn mma(
         }
         for i in 0..nb * per {
             let (r, col) = f.b_at(l, i);
-            bm[r * n + col] = f.ab.get(rb[i / per][l], i % per);
+            bm[r * n + col] = f.b.get(rb[i / per][l], i % per);
         }
         let per = f.c.per_reg();
         for i in 0..nc * per {
@@ -318,6 +342,7 @@ mod tests {
             "sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
             "sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32",
             "sync.aligned.m8n8k4.row.col.f64.f64.f64.f64",
+            "sync.aligned.m16n8k32.row.col.f32.e5m2.e4m3.f32",
         ] {
             let parts: Vec<&str> = mods.split('.').collect();
             let f = decode_mma(&parts).unwrap();
