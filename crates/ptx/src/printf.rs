@@ -12,6 +12,8 @@ use crate::ExecError;
 
 /// The longest format or `%s` string read (a GPU's printf buffer is 1 MiB in all).
 const MAX_STRING: u64 = 64 << 10;
+/// Widths and precisions are capped here (a larger one could not fit the buffer anyway).
+const MAX_FIELD: usize = 4096;
 
 /// Runs `vprintf` for `run`'s lanes (lowest lane first) and sets each one's return value,
 /// the number of bytes it printed.
@@ -194,7 +196,10 @@ fn format(w: &Warp, env: &mut Env, l: usize, fmt: u64, args: u64) -> Result<Vec<
             i += 1;
         } else {
             while let Some(d) = f.get(i).filter(|c| c.is_ascii_digit()) {
-                spec.width = spec.width * 10 + (d - b'0') as usize;
+                spec.width = spec
+                    .width
+                    .saturating_mul(10)
+                    .saturating_add((d - b'0') as usize);
                 i += 1;
             }
         }
@@ -207,7 +212,7 @@ fn format(w: &Warp, env: &mut Env, l: usize, fmt: u64, args: u64) -> Result<Vec<
                 spec.precision = (v >= 0).then_some(v as usize);
             } else {
                 while let Some(d) = f.get(i).filter(|c| c.is_ascii_digit()) {
-                    p = p * 10 + (d - b'0') as usize;
+                    p = p.saturating_mul(10).saturating_add((d - b'0') as usize);
                     i += 1;
                 }
                 spec.precision = Some(p);
@@ -224,6 +229,8 @@ fn format(w: &Warp, env: &mut Env, l: usize, fmt: u64, args: u64) -> Result<Vec<
             }
             i += 1;
         }
+        spec.width = spec.width.min(MAX_FIELD);
+        spec.precision = spec.precision.map(|p| p.min(MAX_FIELD));
         let Some(&conv) = f.get(i) else {
             out.extend_from_slice(&f[start..]);
             break;
@@ -378,4 +385,30 @@ fn hex_float(a: f64, precision: Option<usize>) -> String {
     let dot = if digits.is_empty() { "" } else { "." };
     let sign = if exp < 0 { '-' } else { '+' };
     format!("0x{lead}{dot}{digits}p{sign}{}", exp.unsigned_abs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_float_forms() {
+        assert_eq!(exp_form(12345.678, 6, false), "1.234568e+04");
+        assert_eq!(exp_form(0.000123, 2, true), "1.23E-04");
+        assert_eq!(general_form(0.0001, 6, false, false), "0.0001");
+        assert_eq!(general_form(1e-5, 6, false, false), "1e-05");
+        assert_eq!(general_form(123456789.0, 6, false, false), "1.23457e+08");
+        assert_eq!(general_form(100.0, 6, true, false), "100.000");
+        assert_eq!(hex_float(1.0, None), "0x1p+0");
+        assert_eq!(hex_float(0.5, None), "0x1p-1");
+    }
+
+    #[test]
+    fn huge_fields_are_capped() {
+        let s = Spec {
+            width: usize::MAX.min(MAX_FIELD),
+            ..Spec::default()
+        };
+        assert_eq!(s.pad("", "", "x", false).len(), MAX_FIELD);
+    }
 }
