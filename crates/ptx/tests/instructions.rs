@@ -553,6 +553,9 @@ fn float_intrinsics() {
         "max.relu.s32",
         "__saturatef",
         "cvt.rna.tf32.f32",
+        "set.lt.u32.f32",
+        "set.gtu.f32.f32",
+        "set.gt.f32.s32",
     ];
     check(
         "float_ops",
@@ -616,11 +619,33 @@ fn float_intrinsics() {
                     let r = (a[t] as u64 + 0x1000) & !0x1fff;
                     r as u32
                 }
+                // set.cmp.dtype.stype: compared in the source type; all ones or 1.0.
+                20 => {
+                    if x < y {
+                        u32::MAX
+                    } else {
+                        0
+                    }
+                }
+                21 => {
+                    if x.is_nan() || y.is_nan() || x > y {
+                        1.0f32.to_bits()
+                    } else {
+                        0
+                    }
+                }
+                22 => {
+                    if (a[t] as i32) > (b[t] as i32) {
+                        1.0f32.to_bits()
+                    } else {
+                        0
+                    }
+                }
                 _ => return None,
             })
         },
         |k, g, w| {
-            if (7..=13).contains(&k) || k == 17 {
+            if (7..=13).contains(&k) || k == 17 || k >= 20 {
                 g == w
             } else {
                 f32_same(g, w)
