@@ -114,6 +114,9 @@ pub struct Code {
     /// Each instruction's text, for error messages.
     pub texts: Vec<Box<str>>,
     pub calls: Vec<CallSite>,
+    /// Where the lanes of a divergent conditional branch meet again (`reconverge.rs`), per
+    /// instruction.
+    pub joins: Vec<u32>,
     /// The A, B and C register lists of each `mma` (the instruction's `target`).
     pub mma: Vec<[Vec<Src>; 3]>,
     /// Bytes of local memory a frame of this function takes (parameters, return values,
@@ -305,6 +308,7 @@ fn compile_function(
         texts: Vec::with_capacity(f.insts.len()),
         calls: Vec::new(),
         mma: Vec::new(),
+        joins: Vec::new(),
         frame: round_up(frame, 16),
         params,
         returns,
@@ -323,6 +327,7 @@ fn compile_function(
         code.insts.push(ins);
         code.texts.push(inst.text.as_str().into());
     }
+    code.joins = crate::reconverge::joins(&code.insts);
     code.symbols.sort_unstable();
     code.symbols.dedup();
     code

@@ -53,10 +53,20 @@ pub fn exec(
             } else if run == 0 {
                 Flow::Next
             } else {
+                // Divergence: the lanes meet again at the branch's post-dominator.
+                let join = code.joins.get(g.pc as usize).copied();
+                if let Some(pc) = join.filter(|&p| p != crate::reconverge::NONE) {
+                    w.joins.push(warp::Join {
+                        pc,
+                        func: g.func as u32,
+                        depth: g.depth,
+                        mask: g.mask,
+                    });
+                }
                 w.goto(run, ins.target);
                 w.goto(g.mask & !run, g.pc + 1);
                 Flow::Sched
-            })
+            });
         }
         Op::Call => {
             warp::call(w, env, code, ins.target, g, run)?;

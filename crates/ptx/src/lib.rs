@@ -64,6 +64,7 @@ mod launch;
 mod memory;
 mod parse;
 mod printf;
+mod reconverge;
 mod round;
 mod space;
 mod tensor;

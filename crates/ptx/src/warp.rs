@@ -84,6 +84,18 @@ pub struct Warp {
     /// Each lane's `alloca` stack (`ALLOCA_WINDOW` addresses), grown upward; its length is
     /// the stack pointer `stacksave` reads and `stackrestore` sets.
     pub alloca: [Vec<u8>; 32],
+    /// Divergent branches whose lanes have not all met again yet, innermost last.
+    pub joins: Vec<Join>,
+}
+
+/// The lanes `mask` of a branch that diverged in function `func` at call depth `depth` meet
+/// again at instruction `pc`: a lane that gets there waits for the others (`reconverge.rs`).
+#[derive(Debug, Clone, Copy)]
+pub struct Join {
+    pub pc: u32,
+    pub func: u32,
+    pub depth: usize,
+    pub mask: u32,
 }
 
 impl Warp {
@@ -101,6 +113,7 @@ impl Warp {
             stacks: std::array::from_fn(|_| Vec::new()),
             local: std::array::from_fn(|_| Vec::new()),
             alloca: std::array::from_fn(|_| Vec::new()),
+            joins: Vec::new(),
         };
         w.place(index, threads, block);
         w
@@ -139,6 +152,7 @@ impl Warp {
         for a in &mut self.alloca {
             a.clear();
         }
+        self.joins.clear();
         let regs = &mut self.levels[0];
         regs.clear();
         regs.resize(kernel.nregs, [0; 32]);
@@ -170,9 +184,45 @@ impl Warp {
             .chain(std::iter::once(self.pc[l]))
     }
 
+    /// Whether lane `l` stands at `j`'s meeting point.
+    fn at_join(&self, l: usize, j: &Join, kernel: usize) -> bool {
+        self.pc[l] == j.pc
+            && self.stacks[l].len() == j.depth
+            && self.stacks[l].last().map_or(kernel as u32, |f| f.func) == j.func
+    }
+
+    /// Lanes waiting at a meeting point for others of their branch. Meetings every lane has
+    /// reached (or left by exiting) are over and removed.
+    fn held(&mut self, kernel: usize) -> u32 {
+        let mut held = 0u32;
+        let mut k = self.joins.len();
+        while k > 0 {
+            k -= 1;
+            let j = self.joins[k];
+            let lanes = j.mask & self.live;
+            let mut there = 0u32;
+            for l in Bits(lanes) {
+                if self.at_join(l, &j, kernel) {
+                    there |= 1 << l;
+                }
+            }
+            if there == lanes {
+                self.joins.remove(k);
+            } else {
+                held |= there;
+            }
+        }
+        held
+    }
+
     /// The lanes at the lowest position, if any can run.
-    fn pick(&self, kernel: usize) -> Option<Group> {
-        let run = self.runnable();
+    fn pick(&mut self, kernel: usize) -> Option<Group> {
+        let held = if self.joins.is_empty() {
+            0
+        } else {
+            self.held(kernel)
+        };
+        let run = self.runnable() & !held;
         if run == 0 {
             return None;
         }
@@ -404,7 +454,7 @@ fn run_warp(w: &mut Warp, env: &mut Env) -> Result<(bool, u64), ExecError> {
             Flow::Goto(t) => t,
             Flow::Sched => continue,
         };
-        if g.mask == w.runnable() {
+        if g.mask == w.runnable() && w.joins.is_empty() {
             next = Some(Group { pc: to, ..g });
         } else {
             w.goto(g.mask, to);
