@@ -192,7 +192,8 @@ impl Warp {
     }
 
     /// Lanes waiting at a meeting point for others of their branch. Meetings every lane has
-    /// reached (or left by exiting) are over and removed.
+    /// reached (or left by exiting), or whose other lanes wait at a block barrier, are over and
+    /// removed.
     fn held(&mut self, kernel: usize) -> u32 {
         let mut held = 0u32;
         let mut k = self.joins.len();
@@ -206,7 +207,9 @@ impl Warp {
                     there |= 1 << l;
                 }
             }
-            if there == lanes {
+            // Over when every lane is there, or when the others all wait at a block barrier
+            // (a barrier on one path, `ret` on the other: the lanes part for good, as on a GPU).
+            if there == lanes || (lanes & !there & !self.bar) == 0 {
                 self.joins.remove(k);
             } else {
                 held |= there;

@@ -102,3 +102,35 @@ fn lanes_that_leave_a_loop_early_wait_at_its_exit() {
     );
     assert_eq!(run(&m), lockstep(3, |l, v| v + 1 + (l % 3) as u32));
 }
+
+/// Lanes past the end of the data jump to the kernel's `ret` while the others go through
+/// block barriers (CuPy's batch scan): the meeting point is the `ret`, and the barriers must
+/// not wait for the lanes parked there.
+#[test]
+fn lanes_parked_at_a_join_do_not_block_a_barrier() {
+    let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\
+        .visible .entry k(.param .u64 out)\n{\n.reg .pred %p<4>;\n.reg .b32 %r<20>;\n\
+        .reg .b64 %rd<8>;\n.shared .align 4 .b8 s[256];\n\
+        mov.u32 %r1, %tid.x;\nsetp.ge.u32 %p1, %r1, 40;\n@%p1 bra DONE;\n\
+        shl.b32 %r2, %r1, 2;\nmov.u32 %r3, s;\nadd.s32 %r4, %r3, %r2;\nst.shared.u32 [%r4], %r1;\n\
+        bar.sync 0;\nxor.b32 %r5, %r1, 1;\nshl.b32 %r6, %r5, 2;\nadd.s32 %r7, %r3, %r6;\n\
+        ld.shared.u32 %r8, [%r7];\nbar.sync 0;\nld.param.u64 %rd1, [out];\n\
+        cvta.to.global.u64 %rd2, %rd1;\nmul.wide.u32 %rd3, %r1, 4;\nadd.s64 %rd4, %rd2, %rd3;\n\
+        st.global.u32 [%rd4], %r8;\nDONE:\nret;\n}\n";
+    let m = Module::parse(ptx).unwrap();
+    let mem = VecMemory::new(BASE, 4096);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [64, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    m.launch("k", &cfg, &BASE.to_le_bytes(), &mem, &|_| None)
+        .unwrap();
+    let got: Vec<u32> = mem
+        .read(0, 4 * 40)
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let want: Vec<u32> = (0..40).map(|l| l ^ 1).collect();
+    assert_eq!(got, want);
+}
