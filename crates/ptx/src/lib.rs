@@ -12,8 +12,10 @@
 //!   structure-of-arrays, each instruction runs in a tight loop over the active lanes (a 32-bit
 //!   mask), with no allocation per instruction (`exec.rs`, `alu.rs`);
 //! - min-PC scheduling keeps lanes in lockstep and reconverges divergent paths, so shuffles,
-//!   votes, `redux`, `match` and `activemask` see their partners; `bar.sync` waits for the
-//!   block's live threads (`warp.rs`);
+//!   votes, `redux`, `match` and `activemask` see their partners; lanes of a divergent branch
+//!   wait at its immediate post-dominator for the rest (`reconverge.rs`), so warp-synchronous
+//!   code stays in lockstep whatever the block layout; `bar.sync` waits for the block's live
+//!   threads (`warp.rs`);
 //! - calls to device functions (`call`, `call.uni`) with `.param` arguments and return values:
 //!   the callee gets its own registers and a local-memory frame on the thread's stack, so
 //!   recursion works, and pointers into a caller's local arrays stay valid; calls nested deeper

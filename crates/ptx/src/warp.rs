@@ -3,10 +3,13 @@
 //! Scheduling is min-PC: the lanes whose position is lowest run the next instruction together,
 //! so converged code runs in lockstep (shuffles and votes see their partners) and divergent
 //! paths reconverge. A lane inside a call is positioned by its call sites and then its PC,
-//! compared in that order, so lanes in a callee run before their caller moves on. While the
-//! running group is every runnable lane of the warp and the instruction did not branch apart,
-//! the next instruction runs for the same group without a scan. `bar.sync` parks lanes until
-//! every live thread of the block arrives.
+//! compared in that order, so lanes in a callee run before their caller moves on. When a
+//! branch splits a group, the lanes that reach its immediate post-dominator first wait there
+//! (`Warp::joins`, `reconverge.rs`) until the rest arrive, exit, or wait at a block barrier:
+//! a side placed out of line (at a higher PC) cannot be overtaken by the other side's next
+//! loop round. While the running group is every runnable lane of the warp, no meeting is
+//! pending and the instruction did not branch apart, the next instruction runs for the same
+//! group without a scan. `bar.sync` parks lanes until every live thread of the block arrives.
 
 use std::cmp::Ordering;
 
