@@ -100,7 +100,8 @@ KERNEL_SOURCES = ["vector_add", "saxpy", "reduction", "params"]
 SHARED_CUDART_KERNELS = ["vector_add", "params"]
 # Programs made of named checks (kcheck.h: PROG [CHECK...]); test_kernels_nvcc.py lists the checks.
 CHECK_KERNEL_SOURCES = ["warp", "histogram", "matmul", "transpose", "scan", "sort", "double",
-                        "math", "memory_spaces", "calls", "fn_table", "faults", "graphs"]
+                        "math", "memory_spaces", "calls", "fn_table", "faults", "graphs",
+                        "device_io"]
 
 
 def build_programs() -> Programs:

@@ -49,6 +49,7 @@ CHECKS = {
     "graphs": ["capture_replay", "fork_join", "many_nodes"],
     "faults": ["trap", "illegal_address", "misaligned", "assert", "reset_after_fault",
                "reset_relaunch"],
+    "device_io": ["printf", "malloc"],
 }
 
 XFAIL: dict = {}
@@ -72,3 +73,23 @@ def test_kernel_check(programs, server, prog, check):
     res = run_client(programs, server.unix, [programs.kernels[prog], check])
     assert_ok(res, [f"PASS {check} (results checked)"])
     assert "checked" in res.stdout or "launched" in res.stdout  # each check says what it verified
+
+
+@pytest.mark.kernel_results
+def test_device_printf_order(programs, server):
+    """Device printf output appears at the synchronize after its launches, in launch order and
+    thread order within a warp, between the program's own lines (stdout is a pipe here, so
+    the program's printf is fully buffered: the shim must write through the same stream)."""
+    res = run_client(programs, server.unix, [programs.kernels["device_io"], "printf"])
+    assert_ok(res, ["PASS printf (results checked)"])
+    vals = [10, -20, 30, 255]
+
+    def dev(launch, t):
+        v = vals[t]
+        return (f"device launch {launch} thread {t} value {v} hex {v & 0xffffffff:#x} "
+                f"float {v * 0.5:.2f} str {'odd' if t % 2 else 'even'}")
+
+    want = (["host before"] + [dev(0, t) for t in range(4)] + [dev(1, t) for t in range(2)]
+            + ["host between", dev(2, 0), "host after"])
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("host", "device"))]
+    assert lines == want, res.stdout

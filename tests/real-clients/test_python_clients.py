@@ -70,6 +70,8 @@ CUPY_CUSTOM = [
     ("scan", "none", None),
     ("scan", "default", None),
     ("sort", "none", None),
+    ("sort_nd", "default", None),
+    ("partition", "none", None),
 ]
 
 

@@ -275,6 +275,9 @@ impl Connection {
         if let Some(e) = reply.deferred_error {
             self.async_error.get_or_insert(e);
         }
+        if !reply.output.is_empty() {
+            print_device_output(&reply.output);
+        }
         for staged in std::mem::take(&mut reply.staged) {
             if let Some(p) = self.pending_copies.remove(&staged.tag) {
                 let n = p.len.min(staged.data.len());
@@ -300,6 +303,7 @@ impl Connection {
             status: reply.status,
             deferred_error: reply.deferred_error,
             staged: std::mem::take(&mut reply.staged),
+            output: std::mem::take(&mut reply.output),
             body: gpufuse_proto::ReplyBody::None,
         };
         self.absorb(staged_and_error);
@@ -327,5 +331,23 @@ impl Connection {
     /// Takes the first asynchronous error reported since the last call of this.
     pub fn take_async_error(&mut self) -> Option<CUresult> {
         self.async_error.take()
+    }
+}
+
+/// Device-side `printf` output, written to the application's stdout through the C library's
+/// `stdout` stream (as NVIDIA's driver does), so that it keeps its place among the
+/// application's own buffered `printf` output; flushed at once.
+fn print_device_output(text: &[u8]) {
+    extern "C" {
+        static mut stdout: *mut libc::FILE;
+    }
+    // SAFETY: `stdout` is the C library's own stream, valid for the life of the process;
+    // fwrite/fflush lock it, and `text` is valid for `len` bytes.
+    unsafe {
+        let out = stdout;
+        if !out.is_null() {
+            libc::fwrite(text.as_ptr().cast(), 1, text.len(), out);
+            libc::fflush(out);
+        }
     }
 }

@@ -93,6 +93,10 @@ pub trait Device: Send {
     fn take_error_detail(&mut self) -> Option<String> {
         None
     }
+    /// Device-side `printf` output of the launches so far, not yet taken, in order.
+    fn take_output(&mut self) -> Vec<u8> {
+        Vec::new()
+    }
 }
 
 /// A kernel launch as the device runs it.

@@ -508,6 +508,10 @@ pub struct Reply {
     pub deferred_error: Option<Status>,
     /// Device-to-host data of earlier quiet copies.
     pub staged: Vec<StagedCopy>,
+    /// Device-side `printf` output of the launches since the last reply, in order: the
+    /// client prints it to the application's stdout before returning.
+    #[serde(with = "serde_bytes")]
+    pub output: Vec<u8>,
     /// Last, so that bulk `Data` can be sent without copying it into the frame.
     pub body: ReplyBody,
 }
@@ -519,6 +523,7 @@ impl Reply {
             body,
             deferred_error: None,
             staged: Vec::new(),
+            output: Vec::new(),
         }
     }
 
@@ -528,6 +533,7 @@ impl Reply {
             body: ReplyBody::None,
             deferred_error: None,
             staged: Vec::new(),
+            output: Vec::new(),
         }
     }
 }

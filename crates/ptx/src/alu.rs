@@ -68,7 +68,9 @@ fn fma_exact(a: f32, b: f32, c: f32) -> f32 {
 /// A float of type `t` (f16, f32, f64) as an f64.
 #[inline(always)]
 pub fn fv(v: u64, t: Type) -> f64 {
-    if t.size == 4 {
+    if t.kind == Ty::Bf {
+        f32::from_bits((v as u32 & 0xffff) << 16) as f64
+    } else if t.size == 4 {
         f32v(v) as f64
     } else if t.size == 2 {
         half_to_f32(v as u16) as f64
@@ -82,8 +84,10 @@ pub fn fv(v: u64, t: Type) -> f64 {
 pub fn from_f(x: f64, t: Type) -> u64 {
     if t.size == 4 {
         (x as f32).to_bits() as u64
+    } else if t.kind == Ty::Bf {
+        crate::half::BF16.encode(x, 'n', false)
     } else if t.size == 2 {
-        f32_to_half(x as f32) as u64
+        crate::half::F16.encode(x, 'n', false)
     } else {
         x.to_bits()
     }
@@ -108,39 +112,11 @@ pub fn half_to_f32(h: u16) -> f32 {
     f32::from_bits(bits)
 }
 
-pub fn f32_to_half(f: f32) -> u16 {
-    let b = f.to_bits();
-    let s = ((b >> 16) & 0x8000) as u16;
-    let e = ((b >> 23) & 0xff) as i32 - 127 + 15;
-    let m = b & 0x7f_ffff;
-    if ((b >> 23) & 0xff) == 0xff {
-        return s | 0x7c00 | if m != 0 { 0x200 } else { 0 };
-    }
-    if e >= 31 {
-        return s | 0x7c00;
-    }
-    if e <= 0 {
-        if e < -10 {
-            return s;
-        }
-        let m = (m | 0x80_0000) >> (1 - e);
-        return s | ((m + 0x1000) >> 13) as u16;
-    }
-    let r = s as u32 | ((e as u32) << 10) | (m >> 13);
-    // round to nearest even
-    let rem = m & 0x1fff;
-    (if rem > 0x1000 || (rem == 0x1000 && r & 1 == 1) {
-        r + 1
-    } else {
-        r
-    }) as u16
-}
-
 /// `setp`/`set` comparisons.
 #[inline]
 pub fn cmp(op: Cmp, a: u64, b: u64, ty: Type) -> bool {
     match ty.kind {
-        Ty::F => {
+        Ty::F | Ty::Bf => {
             let (x, y) = (fv(a, ty), fv(b, ty));
             let unordered = x.is_nan() || y.is_nan();
             match op {
@@ -201,25 +177,52 @@ pub fn arith(i: &Ins, a: u64, b: u64) -> Option<u64> {
 #[inline]
 fn arith_of(i: &Ins, t: Type, a: u64, b: u64) -> Option<u64> {
     let m = mask(t.size);
-    if t.kind == Ty::F {
+    if t.is_float() {
         let (x, y) = (fv(a, t), fv(b, t));
+        if matches!(i.op, Op::Min | Op::Max) {
+            return Some(min_max(i, t, a, b));
+        }
         let r = match i.op {
             Op::Add => x + y,
             Op::Sub => x - y,
             Op::Mul => x * y,
             Op::Div => x / y,
-            Op::Min => x.min(y),
-            Op::Max => x.max(y),
             Op::Copysign => y.copysign(x),
             _ => return None,
         };
-        let r = if t.size == 4 { (r as f32) as f64 } else { r };
-        let r = if i.m.sat { r.clamp(0.0, 1.0) } else { r };
-        return Some(from_f(r, t));
+        let r = if t.size == 4 && t.kind == Ty::F {
+            (r as f32) as f64
+        } else {
+            r
+        };
+        return Some(finish(i, t, r));
     }
     let signed = t.kind == Ty::S;
     let bits = t.size as u32 * 8;
     Some(match i.op {
+        Op::Add | Op::Sub if i.m.sat && signed => {
+            let (x, y) = (sext(a, t.size) as i128, sext(b, t.size) as i128);
+            let r = if i.op == Op::Add { x + y } else { x - y };
+            let lim = 1i128 << (bits - 1);
+            r.clamp(-lim, lim - 1) as u64 & m
+        }
+        Op::Min | Op::Max if i.m.relu => {
+            let (x, y) = (sext(a, t.size), sext(b, t.size));
+            let r = if i.op == Op::Min { x.min(y) } else { x.max(y) };
+            r.max(0) as u64 & m
+        }
+        Op::Mul24 => {
+            let (x, y) = if signed {
+                (
+                    sext(a & 0xff_ffff, 3) as i128,
+                    sext(b & 0xff_ffff, 3) as i128,
+                )
+            } else {
+                ((a & 0xff_ffff) as i128, (b & 0xff_ffff) as i128)
+            };
+            let p = x * y;
+            (if i.m.hi { p >> 16 } else { p }) as u64 & m
+        }
         Op::Add => a.wrapping_add(b) & m,
         Op::Sub => a.wrapping_sub(b) & m,
         Op::Mul if i.m.wide => {
@@ -236,7 +239,7 @@ fn arith_of(i: &Ins, t: Type, a: u64, b: u64) -> Option<u64> {
                 ((a as u128 * b as u128) >> bits) as u64 & m
             }
         }
-        Op::Mul | Op::Mul24 => a.wrapping_mul(b) & m,
+        Op::Mul => a.wrapping_mul(b) & m,
         Op::Div => {
             if b == 0 {
                 m
@@ -293,10 +296,100 @@ fn arith_of(i: &Ins, t: Type, a: u64, b: u64) -> Option<u64> {
     })
 }
 
+/// A float result of type `t` with `.sat` (clamped to [0, 1], NaN to 0) or `.relu`
+/// (negative to +0, NaN canonical) applied.
+fn finish(i: &Ins, t: Type, r: f64) -> u64 {
+    if i.m.sat {
+        return from_f(if r.is_nan() { 0.0 } else { r.clamp(0.0, 1.0) }, t);
+    }
+    if i.m.relu {
+        if r.is_nan() {
+            return canonical_nan(t);
+        }
+        return from_f(if r <= 0.0 { 0.0 } else { r }, t);
+    }
+    from_f(r, t)
+}
+
+/// The canonical NaN of a float type (what PTX's `.NaN` forms return).
+pub fn canonical_nan(t: Type) -> u64 {
+    match (t.kind, t.size) {
+        (_, 2) => 0x7fff,
+        (_, 4) => 0x7fff_ffff,
+        _ => 0x7fff_ffff_ffff_ffff,
+    }
+}
+
+/// `min`/`max` of floats, with `.NaN` (any NaN gives the canonical NaN), `.xorsign.abs` and
+/// `.relu`; otherwise a NaN operand yields the other, and -0 is below +0.
+pub fn min_max(i: &Ins, t: Type, a: u64, b: u64) -> u64 {
+    let (mut x, mut y) = (fv(a, t), fv(b, t));
+    // `.xorsign`: the result's sign is the XOR of the operands' sign bits (NaNs' too).
+    let sign = x.is_sign_negative() != y.is_sign_negative();
+    if x.is_nan() || y.is_nan() {
+        if i.m.nan || (x.is_nan() && y.is_nan()) {
+            return canonical_nan(t);
+        }
+        let (r, v) = if x.is_nan() { (b, y) } else { (a, x) };
+        if i.m.xorsign {
+            let m = if sign { -v.abs() } else { v.abs() };
+            return from_f(m, t);
+        }
+        return if i.m.relu && v <= 0.0 { 0 } else { r };
+    }
+    if i.m.xorsign {
+        x = x.abs();
+        y = y.abs();
+    }
+    let max = i.op == Op::Max;
+    let r = if x == y && x == 0.0 {
+        // Zeros: -0 is below +0.
+        let neg = if max {
+            x.is_sign_negative() && y.is_sign_negative()
+        } else {
+            x.is_sign_negative() || y.is_sign_negative()
+        };
+        if neg {
+            -0.0
+        } else {
+            0.0
+        }
+    } else if (x > y) == max {
+        x
+    } else {
+        y
+    };
+    let r = if i.m.xorsign && sign { -r } else { r };
+    let r = if i.m.relu && r <= 0.0 { 0.0 } else { r };
+    from_f(r, t)
+}
+
 /// `cvt`: between integer and float types, with rounding modifiers and saturation.
 pub fn cvt(i: &Ins, v: u64) -> u64 {
     let (dst, src) = (i.ty, i.ty2);
-    match (dst.kind == Ty::F, src.kind == Ty::F) {
+    if dst.is_float() && dst.size == 2 && !(src.is_float() && src.size == 2) {
+        // To f16/bf16: rounded once, whatever the source.
+        let x = if src.is_float() {
+            fv(v, src)
+        } else if src.kind == Ty::S {
+            sext(v, src.size) as f64
+        } else {
+            (v & mask(src.size)) as f64
+        };
+        let f = if dst.kind == Ty::Bf {
+            crate::half::BF16
+        } else {
+            crate::half::F16
+        };
+        let r = f.encode(x, i.m.rnd.unwrap_or('n'), i.m.satfinite);
+        let r = if i.m.relu { crate::half::relu(f, r) } else { r };
+        return if i.m.sat {
+            finish(i, dst, f.decode(r))
+        } else {
+            r
+        };
+    }
+    match (dst.is_float(), src.is_float()) {
         (true, true) => {
             let x = fv(v, src);
             let x = match i.m.rnd_int {
@@ -306,8 +399,7 @@ pub fn cvt(i: &Ins, v: u64) -> u64 {
                 Some('p') => x.ceil(),
                 _ => x,
             };
-            let x = if i.m.sat { x.clamp(0.0, 1.0) } else { x };
-            from_f(x, dst)
+            finish(i, dst, x)
         }
         (true, false) => {
             // Straight to the destination type: via f64, a 64-bit integer would be rounded twice.
@@ -399,14 +491,27 @@ pub fn unary_float(i: &Ins, a: u64) -> Option<u64> {
 /// `mad`, `fma`, `madc`, `mad24` of one lane; `carry` is the lane's carry flag.
 pub fn mad(i: &Ins, x: u64, y: u64, z: u64, carry: &mut bool) -> u64 {
     let ty = i.ty;
-    if ty.kind == Ty::F {
-        let r = if ty.size == 4 {
-            fma_f32(f32v(x), f32v(y), f32v(z)) as f64
+    if ty.is_float() {
+        return fma_of(i, ty, x, y, z);
+    }
+    if i.op == Op::Mad24 {
+        let signed = ty.kind == Ty::S;
+        let (a, b) = if signed {
+            (
+                sext(x & 0xff_ffff, 3) as i128,
+                sext(y & 0xff_ffff, 3) as i128,
+            )
         } else {
-            fv(x, ty).mul_add(fv(y, ty), fv(z, ty))
+            ((x & 0xff_ffff) as i128, (y & 0xff_ffff) as i128)
         };
-        let r = if i.m.sat { r.clamp(0.0, 1.0) } else { r };
-        return from_f(r, ty);
+        let p = a * b;
+        let p = if i.m.hi { p >> 16 } else { p };
+        let r = if i.m.sat && signed {
+            (p as i32 as i64 + sext(z, 4)).clamp(i32::MIN as i64, i32::MAX as i64) as u64
+        } else {
+            (p as u64).wrapping_add(z)
+        };
+        return r & mask(ty.size);
     }
     let bits = ty.size as u32 * 8;
     let prod: u128 = if ty.kind == Ty::S {
@@ -428,6 +533,16 @@ pub fn mad(i: &Ins, x: u64, y: u64, z: u64, carry: &mut bool) -> u64 {
         *carry = (s >> obits) as u64 & 1 != 0;
     }
     s as u64 & wm
+}
+
+/// `fma`/`mad` of one float element of type `t`, with `.sat` and `.relu`.
+pub fn fma_of(i: &Ins, t: Type, x: u64, y: u64, z: u64) -> u64 {
+    let r = if t.size == 4 {
+        fma_f32(f32v(x), f32v(y), f32v(z)) as f64
+    } else {
+        fv(x, t).mul_add(fv(y, t), fv(z, t))
+    };
+    finish(i, t, r)
 }
 
 /// `add.cc`, `sub.cc`, `addc`, `subc` of one lane.
@@ -454,10 +569,10 @@ pub fn carry_arith(i: &Ins, x: u64, y: u64, carry: &mut bool) -> u64 {
 /// The new value of an atomic read-modify-write; `y` is the second operand of `cas`.
 pub fn atom(op: AtomOp, ty: Type, old: u64, x: u64, y: u64) -> Option<u64> {
     Some(match op {
-        AtomOp::Add if ty.kind == Ty::F => from_f(fv(old, ty) + fv(x, ty), ty),
+        AtomOp::Add if ty.is_float() => from_f(fv(old, ty) + fv(x, ty), ty),
         AtomOp::Add => old.wrapping_add(x) & mask(ty.size),
-        AtomOp::Min if ty.kind == Ty::F => from_f(fv(old, ty).min(fv(x, ty)), ty),
-        AtomOp::Max if ty.kind == Ty::F => from_f(fv(old, ty).max(fv(x, ty)), ty),
+        AtomOp::Min if ty.is_float() => from_f(fv(old, ty).min(fv(x, ty)), ty),
+        AtomOp::Max if ty.is_float() => from_f(fv(old, ty).max(fv(x, ty)), ty),
         AtomOp::Min if ty.kind == Ty::S => {
             sext(old, ty.size).min(sext(x, ty.size)) as u64 & mask(ty.size)
         }
@@ -512,23 +627,33 @@ pub fn redux(op: AtomOp, t: Type, a: u64, b: u64) -> Option<u64> {
     })
 }
 
-/// `bfe`: a bit field, sign-extended for signed types.
+/// `bfe`: the bit field of `len` bits at `pos` (each 0..255), sign-extended from its top
+/// bit for signed types; bits past the operand's msb read as that sign.
 pub fn bfe(ty: Type, x: u64, pos: u64, len: u64) -> u64 {
     let bits = ty.size as u64 * 8;
+    let msb = bits - 1;
     if len == 0 {
         return 0;
     }
-    let field =
-        if pos >= bits { 0 } else { x >> pos } & if len >= 64 { u64::MAX } else { (1 << len) - 1 };
-    if ty.kind == Ty::S {
-        let sign_pos = (pos + len - 1).min(bits - 1);
-        let sign = (x >> sign_pos) & 1;
-        let l = len.min(bits);
-        if sign == 1 && l < 64 {
-            (field | (u64::MAX << l)) & mask(ty.size)
-        } else {
-            field
-        }
+    let sbit = if ty.kind == Ty::S {
+        (x >> (pos + len - 1).min(msb)) & 1
+    } else {
+        0
+    };
+    // Bits that come from the operand: positions pos..pos+len that lie within it.
+    let take = if pos > msb { 0 } else { len.min(bits - pos) };
+    let field = if take == 0 {
+        0
+    } else {
+        (x >> pos)
+            & if take >= 64 {
+                u64::MAX
+            } else {
+                (1 << take) - 1
+            }
+    };
+    if sbit == 1 && take < 64 {
+        (field | (u64::MAX << take)) & mask(ty.size)
     } else {
         field
     }
@@ -598,6 +723,180 @@ pub fn dp4a(i: &Ins, x: u64, y: u64, z: u64) -> u64 {
         s = s.wrapping_add(xa * ya);
     }
     s as u64 & 0xffff_ffff
+}
+
+/// `bfind{.shiftamt}`: the position of the most significant bit that differs from the sign
+/// (the most significant 1 of unsigned values); `0xffffffff` when there is none. `.shiftamt`
+/// gives the left shift that brings it to the top instead.
+pub fn bfind(ty: Type, shiftamt: bool, x: u64) -> u64 {
+    let bits = ty.size as u32 * 8;
+    let x = x & mask(ty.size);
+    let x = if ty.kind == Ty::S && (x >> (bits - 1)) & 1 == 1 {
+        !x & mask(ty.size)
+    } else {
+        x
+    };
+    if x == 0 {
+        return 0xffff_ffff;
+    }
+    let pos = 63 - x.leading_zeros();
+    (if shiftamt { bits - 1 - pos } else { pos }) as u64
+}
+
+/// `fns.b32 d, mask, base, offset`: the position of the `offset`-th set bit of `mask`
+/// counting from `base` (upward for a positive offset, downward for a negative one; offset 0
+/// means `base` itself when it is set); `0xffffffff` when there is none.
+pub fn fns(mask_: u64, base: u64, offset: u64) -> u64 {
+    let m = mask_ as u32;
+    let base = base as u32;
+    let off = offset as u32 as i32;
+    if base > 31 {
+        return 0xffff_ffff;
+    }
+    if off == 0 {
+        return if m >> base & 1 == 1 {
+            base as u64
+        } else {
+            0xffff_ffff
+        };
+    }
+    let mut left = off.unsigned_abs();
+    if off > 0 {
+        for p in base..32 {
+            if m >> p & 1 == 1 {
+                left -= 1;
+                if left == 0 {
+                    return p as u64;
+                }
+            }
+        }
+    } else {
+        for p in (0..=base).rev() {
+            if m >> p & 1 == 1 {
+                left -= 1;
+                if left == 0 {
+                    return p as u64;
+                }
+            }
+        }
+    }
+    0xffff_ffff
+}
+
+/// `dp2a.{lo,hi}`: the two 16-bit halves of `x` times two bytes of `y` (its low or high
+/// pair), added to `z`.
+pub fn dp2a(i: &Ins, x: u64, y: u64, z: u64) -> u64 {
+    let mut s = z as u32 as i64;
+    if i.ty.kind == Ty::S {
+        s = z as u32 as i32 as i64;
+    }
+    let first = if i.m.hi { 2 } else { 0 };
+    for k in 0..2 {
+        let xa = (x >> (k * 16)) & 0xffff;
+        let ya = (y >> ((first + k) * 8)) & 0xff;
+        let xa = if i.ty.kind == Ty::S {
+            xa as u16 as i16 as i64
+        } else {
+            xa as i64
+        };
+        let ya = if i.ty2.kind == Ty::S {
+            ya as u8 as i8 as i64
+        } else {
+            ya as i64
+        };
+        s = s.wrapping_add(xa * ya);
+    }
+    s as u64 & 0xffff_ffff
+}
+
+/// `szext.{wrap,clamp}.{u32,s32} d, a, b`: the low `b` bits of `a`, sign- or zero-extended.
+pub fn szext(ty: Type, wrap: bool, a: u64, b: u64) -> u64 {
+    let n = if wrap { b & 31 } else { b.min(32) } as u32;
+    if n >= 32 {
+        return a & 0xffff_ffff;
+    }
+    if n == 0 {
+        return 0;
+    }
+    let low = a & ((1u64 << n) - 1);
+    if ty.kind == Ty::S && (low >> (n - 1)) & 1 == 1 {
+        (low | (u64::MAX << n)) & 0xffff_ffff
+    } else {
+        low
+    }
+}
+
+/// `bmsk.{wrap,clamp}.b32 d, a, b`: `b` ones starting at bit `a`.
+pub fn bmsk(wrap: bool, a: u64, b: u64) -> u64 {
+    let (a, b) = if wrap {
+        (a & 31, b & 31)
+    } else {
+        (a.min(32), b.min(32))
+    };
+    let ones = if b >= 64 { u64::MAX } else { (1u64 << b) - 1 };
+    (ones << a) & 0xffff_ffff
+}
+
+/// `prmt.b32.<mode>`: the fixed permutations of `{b, a}` (bytes 0..3 from `a`, 4..7 from
+/// `b`) by the two low bits of the selector (`ecl`/`ecr`/`rc8`/`rc16`/`f4e`/`b4e`).
+pub fn prmt_mode(mode: crate::inst::PrmtMode, a: u64, b: u64, c: u64) -> u64 {
+    use crate::inst::PrmtMode as M;
+    let bytes = ((b & 0xffff_ffff) << 32) | (a & 0xffff_ffff);
+    let s = (c & 3) as usize;
+    let sel: [u64; 4] = match mode {
+        M::Generic => return prmt(a, b, c),
+        M::F4e => [[0, 1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 6]][s],
+        M::B4e => [[0, 7, 6, 5], [1, 0, 7, 6], [2, 1, 0, 7], [3, 2, 1, 0]][s],
+        M::Rc8 => [[0, 0, 0, 0], [1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 3, 3]][s],
+        M::Ecl => [[0, 1, 2, 3], [1, 1, 2, 3], [2, 2, 2, 3], [3, 3, 3, 3]][s],
+        M::Ecr => [[0, 0, 0, 0], [0, 1, 1, 1], [0, 1, 2, 2], [0, 1, 2, 3]][s],
+        M::Rc16 => [[0, 1, 0, 1], [2, 3, 2, 3], [0, 1, 0, 1], [2, 3, 2, 3]][s],
+    };
+    let mut r = 0u64;
+    for (k, &b) in sel.iter().enumerate() {
+        r |= ((bytes >> (b * 8)) & 0xff) << (k * 8);
+    }
+    r
+}
+
+/// `testp.<mode>` of a float.
+pub fn testp(mode: crate::inst::TestpMode, t: Type, v: u64) -> bool {
+    use crate::inst::TestpMode as M;
+    let x = fv(v, t);
+    match mode {
+        M::Finite => x.is_finite(),
+        M::Infinite => x.is_infinite(),
+        M::Number => !x.is_nan(),
+        M::NotANumber => x.is_nan(),
+        // f32 subnormals are normal f64s: classify in the operand's own format.
+        M::Normal | M::Subnormal => {
+            let (e, m) = match t.size {
+                4 => ((v >> 23) & 0xff, v & 0x7f_ffff),
+                2 if t.kind == Ty::Bf => ((v >> 7) & 0xff, v & 0x7f),
+                2 => ((v >> 10) & 0x1f, v & 0x3ff),
+                _ => ((v >> 52) & 0x7ff, v & 0xf_ffff_ffff_ffff),
+            };
+            let top = match t.size {
+                4 => 0xff,
+                2 if t.kind == Ty::Bf => 0xff,
+                2 => 0x1f,
+                _ => 0x7ff,
+            };
+            if mode == M::Normal {
+                e != 0 && e != top
+            } else {
+                e == 0 && m != 0
+            }
+        }
+    }
+}
+
+/// Float `set`/`setp` of packed pairs: the comparison of each element.
+pub fn cmp_pair(op: Cmp, e: Type, a: u64, b: u64) -> (bool, bool) {
+    (
+        cmp(op, a & 0xffff, b & 0xffff, e),
+        cmp(op, (a >> 16) & 0xffff, (b >> 16) & 0xffff, e),
+    )
 }
 
 #[cfg(test)]

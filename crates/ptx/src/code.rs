@@ -62,6 +62,8 @@ pub struct Ins {
     pub s: [Src; MAX_SRCS],
     /// The `[base+offset]` operand of memory instructions.
     pub addr: Option<(Src, i64)>,
+    /// The second address operand (`cp.async`'s source).
+    pub addr2: Option<(Src, i64)>,
     /// A branch's target, or a call's index in [`Code::calls`].
     pub target: u32,
 }
@@ -84,6 +86,13 @@ pub const ASSERT_CALLEE: u32 = u32::MAX;
 /// [`CallSite::callee`] of an indirect call: the register [`CallSite::pointer`] holds each
 /// lane's callee, a function address ([`crate::space::function_address`]).
 pub const INDIRECT_CALLEE: u32 = u32::MAX - 1;
+/// The function nvcc calls for device-side `printf`, declared `.extern`.
+pub const VPRINTF: &str = "vprintf";
+/// [`CallSite::callee`] of a call to [`VPRINTF`] (`printf.rs`).
+pub const VPRINTF_CALLEE: u32 = u32::MAX - 2;
+/// [`CallSite::callee`] of device `malloc` and `free` (`heap.rs`).
+pub const MALLOC_CALLEE: u32 = u32::MAX - 3;
+pub const FREE_CALLEE: u32 = u32::MAX - 4;
 
 /// A call site: the callee and where its arguments come from and its return values go.
 #[derive(Debug, Clone)]
@@ -105,6 +114,11 @@ pub struct Code {
     /// Each instruction's text, for error messages.
     pub texts: Vec<Box<str>>,
     pub calls: Vec<CallSite>,
+    /// Where the lanes of a divergent conditional branch meet again (`reconverge.rs`), per
+    /// instruction.
+    pub joins: Vec<u32>,
+    /// The A, B and C register lists of each `mma` (the instruction's `target`).
+    pub mma: Vec<[Vec<Src>; 3]>,
     /// Bytes of local memory a frame of this function takes (parameters, return values,
     /// `.local` and `.param` variables), a multiple of 16.
     pub frame: u64,
@@ -293,6 +307,8 @@ fn compile_function(
         insts: Vec::with_capacity(f.insts.len()),
         texts: Vec::with_capacity(f.insts.len()),
         calls: Vec::new(),
+        mma: Vec::new(),
+        joins: Vec::new(),
         frame: round_up(frame, 16),
         params,
         returns,
@@ -311,6 +327,7 @@ fn compile_function(
         code.insts.push(ins);
         code.texts.push(inst.text.as_str().into());
     }
+    code.joins = crate::reconverge::joins(&code.insts);
     code.symbols.sort_unstable();
     code.symbols.dedup();
     code
@@ -332,6 +349,7 @@ fn trap_ins() -> Ins {
         svec: false,
         s: [Src::Bad; MAX_SRCS],
         addr: None,
+        addr2: None,
         target: 0,
     }
 }
@@ -353,6 +371,10 @@ fn has_dst(op: Op) -> bool {
             | Op::Nanosleep
             | Op::Prefetch
             | Op::Call
+            | Op::Griddep
+            | Op::CpAsync
+            | Op::CpAsyncWait
+            | Op::Stackrestore
     )
 }
 
@@ -391,6 +413,23 @@ fn compile_inst(
             Operand::Sym(name) if name == ASSERT_FAIL && !by_name.contains_key(ASSERT_FAIL) => {
                 (ASSERT_CALLEE, None, &[])
             }
+            // `printf` in device code: formatted by the VM (`printf.rs`).
+            Operand::Sym(name) if name == VPRINTF && !by_name.contains_key(VPRINTF) => {
+                if a.len() != 2 || rets.len() > 1 {
+                    return Err(format!("call that does not match vprintf: {}", inst.text));
+                }
+                (VPRINTF_CALLEE, None, rets)
+            }
+            // `malloc`/`free` (`new`/`delete`) in device code: the device heap (`heap.rs`).
+            Operand::Sym(name)
+                if (name == "malloc" || name == "free") && !by_name.contains_key(name.as_str()) =>
+            {
+                let malloc = name == "malloc";
+                if a.len() != 1 || rets.len() != malloc as usize {
+                    return Err(format!("call that does not match {name}: {}", inst.text));
+                }
+                (if malloc { MALLOC_CALLEE } else { FREE_CALLEE }, None, rets)
+            }
             Operand::Sym(name) => {
                 let &callee = by_name
                     .get(name.as_str())
@@ -427,6 +466,13 @@ fn compile_inst(
         Op::St | Op::Red | Op::Prefetch => {
             ins.addr = mem_operand(args.next(), scope, syms, &mut used);
         }
+        Op::CpAsync => {
+            ins.addr = mem_operand(args.next(), scope, syms, &mut used);
+            ins.addr2 = mem_operand(args.next(), scope, syms, &mut used);
+            if ins.addr2.is_none() {
+                return Err(format!("cp.async without a source address: {}", inst.text));
+            }
+        }
         Op::Bra => {
             ins.target = match inst.args.last() {
                 Some(Operand::Label(t)) => u32::try_from(*t).unwrap_or(u32::MAX),
@@ -455,13 +501,43 @@ fn compile_inst(
             None => {}
         }
     }
-    if matches!(inst.op, Op::Ld | Op::Ldu | Op::Atom) {
+    if inst.op == Op::Mma {
+        // `{d}, {a}, {b}, {c}`: the source lists live beside the code.
+        let mut lists: Vec<Vec<Src>> = Vec::new();
+        for o in args.by_ref() {
+            lists.push(match o {
+                Operand::Vector(v) => v
+                    .iter()
+                    .map(|x| to_src(x, scope, syms, &mut used))
+                    .collect(),
+                o => vec![to_src(o, scope, syms, &mut used)],
+            });
+        }
+        let Ok([a, b, c]) = <[Vec<Src>; 3]>::try_from(lists) else {
+            return Err(format!("mma without three source lists: {}", inst.text));
+        };
+        ins.target = code.mma.len() as u32;
+        code.mma.push([a, b, c]);
+        code.symbols.extend(used);
+        return Ok(ins);
+    }
+    if matches!(inst.op, Op::Ld | Op::Ldu | Op::Atom | Op::Ldmatrix) {
         ins.addr = mem_operand(args.next(), scope, syms, &mut used);
     }
     let mut n = 0;
-    for (k, o) in args.enumerate() {
+    let mut rest: Vec<&Operand> = args.collect();
+    if inst.mods.cache_hint && matches!(inst.op, Op::St | Op::Red | Op::Atom | Op::CpAsync) {
+        // The cache policy operand of `.L2::cache_hint`: a hint the VM has no use for.
+        if rest.pop().is_none() {
+            return Err(format!("cache hint without a policy: {}", inst.text));
+        }
+    }
+    for (k, o) in rest.into_iter().enumerate() {
         match o {
-            Operand::Vector(v) if k == 0 && inst.op == Op::Mov || inst.op == Op::St => {
+            Operand::Vector(v)
+                if k == 0 && inst.op == Op::Mov
+                    || matches!(inst.op, Op::St | Op::Atom | Op::Red) =>
+            {
                 if n + v.len() > MAX_SRCS {
                     return Err(too_many());
                 }
@@ -483,7 +559,7 @@ fn compile_inst(
     ins.ns = n as u8;
     if matches!(
         inst.op,
-        Op::Ld | Op::Ldu | Op::St | Op::Atom | Op::Red | Op::Prefetch
+        Op::Ld | Op::Ldu | Op::St | Op::Atom | Op::Red | Op::Prefetch | Op::CpAsync
     ) && ins.addr.is_none()
     {
         return Err(format!(

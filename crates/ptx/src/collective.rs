@@ -25,6 +25,22 @@ pub fn exec(
 ) -> Result<(), ExecError> {
     let ty = ins.ty;
     match ins.op {
+        Op::Elect => {
+            // elect.sync d|p, membermask: the lowest lane is the leader.
+            let leader = run.trailing_zeros() as u64;
+            let mut pred = [0u64; 32];
+            for l in Bits(run) {
+                pred[l] = (l as u64 == leader) as u64;
+            }
+            if ins.dvec {
+                put(w, g, ins.d[0], &[leader; 32], run);
+                if ins.nd > 1 {
+                    put(w, g, ins.d[1], &pred, run);
+                }
+            } else {
+                put(w, g, ins.d[0], &pred, run);
+            }
+        }
         Op::Activemask => {
             put(w, g, ins.d[0], &[run as u64; 32], run);
         }

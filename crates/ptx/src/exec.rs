@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{fence, Ordering};
 
-use crate::alu::{self, mask, sext, PRED, U32};
+use crate::alu::{self, mask, sext, B32, PRED, U32};
 use crate::code::{Code, Ins};
 use crate::collective;
 use crate::inst::{Op, Space, Ty, Type};
@@ -53,10 +53,20 @@ pub fn exec(
             } else if run == 0 {
                 Flow::Next
             } else {
+                // Divergence: the lanes meet again at the branch's post-dominator.
+                let join = code.joins.get(g.pc as usize).copied();
+                if let Some(pc) = join.filter(|&p| p != crate::reconverge::NONE) {
+                    w.joins.push(warp::Join {
+                        pc,
+                        func: g.func as u32,
+                        depth: g.depth,
+                        mask: g.mask,
+                    });
+                }
                 w.goto(run, ins.target);
                 w.goto(g.mask & !run, g.pc + 1);
                 Flow::Sched
-            })
+            });
         }
         Op::Call => {
             warp::call(w, env, code, ins.target, g, run)?;
@@ -101,8 +111,22 @@ pub fn exec(
             }
             return Ok(Flow::Next);
         }
-        Op::Trap | Op::Brkpt | Op::Nanosleep | Op::Prefetch => return Ok(Flow::Next),
-        Op::Activemask | Op::Vote | Op::Redux | Op::Match | Op::Shfl => {
+        Op::Trap | Op::Brkpt | Op::Nanosleep | Op::Prefetch | Op::Griddep | Op::CpAsyncWait => {
+            return Ok(Flow::Next)
+        }
+        Op::Mma => {
+            if run != 0 {
+                crate::tensor::mma(w, env, code, g, ins, run)?;
+            }
+            return Ok(Flow::Next);
+        }
+        Op::Ldmatrix => {
+            if run != 0 {
+                crate::tensor::ldmatrix(w, env, g, ins, run)?;
+            }
+            return Ok(Flow::Next);
+        }
+        Op::Activemask | Op::Vote | Op::Redux | Op::Match | Op::Shfl | Op::Elect => {
             collective::exec(w, env, g, ins, run, &unsupported)?;
             return Ok(Flow::Next);
         }
@@ -240,7 +264,9 @@ pub fn exec(
         | Op::Sqrt
         | Op::Rcp
         | Op::Cvt
-            if ins.m.rnd.is_some() =>
+            if ins.m.rnd.is_some()
+                && !(ins.op == Op::Cvt
+                    && (ins.m.pk_dst.is_some() || (ty.is_float() && ty.size == 2))) =>
         {
             // Directed rounding (`.rz`, `.rm`, `.rp`), off the fast paths.
             let n = match ins.op {
@@ -255,6 +281,23 @@ pub fn exec(
             for l in Bits(run) {
                 r[l] = round::directed(ins, x[l], y[l], z[l]);
             }
+            put(w, g, d0, &r, run);
+        }
+        Op::Cvt if ins.m.pk_dst.is_some() || ins.m.pk_src.is_some() => {
+            let Some(dst) = ins.m.pk_dst else {
+                return Err(unsupported());
+            };
+            let src = ins.m.pk_src;
+            let a = v!(w, env, 0, ins.ty2);
+            let b = if src.is_none() && dst != crate::half::Packed::Tf32 {
+                v!(w, env, 1, ins.ty2)
+            } else {
+                [0; 32]
+            };
+            let (mode, sf, relu) = (ins.m.rnd.unwrap_or('n'), ins.m.satfinite, ins.m.relu);
+            let r = map2(&a, &b, run, |a, b| {
+                crate::half::cvt_packed(dst, src, ins.ty2, a, b, mode, sf, relu)
+            });
             put(w, g, d0, &r, run);
         }
         Op::Cvt => {
@@ -316,7 +359,14 @@ pub fn exec(
                 ty
             };
             let (x, y, z) = (v!(w, env, 0, ty), v!(w, env, 1, ty), v!(w, env, 2, zty));
-            let r = if ty.kind == Ty::F && ty.size == 4 && !ins.m.sat {
+            let r = if let Some(e) = ins.m.x2 {
+                map3(&x, &y, &z, run, |a, b, c| {
+                    let lo = alu::fma_of(ins, e, a & 0xffff, b & 0xffff, c & 0xffff);
+                    let hi =
+                        alu::fma_of(ins, e, a >> 16 & 0xffff, b >> 16 & 0xffff, c >> 16 & 0xffff);
+                    (hi & 0xffff) << 16 | (lo & 0xffff)
+                })
+            } else if ty.kind == Ty::F && ty.size == 4 && !ins.m.sat && !ins.m.relu {
                 map3(&x, &y, &z, run, |a, b, c| {
                     alu::fma_f32(alu::f32v(a), alu::f32v(b), alu::f32v(c)).to_bits() as u64
                 })
@@ -331,7 +381,34 @@ pub fn exec(
             };
             put(w, g, d0, &r, run);
         }
-        Op::Abs | Op::Neg if ty.kind != Ty::F => {
+        Op::Abs | Op::Neg if ins.m.x2.is_some() || (ty.is_float() && ty.size == 2) => {
+            // f16/bf16 (and pairs): the sign bit(s), NaN payloads kept.
+            let x = v!(w, env, 0, ty);
+            let sign = if ins.m.x2.is_some() {
+                0x8000_8000
+            } else {
+                0x8000
+            };
+            let abs = ins.op == Op::Abs;
+            let r = map1(&x, run, |x| if abs { x & !sign } else { x ^ sign });
+            put(w, g, d0, &r, run);
+        }
+        Op::Tanh | Op::Ex2 if ins.m.x2.is_some() => {
+            let x = v!(w, env, 0, ty);
+            let e = ins.m.x2.unwrap_or(ty);
+            let one = crate::code::Ins {
+                ty: e,
+                ..ins.clone()
+            };
+            let mut r = [0u64; 32];
+            for l in Bits(run) {
+                let lo = alu::unary_float(&one, x[l] & 0xffff).ok_or_else(unsupported)?;
+                let hi = alu::unary_float(&one, x[l] >> 16 & 0xffff).ok_or_else(unsupported)?;
+                r[l] = (hi & 0xffff) << 16 | (lo & 0xffff);
+            }
+            put(w, g, d0, &r, run);
+        }
+        Op::Abs | Op::Neg if !ty.is_float() => {
             let x = v!(w, env, 0, ty);
             let (abs, size) = (ins.op == Op::Abs, ty.size);
             let r = map1(&x, run, |x| {
@@ -372,10 +449,51 @@ pub fn exec(
             let x = v!(w, env, 0, ty);
             put(w, g, d0, &map1(&x, run, |x| (x == 0) as u64), run);
         }
+        Op::Setp | Op::Set if ins.m.x2.is_some() => {
+            // Packed pairs: `setp.cmp.f16x2 p|q, a, b` (p for the low element), or
+            // `set.cmp.{u32,f16x2}.f16x2 d, a, b` (each half all ones, or 1.0 of the element).
+            let e = ins.m.x2.unwrap_or(ty);
+            let (x, y) = (v!(w, env, 0, B32), v!(w, env, 1, B32));
+            let c = if ins.m.bool_op != crate::inst::BoolOp::None {
+                v!(w, env, 2, PRED)
+            } else {
+                [0; 32]
+            };
+            let (cmp, bop) = (ins.m.cmp, ins.m.bool_op);
+            let combine = |r: bool, c: u64| match bop {
+                crate::inst::BoolOp::None => r,
+                crate::inst::BoolOp::And => r && c != 0,
+                crate::inst::BoolOp::Or => r || c != 0,
+                crate::inst::BoolOp::Xor => r ^ (c != 0),
+            };
+            let mut lo = [0u64; 32];
+            let mut hi = [0u64; 32];
+            for l in Bits(run) {
+                let (a, b) = alu::cmp_pair(cmp, e, x[l], y[l]);
+                lo[l] = combine(a, c[l]) as u64;
+                hi[l] = combine(b, c[l]) as u64;
+            }
+            if ins.op == Op::Setp {
+                put(w, g, ins.d[0], &lo, run);
+                if ins.dvec && ins.nd > 1 {
+                    put(w, g, ins.d[1], &hi, run);
+                }
+            } else {
+                let one = if ty.kind == Ty::B {
+                    alu::from_f(1.0, e)
+                } else {
+                    0xffff
+                };
+                let r = map2(&lo, &hi, run, |a, b| (b * one) << 16 | (a * one));
+                put(w, g, d0, &r, run);
+            }
+        }
         Op::Setp | Op::Set => {
-            let (x, y) = (v!(w, env, 0, ty), v!(w, env, 1, ty));
+            // `set.cmp.dtype.stype`: the comparison is of the source type.
+            let cty = if ins.op == Op::Set { ins.ty2 } else { ty };
+            let (x, y) = (v!(w, env, 0, cty), v!(w, env, 1, cty));
             let cmp = ins.m.cmp;
-            let mut r = map2(&x, &y, run, |a, b| alu::cmp(cmp, a, b, ty) as u64);
+            let mut r = map2(&x, &y, run, |a, b| alu::cmp(cmp, a, b, cty) as u64);
             if ins.m.bool_op != crate::inst::BoolOp::None {
                 let c = v!(w, env, 2, PRED);
                 let op = ins.m.bool_op;
@@ -394,11 +512,16 @@ pub fn exec(
                     put(w, g, ins.d[1], &map1(&r, run, |r| (r == 0) as u64), run);
                 }
             } else if ins.op == Op::Set {
+                let one = if ty.is_float() {
+                    alu::from_f(1.0, ty)
+                } else {
+                    mask(ty.size)
+                };
                 put(
                     w,
                     g,
                     d0,
-                    &map1(&r, run, |r| if r != 0 { u32::MAX as u64 } else { 0 }),
+                    &map1(&r, run, |r| if r != 0 { one } else { 0 }),
                     run,
                 );
             } else {
@@ -419,21 +542,37 @@ pub fn exec(
             if alu::atom(op, ty, 0, 0, 0).is_none() {
                 return Err(unsupported());
             }
-            let x = v!(w, env, 0, ty);
-            let y = if op == crate::inst::AtomOp::Cas {
-                v!(w, env, 1, ty)
-            } else {
-                [0; 32]
+            let x2 = ins.m.x2;
+            let rmw = move |o: u64, x: u64, y: u64| match x2 {
+                // `atom.add.noftz.f16x2`: each half.
+                Some(e) => {
+                    let lo = alu::atom(op, e, o & 0xffff, x & 0xffff, 0).unwrap_or(o);
+                    let hi = alu::atom(op, e, o >> 16 & 0xffff, x >> 16 & 0xffff, 0).unwrap_or(o);
+                    (hi & 0xffff) << 16 | (lo & 0xffff)
+                }
+                None => alu::atom(op, ty, o, x, y).unwrap_or(o),
             };
-            let mut old = [0u64; 32];
-            for l in Bits(run) {
-                let (xl, yl) = (x[l], y[l]);
-                old[l] = atomic(w, env, l, a[l], n, |o| {
-                    alu::atom(op, ty, o, xl, yl).unwrap_or(o)
-                })?;
+            // `atom.v2.f32.add {d0, d1}, [a], {b0, b1}`: one atomic per element.
+            let elems = if ins.m.vec > 1 { ins.m.vec as usize } else { 1 };
+            if elems > 1 && (op == crate::inst::AtomOp::Cas || ins.ns as usize != elems) {
+                return Err(unsupported());
             }
-            if ins.op == Op::Atom {
-                put(w, g, d0, &old, run);
+            for k in 0..elems {
+                let x = v!(w, env, k, ty);
+                let y = if op == crate::inst::AtomOp::Cas {
+                    v!(w, env, 1, ty)
+                } else {
+                    [0; 32]
+                };
+                let mut old = [0u64; 32];
+                for l in Bits(run) {
+                    let (xl, yl) = (x[l], y[l]);
+                    let at = a[l].wrapping_add(k as u64 * n);
+                    old[l] = atomic(w, env, l, at, n, |o| rmw(o, xl, yl))?;
+                }
+                if ins.op == Op::Atom {
+                    put(w, g, ins.d[k], &old, run);
+                }
             }
         }
         Op::Popc => {
@@ -470,8 +609,136 @@ pub fn exec(
         }
         Op::Prmt => {
             let (x, y, s) = (v!(w, env, 0, ty), v!(w, env, 1, ty), v!(w, env, 2, ty));
-            put(w, g, d0, &map3(&x, &y, &s, run, alu::prmt), run);
+            let mode = ins.m.prmt;
+            let r = map3(&x, &y, &s, run, |a, b, c| alu::prmt_mode(mode, a, b, c));
+            put(w, g, d0, &r, run);
         }
+        Op::Bfind => {
+            let x = v!(w, env, 0, ty);
+            let sa = ins.m.shiftamt;
+            put(w, g, d0, &map1(&x, run, |x| alu::bfind(ty, sa, x)), run);
+        }
+        Op::Fns => {
+            let (m, b, o) = (v!(w, env, 0, U32), v!(w, env, 1, U32), v!(w, env, 2, U32));
+            put(w, g, d0, &map3(&m, &b, &o, run, alu::fns), run);
+        }
+        Op::Dp2a => {
+            let (x, y, z) = (v!(w, env, 0, ty), v!(w, env, 1, ins.ty2), v!(w, env, 2, ty));
+            let r = map3(&x, &y, &z, run, |x, y, z| alu::dp2a(ins, x, y, z));
+            put(w, g, d0, &r, run);
+        }
+        Op::Szext => {
+            let (x, b) = (v!(w, env, 0, ty), v!(w, env, 1, U32));
+            let wrap = ins.m.shf_wrap;
+            put(
+                w,
+                g,
+                d0,
+                &map2(&x, &b, run, |x, b| alu::szext(ty, wrap, x, b)),
+                run,
+            );
+        }
+        Op::Bmsk => {
+            let (a, b) = (v!(w, env, 0, U32), v!(w, env, 1, U32));
+            let wrap = ins.m.shf_wrap;
+            put(
+                w,
+                g,
+                d0,
+                &map2(&a, &b, run, |a, b| alu::bmsk(wrap, a, b)),
+                run,
+            );
+        }
+        Op::Vabsdiff => {
+            // d = each element's |a - b| (or their sum plus c with `.add`); `ty` is the
+            // sources' type (its kind says whether the elements are signed).
+            let (x, y, z) = (v!(w, env, 0, U32), v!(w, env, 1, U32), v!(w, env, 2, U32));
+            let (n, add, signed) = (ins.m.simd as u32, ins.m.simd_add, ty.kind == Ty::S);
+            let bits = 32 / n.max(1);
+            let r = map3(&x, &y, &z, run, |a, b, c| {
+                let m = (1u64 << bits) - 1;
+                let (mut d, mut sum) = (0u64, c & 0xffff_ffff);
+                for i in 0..n {
+                    let (p, q) = ((a >> (i * bits)) & m, (b >> (i * bits)) & m);
+                    let diff = if signed {
+                        (sext(p, (bits / 8) as u8) - sext(q, (bits / 8) as u8)).unsigned_abs()
+                    } else {
+                        p.abs_diff(q)
+                    };
+                    d |= (diff & m) << (i * bits);
+                    sum = sum.wrapping_add(diff);
+                }
+                if add {
+                    sum & 0xffff_ffff
+                } else {
+                    d
+                }
+            });
+            put(w, g, d0, &r, run);
+        }
+        Op::Alloca => {
+            // alloca.u64 ptr, size{, align}: a block on the lane's alloca stack.
+            let size = v!(w, env, 0, ty);
+            let align = if ins.ns > 1 {
+                v!(w, env, 1, U32)
+            } else {
+                [8; 32]
+            };
+            let mut r = [0u64; 32];
+            for l in Bits(run) {
+                let a = align[l].clamp(1, 1 << 12).next_power_of_two();
+                let stack = &mut w.alloca[l];
+                let start = (stack.len() as u64).div_ceil(a) * a;
+                let end = start.checked_add(size[l]).filter(|&e| e <= warp::MAX_LOCAL);
+                let Some(end) = end else {
+                    return Err(ExecError::StackOverflow);
+                };
+                stack.resize(end as usize, 0);
+                r[l] = crate::space::ALLOCA_WINDOW + start;
+            }
+            put(w, g, d0, &r, run);
+        }
+        Op::Stacksave => {
+            let mut r = [0u64; 32];
+            for l in Bits(run) {
+                r[l] = crate::space::ALLOCA_WINDOW + w.alloca[l].len() as u64;
+            }
+            put(w, g, d0, &r, run);
+        }
+        Op::Stackrestore => {
+            let x = v!(w, env, 0, ty);
+            for l in Bits(run) {
+                let sp = x[l].wrapping_sub(crate::space::ALLOCA_WINDOW);
+                if sp > w.alloca[l].len() as u64 {
+                    return Err(ExecError::IllegalAddress(x[l]));
+                }
+                w.alloca[l].truncate(sp as usize);
+            }
+        }
+        Op::Slct => {
+            let (x, y) = (v!(w, env, 0, ty), v!(w, env, 1, ty));
+            let c = v!(w, env, 2, ins.ty2);
+            let cty = ins.ty2;
+            let r = map3(&x, &y, &c, run, |x, y, c| {
+                let take_a = if cty.is_float() {
+                    // -0 counts as >= 0; NaN does not.
+                    alu::fv(c, cty) >= 0.0
+                } else {
+                    sext(c, cty.size) >= 0
+                };
+                if take_a {
+                    x
+                } else {
+                    y
+                }
+            });
+            put(w, g, d0, &r, run);
+        }
+        Op::Createpolicy => {
+            // An opaque policy: the VM has no cache for it to steer.
+            put(w, g, d0, &[0; 32], run);
+        }
+        Op::CpAsync => crate::copy::cp_async(w, env, g, ins, run)?,
         Op::Shf => {
             let (lo, hi, sh) = (v!(w, env, 0, ty), v!(w, env, 1, ty), v!(w, env, 2, ty));
             let (wrap, left) = (ins.m.shf_wrap, ins.m.shf_left);
@@ -493,7 +760,8 @@ pub fn exec(
         }
         Op::Testp => {
             let x = v!(w, env, 0, ty);
-            let r = map1(&x, run, |x| alu::fv(x, ty).is_finite() as u64);
+            let mode = ins.m.testp;
+            let r = map1(&x, run, |x| alu::testp(mode, ty, x) as u64);
             put(w, g, d0, &r, run);
         }
         Op::Sad => {

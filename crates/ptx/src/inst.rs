@@ -12,6 +12,8 @@ pub enum Ty {
     U,
     S,
     F,
+    /// bf16: a float kind of its own (f16 is `F` of size 2).
+    Bf,
     Pred,
 }
 
@@ -23,7 +25,19 @@ pub struct Type {
 }
 
 impl Type {
+    /// A float type (f16, bf16, f32, f64).
+    #[inline(always)]
+    pub fn is_float(self) -> bool {
+        matches!(self.kind, Ty::F | Ty::Bf)
+    }
+
     fn parse(t: &str) -> Option<Type> {
+        if t == "bf16" {
+            return Some(Type {
+                kind: Ty::Bf,
+                size: 2,
+            });
+        }
         let (kind, bits) = match t.as_bytes().first()? {
             b'b' => (Ty::B, &t[1..]),
             b'u' => (Ty::U, &t[1..]),
@@ -118,6 +132,41 @@ pub enum Op {
     Mov64Split,
     Dp4a,
     Redux,
+    /// `bfind{.shiftamt}`: the most significant non-sign bit.
+    Bfind,
+    /// `griddepcontrol.wait` / `.launch_dependents`: the VM runs a grid only after the one
+    /// before it has finished, so both are satisfied already.
+    Griddep,
+    /// `cp.async.{ca,cg}.shared.global [dst], [src], size{, src-size}`: done at once (its
+    /// completion is only promised by the waits below, which are then satisfied).
+    CpAsync,
+    /// `cp.async.commit_group`, `cp.async.wait_group N`, `cp.async.wait_all`.
+    CpAsyncWait,
+    /// `createpolicy`: an opaque cache-eviction policy (the VM has no cache).
+    Createpolicy,
+    /// `fns.b32 d, mask, base, offset`: the n-th set bit.
+    Fns,
+    /// `dp2a.{lo,hi}`: two 16x8-bit products added.
+    Dp2a,
+    /// `szext.{wrap,clamp}.{u32,s32}`: sign or zero extension from a bit position.
+    Szext,
+    /// `bmsk.{wrap,clamp}.b32`: a mask of `b` bits from bit `a`.
+    Bmsk,
+    /// `elect.sync d|p, membermask`: one leader lane.
+    Elect,
+    /// `mma.sync.aligned` (`tensor.rs`): the form is in [`Mods::mma`].
+    Mma,
+    /// `ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16`.
+    Ldmatrix,
+    /// `vabsdiff2`/`vabsdiff4{.add}`: SIMD absolute differences of halfwords or bytes
+    /// (default selectors and masks only), what `__vabsdiffu4`/`__vsadu4` use.
+    Vabsdiff,
+    /// `alloca.u64 ptr, size{, align}` (`ALLOCA_WINDOW`), `stacksave`, `stackrestore`.
+    Alloca,
+    Stacksave,
+    Stackrestore,
+    /// `slct.dtype.{s32,f32} d, a, b, c`: `c >= 0 ? a : b`.
+    Slct,
     /// `call (rets), func, (args)`: args[0] is a vector of return operands, args[1] the
     /// function's name, args[2] a vector of arguments.
     Call,
@@ -278,6 +327,57 @@ pub struct Mods {
     /// `bar.red.{popc,and,or}`: a block barrier that also reduces a predicate over the block
     /// (`__syncthreads_count/and/or`); the reduction is `atom_op` (Add counts).
     pub bar_red: bool,
+    /// `min/max.NaN`: a NaN operand gives the canonical NaN.
+    pub nan: bool,
+    /// `min/max.xorsign.abs`: the magnitude's min/max with the sign of `a ^ b`.
+    pub xorsign: bool,
+    /// `.relu`: negative results become +0.
+    pub relu: bool,
+    /// `bfind.shiftamt`: the shift that brings the bit to the top.
+    pub shiftamt: bool,
+    /// `.satfinite`: out-of-range floats become the largest finite value.
+    pub satfinite: bool,
+    /// `.L2::cache_hint`: the last operand is a cache policy (not a value).
+    pub cache_hint: bool,
+    /// `testp.<mode>`.
+    pub testp: TestpMode,
+    /// `prmt.b32.<mode>`.
+    pub prmt: PrmtMode,
+    /// `cvt` to or from packed formats (`f16x2`, `bf16x2`, `e4m3x2`, `e5m2x2`).
+    pub pk_dst: Option<crate::half::Packed>,
+    pub pk_src: Option<crate::half::Packed>,
+    /// `mma`'s shape and types.
+    pub mma: Option<crate::tensor::Mma>,
+    /// `ldmatrix.trans`.
+    pub trans: bool,
+    /// SIMD lanes of a video instruction (2 or 4), and its `.add` secondary operation.
+    pub simd: u8,
+    pub simd_add: bool,
+}
+
+/// What `testp` tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TestpMode {
+    #[default]
+    Finite,
+    Infinite,
+    Number,
+    NotANumber,
+    Normal,
+    Subnormal,
+}
+
+/// `prmt` modes: the default selector form, and the fixed permutations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrmtMode {
+    #[default]
+    Generic,
+    F4e,
+    B4e,
+    Rc8,
+    Ecl,
+    Ecr,
+    Rc16,
 }
 
 #[derive(Debug, Clone)]
@@ -635,19 +735,82 @@ pub fn decode(
         "dp4a" => Op::Dp4a,
         "redux" => Op::Redux,
         "call" => Op::Call,
+        "bfind" => Op::Bfind,
+        "griddepcontrol" if matches!(mods_s.as_slice(), ["wait"] | ["launch_dependents"]) => {
+            Op::Griddep
+        }
+        "cp" => match mods_s.as_slice() {
+            ["async", "commit_group"] | ["async", "wait_group"] | ["async", "wait_all"] => {
+                Op::CpAsyncWait
+            }
+            ["async", "ca" | "cg", ..] => Op::CpAsync,
+            _ => return Err(unsupported()),
+        },
+        "createpolicy" => Op::Createpolicy,
+        "fns" => Op::Fns,
+        "dp2a" => Op::Dp2a,
+        "szext" => Op::Szext,
+        "bmsk" => Op::Bmsk,
+        "elect" => Op::Elect,
+        "mma" => Op::Mma,
+        "ldmatrix" => Op::Ldmatrix,
+        "alloca" => Op::Alloca,
+        "stacksave" => Op::Stacksave,
+        "stackrestore" => Op::Stackrestore,
+        "slct" => Op::Slct,
+        "vabsdiff2" => Op::Vabsdiff,
+        "vabsdiff4" => Op::Vabsdiff,
+        // Cache-residency hints: no cache, nothing to do (`discard` leaves the line's
+        // contents undefined; keeping them is one of the allowed outcomes).
+        "discard" | "applypriority" => Op::Prefetch,
         _ => return Err(unsupported()),
     };
     let _ = Op::Mov64Split;
     let mut mods = Mods::default();
     let mut types = Vec::new();
     let mut space = Space::Generic;
+    if op == Op::Mma {
+        mods.mma = Some(crate::tensor::decode_mma(&mods_s).ok_or_else(unsupported)?);
+    }
     for m in &mods_s {
+        if op == Op::Mma {
+            break;
+        }
         if let Some(t) = Type::parse(m) {
             types.push(t);
             continue;
         }
+        if op == Op::Cvt {
+            if let Some(p) = crate::half::Packed::parse(m) {
+                if types.is_empty() && mods.pk_dst.is_none() {
+                    mods.pk_dst = Some(p);
+                } else {
+                    mods.pk_src = Some(p);
+                }
+                types.push(Type {
+                    kind: Ty::B,
+                    size: if p.bits() == 8 { 2 } else { 4 },
+                });
+                if p == crate::half::Packed::Tf32 && mods.pk_src.is_some() {
+                    return Err(unsupported());
+                }
+                continue;
+            }
+        }
         if let Some(elem) = m.strip_suffix("x2").and_then(Type::parse) {
-            if !matches!(op, Op::Add | Op::Sub | Op::Mul | Op::Min | Op::Max) || elem.size != 2 {
+            let packed_ok = match op {
+                Op::Add | Op::Sub | Op::Mul | Op::Min | Op::Max => true,
+                Op::Fma | Op::Neg | Op::Abs | Op::Set | Op::Setp | Op::Tanh | Op::Ex2 => {
+                    elem.is_float()
+                }
+                // `atom.add.noftz.{f16x2,bf16x2}`, `red` alike.
+                Op::Atom | Op::Red => elem.is_float(),
+                _ => false,
+            };
+            if !packed_ok || elem.size != 2 {
+                return Err(unsupported());
+            }
+            if mods.x2.is_some_and(|e| e != elem) {
                 return Err(unsupported());
             }
             mods.x2 = Some(elem);
@@ -658,7 +821,10 @@ pub fn decode(
             continue;
         }
         if let Some(sp) = space_of(m) {
-            if op == Op::Cvta || op == Op::Isspacep {
+            if op == Op::CpAsync && space != Space::Generic {
+                // `cp.async.ca.shared.global`: the destination's space, then the source's.
+                mods.space2 = Some(sp);
+            } else if op == Op::Cvta || op == Op::Isspacep {
                 mods.space2 = Some(sp);
             } else {
                 space = sp;
@@ -670,7 +836,44 @@ pub fn decode(
             "lo" => mods.lo = true,
             "wide" => mods.wide = true,
             "cc" => mods.cc = true,
-            "sat" | "satfinite" => mods.sat = true,
+            "sat" => mods.sat = true,
+            "satfinite" => mods.satfinite = true,
+            "NaN" if matches!(op, Op::Min | Op::Max) => mods.nan = true,
+            "xorsign" if matches!(op, Op::Min | Op::Max) => mods.xorsign = true,
+            "abs" if matches!(op, Op::Min | Op::Max) && mods.xorsign => {}
+            "relu" if matches!(op, Op::Min | Op::Max | Op::Fma | Op::Cvt) => mods.relu = true,
+            "shiftamt" if op == Op::Bfind => mods.shiftamt = true,
+            "L2::cache_hint" => mods.cache_hint = true,
+            "finite" if op == Op::Testp => mods.testp = TestpMode::Finite,
+            "infinite" if op == Op::Testp => mods.testp = TestpMode::Infinite,
+            "number" if op == Op::Testp => mods.testp = TestpMode::Number,
+            "notanumber" if op == Op::Testp => mods.testp = TestpMode::NotANumber,
+            "normal" if op == Op::Testp => mods.testp = TestpMode::Normal,
+            "subnormal" if op == Op::Testp => mods.testp = TestpMode::Subnormal,
+            "f4e" if op == Op::Prmt => mods.prmt = PrmtMode::F4e,
+            "b4e" if op == Op::Prmt => mods.prmt = PrmtMode::B4e,
+            "rc8" if op == Op::Prmt => mods.prmt = PrmtMode::Rc8,
+            "ecl" if op == Op::Prmt => mods.prmt = PrmtMode::Ecl,
+            "ecr" if op == Op::Prmt => mods.prmt = PrmtMode::Ecr,
+            "rc16" if op == Op::Prmt => mods.prmt = PrmtMode::Rc16,
+            "clamp" if matches!(op, Op::Shf | Op::Szext | Op::Bmsk) => {}
+            "wrap" if matches!(op, Op::Szext | Op::Bmsk) => mods.shf_wrap = true,
+            "wait" | "launch_dependents" if op == Op::Griddep => {}
+            "async" | "commit_group" | "wait_group" | "wait_all"
+                if matches!(op, Op::CpAsync | Op::CpAsyncWait) => {}
+            "fractional"
+            | "range"
+            | "L2::evict_last"
+            | "L2::evict_normal"
+            | "L2::evict_first"
+            | "L2::evict_unchanged"
+                if op == Op::Createpolicy => {}
+            "L2::evict_last" | "L2::evict_normal" | "L2::evict_first" | "L2::evict_unchanged"
+                if op == Op::Prefetch => {}
+            "L2" if op == Op::Prefetch => {}
+            "sync" | "aligned" | "m8n8" | "x1" | "x2" | "x4" if op == Op::Ldmatrix => {}
+            "trans" if op == Op::Ldmatrix => mods.trans = true,
+            "add" if op == Op::Vabsdiff => mods.simd_add = true,
             "rni" => mods.rnd_int = Some('n'),
             "rzi" => mods.rnd_int = Some('z'),
             "rmi" => mods.rnd_int = Some('m'),
@@ -678,6 +881,7 @@ pub fn decode(
             "rz" => mods.rnd = Some('z'),
             "rm" => mods.rnd = Some('m'),
             "rp" => mods.rnd = Some('p'),
+            "rna" if op == Op::Cvt => mods.rnd = Some('a'),
             "v2" => mods.vec = 2,
             "v4" => mods.vec = 4,
             "to" => mods.to = true,
@@ -738,15 +942,7 @@ pub fn decode(
             | "arrive"
             | "red"
             | "popc"
-            | "f4e"
-            | "b4e"
-            | "rc8"
-            | "ecl"
-            | "ecr"
-            | "rc16"
-            | "clamp"
             | "r"
-            | "shiftamt"
             | "ptr"
             | "weak"
             | "mmio"
@@ -758,17 +954,14 @@ pub fn decode(
             | "L2::256B"
             | "L1::no_allocate"
             | "L1::evict_last"
-            | "L1::evict_first"
             | "L1::evict_normal"
             | "L1::evict_unchanged"
-            | "L2::cache_hint"
-            | "u32x2"
-            | "infinite"
-            | "finite"
-            | "number"
-            | "notanumber"
-            | "normal"
-            | "subnormal" => {}
+            | "L1::evict_first"
+            | "L2::evict_last"
+            | "L2::evict_first"
+            | "L2::evict_normal"
+            | "L2::evict_unchanged"
+            | "u32x2" => {}
             _ => return Err(unsupported()),
         }
     }
@@ -778,12 +971,41 @@ pub fn decode(
     };
     let ty = types.first().copied().unwrap_or(b32);
     let ty2 = types.get(1).copied().unwrap_or(ty);
-    if mods.rnd.is_some() && !crate::round::supported(op, ty, ty2, mods.x2.is_some()) {
+    // A second type only where the instruction reads one (`cvt`, `set`, `dp4a`, `dp2a`):
+    // elsewhere it is a form the VM does not run (mixed-precision `add.f32.f16`, `cvt.pack`
+    // with three), never one to run with the first type alone.
+    let two_types = matches!(op, Op::Cvt | Op::Set | Op::Dp4a | Op::Dp2a | Op::Slct);
+    if op == Op::Vabsdiff {
+        // `vabsdiff4.dtype.atype.btype`: 32-bit operands, both sources alike; no operand
+        // selectors or destination masks (`%r1.b0` would not be a register name).
+        mods.simd = if base == "vabsdiff2" { 2 } else { 4 };
+        if types.len() != 3 || types.iter().any(|t| t.size != 4) || types[1] != types[2] {
+            return Err(unsupported());
+        }
+        types.remove(0);
+    } else if types.len() > 2 || (types.len() == 2 && !two_types) {
+        return Err(unsupported());
+    }
+    // `redux.sync` on floats (`.min/.max{.abs}{.NaN}.f32`) is not implemented.
+    if op == Op::Redux && ty.is_float() {
+        return Err(unsupported());
+    }
+    // Integer saturation is implemented for add/sub (s32), mad24 and cvt only.
+    if mods.sat
+        && !mods.x2.unwrap_or(ty).is_float()
+        && !matches!(op, Op::Add | Op::Sub | Op::Mad24 | Op::Cvt)
+    {
+        return Err(unsupported());
+    }
+    let small_cvt = op == Op::Cvt && (mods.pk_dst.is_some() || (ty.is_float() && ty.size == 2));
+    if mods.rnd.is_some() && !small_cvt && !crate::round::supported(op, ty, ty2, mods.x2.is_some())
+    {
         // A directed rounding the VM cannot honour (f16, packed pairs, or an instruction that
         // takes no rounding mode) fails rather than rounding to nearest.
         return Err(unsupported());
     }
-    let float = ty.kind == Ty::F;
+    // f16/bf16 immediates are their bits (`0x3C00`), not numbers to convert.
+    let float = ty.is_float() && ty.size >= 4;
     let f32 = ty.size == 4;
     let is_branch = op == Op::Bra;
     if op == Op::Call {
@@ -794,7 +1016,7 @@ pub fn decode(
         // `{a, b}` vectors and `[...]` addresses are single operands (calls are decoded above).
         // Immediates of cvt are typed by the source type.
         let (fl, f3) = if op == Op::Cvt {
-            (ty2.kind == Ty::F, ty2.size == 4)
+            (ty2.is_float() && ty2.size >= 4, ty2.size == 4)
         } else {
             (float, f32)
         };

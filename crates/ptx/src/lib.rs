@@ -12,8 +12,10 @@
 //!   structure-of-arrays, each instruction runs in a tight loop over the active lanes (a 32-bit
 //!   mask), with no allocation per instruction (`exec.rs`, `alu.rs`);
 //! - min-PC scheduling keeps lanes in lockstep and reconverges divergent paths, so shuffles,
-//!   votes, `redux`, `match` and `activemask` see their partners; `bar.sync` waits for the
-//!   block's live threads (`warp.rs`);
+//!   votes, `redux`, `match` and `activemask` see their partners; lanes of a divergent branch
+//!   wait at its immediate post-dominator for the rest (`reconverge.rs`), so warp-synchronous
+//!   code stays in lockstep whatever the block layout; `bar.sync` waits for the block's live
+//!   threads (`warp.rs`);
 //! - calls to device functions (`call`, `call.uni`) with `.param` arguments and return values:
 //!   the callee gets its own registers and a local-memory frame on the thread's stack, so
 //!   recursion works, and pointers into a caller's local arrays stay valid; calls nested deeper
@@ -29,7 +31,13 @@
 //!   [`ExecError::IllegalAddress`] for any access outside device memory and
 //!   [`ExecError::MisalignedAddress`] for one not a multiple of its size;
 //! - float rounding modifiers: `.rn` (the default) and exact `.rz`, `.rm`, `.rp` on f32/f64
-//!   arithmetic and conversions (`round.rs`); a directed mode on f16 fails as unsupported;
+//!   arithmetic and conversions (`round.rs`) and on conversions to f16/bf16/fp8/tf32
+//!   (`half.rs`, which also does their packed forms); a directed mode on f16 arithmetic fails
+//!   as unsupported;
+//! - `cp.async` and its waits (`copy.rs`), `ldmatrix` and `mma.sync` (`tensor.rs`), device
+//!   `printf` (`printf.rs`: formatted records go to [`DeviceMemory::print`]), device
+//!   `malloc`/`free` from the heap [`DeviceMemory::heap`] gives (`heap.rs`);
+//!   docs/ptx-instructions.md lists every PTX instruction and what runs;
 //! - the blocks of a launch run in parallel on the host's cores (`launch.rs`): as many threads
 //!   as [`std::thread::available_parallelism`] (or `GPUFUSE_EMU_THREADS`), each taking the next
 //!   block. Device memory is therefore shared: [`DeviceMemory`] hands out regions of
@@ -37,8 +45,8 @@
 //!   sense, whatever the kernel does), and atomic instructions are exact across threads
 //!   (`memory.rs`).
 //!
-//! Not yet: variable addresses in initializers (`generic(var)`), `vprintf`, textures,
-//! tensor-core instructions.
+//! Not yet: variable addresses in initializers (`generic(var)`), textures,
+//! `wmma`/`wgmma`/`tcgen05`, TMA (`cp.async.bulk`), `mbarrier`.
 //! `cargo run -p gpufuse-ptx --example ptx_check -- FILE.ptx` lists what a module lacks;
 //! `cargo run --release -p gpufuse-ptx --example vm_bench` measures lane-instructions per
 //! second.
@@ -48,20 +56,27 @@
 mod alu;
 mod code;
 mod collective;
+mod copy;
 mod exec;
+mod half;
+mod heap;
 mod inst;
 mod lanes;
 mod launch;
 mod memory;
 mod parse;
+mod printf;
+mod reconverge;
 mod round;
 mod space;
+mod tensor;
 mod warp;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+pub use heap::{Heap, DEFAULT_HEAP};
 pub use inst::Space;
 pub use parse::{Param, Var};
 pub use space::{function_address, function_index, FUNCTION_WINDOW};
@@ -102,6 +117,16 @@ pub enum ExecError {
 pub trait DeviceMemory: Sync {
     /// The region holding `addr`, if any.
     fn region(&self, addr: u64) -> Option<Region<'_>>;
+
+    /// The text of one device-side `printf` call (`vprintf`), formatted. Calls of one launch
+    /// come in the order the threads made them; the device keeps them for the application.
+    /// By default the text is dropped.
+    fn print(&self, _text: &[u8]) {}
+
+    /// The session's device heap for `malloc`/`free` in kernels, if the device keeps one.
+    fn heap(&self) -> Option<&Heap> {
+        None
+    }
 }
 
 /// One allocation of device memory. Byte `k` of it is bits `8 * (k % 8)..` of `words[k / 8]`
@@ -234,6 +259,17 @@ impl Module {
         self.kernels.iter().find(|k| k.name == name)
     }
 
+    /// Whether a function of the module calls device `malloc` or `free` (the device then
+    /// provides a heap, [`DeviceMemory::heap`]).
+    pub fn uses_heap(&self) -> bool {
+        use code::{FREE_CALLEE, MALLOC_CALLEE};
+        self.program.funcs.iter().any(|f| {
+            f.calls
+                .iter()
+                .any(|c| matches!(c.callee, MALLOC_CALLEE | FREE_CALLEE))
+        })
+    }
+
     /// Module-scope `.global` and `.const` variables (the device allocates them).
     pub fn globals(&self) -> &[Var] {
         &self.globals
@@ -308,6 +344,8 @@ pub struct VecMemory {
     base: u64,
     len: u64,
     words: Vec<AtomicU64>,
+    printed: std::sync::Mutex<Vec<u8>>,
+    heap: Option<Heap>,
 }
 
 impl VecMemory {
@@ -317,7 +355,21 @@ impl VecMemory {
             base,
             len: len as u64,
             words: (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect(),
+            printed: std::sync::Mutex::new(Vec::new()),
+            heap: None,
         }
+    }
+
+    /// The last `bytes` of the memory become a device heap for `malloc`/`free` in kernels.
+    pub fn with_heap(mut self, bytes: u64) -> VecMemory {
+        let bytes = bytes.min(self.len);
+        self.heap = Some(Heap::new(self.base + self.len - bytes, bytes));
+        self
+    }
+
+    /// What device-side `printf` printed so far, taken.
+    pub fn take_printed(&self) -> Vec<u8> {
+        std::mem::take(&mut *self.printed.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     pub fn base(&self) -> u64 {
@@ -367,5 +419,14 @@ impl DeviceMemory for VecMemory {
                 words: &self.words,
             },
         )
+    }
+
+    fn print(&self, text: &[u8]) {
+        let mut p = self.printed.lock().unwrap_or_else(|p| p.into_inner());
+        p.extend_from_slice(text);
+    }
+
+    fn heap(&self) -> Option<&Heap> {
+        self.heap.as_ref()
     }
 }

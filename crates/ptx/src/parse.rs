@@ -490,6 +490,7 @@ fn function(header: &str, body: &str) -> Result<Function, PtxError> {
                 Some(c)
                     if !stmt[..c].contains(char::is_whitespace)
                         && !stmt[..c].contains('[')
+                        && !stmt[c..].starts_with("::")
                         && !stmt.starts_with('@') =>
                 {
                     labels.insert(stmt[..c].to_string(), f.insts.len());

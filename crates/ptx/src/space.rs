@@ -19,6 +19,10 @@ pub const WINDOW_MASK: u64 = 0xFF00_0000_0000_0000;
 /// is at `FUNCTION_WINDOW + 8 * i`. No memory lives in this window: a load or store through a
 /// function address is an illegal address, and an indirect call through anything else is too.
 pub const FUNCTION_WINDOW: u64 = 0x7C00_0000_0000_0000;
+/// `alloca` blocks: a lane's dynamic stack, apart from its call frames (so a later call's
+/// frame never overlaps a block). Local-space pointers into it carry this window; loads,
+/// stores and atomics through them (local or generic) reach the lane's own stack.
+pub const ALLOCA_WINDOW: u64 = 0x7B00_0000_0000_0000;
 
 /// The pseudo device address of function `index` of a module (see [`FUNCTION_WINDOW`]).
 pub const fn function_address(index: usize) -> u64 {
@@ -113,6 +117,7 @@ pub fn load(w: &Warp, env: &mut Env, l: usize, a: u64, n: u64) -> Result<u64, Ex
         SHARED_WINDOW => memory::read_bytes(&env.shared, a - SHARED_WINDOW, n),
         LOCAL_WINDOW => memory::read_bytes(&w.local[l], a - LOCAL_WINDOW, n),
         PARAM_WINDOW => memory::read_bytes(env.l.params, a - PARAM_WINDOW, n),
+        ALLOCA_WINDOW => memory::read_bytes(&w.alloca[l], a - ALLOCA_WINDOW, n),
         _ => memory::load(&region(env, a, n)?, a, n),
     };
     v.ok_or(ExecError::IllegalAddress(a))
@@ -131,6 +136,7 @@ pub fn store(
         SHARED_WINDOW => memory::write_bytes(&mut env.shared, a - SHARED_WINDOW, n, v),
         LOCAL_WINDOW => memory::write_bytes(&mut w.local[l], a - LOCAL_WINDOW, n, v),
         PARAM_WINDOW => None,
+        ALLOCA_WINDOW => memory::write_bytes(&mut w.alloca[l], a - ALLOCA_WINDOW, n, v),
         _ => {
             let exclusive = env.l.exclusive;
             memory::store(&region(env, a, n)?, a, n, v, exclusive)
@@ -158,6 +164,7 @@ pub fn atomic(
         SHARED_WINDOW => plain(&mut env.shared, a - SHARED_WINDOW),
         LOCAL_WINDOW => plain(&mut w.local[l], a - LOCAL_WINDOW),
         PARAM_WINDOW => None,
+        ALLOCA_WINDOW => plain(&mut w.alloca[l], a - ALLOCA_WINDOW),
         _ => memory::rmw(&region(env, a, n)?, a, n, &f),
     }
     .ok_or(illegal)

@@ -3,10 +3,13 @@
 //! Scheduling is min-PC: the lanes whose position is lowest run the next instruction together,
 //! so converged code runs in lockstep (shuffles and votes see their partners) and divergent
 //! paths reconverge. A lane inside a call is positioned by its call sites and then its PC,
-//! compared in that order, so lanes in a callee run before their caller moves on. While the
-//! running group is every runnable lane of the warp and the instruction did not branch apart,
-//! the next instruction runs for the same group without a scan. `bar.sync` parks lanes until
-//! every live thread of the block arrives.
+//! compared in that order, so lanes in a callee run before their caller moves on. When a
+//! branch splits a group, the lanes that reach its immediate post-dominator first wait there
+//! (`Warp::joins`, `reconverge.rs`) until the rest arrive, exit, or wait at a block barrier:
+//! a side placed out of line (at a higher PC) cannot be overtaken by the other side's next
+//! loop round. While the running group is every runnable lane of the warp, no meeting is
+//! pending and the instruction did not branch apart, the next instruction runs for the same
+//! group without a scan. `bar.sync` parks lanes until every live thread of the block arrives.
 
 use std::cmp::Ordering;
 
@@ -81,6 +84,21 @@ pub struct Warp {
     /// Per lane, inline: a launch of one small block allocates only its register file.
     pub stacks: [Vec<Frame>; 32],
     pub local: [Vec<u8>; 32],
+    /// Each lane's `alloca` stack (`ALLOCA_WINDOW` addresses), grown upward; its length is
+    /// the stack pointer `stacksave` reads and `stackrestore` sets.
+    pub alloca: [Vec<u8>; 32],
+    /// Divergent branches whose lanes have not all met again yet, innermost last.
+    pub joins: Vec<Join>,
+}
+
+/// The lanes `mask` of a branch that diverged in function `func` at call depth `depth` meet
+/// again at instruction `pc`: a lane that gets there waits for the others (`reconverge.rs`).
+#[derive(Debug, Clone, Copy)]
+pub struct Join {
+    pub pc: u32,
+    pub func: u32,
+    pub depth: usize,
+    pub mask: u32,
 }
 
 impl Warp {
@@ -97,6 +115,8 @@ impl Warp {
             levels: vec![Vec::new()],
             stacks: std::array::from_fn(|_| Vec::new()),
             local: std::array::from_fn(|_| Vec::new()),
+            alloca: std::array::from_fn(|_| Vec::new()),
+            joins: Vec::new(),
         };
         w.place(index, threads, block);
         w
@@ -132,6 +152,10 @@ impl Warp {
         self.carry = 0;
         self.calling = 0;
         self.pc = [0; 32];
+        for a in &mut self.alloca {
+            a.clear();
+        }
+        self.joins.clear();
         let regs = &mut self.levels[0];
         regs.clear();
         regs.resize(kernel.nregs, [0; 32]);
@@ -163,9 +187,48 @@ impl Warp {
             .chain(std::iter::once(self.pc[l]))
     }
 
+    /// Whether lane `l` stands at `j`'s meeting point.
+    fn at_join(&self, l: usize, j: &Join, kernel: usize) -> bool {
+        self.pc[l] == j.pc
+            && self.stacks[l].len() == j.depth
+            && self.stacks[l].last().map_or(kernel as u32, |f| f.func) == j.func
+    }
+
+    /// Lanes waiting at a meeting point for others of their branch. Meetings every lane has
+    /// reached (or left by exiting), or whose other lanes wait at a block barrier, are over and
+    /// removed.
+    fn held(&mut self, kernel: usize) -> u32 {
+        let mut held = 0u32;
+        let mut k = self.joins.len();
+        while k > 0 {
+            k -= 1;
+            let j = self.joins[k];
+            let lanes = j.mask & self.live;
+            let mut there = 0u32;
+            for l in Bits(lanes) {
+                if self.at_join(l, &j, kernel) {
+                    there |= 1 << l;
+                }
+            }
+            // Over when every lane is there, or when the others all wait at a block barrier
+            // (a barrier on one path, `ret` on the other: the lanes part for good, as on a GPU).
+            if there == lanes || (lanes & !there & !self.bar) == 0 {
+                self.joins.remove(k);
+            } else {
+                held |= there;
+            }
+        }
+        held
+    }
+
     /// The lanes at the lowest position, if any can run.
-    fn pick(&self, kernel: usize) -> Option<Group> {
-        let run = self.runnable();
+    fn pick(&mut self, kernel: usize) -> Option<Group> {
+        let held = if self.joins.is_empty() {
+            0
+        } else {
+            self.held(kernel)
+        };
+        let run = self.runnable() & !held;
         if run == 0 {
             return None;
         }
@@ -397,7 +460,7 @@ fn run_warp(w: &mut Warp, env: &mut Env) -> Result<(bool, u64), ExecError> {
             Flow::Goto(t) => t,
             Flow::Sched => continue,
         };
-        if g.mask == w.runnable() {
+        if g.mask == w.runnable() && w.joins.is_empty() {
             next = Some(Group { pc: to, ..g });
         } else {
             w.goto(g.mask, to);
@@ -427,6 +490,16 @@ pub fn call(
     if cs.callee == crate::code::ASSERT_CALLEE {
         let lane = Bits(run).next().unwrap_or(0);
         return Err(ExecError::Assert(assert_message(w, env, g, cs, lane)));
+    }
+    if cs.callee == crate::code::VPRINTF_CALLEE {
+        return crate::printf::vprintf(w, env, g, cs, run);
+    }
+    if matches!(
+        cs.callee,
+        crate::code::MALLOC_CALLEE | crate::code::FREE_CALLEE
+    ) {
+        let malloc = cs.callee == crate::code::MALLOC_CALLEE;
+        return crate::heap::call(w, env, g, cs, run, malloc);
     }
     let Some(reg) = cs.pointer else {
         return enter(w, env, code, cs, cs.callee, g, run);

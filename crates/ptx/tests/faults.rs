@@ -133,14 +133,15 @@ fn device_assert_ends_the_kernel_with_its_message() {
 
 #[test]
 fn other_functions_without_a_body_stay_unsupported() {
-    let decls = ".extern .func (.param .b32 r) vprintf\n(\n.param .b64 a,\n.param .b64 b\n)\n;";
+    // Device-side launch (CUDA dynamic parallelism) has no body in the module either.
+    let decls = ".extern .func (.param .b32 r) cudaGetParameterBufferV2\n(\n.param .b64 a,\n.param .b64 b\n)\n;";
     let body = "{\n.param .b64 param0;\nst.param.b64 [param0], %rd1;\n.param .b64 param1;\n\
         st.param.b64 [param1], %rd1;\n.param .b32 retval0;\n\
-        call.uni (retval0), vprintf, (param0, param1);\n}";
+        call.uni (retval0), cudaGetParameterBufferV2, (param0, param1);\n}";
     let mem = VecMemory::new(BASE, 4096);
     let e = launch(&kernel(body, decls), &mem, 1, &|_| None).unwrap_err();
     assert!(
-        matches!(&e, ExecError::Unsupported(m) if m.contains("vprintf")),
+        matches!(&e, ExecError::Unsupported(m) if m.contains("cudaGetParameterBufferV2")),
         "{e}"
     );
 }

@@ -187,7 +187,7 @@ fn unsupported_directed_rounding_fails() {
     for body in [
         "mov.b16 %h1, 0x3C00;\nadd.rz.f16 %h2, %h1, %h1;\nmov.f32 %f1, 0f00000000;",
         "mov.b32 %r1, 0x3C003C00;\nadd.rm.f16x2 %r2, %r1, %r1;\nmov.f32 %f1, 0f00000000;",
-        "mov.f32 %f2, 0f3F800000;\ncvt.rz.f16.f32 %h1, %f2;\nmov.f32 %f1, 0f00000000;",
+        "mov.b16 %h1, 0x3C00;\nmul.rp.f16 %h2, %h1, %h1;\nmov.f32 %f1, 0f00000000;",
     ] {
         let e = run(body, "f32").unwrap_err();
         assert!(matches!(e, ExecError::Unsupported(_)), "{body}: {e}");

@@ -773,6 +773,8 @@ impl<'a> Session<'a> {
         };
         reply.deferred_error = self.deferred.take();
         reply.staged = std::mem::take(&mut self.staged);
+        // Device-side printf of the launches so far: the client prints it on this reply.
+        reply.output = self.device.take_output();
         Some(reply)
     }
 }

@@ -226,6 +226,48 @@ def check_sort():
     expect_equal(counts, wc, "unique counts")
 
 
+def check_sort_nd():
+    """Sorts that reach CUB's merge sort in CuPy's wheel, whose PTX waits on the previous grid
+    (`griddepcontrol.wait`, `launch_dependents`): multi-dimensional sort and argsort along
+    either axis, median, and unique of a 2-D array."""
+    y = rng.standard_normal((24, 1500))
+    dy = cupy.asarray(y)
+    expect_equal(cupy.sort(dy, axis=1), np.sort(y, axis=1), "sort float64 (24, 1500) axis 1")
+    expect_equal(cupy.sort(dy, axis=0), np.sort(y, axis=0), "sort float64 (24, 1500) axis 0")
+    order = cupy.asnumpy(cupy.argsort(dy, axis=1))
+    expect(np.array_equal(np.take_along_axis(y, order, axis=1), np.sort(y, axis=1)),
+           "argsort axis 1 does not sort")
+    print("checked argsort float64 (24, 1500) axis 1")
+    expect_equal(cupy.median(dy, axis=1), np.median(y, axis=1), "median axis 1")
+    q = (y * 10).astype(np.int64)
+    expect_equal(cupy.unique(cupy.asarray(q)), np.unique(q), "unique of a 2-D int64 array")
+
+
+def check_partition():
+    """partition/argpartition: a 32-thread bitonic select over 512 slices of a large input
+    (kth below 16 runs half the warp idle in each step), merged pairwise; checked against
+    NumPy's k-th elements and the partition property, for several dtypes and kth lists."""
+    for n, kth, dtype in [(1_000_000, 5, np.int32), (400_000, 300, np.float64),
+                          (300_000, (3, 100, 250), np.float32), (200_003, 31, np.int64)]:
+        x = rng.integers(-10**6, 10**6, size=n).astype(dtype)
+        p = cupy.asnumpy(cupy.partition(cupy.asarray(x), kth))
+        s = np.sort(x)
+        for k in np.atleast_1d(kth):
+            expect(p[k] == s[k], f"partition n={n} kth={k}: got {p[k]}, want {s[k]}")
+            expect((p[:k] <= p[k]).all() and (p[k + 1:] >= p[k]).all(),
+                   f"partition n={n} kth={k}: not partitioned")
+        expect(np.array_equal(np.sort(p), s), f"partition n={n}: not a permutation")
+        print(f"checked partition {np.dtype(dtype).name} n={n} kth={kth} ({_took()})")
+    y = rng.integers(0, 1000, size=(6, 50_000)).astype(np.int32)
+    p = cupy.asnumpy(cupy.partition(cupy.asarray(y), 20, axis=1))
+    expect(np.array_equal(p[:, 20], np.sort(y, axis=1)[:, 20]), "partition (6, 50000) axis 1")
+    print(f"checked partition int32 (6, 50000) kth=20 axis 1 ({_took()})")
+    x = rng.standard_normal(300_000)
+    ap = cupy.asnumpy(cupy.argpartition(cupy.asarray(x), 40))
+    expect(x[ap[40]] == np.sort(x)[40], "argpartition kth=40")
+    print(f"checked argpartition float64 n=300000 kth=40 ({_took()})")
+
+
 CHECKS = {
     "elementwise": check_elementwise,
     "elementwise_f64_trig": check_elementwise_f64_trig,
@@ -236,6 +278,8 @@ CHECKS = {
     "raw_module": check_raw_module,
     "scan": check_scan,
     "sort": check_sort,
+    "sort_nd": check_sort_nd,
+    "partition": check_partition,
 }
 
 

@@ -50,22 +50,38 @@ pub struct EmuDevice {
     last_error: Option<String>,
     vmm: vmm::Vmm,
     model: &'static model::Model,
+    /// Device-side `printf` output not yet taken by the worker.
+    output: Vec<u8>,
+    /// The session's heap for `malloc`/`free` in kernels: reserved (8 MiB, CUDA's default) by
+    /// the first launch of a module that calls them, kept for the session's life.
+    heap: Option<gpufuse_ptx::Heap>,
 }
+
+/// Device-side `printf` output one launch may produce (CUDA's default printf FIFO); what
+/// follows is dropped, as on a GPU whose buffer fills.
+const PRINTF_FIFO: usize = 1 << 20;
 
 /// Device memory as the interpreter sees it during a launch: every allocation's words, by
 /// address.
 struct Memory<'a> {
     regions: Vec<(u64, &'a [AtomicU64], u64)>,
+    printed: std::sync::Mutex<Vec<u8>>,
+    heap: Option<&'a gpufuse_ptx::Heap>,
 }
 
 impl<'a> Memory<'a> {
-    fn new(allocations: &'a mut BTreeMap<u64, words::Words>) -> Self {
+    fn new(
+        allocations: &'a mut BTreeMap<u64, words::Words>,
+        heap: Option<&'a gpufuse_ptx::Heap>,
+    ) -> Self {
         Memory {
             regions: allocations
                 .iter_mut()
                 .map(|(&start, w)| (start, w.len() as u64, w))
                 .map(|(start, len, w)| (start, w.atomic(), len))
                 .collect(),
+            printed: std::sync::Mutex::new(Vec::new()),
+            heap,
         }
     }
 }
@@ -75,6 +91,18 @@ impl gpufuse_ptx::DeviceMemory for Memory<'_> {
         let i = self.regions.partition_point(|r| r.0 <= addr);
         let &(start, words, len) = self.regions.get(i.checked_sub(1)?)?;
         (addr - start < len).then_some(gpufuse_ptx::Region { start, len, words })
+    }
+
+    fn print(&self, text: &[u8]) {
+        let mut p = self.printed.lock().unwrap_or_else(|p| p.into_inner());
+        // Whole records only, within the launch's printf buffer.
+        if p.len() + text.len() <= PRINTF_FIFO {
+            p.extend_from_slice(text);
+        }
+    }
+
+    fn heap(&self) -> Option<&gpufuse_ptx::Heap> {
+        self.heap
     }
 }
 
@@ -90,6 +118,8 @@ impl EmuDevice {
             modules: HashMap::new(),
             next_module: 1,
             last_error: None,
+            output: Vec::new(),
+            heap: None,
             vmm: vmm::Vmm::default(),
             model: model::default_model(),
         }
@@ -411,11 +441,29 @@ impl Device for EmuDevice {
             block: l.block,
             dynamic_shared_bytes: l.shared_mem,
         };
+        if program.uses_heap() && self.heap.is_none() {
+            // Device memory like any allocation, but the application's calls never name it
+            // (as on a GPU, heap blocks are not for cudaMemcpy or cudaFree).
+            let size = gpufuse_ptx::DEFAULT_HEAP;
+            let base = self.alloc(size)?;
+            self.heap = Some(gpufuse_ptx::Heap::new(base, size));
+        }
+        let Some(m) = self.modules.get(&l.module) else {
+            return Err(INVALID_HANDLE);
+        };
+        let Ok(program) = &m.program else {
+            return Err(INVALID_HANDLE);
+        };
         let variables = &m.variables;
-        let mem = Memory::new(&mut self.allocations);
+        let mem = Memory::new(&mut self.allocations, self.heap.as_ref());
         let result = program.launch(l.function, &cfg, l.params, &mem, &|name| {
             variables.get(name).map(|&(p, _)| p)
         });
+        // printf output reaches the application even when the launch then faults.
+        let printed = mem.printed.into_inner().unwrap_or_else(|p| p.into_inner());
+        if self.output.len() < 16 * PRINTF_FIFO {
+            self.output.extend_from_slice(&printed);
+        }
         match result {
             Ok(stats) => Ok(stats.elapsed),
             Err(e) => {
@@ -438,6 +486,10 @@ impl Device for EmuDevice {
 
     fn take_error_detail(&mut self) -> Option<String> {
         self.last_error.take()
+    }
+
+    fn take_output(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.output)
     }
 }
 
