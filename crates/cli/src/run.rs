@@ -63,7 +63,12 @@ fn shim_dir() -> anyhow::Result<PathBuf> {
         }
         v
     };
-    if links.iter().all(|(n, _)| target.join(n).exists()) {
+    // Links into another build (a copied target directory) would load another build's shim:
+    // they must point at this binary's own libraries.
+    if links
+        .iter()
+        .all(|(n, to)| std::fs::read_link(target.join(n)).is_ok_and(|l| &l == to))
+    {
         return Ok(target);
     }
     let tmp = dir.join(format!(".gpufuse-shim-{}", std::process::id()));
