@@ -95,15 +95,15 @@ def test_cublas_gemm_computes_or_fails_cleanly(programs, server, cublas_program)
 
 @pytest.mark.kernel_results
 def test_cublas_gemms_compute_on_the_sm120_model(programs, server_sm120, cublas_program):
-    """cublasSgemm, cublasDgemm, cublasGemmEx (f16 in, f32 compute) and cublasLtMatmul run
-    cuBLAS's compute_120 PTX on the emulated GPU and match a CPU reference (one process: loading
-    cuBLAS's images takes most of the time)."""
-    checks = ["sgemm_ref", "dgemm_ref", "gemmex_f16", "lt_matmul"]
+    """cublasSgemm, cublasDgemm, cublasGemmEx (f16 and bf16 in, f32 compute) and
+    cublasLtMatmul run cuBLAS's compute_120 PTX on the emulated GPU and match a CPU reference
+    (one process: loading cuBLAS's images takes most of the time)."""
+    checks = ["sgemm_ref", "dgemm_ref", "gemmex_f16", "gemmex_bf16", "lt_matmul"]
     res = run_client(programs, server_sm120.unix, [cublas_program, *checks],
                      env={"GPUFUSE_LOG": "1"})
     assert_ok(res, [f"PASS {c}" for c in checks])
     checked = [line for line in res.stdout.splitlines() if " checked=" in line]
-    assert len(checked) == 18, res.stdout
+    assert len(checked) == 21, res.stdout
     unimplemented = [line for line in res.stderr.splitlines() if "is not implemented" in line
                      and "21318c60" in line]
     assert not unimplemented, "\n".join(unimplemented)
