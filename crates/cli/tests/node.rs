@@ -900,3 +900,27 @@ fn an_emulated_model_is_chosen_by_its_compute_capability() {
     assert_eq!(attr(16), Some(188), "the sm_120 model's multiprocessors");
     assert_eq!(status(&s).devices[0].compute_capability, (12, 0));
 }
+
+/// A client that dies with launches queued: its worker used to execute them all (minutes here)
+/// while holding the device; now it notices the hang-up between launches and drops them.
+#[test]
+fn a_dead_clients_queued_launches_are_dropped() {
+    use gpufuse_proto::Qos;
+    let s = start("deadqueue", "emu:1:1GiB");
+    let mut c = compute_session(&s, None, Qos::Low).unwrap();
+    // Minutes of kernels: 1,000 launches of tenths of a second each.
+    for _ in 0..1000 {
+        spin(&mut c, 200_000);
+    }
+    c.flush().unwrap();
+    eventually("the first kernels run", || {
+        status(&s)
+            .sessions
+            .first()
+            .is_some_and(|x| x.device_time_us > 0)
+    });
+    drop(c);
+    eventually("the dead client's session ends", || {
+        status(&s).sessions.is_empty()
+    });
+}

@@ -34,6 +34,35 @@ pub struct Accepted {
     pub devices: Vec<gpufuse_proto::DeviceInfo>,
 }
 
+/// How long a hello may wait for the node's answer: `GPUFUSE_HELLO_TIMEOUT` seconds, 10 by
+/// default. A peer that accepts and never answers (a stopped server, an unrelated listener)
+/// becomes a clear error instead of a hang.
+fn hello_timeout() -> std::time::Duration {
+    std::env::var("GPUFUSE_HELLO_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map_or(std::time::Duration::from_secs(10), |s| {
+            std::time::Duration::from_secs_f64(s.min(86_400.0))
+        })
+}
+
+fn no_answer(e: gpufuse_transport::TransportError, timeout: std::time::Duration) -> ClientError {
+    match &e {
+        gpufuse_transport::TransportError::Io(io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            ClientError::NoAnswer {
+                secs: timeout.as_secs_f64(),
+            }
+        }
+        _ => ClientError::Lost(e),
+    }
+}
+
 /// A session's connection to its worker.
 #[derive(Debug)]
 pub struct Connection {
@@ -74,7 +103,13 @@ impl Connection {
         c.conn
             .send(&frame)
             .map_err(|e| ClientError::Lost(e.into()))?;
-        let (header, body) = c.conn.recv().map_err(ClientError::Lost)?;
+        let timeout = hello_timeout();
+        let _ = c.conn.stream().set_read_timeout(Some(timeout));
+        // The answer is copied out of the connection's buffer so the deadline can be cleared.
+        let (header, body) = c.conn.recv().map_err(|e| no_answer(e, timeout))?;
+        let (header, body) = (header, body.to_vec());
+        let _ = c.conn.stream().set_read_timeout(None);
+        let body = body.as_slice();
         if header.kind != FrameKind::HelloReply {
             return Err(ClientError::Protocol(
                 gpufuse_proto::ProtoError::UnexpectedFrame {
@@ -127,7 +162,9 @@ impl Connection {
         let mut frame = Vec::new();
         encode_frame(&mut frame, FrameKind::Hello, 0, 0, hello);
         conn.send(&frame).map_err(|e| ClientError::Lost(e.into()))?;
-        let (_, body) = conn.recv().map_err(ClientError::Lost)?;
+        let timeout = hello_timeout();
+        let _ = conn.stream().set_read_timeout(Some(timeout));
+        let (_, body) = conn.recv().map_err(|e| no_answer(e, timeout))?;
         decode_owned::<ServerHello>(body).map_err(ClientError::Protocol)
     }
 

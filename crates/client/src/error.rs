@@ -18,6 +18,11 @@ pub enum ClientError {
     Refused(String),
     #[error("connection to the gpufuse server lost")]
     Lost(#[source] gpufuse_transport::TransportError),
+    #[error(
+        "the gpufuse server did not answer within {secs} s (a stopped server, or not a gpufuse \
+         server?); GPUFUSE_HELLO_TIMEOUT sets the wait in seconds"
+    )]
+    NoAnswer { secs: f64 },
     #[error("unexpected answer from the gpufuse server")]
     Protocol(#[source] gpufuse_proto::ProtoError),
     #[error("unexpected reply body")]
@@ -34,9 +39,10 @@ impl ClientError {
             | ClientError::BadAddress(_)
             | ClientError::Connect { .. }
             | ClientError::Refused(_) => status::NO_DEVICE,
-            ClientError::Lost(_) | ClientError::Protocol(_) | ClientError::UnexpectedReply => {
-                status::DEVICE_UNAVAILABLE
-            }
+            ClientError::Lost(_)
+            | ClientError::NoAnswer { .. }
+            | ClientError::Protocol(_)
+            | ClientError::UnexpectedReply => status::DEVICE_UNAVAILABLE,
             ClientError::Cuda(s) => *s,
         }
     }

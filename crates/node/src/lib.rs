@@ -16,6 +16,7 @@ pub mod scheduler;
 mod spawn;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -199,15 +200,27 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
         listeners.push(l);
     }
     admin::warn_if_open_tcp(&config.tokens, &listeners);
+    shutdown_on_signals(&listeners, &state)?;
     let config = Arc::new(config);
+    let handshakes = Arc::new(AtomicUsize::new(0));
     let mut threads = Vec::new();
     for l in listeners {
-        let (state, config) = (state.clone(), config.clone());
+        let (state, config, handshakes) = (state.clone(), config.clone(), handshakes.clone());
         threads.push(std::thread::spawn(move || loop {
             match l.accept() {
                 Ok(stream) => {
+                    // Connections that have not sent their hello yet are bounded (each has a
+                    // thread until its hello or its deadline): idle connections cannot use up
+                    // the node's threads.
+                    let Some(slot) = HandshakeSlot::take(&handshakes) else {
+                        tracing::warn!(
+                            "{MAX_HANDSHAKES} connections are already waiting to send their \
+                             hello; closing a new one"
+                        );
+                        continue;
+                    };
                     let (state, config) = (state.clone(), config.clone());
-                    std::thread::spawn(move || handle_connection(stream, &state, &config));
+                    std::thread::spawn(move || handle_connection(stream, slot, &state, &config));
                 }
                 Err(e) => {
                     tracing::warn!("accept failed: {e}");
@@ -240,11 +253,73 @@ fn set_timeout(stream: &Stream, t: Option<Duration>) {
     };
 }
 
-fn handle_connection(stream: Stream, state: &Shared, config: &NodeConfig) {
-    set_timeout(&stream, Some(Duration::from_secs(10)));
+/// Most connections that may be waiting for their hello at once.
+pub const MAX_HANDSHAKES: usize = 64;
+/// How long a connection has to send its hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One of the [`MAX_HANDSHAKES`] places for a connection that has not sent its hello yet.
+struct HandshakeSlot(Arc<AtomicUsize>);
+
+impl HandshakeSlot {
+    fn take(count: &Arc<AtomicUsize>) -> Option<Self> {
+        let taken = count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_HANDSHAKES).then_some(n + 1)
+            })
+            .is_ok();
+        taken.then(|| HandshakeSlot(count.clone()))
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// SIGTERM and SIGINT end the node cleanly: it says so, removes its unix sockets and exits;
+/// its workers die with it (each is started with a parent-death signal, `spawn.rs`).
+fn shutdown_on_signals(
+    listeners: &[gpufuse_transport::Listener],
+    state: &Shared,
+) -> Result<(), NodeError> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let sockets: Vec<std::path::PathBuf> = listeners
+        .iter()
+        .filter_map(|l| match l {
+            gpufuse_transport::Listener::Unix(_, p) => Some(p.clone()),
+            gpufuse_transport::Listener::Tcp(_) => None,
+        })
+        .collect();
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(|source| {
+        NodeError::Listen {
+            addr: "signal handlers".into(),
+            source,
+        }
+    })?;
+    let state = state.clone();
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+            let sessions = lock(&state).sessions.len();
+            tracing::info!("{name}: shutting down; ending {sessions} session(s)");
+            for p in &sockets {
+                let _ = std::fs::remove_file(p);
+            }
+            std::process::exit(0);
+        }
+    });
+    Ok(())
+}
+
+fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config: &NodeConfig) {
+    set_timeout(&stream, Some(HELLO_TIMEOUT));
     let tcp = stream.is_tcp();
     let mut conn = Conn::new(stream);
-    let hello: ClientHello = match conn.recv() {
+    let hello: Result<(gpufuse_proto::FrameHeader, &[u8]), TransportError> = conn.recv();
+    drop(slot);
+    let hello: ClientHello = match hello {
         Ok((h, body)) if h.kind == FrameKind::Hello => match decode_owned(body) {
             Ok(hello) => hello,
             Err(e) => return tracing::warn!("malformed hello: {e}"),

@@ -71,6 +71,25 @@ pub fn run_worker(
     if let Some(l) = limit {
         cmd.args(["--limit", &l.to_string()]);
     }
+    // The worker dies with the node: a node killed by any signal (SIGKILL included) must not
+    // leave workers holding device memory that no ledger shows. PR_SET_PDEATHSIG fires when
+    // the thread that spawned the child exits; this thread serves the worker's control socket
+    // until the worker exits, so it outlives it.
+    // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        let parent = libc::getpid();
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The node may have died before the call above.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
     let spawned = cmd.spawn();
     // The command holds the parent's copies of the client socket and the worker's end of the
     // control socket: close them now, or neither the client's exit nor the worker's would be

@@ -59,12 +59,33 @@ impl Address {
         }
     }
 
-    /// Binds a listener. A stale unix socket file is replaced.
+    /// Binds a listener. At a unix path, only a stale socket (one nobody answers on) is
+    /// replaced: a live socket or anything that is not a socket is an error naming the path.
     pub fn bind(&self) -> std::io::Result<Listener> {
         match self {
             Address::Unix(p) => {
-                if p.exists() && UnixStream::connect(p).is_err() {
-                    let _ = std::fs::remove_file(p);
+                use std::os::unix::fs::FileTypeExt;
+                match std::fs::symlink_metadata(p) {
+                    Ok(m) if !m.file_type().is_socket() => {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::AlreadyExists,
+                            format!(
+                                "{} exists and is not a socket; not replacing it",
+                                p.display()
+                            ),
+                        ))
+                    }
+                    Ok(_) => match UnixStream::connect(p) {
+                        Ok(_) => {
+                            return Err(std::io::Error::new(
+                                std::io::ErrorKind::AddrInUse,
+                                format!("another server is listening on {}", p.display()),
+                            ))
+                        }
+                        // Nobody answers: a socket left behind by a server that died.
+                        Err(_) => std::fs::remove_file(p)?,
+                    },
+                    Err(_) => {}
                 }
                 Ok(Listener::Unix(UnixListener::bind(p)?, p.clone()))
             }
@@ -106,6 +127,43 @@ impl Drop for Listener {
         if let Listener::Unix(_, p) = self {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+#[cfg(test)]
+mod bind_tests {
+    use super::*;
+
+    /// `serve --listen unix:PATH` used to delete whatever regular file was at PATH.
+    #[test]
+    fn only_a_stale_socket_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("gpufuse-bind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("precious.txt");
+        std::fs::write(&file, b"keep me").unwrap();
+        let err = Address::Unix(file.clone()).bind().unwrap_err();
+        assert!(err.to_string().contains("not a socket"), "{err}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+
+        let sock = dir.join("live.sock");
+        let live = Address::Unix(sock.clone()).bind().unwrap();
+        let err = Address::Unix(sock.clone()).bind().unwrap_err();
+        assert!(
+            err.to_string().contains("another server is listening"),
+            "{err}"
+        );
+        drop(live);
+        // A socket nobody listens on any more (its server died without removing it).
+        drop(UnixListener::bind(&sock).unwrap());
+        assert!(sock.exists());
+        let again = Address::Unix(sock.clone()).bind();
+        assert!(
+            again.is_ok(),
+            "a stale socket is replaced: {:?}",
+            again.err()
+        );
+        drop(again);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 

@@ -15,6 +15,14 @@ pub enum Stream {
 }
 
 impl Stream {
+    /// A deadline for reads (`None`: wait for ever).
+    pub fn set_read_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+
     /// The descriptor, to hand the connection to another process.
     pub fn into_fd(self) -> OwnedFd {
         match self {
@@ -119,6 +127,25 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// Whether the peer has closed its end (it exited or was killed), without reading:
+    /// frames it sent before may still be buffered. A non-blocking `poll`.
+    #[allow(unsafe_code)]
+    pub fn peer_hung_up(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let fd = match &self.stream {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        };
+        let mut fds = libc::pollfd {
+            fd,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: `fds` is one live pollfd for the call; `fd` is the open socket `self` owns.
+        let n = unsafe { libc::poll(&mut fds, 1, 0) };
+        n == 1 && fds.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+    }
+
     pub fn new(stream: Stream) -> Self {
         Self {
             stream,

@@ -834,8 +834,22 @@ pub fn refuse(mut conn: Conn, reason: String) -> Result<(), WorkerError> {
     Ok(())
 }
 
+/// How often, at most, the worker looks whether its client is gone while launches arrive.
+const HANGUP_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
+
 fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), WorkerError> {
+    let mut last_check = std::time::Instant::now();
     loop {
+        // A client that died with launches still queued in the socket: its work is dropped at
+        // once instead of holding the device for the others (CUDA abandons a dead process's
+        // work too). Looked at once a millisecond at most, so request rates do not pay for it.
+        if last_check.elapsed() >= HANGUP_CHECK {
+            last_check = std::time::Instant::now();
+            if conn.peer_hung_up() {
+                tracing::info!("the client is gone: dropping its queued work");
+                return Err(WorkerError::Transport(TransportError::Closed));
+            }
+        }
         let header = conn.peek_header()?;
         if header.kind == FrameKind::Request && header.is_quiet() && header.len >= DIRECT_HTOD {
             if let Some((dst, stream, len, head)) = gpufuse_proto::htod_prefix(conn.peek_body(32)?)
@@ -862,6 +876,7 @@ fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), 
         let quiet = header.is_quiet();
         let id = header.request_id;
         let req: Request = decode_borrowed(body)?;
+
         if tracing::enabled!(tracing::Level::TRACE) {
             let mut text = format!("{req:?}");
             text.truncate(200);
