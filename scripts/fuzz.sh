@@ -29,7 +29,8 @@ for t in "${targets[@]}"; do
   else
     limit=(-max_total_time="$secs")
   fi
-  echo "== fuzz $t (${FUZZ_RUNS:+$FUZZ_RUNS inputs}${FUZZ_RUNS:-$secs s}) =="
+  if [ -n "${FUZZ_RUNS:-}" ]; then what="$FUZZ_RUNS inputs"; else what="$secs s"; fi
+  echo "== fuzz $t ($what) =="
   log="fuzz/last-$t.log"
   set +e
   cargo fuzz run --sanitizer none --release "$t" "fuzz/corpus/$t" -- \
