@@ -52,6 +52,7 @@ mod exec;
 mod inst;
 mod lanes;
 mod launch;
+mod lex;
 mod memory;
 mod parse;
 mod round;
@@ -141,6 +142,8 @@ pub struct KernelInfo {
     pub param_bytes: u32,
     pub static_shared_bytes: u32,
     pub max_threads: Option<u32>,
+    /// `.reqntid`: the block shape every launch must have.
+    pub req_threads: Option<[u32; 3]>,
 }
 
 /// A parsed, compiled PTX module.
@@ -195,6 +198,7 @@ impl Module {
                     .sum::<u64>()
                     + module_shared) as u32,
                 max_threads: f.max_threads,
+                req_threads: f.req_threads,
             })
             .collect();
         let (shared, globals): (Vec<Var>, Vec<Var>) =
@@ -281,6 +285,13 @@ impl Module {
             return Err(ExecError::InvalidLaunch(format!(
                 "grid {:?} block {:?}",
                 cfg.grid, cfg.block
+            )));
+        }
+        if info.req_threads.is_some_and(|r| r != cfg.block) {
+            return Err(ExecError::InvalidLaunch(format!(
+                "block {:?}, the kernel requires {:?} (.reqntid)",
+                cfg.block,
+                info.req_threads.unwrap_or_default()
             )));
         }
         if (params.len() as u32) < info.param_bytes {
