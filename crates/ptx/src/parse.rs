@@ -1091,3 +1091,51 @@ pub fn parse(src: &str) -> Result<Parsed, PtxError> {
     }
     Ok(parsed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ptx` without its line information: no `.file`/`.loc` lines, no `.section` blocks.
+    fn strip_line_info(ptx: &str) -> String {
+        let mut in_section = false;
+        ptx.lines()
+            .filter(|l| {
+                let l = l.trim();
+                in_section |= l.starts_with(".section");
+                let keep = !in_section && !l.starts_with(".loc") && !l.starts_with(".file");
+                if in_section && l.starts_with('}') {
+                    in_section = false;
+                }
+                keep
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn counts(ptx: &str) -> Vec<(String, usize)> {
+        let p = parse(ptx).unwrap();
+        p.functions
+            .iter()
+            .map(|f| (f.name.clone(), f.insts.len()))
+            .collect()
+    }
+
+    /// The bug this parser replaced: a `.loc` line (no `;`) was glued to the next statement,
+    /// which was then dropped. nvcc's `-lineinfo` build has the plain build's instructions, and
+    /// the `-G` build has as many instructions as it has without its line information.
+    #[test]
+    fn every_instruction_of_line_info_builds_is_kept() {
+        let plain = include_str!("../tests/fixtures/kernels.ptx");
+        let lineinfo = include_str!("../tests/fixtures/kernels.lineinfo.ptx");
+        let debug = include_str!("../tests/fixtures/kernels.debug.ptx");
+        assert!(lineinfo.contains(".loc") && debug.contains(".section"));
+        assert_eq!(counts(lineinfo), counts(plain));
+        assert_eq!(counts(lineinfo), counts(&strip_line_info(lineinfo)));
+        assert_eq!(counts(debug), counts(&strip_line_info(debug)));
+        let glued = ".version 9.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{\n\
+            .reg .b32 %r<3>;\n\t.loc\t1 5 3\n\tmov.u32 %r1, 7;\n\t.loc 1 6 3\n\tret;\n}\n";
+        let p = parse(glued).unwrap();
+        assert_eq!(p.functions[0].insts.len(), 2);
+    }
+}
