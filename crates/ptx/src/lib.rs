@@ -97,6 +97,15 @@ pub enum ExecError {
     NoKernel(String),
 }
 
+/// Shared memory reserved for NVIDIA's system software in every block (1 KiB, as on sm_80 and
+/// later GPUs: `CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK`). The VM puts it after
+/// the kernel's static and dynamic shared memory, so no kernel variable overlaps it:
+/// `%reserved_smem_offset_begin` is its first byte's shared-space offset, `_end` the offset
+/// past it, `_cap` its size (1024); `_0` is its start and `_1` its middle (512 bytes each;
+/// cooperative groups keeps the barriers and scratch of `tiled_partition` of more than 32
+/// threads at `_1`, and may use up to 288 bytes there).
+pub const RESERVED_SHARED: u64 = 1024;
+
 /// Device memory as the interpreter sees it: allocations as regions of words that the host
 /// threads running a launch's blocks share. An address in no region is
 /// [`ExecError::IllegalAddress`].

@@ -201,12 +201,15 @@ impl Device for EmuDevice {
         let (layout, program) = match gpufuse_fatbin::select_ptx(image, sm) {
             Ok(ptx) => {
                 dump_ptx(&ptx);
-                let layout = ptx_layout::parse(&ptx).map_err(|_| INVALID_PTX)?;
-                let program = gpufuse_ptx::Module::parse(&ptx).map_err(|e| Unrunnable {
-                    status: INVALID_PTX,
-                    why: e.to_string(),
-                });
-                (layout, program)
+                // One parse gives the layout and the program. PTX that does not parse is
+                // refused at load, as NVIDIA's JIT refuses it; an instruction the VM lacks
+                // fails only the launches of the kernels that reach it.
+                let program = gpufuse_ptx::Module::parse(&ptx).map_err(|e| {
+                    tracing::warn!("module refused: {e}");
+                    self.last_error = Some(e.to_string());
+                    INVALID_PTX
+                })?;
+                (ptx_layout::from_module(&program), Ok(program))
             }
             // A GPU of this compute capability would run the image's SASS: load it, list its
             // kernels from the cubin, and fail only their launches.
