@@ -671,7 +671,11 @@ mod tests {
         let ptx = include_str!("../../../ptx/tests/fixtures/kernels.lineinfo.ptx");
         let m = d.load_module(format!("{ptx}\0").as_bytes()).unwrap();
         let n = 64u32;
-        let (a, b, c) = (d.alloc(256).unwrap(), d.alloc(256).unwrap(), d.alloc(256).unwrap());
+        let (a, b, c) = (
+            d.alloc(256).unwrap(),
+            d.alloc(256).unwrap(),
+            d.alloc(256).unwrap(),
+        );
         let xs: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
         d.write(a, &xs).unwrap();
         d.write(b, &xs).unwrap();
@@ -695,7 +699,9 @@ mod tests {
         let m = d.load_module(format!("{ptx}\0").as_bytes()).unwrap();
         let vars = &d.modules[&m].layout.variables;
         assert_eq!(
-            vars.iter().map(|v| (v.name.as_str(), v.managed)).collect::<Vec<_>>(),
+            vars.iter()
+                .map(|v| (v.name.as_str(), v.managed))
+                .collect::<Vec<_>>(),
             [("counter", true), ("plain", false)]
         );
         let (ptr, size) = d.global(m, "counter").unwrap();
