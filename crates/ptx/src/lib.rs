@@ -296,7 +296,10 @@ impl Module {
                 cfg.grid, cfg.block
             )));
         }
-        if info.max_threads.is_some_and(|n| threads_per_block > n as u64) {
+        if info
+            .max_threads
+            .is_some_and(|n| threads_per_block > n as u64)
+        {
             return Err(ExecError::InvalidLaunch(format!(
                 "{threads_per_block} threads per block, the kernel allows {} (.maxntid)",
                 info.max_threads.unwrap_or_default()
