@@ -119,6 +119,13 @@ pub struct Parsed {
     pub globals: Vec<Var>,
 }
 
+/// The largest variable (and alignment) a module may declare: 2^48 bytes, past any device's
+/// memory, so that no layout arithmetic overflows.
+const MAX_VAR: u64 = 1 << 48;
+
+/// Registers one `%r<N>` declaration may declare (nvcc's `-G` builds declare thousands).
+const MAX_REGS: u64 = 1 << 20;
+
 /// What a declaration's qualifiers say: `[.attribute(..)] [.align A] [.v2|.v4|.v8] .type
 /// [.ptr [.space] [.align A]]`.
 #[derive(Default)]
@@ -373,7 +380,10 @@ impl<'a> P<'a> {
         if regs && self.peek_is(b'<') {
             self.i += 1;
             let n = self.number("a register count")?;
-            item.range = Some(u32::try_from(n).map_err(|_| self.err(&tok, "too many registers"))?);
+            if n > MAX_REGS {
+                return Err(self.err(&tok, format!("{n} registers (at most {MAX_REGS})")));
+            }
+            item.range = Some(n as u32);
             self.expect(b'>')?;
         }
         let (mut product, mut unsized_array) = (1u64, false);
@@ -486,10 +496,14 @@ impl<'a> P<'a> {
             if item.init.is_some() {
                 return Err(self.err(&item.tok, "a parameter has no initializer"));
             }
-            let size = h.elem * h.vec * item.count.unwrap_or(0).max(1);
+            let size = (h.elem * h.vec).saturating_mul(item.count.unwrap_or(0).max(1));
             let size = u32::try_from(size).map_err(|_| self.err(&t, "parameter too large"))?;
-            let align = h.align.unwrap_or(h.elem * h.vec).max(1) as u32;
-            let offset = end.div_ceil(align) * align;
+            let align = u32::try_from(h.align.unwrap_or(h.elem * h.vec).max(1))
+                .map_err(|_| self.err(&t, "parameter alignment too large"))?;
+            let offset = end
+                .checked_next_multiple_of(align)
+                .filter(|o| o.checked_add(size).is_some())
+                .ok_or_else(|| self.err(&t, "parameters too large"))?;
             out.push(Param {
                 name: item.name,
                 offset,
@@ -553,12 +567,12 @@ impl<'a> P<'a> {
                 (Kind::Punct(b';'), _) => return Ok(None),
                 (Kind::Punct(b'{'), _) => break,
                 (Kind::Word, ".maxntid") => {
-                    max_threads = Some(self.dims(".maxntid")?.iter().product());
+                    max_threads = Some(threads(self.dims(".maxntid")?));
                 }
                 (Kind::Word, ".reqntid") => {
                     let d = self.dims(".reqntid")?;
                     req_threads = Some(d);
-                    max_threads.get_or_insert(d.iter().product());
+                    max_threads.get_or_insert(threads(d));
                 }
                 // Clusters: the emulated GPU runs each block on its own; a cluster's blocks
                 // still all run, so the shape is a scheduling hint here.
@@ -825,7 +839,10 @@ impl<'a> P<'a> {
                         0
                     }
                 };
-                out.extend_from_slice(&v.to_le_bytes()[..elem as usize]);
+                // A `.b128` element: the value zero-extended.
+                let mut bytes = [0u8; 16];
+                bytes[..8].copy_from_slice(&v.to_le_bytes());
+                out.extend_from_slice(&bytes[..elem as usize]);
             }
             out
         });
@@ -834,6 +851,9 @@ impl<'a> P<'a> {
             None => init.as_ref().map_or(0, |b| b.len() as u64 / elem),
         };
         let size = scalars.saturating_mul(elem);
+        if size > MAX_VAR || h.align.is_some_and(|a| a > MAX_VAR) {
+            return Err(self.err(&item.tok, format!("{} is too large", item.name)));
+        }
         if init.as_ref().is_some_and(|b| b.len() as u64 > size) {
             return Err(self.err(
                 &item.tok,
@@ -853,6 +873,13 @@ impl<'a> P<'a> {
             refs,
         ))
     }
+}
+
+/// Threads of a block shape (saturating: a bound past any block's size means no bound).
+fn threads(d: [u32; 3]) -> u32 {
+    d.iter()
+        .fold(1u64, |a, &x| a.saturating_mul(x as u64))
+        .min(u32::MAX as u64) as u32
 }
 
 /// Registers a scope declared, with what each name meant outside it.
@@ -1084,7 +1111,7 @@ pub fn parse(src: &str) -> Result<Parsed, PtxError> {
             .position(|f| f.name == name)
             .ok_or_else(|| p.err(&tok, format!("bad initializer {name}")))?;
         let v = &mut parsed.globals[g];
-        let n = v.elem as usize;
+        let n = (v.elem as usize).min(8);
         if let Some(bytes) = v.init.as_mut().and_then(|b| b.get_mut(at..at + n)) {
             bytes.copy_from_slice(&crate::space::function_address(i).to_le_bytes()[..n]);
         }
