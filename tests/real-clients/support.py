@@ -102,6 +102,10 @@ SHARED_CUDART_KERNELS = ["vector_add", "params"]
 CHECK_KERNEL_SOURCES = ["warp", "histogram", "matmul", "transpose", "scan", "sort", "double",
                         "math", "memory_spaces", "calls", "fn_table", "faults", "graphs",
                         "device_io"]
+# Each nvcc program is also built with line information: `-lineinfo` (`.file`/`.loc` lines
+# between the statements of the same optimized code) and `-G` (unoptimized device code with DWARF
+# `.section`s): programs[f"{name}{suffix}"].
+KERNEL_BUILDS = {"": ["-O2"], "_lineinfo": ["-O2", "-lineinfo"], "_G": ["-G"]}
 
 
 def build_programs() -> Programs:
@@ -154,8 +158,10 @@ def build_programs() -> Programs:
     for name in KERNEL_SOURCES + CHECK_KERNEL_SOURCES:
         src = kdir / f"{name}.cu"
         inputs = [src, kdir / "kcheck.h"]
-        out = BUILD / name
-        jobs.append((name, out, [nvcc, "-O2", "-arch=sm_80", "-o", str(out), str(src)], inputs))
+        for suffix, flags in KERNEL_BUILDS.items():
+            out = BUILD / f"{name}{suffix}"
+            jobs.append((f"{name}{suffix}", out,
+                         [nvcc, *flags, "-arch=sm_80", "-o", str(out), str(src)], inputs))
         if name in SHARED_CUDART_KERNELS:
             out = BUILD / f"{name}_shared"
             jobs.append((f"{name}_shared", out,

@@ -1,14 +1,19 @@
-"""nvcc 13.5 programs with kernels (-arch=sm_80; static cudart, and -cudart shared)."""
+"""nvcc 13.5 programs with kernels (-arch=sm_80; static cudart, and -cudart shared), each also
+built with line information (-lineinfo, and -G: support.KERNEL_BUILDS)."""
 import pytest
 
 import support
 from support import assert_ok, run_client
 
-PROGRAMS = support.KERNEL_SOURCES + [f"{n}_shared" for n in support.SHARED_CUDART_KERNELS]
+PROGRAMS = ([f"{n}{b}" for n in support.KERNEL_SOURCES for b in support.KERNEL_BUILDS]
+            + [f"{n}_shared" for n in support.SHARED_CUDART_KERNELS])
 
 
 def _stem(name):
-    return name.removesuffix("_shared")
+    for suffix in ["_shared", *support.KERNEL_BUILDS]:
+        if suffix:
+            name = name.removesuffix(suffix)
+    return name
 
 
 @pytest.mark.parametrize("prog", PROGRAMS)
@@ -58,13 +63,15 @@ XFAIL: dict = {}
 def _check_params():
     for prog, checks in CHECKS.items():
         for check in checks:
-            reason = XFAIL.get((prog, check))
-            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            yield pytest.param(prog, check, id=f"{prog}-{check}", marks=marks)
+            for build in support.KERNEL_BUILDS:
+                reason = XFAIL.get((prog + build, check))
+                marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+                yield pytest.param(prog + build, check, id=f"{prog}{build}-{check}",
+                                   marks=marks)
 
 
 assert sorted(CHECKS) == sorted(support.CHECK_KERNEL_SOURCES)
-assert all(check in CHECKS[prog] for prog, check in XFAIL)
+assert all(check in CHECKS[_stem(prog)] for prog, check in XFAIL)
 
 
 @pytest.mark.kernel_results

@@ -1,10 +1,12 @@
-//! What the device needs to know about a PTX module before the VM runs it: each kernel's
-//! parameter layout and each module variable's size, alignment and initializer.
+//! What the device needs to know about a module before the VM runs it: each kernel's
+//! parameter layout and each module variable's size, alignment, initializer and kind.
 //!
-//! Layout rule (docs: cuda-driver-interception.md section 7): `.param .<type>` has the type's
-//! size and alignment; `.param .align A .b8 name[N]` has size N and alignment A;
-//! `.param .<type> name[N]` is N elements; each offset is the previous end rounded up to the
-//! parameter's alignment.
+//! For PTX, this is read from the interpreter's own parse of the module
+//! ([`gpufuse_ptx::Module`]), so the text is parsed once and the device and the VM agree on
+//! every offset and function address. Layout rule (docs: cuda-driver-interception.md section
+//! 7): `.param .<type>` has the type's size and alignment; `.param .align A .b8 name[N]` has
+//! size N and alignment A; `.param .<type> name[N]` is N elements; each offset is the previous
+//! end rounded up to the parameter's alignment.
 
 use gpufuse_proto::ParamSlot;
 
@@ -22,6 +24,9 @@ pub struct Variable {
     pub size: u64,
     pub align: u64,
     pub init: Option<Vec<u8>>,
+    /// `.global .attribute(.managed)` (a `__managed__` variable): the host reaches it through
+    /// unified memory. Unknown for a module known only from its cubin (`false`).
+    pub managed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -34,135 +39,44 @@ pub struct Layout {
 #[error("invalid PTX: {0}")]
 pub struct LayoutError(pub String);
 
-fn type_size(t: &str) -> Option<u64> {
-    Some(match t {
-        ".b8" | ".u8" | ".s8" | ".pred" => 1,
-        ".b16" | ".u16" | ".s16" | ".f16" | ".bf16" => 2,
-        ".b32" | ".u32" | ".s32" | ".f32" | ".f16x2" | ".bf16x2" => 4,
-        ".b64" | ".u64" | ".s64" | ".f64" => 8,
-        ".b128" => 16,
-        _ => return None,
-    })
+/// The layout of a parsed PTX module.
+pub fn from_module(m: &gpufuse_ptx::Module) -> Layout {
+    Layout {
+        kernels: m
+            .kernels()
+            .iter()
+            .map(|k| Kernel {
+                name: k.name.clone(),
+                params: k
+                    .params
+                    .iter()
+                    .map(|p| ParamSlot {
+                        offset: p.offset,
+                        size: p.size,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        variables: m
+            .globals()
+            .iter()
+            .map(|v| Variable {
+                name: v.name.clone(),
+                size: v.size,
+                align: v.align,
+                init: v.init.clone(),
+                managed: v.managed,
+            })
+            .collect(),
+    }
 }
 
-fn strip_comments(src: &str) -> String {
-    let mut out = String::with_capacity(src.len());
-    let b = src.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'/' && b.get(i + 1) == Some(&b'/') {
-            while i < b.len() && b[i] != b'\n' {
-                i += 1;
-            }
-        } else if b[i] == b'/' && b.get(i + 1) == Some(&b'*') {
-            i += 2;
-            while i + 1 < b.len() && !(b[i] == b'*' && b[i + 1] == b'/') {
-                i += 1;
-            }
-            i += 2;
-        } else {
-            out.push(b[i] as char);
-            i += 1;
-        }
-    }
-    out
-}
-
-fn tokens(src: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    for c in src.chars() {
-        if c.is_whitespace() || "()[],;{}=".contains(c) {
-            if !cur.is_empty() {
-                out.push(std::mem::take(&mut cur));
-            }
-            if !c.is_whitespace() {
-                out.push(c.to_string());
-            }
-        } else {
-            cur.push(c);
-        }
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
-}
-
-fn number(t: &str) -> Option<u64> {
-    t.parse().ok()
-}
-
-/// One declaration: `[.align A] .<type> name [ '[' N? ']' ]...`, starting after the state space.
-/// Returns (name, elem size, count, align, next token index).
-fn declaration(t: &[String], mut i: usize) -> Result<(String, u64, u64, u64, usize), LayoutError> {
-    let mut align = None;
-    let mut elem = None;
-    let mut pointer = false;
-    while i < t.len() && t[i].starts_with('.') {
-        match t[i].as_str() {
-            // After `.ptr`, `.align` is the pointee's alignment, not the parameter's.
-            ".align" => {
-                if !pointer {
-                    align = t.get(i + 1).and_then(|a| number(a));
-                }
-                i += 2;
-                continue;
-            }
-            ".ptr" => pointer = true,
-            ".global" | ".const" | ".shared" | ".local" | ".v2" | ".v4" => {}
-            other => {
-                if let Some(s) = type_size(other) {
-                    elem = Some(s);
-                } else if elem.is_none() && !other.starts_with(".ptr") {
-                    return Err(LayoutError(format!("unknown type {other}")));
-                }
-            }
-        }
-        i += 1;
-    }
-    let elem = elem.ok_or_else(|| LayoutError("declaration without a type".into()))?;
-    let name = t
-        .get(i)
-        .ok_or_else(|| LayoutError("declaration without a name".into()))?
-        .clone();
-    i += 1;
-    let mut count = 1u64;
-    while t.get(i).map(String::as_str) == Some("[") {
-        match t.get(i + 1).map(String::as_str) {
-            Some("]") => {
-                count = 0;
-                i += 2;
-            }
-            Some(n) => {
-                count *= number(n).ok_or_else(|| LayoutError(format!("bad array size {n}")))?;
-                i += 3;
-            }
-            None => return Err(LayoutError("unterminated array".into())),
-        }
-    }
-    Ok((name, elem, count, align.unwrap_or(elem), i))
-}
-
-/// Parses an initializer value of one element.
-fn element(tok: &str, elem: u64, float: bool) -> Option<Vec<u8>> {
-    let v: u64 = if let Some(h) = tok.strip_prefix("0f").or_else(|| tok.strip_prefix("0F")) {
-        u32::from_str_radix(h, 16).ok()? as u64
-    } else if let Some(h) = tok.strip_prefix("0d").or_else(|| tok.strip_prefix("0D")) {
-        u64::from_str_radix(h, 16).ok()?
-    } else if let Some(h) = tok.strip_prefix("0x").or_else(|| tok.strip_prefix("0X")) {
-        u64::from_str_radix(h.trim_end_matches('U'), 16).ok()?
-    } else if float && tok.contains('.') {
-        let f: f64 = tok.parse().ok()?;
-        if elem == 4 {
-            (f as f32).to_bits() as u64
-        } else {
-            f.to_bits()
-        }
-    } else {
-        tok.trim_end_matches('U').parse::<i64>().ok()? as u64
-    };
-    Some(v.to_le_bytes()[..elem as usize].to_vec())
+/// Parses a PTX module for its layout alone (the device parses with
+/// [`gpufuse_ptx::Module::parse`] and keeps the program: [`from_module`]).
+pub fn parse(src: &str) -> Result<Layout, LayoutError> {
+    gpufuse_ptx::Module::parse(src)
+        .map(|m| from_module(&m))
+        .map_err(|e| LayoutError(e.to_string()))
 }
 
 /// The layout of a module known only from its cubin (SASS): kernels and parameters from
@@ -192,128 +106,10 @@ pub fn from_cubin(info: &gpufuse_fatbin::CubinInfo) -> Layout {
                 size: v.size,
                 align: 8,
                 init: v.init.clone(),
+                managed: false,
             })
             .collect(),
     }
-}
-
-/// The names of the module's function definitions (`.entry` or `.func` with a body, not the
-/// declarations before them), in text order: function `i` is at
-/// [`gpufuse_ptx::function_address`]`(i)`, as the VM numbers them.
-fn defined_functions(t: &[String]) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut depth = 0usize;
-    let mut i = 0;
-    while i < t.len() {
-        match t[i].as_str() {
-            "{" => depth += 1,
-            "}" => depth = depth.saturating_sub(1),
-            ".entry" | ".func" if depth == 0 => {
-                // `.func (.param .b32 ret) name (params) ... { ... }` or `... ;`
-                let mut j = i + 1;
-                if t.get(j).map(String::as_str) == Some("(") {
-                    while j < t.len() && t[j] != ")" {
-                        j += 1;
-                    }
-                    j += 1;
-                }
-                let name = t.get(j).map(String::as_str);
-                while j < t.len() && t[j] != "{" && t[j] != ";" {
-                    j += 1;
-                }
-                if let (Some(name), Some("{")) = (name, t.get(j).map(String::as_str)) {
-                    out.push(name);
-                }
-                i = j;
-                continue;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    out
-}
-
-/// Parses the layout of a PTX module.
-pub fn parse(src: &str) -> Result<Layout, LayoutError> {
-    let t = tokens(&strip_comments(src));
-    let functions = defined_functions(&t);
-    let mut layout = Layout::default();
-    let mut depth = 0usize;
-    let mut i = 0;
-    while i < t.len() {
-        match t[i].as_str() {
-            "{" => depth += 1,
-            "}" => depth = depth.saturating_sub(1),
-            ".entry" if depth == 0 => {
-                let name = t
-                    .get(i + 1)
-                    .ok_or_else(|| LayoutError(".entry without a name".into()))?
-                    .clone();
-                i += 2;
-                let mut params = Vec::new();
-                let mut end = 0u32;
-                if t.get(i).map(String::as_str) == Some("(") {
-                    i += 1;
-                    while i < t.len() && t[i] != ")" {
-                        if t[i] == ".param" {
-                            let (_, elem, count, align, next) = declaration(&t, i + 1)?;
-                            let size = (elem * count.max(1)) as u32;
-                            let offset = end.div_ceil(align as u32) * align as u32;
-                            params.push(ParamSlot { offset, size });
-                            end = offset + size;
-                            i = next;
-                        } else {
-                            i += 1;
-                        }
-                    }
-                }
-                layout.kernels.push(Kernel { name, params });
-            }
-            ".global" | ".const"
-                if depth == 0
-                    && t.get(i.wrapping_sub(1)).map(String::as_str) != Some(".extern") =>
-            {
-                let (name, elem, count, align, mut next) = declaration(&t, i + 1)?;
-                let float = t[i + 1..next].iter().any(|x| x.starts_with(".f"));
-                let mut init = None;
-                if t.get(next).map(String::as_str) == Some("=") {
-                    let mut bytes = Vec::new();
-                    next += 1;
-                    while next < t.len() && t[next] != ";" {
-                        if !matches!(t[next].as_str(), "{" | "}" | ",") {
-                            // A function's name is its address, as the VM numbers functions.
-                            let f = functions.iter().position(|f| *f == t[next]).map(|i| {
-                                gpufuse_ptx::function_address(i).to_le_bytes()[..elem as usize]
-                                    .to_vec()
-                            });
-                            bytes.extend(f.or_else(|| element(&t[next], elem, float)).ok_or_else(
-                                || LayoutError(format!("bad initializer {}", t[next])),
-                            )?);
-                        }
-                        next += 1;
-                    }
-                    init = Some(bytes);
-                }
-                let count = if count == 0 {
-                    init.as_ref().map_or(0, |b| b.len() as u64 / elem)
-                } else {
-                    count
-                };
-                layout.variables.push(Variable {
-                    name,
-                    size: elem * count,
-                    align,
-                    init,
-                });
-                i = next;
-                continue;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    Ok(layout)
 }
 
 #[cfg(test)]

@@ -202,6 +202,9 @@ pub enum Sreg {
     LanemaskGe,
     DynSmem,
     Globaltimer,
+    /// `%reserved_smem_offset_begin`, `_end`, `_cap`, `_0`, `_1` (0 to 4): the block's reserved
+    /// shared memory (`launch.rs`, [`crate::RESERVED_SHARED`]).
+    ReservedSmem(u8),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -506,6 +509,11 @@ fn special(name: &str) -> Option<Sreg> {
         "%lanemask_ge" => Sreg::LanemaskGe,
         "%dynamic_smem_size" => Sreg::DynSmem,
         "%globaltimer" => Sreg::Globaltimer,
+        "%reserved_smem_offset_begin" => Sreg::ReservedSmem(0),
+        "%reserved_smem_offset_end" => Sreg::ReservedSmem(1),
+        "%reserved_smem_offset_cap" => Sreg::ReservedSmem(2),
+        "%reserved_smem_offset_0" => Sreg::ReservedSmem(3),
+        "%reserved_smem_offset_1" => Sreg::ReservedSmem(4),
         _ => return None,
     })
 }
@@ -521,6 +529,10 @@ fn operand(
     let t = text.trim();
     if t == "_" {
         return Ok(Operand::Sink);
+    }
+    // The warp size, a constant operand (what nvcc emits for `warpSize`).
+    if t == "WARP_SZ" {
+        return Ok(Operand::Imm(32));
     }
     if let Some((d, p)) = t.split_once('|') {
         // `d|p`: a value and a predicate destination (shfl, setp).

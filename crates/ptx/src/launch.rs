@@ -116,7 +116,8 @@ pub fn run(
             "{shared_bytes} bytes of shared memory per block"
         )));
     }
-    let shared_bytes = shared_bytes as usize;
+    // The reserved region after the kernel's own shared memory (`%reserved_smem_offset_*`).
+    let shared_bytes = (round_up(shared_bytes, 16) + crate::RESERVED_SHARED) as usize;
     let mut syms = vec![None; prog.symbols.len()];
     for &f in &funcs {
         for &id in &prog.funcs[f].symbols {

@@ -63,6 +63,7 @@ mod heap;
 mod inst;
 mod lanes;
 mod launch;
+mod lex;
 mod memory;
 mod parse;
 mod printf;
@@ -110,6 +111,15 @@ pub enum ExecError {
     #[error("no kernel named {0}")]
     NoKernel(String),
 }
+
+/// Shared memory reserved for NVIDIA's system software in every block (1 KiB, as on sm_80 and
+/// later GPUs: `CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK`). The VM puts it after
+/// the kernel's static and dynamic shared memory, so no kernel variable overlaps it:
+/// `%reserved_smem_offset_begin` is its first byte's shared-space offset, `_end` the offset
+/// past it, `_cap` its size (1024); `_0` is its start and `_1` its middle (512 bytes each;
+/// cooperative groups keeps the barriers and scratch of `tiled_partition` of more than 32
+/// threads at `_1`, and may use up to 288 bytes there).
+pub const RESERVED_SHARED: u64 = 1024;
 
 /// Device memory as the interpreter sees it: allocations as regions of words that the host
 /// threads running a launch's blocks share. An address in no region is
@@ -166,6 +176,8 @@ pub struct KernelInfo {
     pub param_bytes: u32,
     pub static_shared_bytes: u32,
     pub max_threads: Option<u32>,
+    /// `.reqntid`: the block shape every launch must have.
+    pub req_threads: Option<[u32; 3]>,
 }
 
 /// A parsed, compiled PTX module.
@@ -220,6 +232,7 @@ impl Module {
                     .sum::<u64>()
                     + module_shared) as u32,
                 max_threads: f.max_threads,
+                req_threads: f.req_threads,
             })
             .collect();
         let (shared, globals): (Vec<Var>, Vec<Var>) =
@@ -317,6 +330,22 @@ impl Module {
             return Err(ExecError::InvalidLaunch(format!(
                 "grid {:?} block {:?}",
                 cfg.grid, cfg.block
+            )));
+        }
+        if info
+            .max_threads
+            .is_some_and(|n| threads_per_block > n as u64)
+        {
+            return Err(ExecError::InvalidLaunch(format!(
+                "{threads_per_block} threads per block, the kernel allows {} (.maxntid)",
+                info.max_threads.unwrap_or_default()
+            )));
+        }
+        if info.req_threads.is_some_and(|r| r != cfg.block) {
+            return Err(ExecError::InvalidLaunch(format!(
+                "block {:?}, the kernel requires {:?} (.reqntid)",
+                cfg.block,
+                info.req_threads.unwrap_or_default()
             )));
         }
         if (params.len() as u32) < info.param_bytes {

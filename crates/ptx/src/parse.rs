@@ -1,12 +1,20 @@
 //! From PTX text to functions made of decoded instructions.
 //!
-//! A hand-written lexer and statement parser: PTX is line-oriented and regular (directives,
-//! declarations and `[@pred] opcode.mods operands;` statements), and the crates that parse it
-//! either lack the forms nvcc/CuPy emit (`.param .align N .b8 name[M]`) or are unmaintained.
+//! A statement parser over the tokens of `lex.rs`: every directive of the PTX ISA (9.x) is
+//! either understood, ignored on purpose where it carries no meaning for execution (debug
+//! information: `.file`, `.loc`, `.section .debug_*`, `@@DWARF`; optimization hints:
+//! `.pragma`, `.maxnreg`, `.minnctapersm`, ...), or an error that names its line and text.
+//! No text is skipped: `.version`, `.target`, `.address_size`, `.file` and `.loc` end at the end
+//! of their line (they take no `;`), everything else at its `;` or its closing brace.
+//!
+//! The crates that parse PTX either lack the forms nvcc/CuPy emit (`.param .align N .b8
+//! name[M]`) or are unmaintained; instructions themselves are decoded by `inst.rs` from their
+//! source text.
 
 use std::collections::HashMap;
 
 use crate::inst::{decode, Inst};
+use crate::lex::{lex, Kind, Lexed, Token};
 use crate::PtxError;
 
 /// A kernel parameter (or a device function's).
@@ -25,8 +33,12 @@ pub struct Var {
     pub space: String,
     pub size: u64,
     pub align: u64,
+    /// Bytes of one scalar element (a `.v4 .f32` variable's elements are 4 bytes).
     pub elem: u64,
     pub init: Option<Vec<u8>>,
+    /// `.attribute(.managed)`: a managed variable (`__managed__`), which the host reaches
+    /// through unified memory.
+    pub managed: bool,
 }
 
 /// A parsed `.entry` or `.func`.
@@ -45,33 +57,15 @@ pub struct Function {
     pub insts: Vec<Inst>,
     /// Variables declared in the body (`.shared`, `.local`, `.param` for calls).
     pub locals: Vec<Var>,
+    /// `.maxntid` (else `.reqntid`): the most threads a block of this kernel may have.
     pub max_threads: Option<u32>,
+    /// `.reqntid`: the block shape a launch must have.
+    pub req_threads: Option<[u32; 3]>,
+    /// `name: .branchtargets L1, L2, ...;` tables of `brx.idx`: each label's instruction.
+    pub branch_targets: Vec<(String, Vec<usize>)>,
     /// The first instruction the VM does not implement, if any: the function still loads (a
     /// module holds many kernels), and launching it fails naming the instruction.
     pub unsupported: Option<String>,
-}
-
-fn strip_comments(src: &str) -> String {
-    let mut out = String::with_capacity(src.len());
-    let b = src.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'/' && b.get(i + 1) == Some(&b'/') {
-            while i < b.len() && b[i] != b'\n' {
-                i += 1;
-            }
-        } else if b[i] == b'/' && b.get(i + 1) == Some(&b'*') {
-            i += 2;
-            while i + 1 < b.len() && !(b[i] == b'*' && b[i + 1] == b'/') {
-                i += 1;
-            }
-            i += 2;
-        } else {
-            out.push(b[i] as char);
-            i += 1;
-        }
-    }
-    out
 }
 
 pub fn type_size(t: &str) -> Option<u64> {
@@ -109,90 +103,6 @@ pub fn split_top(s: &str) -> Vec<String> {
     out
 }
 
-/// A declaration like `.align 8 .b8 name[24]` or `.u64 .ptr .global .align 4 name` or
-/// `.f32 x = 0f3F800000`: (name, elem size, count, align, init text).
-fn declaration(text: &str) -> Result<(String, u64, u64, u64, Option<String>), PtxError> {
-    let (decl, init) = match text.split_once('=') {
-        Some((d, i)) => (d, Some(i.trim().to_string())),
-        None => (text, None),
-    };
-    let words: Vec<&str> = decl.split_whitespace().collect();
-    let (mut align, mut elem, mut pointer, mut name) = (None, None, false, None);
-    let mut i = 0;
-    while i < words.len() {
-        let w = words[i];
-        if w == ".align" {
-            if !pointer {
-                align = words.get(i + 1).and_then(|a| a.parse::<u64>().ok());
-            }
-            i += 2;
-            continue;
-        }
-        if w == ".ptr" {
-            pointer = true;
-        } else if let Some(t) = w.strip_prefix('.') {
-            if let Some(s) = type_size(t) {
-                elem = Some(s);
-            } else if t.starts_with('v') && t.len() == 2 {
-                // .v2/.v4 vector variables
-            }
-        } else {
-            name = Some(w);
-        }
-        i += 1;
-    }
-    let name =
-        name.ok_or_else(|| PtxError::Syntax(format!("declaration without a name: {text}")))?;
-    let elem =
-        elem.ok_or_else(|| PtxError::Syntax(format!("declaration without a type: {text}")))?;
-    let (base, mut count) = match name.find('[') {
-        Some(p) => (&name[..p], 1u64),
-        None => (name, 1),
-    };
-    let mut rest = &name[base.len()..];
-    let mut unsized_array = false;
-    while let Some(open) = rest.find('[') {
-        let close = rest
-            .find(']')
-            .ok_or_else(|| PtxError::Syntax(format!("bad array: {text}")))?;
-        let n = rest[open + 1..close].trim();
-        if n.is_empty() {
-            unsized_array = true;
-        } else {
-            count *= n
-                .parse::<u64>()
-                .map_err(|_| PtxError::Syntax(format!("bad array size: {text}")))?;
-        }
-        rest = &rest[close + 1..];
-    }
-    if unsized_array {
-        count = 0;
-    }
-    Ok((base.to_string(), elem, count, align.unwrap_or(elem), init))
-}
-
-/// Names in an initializer (`{func_a, func_b}`): each name, where its value goes.
-type Refs = Vec<(usize, String)>;
-
-fn parse_init(init: &str, elem: u64, float: bool, refs: &mut Refs) -> Result<Vec<u8>, PtxError> {
-    let mut out = Vec::new();
-    for tok in init
-        .split(|c: char| c == ',' || c == '{' || c == '}' || c.is_whitespace())
-        .filter(|t| !t.is_empty())
-    {
-        let v = match crate::inst::parse_number(tok, float, elem == 4) {
-            Some(v) => v,
-            None if is_name(tok) => {
-                refs.push((out.len(), tok.to_string()));
-                0
-            }
-            None => return Err(PtxError::Syntax(format!("bad initializer {tok}"))),
-        };
-        out.extend_from_slice(&v.to_le_bytes()[..elem as usize]);
-    }
-    Ok(out)
-}
-
 /// A PTX identifier: `[A-Za-z_$%][A-Za-z0-9_$]*`, not a number.
 pub fn is_name(t: &str) -> bool {
     let mut c = t.chars();
@@ -201,368 +111,789 @@ pub fn is_name(t: &str) -> bool {
         && c.all(|x| x.is_ascii_alphanumeric() || "_$".contains(x))
 }
 
-/// A variable whose initializer names no symbol.
-fn var(space: &str, text: &str) -> Result<Var, PtxError> {
-    let (v, refs) = var_refs(space, text)?;
-    match refs.first() {
-        Some((_, name)) => Err(PtxError::Syntax(format!("bad initializer {name}"))),
-        None => Ok(v),
-    }
-}
-
-/// A variable, and the names its initializer holds (their bytes are zero until resolved).
-fn var_refs(space: &str, text: &str) -> Result<(Var, Refs), PtxError> {
-    let (name, elem, count, align, init) = declaration(text)?;
-    let float = text.contains(".f32") || text.contains(".f64");
-    let mut refs = Vec::new();
-    let init = init
-        .map(|i| parse_init(&i, elem, float, &mut refs))
-        .transpose()?;
-    let count = if count == 0 {
-        init.as_ref().map_or(0, |b| b.len() as u64 / elem)
-    } else {
-        count
-    };
-    Ok((
-        Var {
-            name,
-            space: space.to_string(),
-            size: elem * count,
-            align,
-            elem,
-            init,
-        },
-        refs,
-    ))
-}
-
-fn params(list: &str) -> Result<Vec<Param>, PtxError> {
-    let mut out = Vec::new();
-    let mut end = 0u32;
-    for p in split_top(list) {
-        let p = p.trim().trim_start_matches(".param").trim();
-        if p.is_empty() {
-            continue;
-        }
-        let (name, elem, count, align, _) = declaration(p)?;
-        let size = (elem * count.max(1)) as u32;
-        let align = align.max(1) as u32;
-        let offset = end.div_ceil(align) * align;
-        out.push(Param {
-            name,
-            offset,
-            size,
-            align,
-        });
-        end = offset + size;
-    }
-    Ok(out)
-}
-
 /// A parsed module: functions and module-scope variables.
 pub struct Parsed {
     pub version: (u32, u32),
     pub target: u32,
     pub functions: Vec<Function>,
     pub globals: Vec<Var>,
-    /// Names in the globals' initializers: (global, byte offset, name), resolved at the end.
-    refs: Vec<(usize, usize, String)>,
 }
 
-pub fn parse(src: &str) -> Result<Parsed, PtxError> {
-    let mut parsed = Parsed {
-        version: (0, 0),
-        target: 0,
-        functions: Vec::new(),
-        globals: Vec::new(),
-        refs: Vec::new(),
-    };
-    // `.version`, `.target` and `.address_size` end at the end of their line, not at a ';'.
-    let src: String = strip_comments(src)
-        .lines()
-        .filter(|line| {
-            let t = line.trim_start();
-            let header = t.starts_with(".version")
-                || t.starts_with(".target")
-                || t.starts_with(".address_size");
-            if header {
-                let _ = top_directive(t, &mut parsed);
+/// The largest variable (and alignment) a module may declare: 2^48 bytes, past any device's
+/// memory, so that no layout arithmetic overflows.
+const MAX_VAR: u64 = 1 << 48;
+
+/// Registers one `%r<N>` declaration may declare (nvcc's `-G` builds declare thousands).
+const MAX_REGS: u64 = 1 << 20;
+
+/// What a declaration's qualifiers say: `[.attribute(..)] [.align A] [.v2|.v4|.v8] .type
+/// [.ptr [.space] [.align A]]`.
+#[derive(Default)]
+struct Head {
+    align: Option<u64>,
+    vec: u64,
+    elem: u64,
+    float: bool,
+    managed: bool,
+}
+
+/// One name of a declaration: `name`, `name[N][M]`, `name[]`, `%r<N>`, with its initializer.
+struct Item {
+    name: String,
+    tok: Token,
+    /// Product of the array sizes; `None` for an unsized array (`name[]`).
+    count: Option<u64>,
+    /// `%r<N>`: a range of registers.
+    range: Option<u32>,
+    init: Option<Vec<Elem>>,
+}
+
+/// An element of an initializer: a number's bits, or a name (a function's address).
+enum Elem {
+    Bits(u64),
+    Name(String, Token),
+}
+
+struct P<'a> {
+    lx: &'a Lexed,
+    i: usize,
+}
+
+impl<'a> P<'a> {
+    fn peek(&self) -> Option<Token> {
+        self.lx.tokens.get(self.i).copied()
+    }
+
+    fn peek_text(&self) -> &'a str {
+        self.peek().map_or("", |t| self.lx.text(&t))
+    }
+
+    fn peek_is(&self, c: u8) -> bool {
+        self.peek().is_some_and(|t| t.kind == Kind::Punct(c))
+    }
+
+    fn text(&self, t: &Token) -> &'a str {
+        self.lx.text(t)
+    }
+
+    /// An error at token `t`: its line number, what is wrong, the line's text.
+    fn err(&self, t: &Token, what: impl std::fmt::Display) -> PtxError {
+        PtxError::Syntax(format!(
+            "line {}: {what}: `{}`",
+            t.line,
+            self.lx.line(t.line)
+        ))
+    }
+
+    /// An error at the end of the text.
+    fn eof(&self, what: &str) -> PtxError {
+        let line = self.lx.tokens.last().map_or(1, |t| t.line);
+        PtxError::Syntax(format!("line {line}: {what} before the end of the text"))
+    }
+
+    fn next(&mut self, what: &str) -> Result<Token, PtxError> {
+        let t = self.peek().ok_or_else(|| self.eof(what))?;
+        self.i += 1;
+        Ok(t)
+    }
+
+    fn expect(&mut self, c: u8) -> Result<Token, PtxError> {
+        let what = format!("expected `{}`", c as char);
+        let t = self.next(&what)?;
+        if t.kind != Kind::Punct(c) {
+            return Err(self.err(&t, format!("{what}, found `{}`", self.text(&t))));
+        }
+        Ok(t)
+    }
+
+    fn word(&mut self, what: &str) -> Result<(Token, &'a str), PtxError> {
+        let t = self.next(what)?;
+        if t.kind != Kind::Word {
+            return Err(self.err(&t, format!("expected {what}, found `{}`", self.text(&t))));
+        }
+        Ok((t, self.text(&t)))
+    }
+
+    fn number(&mut self, what: &str) -> Result<u64, PtxError> {
+        let (t, w) = self.word(what)?;
+        crate::inst::parse_number(w, false, false)
+            .filter(|_| w.bytes().next().is_some_and(|b| b.is_ascii_digit()))
+            .ok_or_else(|| self.err(&t, format!("expected {what}, found `{w}`")))
+    }
+
+    /// The tokens left on `line` (a directive that ends at the end of its line).
+    fn rest_of_line(&mut self, line: u32) -> Vec<Token> {
+        let mut out = Vec::new();
+        while let Some(t) = self.peek().filter(|t| t.line == line) {
+            out.push(t);
+            self.i += 1;
+        }
+        out
+    }
+
+    /// `.pragma "a", "b";`: optimization hints (`"nounroll"`), no meaning for execution.
+    fn pragma(&mut self) -> Result<(), PtxError> {
+        let kw = self.next(".pragma")?;
+        loop {
+            let t = self.next("`;` after .pragma")?;
+            match t.kind {
+                Kind::Str => {}
+                _ => return Err(self.err(&kw, "a .pragma takes string literals")),
             }
-            !header
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let mut rest = src.as_str();
-    loop {
-        rest = rest.trim_start();
-        if rest.is_empty() {
-            break;
+            let sep = self.next("`;` after .pragma")?;
+            match sep.kind {
+                Kind::Punct(b',') => {}
+                Kind::Punct(b';') => return Ok(()),
+                _ => return Err(self.err(&sep, "expected `,` or `;` in .pragma")),
+            }
         }
-        // Find the end of the next top-level item: a ';' or a '{ ... }' body.
-        let semi = rest.find(';');
-        let brace = rest.find('{');
-        let is_body = match (semi, brace) {
-            (Some(s), Some(b)) => b < s,
-            (None, Some(_)) => true,
-            _ => false,
-        };
-        if !is_body {
-            let end = semi.unwrap_or(rest.len());
-            let stmt = rest[..end].trim();
-            rest = &rest[(end + 1).min(rest.len())..];
-            top_directive(stmt, &mut parsed)?;
-            continue;
+    }
+
+    /// `.file N "name"[, timestamp, size]` or `.loc file line column[, ...]`: debug
+    /// information, one line each.
+    fn line_directive(&mut self) -> Result<(), PtxError> {
+        let kw = self.next("directive")?;
+        let rest = self.rest_of_line(kw.line);
+        let first = rest.first().map(|t| self.text(t));
+        if !first.is_some_and(|w| w.bytes().all(|b| b.is_ascii_digit()) && !w.is_empty()) {
+            return Err(self.err(&kw, format!("{} without a file number", self.text(&kw))));
         }
-        let b = brace.expect("body");
-        let header = rest[..b].trim().to_string();
-        // Matching close brace.
-        let mut depth = 0;
-        let mut end = None;
-        for (i, c) in rest[b..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = Some(b + i);
-                        break;
+        if self.text(&kw) == ".file" && !rest.iter().any(|t| t.kind == Kind::Str) {
+            return Err(self.err(&kw, ".file without a file name"));
+        }
+        if let Some(bad) = rest.iter().find(|t| t.kind == Kind::Punct(b';')) {
+            return Err(self.err(
+                bad,
+                format!("{} ends at the end of its line", self.text(&kw)),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `.attribute(.managed)`, `.attribute(.unified(hi, lo))`: whether it says managed.
+    fn attribute(&mut self) -> Result<bool, PtxError> {
+        self.next(".attribute")?;
+        self.expect(b'(')?;
+        let mut managed = false;
+        loop {
+            let (t, w) = self.word("an attribute")?;
+            match w {
+                ".managed" => managed = true,
+                // A unified function or variable is identified by a 128-bit UUID (linking
+                // across devices); one module on one device needs nothing of it.
+                ".unified" => {
+                    if self.peek_is(b'(') {
+                        self.i += 1;
+                        self.number("a .unified UUID")?;
+                        self.expect(b',')?;
+                        self.number("a .unified UUID")?;
+                        self.expect(b')')?;
                     }
+                }
+                _ => return Err(self.err(&t, format!("unknown attribute `{w}`"))),
+            }
+            let sep = self.next("`)` after .attribute")?;
+            match sep.kind {
+                Kind::Punct(b',') => {}
+                Kind::Punct(b')') => return Ok(managed),
+                _ => return Err(self.err(&sep, "expected `,` or `)` in .attribute")),
+            }
+        }
+    }
+
+    /// A declaration's qualifiers, after its state space.
+    fn head(&mut self) -> Result<Head, PtxError> {
+        let mut h = Head {
+            vec: 1,
+            ..Head::default()
+        };
+        let mut pointer = false;
+        while let Some(t) = self.peek().filter(|t| t.kind == Kind::Word) {
+            let w = self.text(&t);
+            if !w.starts_with('.') {
+                break;
+            }
+            match w {
+                ".attribute" => {
+                    h.managed |= self.attribute()?;
+                    continue;
+                }
+                ".align" => {
+                    self.i += 1;
+                    let a = self.number("an alignment")?;
+                    if !a.is_power_of_two() {
+                        return Err(self.err(&t, format!("alignment {a} is not a power of two")));
+                    }
+                    // After `.ptr`, `.align` is the pointee's alignment, not the variable's.
+                    if !pointer {
+                        h.align = Some(a);
+                    }
+                    continue;
+                }
+                ".v2" => h.vec = 2,
+                ".v4" => h.vec = 4,
+                ".v8" => h.vec = 8,
+                ".ptr" => pointer = true,
+                ".global" | ".const" | ".shared" | ".local" if pointer => {}
+                ".texref" | ".samplerref" | ".surfref" => {
+                    return Err(self.err(
+                        &t,
+                        format!(
+                            "{w} variables (texture references) are not supported by the \
+                             emulated GPU; use texture objects"
+                        ),
+                    ))
+                }
+                _ => match type_size(&w[1..]) {
+                    Some(s) if h.elem == 0 => {
+                        h.elem = s;
+                        h.float = matches!(w, ".f32" | ".f64");
+                    }
+                    Some(_) => return Err(self.err(&t, format!("a second type `{w}`"))),
+                    None => return Err(self.err(&t, format!("unknown qualifier `{w}`"))),
+                },
+            }
+            self.i += 1;
+        }
+        if h.elem == 0 {
+            let t = self
+                .peek()
+                .ok_or_else(|| self.eof("a declaration's type"))?;
+            return Err(self.err(&t, "declaration without a type"));
+        }
+        Ok(h)
+    }
+
+    /// One declared name with its array sizes (or register range) and initializer.
+    fn item(&mut self, h: &Head, regs: bool) -> Result<Item, PtxError> {
+        let (tok, name) = self.word("a name")?;
+        if name.starts_with('.') || !is_name(name) {
+            return Err(self.err(&tok, format!("`{name}` is not a name")));
+        }
+        let mut item = Item {
+            name: name.to_string(),
+            tok,
+            count: Some(1),
+            range: None,
+            init: None,
+        };
+        if regs && self.peek_is(b'<') {
+            self.i += 1;
+            let n = self.number("a register count")?;
+            if n > MAX_REGS {
+                return Err(self.err(&tok, format!("{n} registers (at most {MAX_REGS})")));
+            }
+            item.range = Some(n as u32);
+            self.expect(b'>')?;
+        }
+        let (mut product, mut unsized_array) = (1u64, false);
+        while self.peek_is(b'[') {
+            self.i += 1;
+            if self.peek_is(b']') {
+                unsized_array = true;
+            } else {
+                let n = self.number("an array size")?;
+                product = product
+                    .checked_mul(n)
+                    .ok_or_else(|| self.err(&tok, "array too large"))?;
+            }
+            self.expect(b']')?;
+        }
+        item.count = (!unsized_array).then_some(product);
+        if self.peek_is(b'=') {
+            self.i += 1;
+            let mut elems = Vec::new();
+            self.init(h, &mut elems)?;
+            item.init = Some(elems);
+        }
+        Ok(item)
+    }
+
+    /// An initializer: a value, or `{ ... }` of values and nested braces.
+    fn init(&mut self, h: &Head, out: &mut Vec<Elem>) -> Result<(), PtxError> {
+        if self.peek_is(b'{') {
+            self.i += 1;
+            loop {
+                self.init(h, out)?;
+                let sep = self.next("`}` of an initializer")?;
+                match sep.kind {
+                    Kind::Punct(b',') => {}
+                    Kind::Punct(b'}') => return Ok(()),
+                    _ => {
+                        return Err(self.err(
+                            &sep,
+                            format!("unexpected `{}` in an initializer", self.text(&sep)),
+                        ))
+                    }
+                }
+            }
+        }
+        let neg = self.peek_is(b'-');
+        if neg {
+            self.i += 1;
+        }
+        let (t, w) = self.word("an initializer value")?;
+        let text = if neg { format!("-{w}") } else { w.to_string() };
+        match crate::inst::parse_number(&text, h.float, h.elem == 4) {
+            Some(v) if w.bytes().next().is_some_and(|b| b.is_ascii_digit()) => {
+                out.push(Elem::Bits(v))
+            }
+            _ if !neg && is_name(w) && !self.peek_is(b'(') && !self.peek_is(b'+') => {
+                out.push(Elem::Name(w.to_string(), t))
+            }
+            _ => {
+                return Err(self.err(
+                    &t,
+                    format!(
+                        "initializer `{w}` is not supported (numbers and function names are; \
+                         variable addresses are not)"
+                    ),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// A declaration after its state space: qualifiers, then names up to the `;`.
+    fn declaration(&mut self, space: &str) -> Result<(Head, Vec<Item>), PtxError> {
+        let h = self.head()?;
+        let mut items = Vec::new();
+        loop {
+            items.push(self.item(&h, space == "reg")?);
+            let sep = self.next("`;` after a declaration")?;
+            match sep.kind {
+                Kind::Punct(b',') => {}
+                Kind::Punct(b';') => return Ok((h, items)),
+                _ => {
+                    return Err(self.err(
+                        &sep,
+                        format!("unexpected `{}` in a declaration", self.text(&sep)),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// `( .param ..., .param ... )` of a function header.
+    fn param_list(&mut self) -> Result<Vec<Param>, PtxError> {
+        self.expect(b'(')?;
+        let mut out: Vec<Param> = Vec::new();
+        let mut end = 0u32;
+        if self.peek_is(b')') {
+            self.i += 1;
+            return Ok(out);
+        }
+        loop {
+            let (t, w) = self.word("`.param`")?;
+            if w != ".param" {
+                return Err(self.err(
+                    &t,
+                    format!("parameter `{w}`: only .param parameters are supported"),
+                ));
+            }
+            let h = self.head()?;
+            let item = self.item(&h, false)?;
+            if item.init.is_some() {
+                return Err(self.err(&item.tok, "a parameter has no initializer"));
+            }
+            let size = (h.elem * h.vec).saturating_mul(item.count.unwrap_or(0).max(1));
+            let size = u32::try_from(size).map_err(|_| self.err(&t, "parameter too large"))?;
+            let align = u32::try_from(h.align.unwrap_or(h.elem * h.vec).max(1))
+                .map_err(|_| self.err(&t, "parameter alignment too large"))?;
+            let offset = end
+                .checked_next_multiple_of(align)
+                .filter(|o| o.checked_add(size).is_some())
+                .ok_or_else(|| self.err(&t, "parameters too large"))?;
+            out.push(Param {
+                name: item.name,
+                offset,
+                size,
+                align,
+            });
+            end = offset + size;
+            let sep = self.next("`)` of a parameter list")?;
+            match sep.kind {
+                Kind::Punct(b',') => {}
+                Kind::Punct(b')') => return Ok(out),
+                _ => return Err(self.err(&sep, "expected `,` or `)` in a parameter list")),
+            }
+        }
+    }
+
+    /// `N[, N[, N]]` of `.maxntid`, `.reqntid`, `.reqnctapercluster`.
+    fn dims(&mut self, what: &str) -> Result<[u32; 3], PtxError> {
+        let mut d = [1u32; 3];
+        for (k, slot) in d.iter_mut().enumerate() {
+            if k > 0 {
+                if !self.peek_is(b',') {
+                    break;
+                }
+                self.i += 1;
+            }
+            let t = self.peek().ok_or_else(|| self.eof(what))?;
+            *slot = u32::try_from(self.number(what)?)
+                .map_err(|_| self.err(&t, format!("{what} too large")))?;
+        }
+        Ok(d)
+    }
+
+    /// A function after its linkage: header, then `;` (a declaration: `None`) or its body.
+    fn function(&mut self) -> Result<Option<Function>, PtxError> {
+        let (kw, w) = self.word(".entry or .func")?;
+        let is_entry = w == ".entry";
+        while self.peek_text() == ".attribute" {
+            if self.attribute()? {
+                return Err(self.err(&kw, "a function cannot be .managed"));
+            }
+        }
+        let returns = if !is_entry && self.peek_is(b'(') {
+            self.param_list()?
+        } else {
+            Vec::new()
+        };
+        let (nt, name) = self.word("a function name")?;
+        if !is_name(name) {
+            return Err(self.err(&nt, format!("`{name}` is not a function name")));
+        }
+        let params = if self.peek_is(b'(') {
+            self.param_list()?
+        } else {
+            Vec::new()
+        };
+        let (mut max_threads, mut req_threads) = (None, None);
+        loop {
+            let t = self.next("a function body")?;
+            match (t.kind, self.text(&t)) {
+                (Kind::Punct(b';'), _) => return Ok(None),
+                (Kind::Punct(b'{'), _) => break,
+                (Kind::Word, ".maxntid") => {
+                    max_threads = Some(threads(self.dims(".maxntid")?));
+                }
+                (Kind::Word, ".reqntid") => {
+                    let d = self.dims(".reqntid")?;
+                    req_threads = Some(d);
+                    max_threads.get_or_insert(threads(d));
+                }
+                // Clusters: the emulated GPU runs each block on its own; a cluster's blocks
+                // still all run, so the shape is a scheduling hint here.
+                (Kind::Word, ".reqnctapercluster") => {
+                    self.dims(".reqnctapercluster")?;
+                }
+                // Occupancy and register-allocation hints: no meaning for the interpreter.
+                (
+                    Kind::Word,
+                    ".minnctapersm"
+                    | ".maxnctapersm"
+                    | ".maxnreg"
+                    | ".maxclusterrank"
+                    | ".abi_preserve"
+                    | ".abi_preserve_control",
+                ) => {
+                    self.number("a count")?;
+                }
+                (Kind::Word, ".noreturn" | ".explicitcluster" | ".blocksareclusters") => {}
+                (Kind::Word, ".pragma") => {
+                    self.i -= 1;
+                    self.pragma()?;
+                }
+                (_, other) => {
+                    return Err(self.err(
+                        &t,
+                        format!("unexpected `{other}` in the header of function {name}"),
+                    ))
+                }
+            }
+        }
+        let param_bytes = params.last().map_or(0, |p| p.offset + p.size);
+        let mut f = Function {
+            name: name.to_string(),
+            is_entry,
+            params,
+            returns,
+            param_bytes,
+            regs: HashMap::new(),
+            nregs: 0,
+            insts: Vec::new(),
+            locals: Vec::new(),
+            max_threads,
+            req_threads,
+            branch_targets: Vec::new(),
+            unsupported: None,
+        };
+        self.body(&mut f)?;
+        Ok(Some(f))
+    }
+
+    /// A function's statements, after its `{`, through the matching `}`.
+    fn body(&mut self, f: &mut Function) -> Result<(), PtxError> {
+        let mut labels: HashMap<String, usize> = HashMap::new();
+        let mut pending: Vec<(usize, String, Token)> = Vec::new();
+        let mut tables: Vec<(String, Vec<(String, Token)>)> = Vec::new();
+        let mut scopes: Vec<Shadowed> = Vec::new();
+        loop {
+            let t = self
+                .peek()
+                .ok_or_else(|| self.eof(&format!("`}}` closing function {}", f.name)))?;
+            let w = self.text(&t);
+            match t.kind {
+                Kind::Punct(b'{') => {
+                    self.i += 1;
+                    scopes.push(Vec::new());
+                    continue;
+                }
+                Kind::Punct(b'}') => {
+                    self.i += 1;
+                    let Some(scope) = scopes.pop() else { break };
+                    for (name, outer) in scope.into_iter().rev() {
+                        match outer {
+                            Some(r) => f.regs.insert(name, r),
+                            None => f.regs.remove(&name),
+                        };
+                    }
+                    continue;
+                }
+                Kind::Punct(b';') => {
+                    self.i += 1;
+                    continue;
+                }
+                Kind::Word | Kind::Punct(b'@') => {}
+                _ => return Err(self.err(&t, format!("unexpected `{w}` in function {}", f.name))),
+            }
+            // A label: `name:`, before a statement or a table.
+            if t.kind == Kind::Word
+                && self
+                    .lx
+                    .tokens
+                    .get(self.i + 1)
+                    .is_some_and(|c| c.kind == Kind::Punct(b':'))
+            {
+                if !is_name(w) {
+                    return Err(self.err(&t, format!("`{w}` is not a label")));
+                }
+                self.i += 2;
+                if self.peek_text() == ".branchtargets" {
+                    self.i += 1;
+                    let mut list = Vec::new();
+                    loop {
+                        let (lt, l) = self.word("a label")?;
+                        list.push((l.to_string(), lt));
+                        if self.expect_one_of(b',', b';')? == b';' {
+                            break;
+                        }
+                    }
+                    tables.push((w.to_string(), list));
+                } else if matches!(self.peek_text(), ".callprototype" | ".calltargets") {
+                    // The prototype or target list of indirect calls: the call sites' own
+                    // argument lists say what passes, and each callee is checked against them
+                    // when called.
+                    self.skip_statement()?;
+                } else if labels.insert(w.to_string(), f.insts.len()).is_some() {
+                    return Err(self.err(&t, format!("label {w} defined twice")));
+                }
+                continue;
+            }
+            match w {
+                ".reg" => {
+                    self.i += 1;
+                    let (h, items) = self.declaration("reg")?;
+                    if h.align.is_some() || h.managed {
+                        return Err(self.err(&t, "a register takes no alignment or attribute"));
+                    }
+                    if h.vec != 1 {
+                        return Err(self.err(&t, "vector registers are not supported"));
+                    }
+                    declare_regs(items, &mut f.regs, &mut f.nregs, scopes.last_mut());
+                }
+                ".local" | ".shared" | ".param" | ".const" | ".global" => {
+                    self.i += 1;
+                    let (h, items) = self.declaration(&w[1..])?;
+                    for item in items {
+                        let (v, refs) = self.var(&w[1..], &h, item)?;
+                        if let Some((_, name, tok)) = refs.first() {
+                            return Err(self.err(tok, format!("bad initializer {name}")));
+                        }
+                        f.locals.push(v);
+                    }
+                }
+                ".loc" => self.line_directive()?,
+                ".pragma" => self.pragma()?,
+                _ if w.starts_with('.') => {
+                    return Err(self.err(
+                        &t,
+                        format!("unknown directive `{w}` in function {}", f.name),
+                    ))
+                }
+                _ => {
+                    let (first, last) = self.instruction()?;
+                    let stmt = self.lx.span(&first, &last);
+                    let at = f.insts.len();
+                    let mut labels_used = Vec::new();
+                    let decoded = decode(stmt, &mut f.regs, &mut |label: &str| {
+                        labels_used.push(label.to_string())
+                    });
+                    pending.extend(labels_used.into_iter().map(|l| (at, l, first)));
+                    match decoded {
+                        Ok(inst) => f.insts.push(inst),
+                        Err(PtxError::Unsupported { opcode }) => {
+                            f.unsupported.get_or_insert(opcode);
+                            // A trap keeps the instruction indices (branch targets) right; it
+                            // never runs: launching a function with an unsupported instruction
+                            // fails first.
+                            f.insts.push(Inst::trap(stmt));
+                        }
+                        Err(PtxError::Syntax(why)) => {
+                            return Err(self.err(&first, why));
+                        }
+                    }
+                }
+            }
+        }
+        for (at, label, tok) in pending {
+            let target = *labels
+                .get(&label)
+                .ok_or_else(|| self.err(&tok, format!("unknown label {label}")))?;
+            f.insts[at].resolve_label(target);
+        }
+        for (name, list) in tables {
+            let mut targets = Vec::new();
+            for (l, tok) in list {
+                targets.push(
+                    *labels
+                        .get(&l)
+                        .ok_or_else(|| self.err(&tok, format!("unknown label {l}")))?,
+                );
+            }
+            f.branch_targets.push((name, targets));
+        }
+        Ok(())
+    }
+
+    fn expect_one_of(&mut self, a: u8, b: u8) -> Result<u8, PtxError> {
+        let what = format!("`{}` or `{}`", a as char, b as char);
+        let t = self.next(&what)?;
+        match t.kind {
+            Kind::Punct(c) if c == a || c == b => Ok(c),
+            _ => Err(self.err(&t, format!("expected {what}, found `{}`", self.text(&t)))),
+        }
+    }
+
+    /// Tokens through the next `;`, balanced in parentheses (`.callprototype`).
+    fn skip_statement(&mut self) -> Result<(), PtxError> {
+        loop {
+            let t = self.next("`;`")?;
+            match t.kind {
+                Kind::Punct(b';') => return Ok(()),
+                Kind::Punct(b'{' | b'}') => {
+                    return Err(self.err(&t, "missing `;` before this brace"));
                 }
                 _ => {}
             }
         }
-        let end = end.ok_or_else(|| PtxError::Syntax("unterminated function body".into()))?;
-        let body = &rest[b + 1..end];
-        rest = &rest[end + 1..];
-        if header.contains(".entry") || header.contains(".func") {
-            parsed.functions.push(function(&header, body)?);
-        } else if header.contains(".global") || header.contains(".const") {
-            // An initializer in braces: `.global .u32 t[2] = {1, 2};`
-            let semi = rest.find(';').unwrap_or(rest.len());
-            let text = format!("{header}{{{body}}}{}", &rest[..semi]);
-            rest = &rest[(semi + 1).min(rest.len())..];
-            top_directive(&text, &mut parsed)?;
-        }
     }
-    // A function's name in an initializer is its address (`crate::space::FUNCTION_WINDOW`).
-    for (g, at, name) in std::mem::take(&mut parsed.refs) {
-        let i = parsed
-            .functions
-            .iter()
-            .position(|f| f.name == name)
-            .ok_or_else(|| PtxError::Syntax(format!("bad initializer {name}")))?;
-        let v = &mut parsed.globals[g];
-        let n = v.elem as usize;
-        if let Some(bytes) = v.init.as_mut().and_then(|b| b.get_mut(at..at + n)) {
-            bytes.copy_from_slice(&crate::space::function_address(i).to_le_bytes()[..n]);
-        }
-    }
-    Ok(parsed)
-}
 
-fn top_directive(stmt: &str, parsed: &mut Parsed) -> Result<(), PtxError> {
-    let words: Vec<&str> = stmt.split_whitespace().collect();
-    let Some(&first) = words.first() else {
-        return Ok(());
-    };
-    match first {
-        ".version" => {
-            let v = words.get(1).copied().unwrap_or("0.0");
-            let (a, b) = v.split_once('.').unwrap_or((v, "0"));
-            parsed.version = (a.parse().unwrap_or(0), b.parse().unwrap_or(0));
-        }
-        ".target" => {
-            parsed.target = words
-                .get(1)
-                .and_then(|t| {
-                    t.trim_end_matches(',')
-                        .trim_start_matches("sm_")
-                        .trim_end_matches(['a', 'f'])
-                        .parse()
-                        .ok()
-                })
-                .unwrap_or(0);
-        }
-        _ => {
-            if stmt.contains(".func") || stmt.contains(".entry") {
-                return Ok(()); // declarations of functions
-            }
-            if stmt.contains(".extern") && !stmt.contains(".shared") {
-                return Ok(()); // externs resolved elsewhere
-            }
-            for space in [".global", ".const"] {
-                if let Some(pos) = stmt.find(space) {
-                    let text = &stmt[pos + space.len()..];
-                    let (v, refs) = var_refs(&space[1..], text)?;
-                    let g = parsed.globals.len();
-                    parsed
-                        .refs
-                        .extend(refs.into_iter().map(|(at, name)| (g, at, name)));
-                    parsed.globals.push(v);
-                    return Ok(());
-                }
-            }
-            if stmt.contains(".shared") {
-                // Module-scope shared variables: recorded with the globals, placed per block.
-                if let Some(pos) = stmt.find(".shared") {
-                    parsed.globals.push(var("shared", &stmt[pos + 7..])?);
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-fn function(header: &str, body: &str) -> Result<Function, PtxError> {
-    let is_entry = header.contains(".entry");
-    let kw = if is_entry { ".entry" } else { ".func" };
-    let after = &header[header.find(kw).expect("keyword") + kw.len()..];
-    let after = after.trim();
-    // `.func (.param .b64 ret) name (params)` or `.entry name (params)`.
-    let (returns, after) = if after.starts_with('(') {
-        let close = after
-            .find(')')
-            .ok_or_else(|| PtxError::Syntax("bad .func return list".into()))?;
-        (params(&after[1..close])?, after[close + 1..].trim())
-    } else {
-        (Vec::new(), after)
-    };
-    let name_end = after
-        .find(|c: char| c == '(' || c.is_whitespace())
-        .unwrap_or(after.len());
-    let name = after[..name_end].to_string();
-    let after = &after[name_end..];
-    let (plist, directives) = match (after.find('('), after.rfind(')')) {
-        (Some(a), Some(b)) if b > a => (&after[a + 1..b], &after[b + 1..]),
-        _ => ("", after),
-    };
-    let params = params(plist)?;
-    let param_bytes = params.last().map_or(0, |p| p.offset + p.size);
-    let max_threads = directives
-        .split(".maxntid")
-        .nth(1)
-        .or_else(|| directives.split(".reqntid").nth(1))
-        .map(|d| {
-            d.split(',')
-                .filter_map(|x| x.trim().parse::<u32>().ok())
-                .product()
-        });
-    let mut f = Function {
-        name,
-        is_entry,
-        params,
-        returns,
-        param_bytes,
-        regs: HashMap::new(),
-        nregs: 0,
-        insts: Vec::new(),
-        locals: Vec::new(),
-        max_threads,
-        unsupported: None,
-    };
-    for p in f.params.clone().iter().chain(f.returns.clone().iter()) {
-        let _ = p;
-    }
-    let mut labels: HashMap<String, usize> = HashMap::new();
-    let mut pending: Vec<(usize, String)> = Vec::new();
-    let mut scopes: Vec<Shadowed> = Vec::new();
-    for raw in body.split(';') {
-        let mut stmt = raw.trim();
-        // Labels (possibly several) before a statement, and the braces of nested scopes.
+    /// An instruction: its first and last token (the `;` is consumed, not included). Vector
+    /// operands (`{%r1, %r2}`) are inside it; a `}` that closes more than it opened means the
+    /// `;` is missing.
+    fn instruction(&mut self) -> Result<(Token, Token), PtxError> {
+        let first = self.next("an instruction")?;
+        let mut last = first;
+        let mut depth = 0i32;
         loop {
-            let rest = stmt.trim_start_matches(|c: char| c == '{' || c == '}' || c.is_whitespace());
-            for c in stmt[..stmt.len() - rest.len()].chars() {
-                match c {
-                    '{' => scopes.push(Vec::new()),
-                    '}' => {
-                        for (name, outer) in scopes.pop().unwrap_or_default().into_iter().rev() {
-                            match outer {
-                                Some(r) => f.regs.insert(name, r),
-                                None => f.regs.remove(&name),
-                            };
-                        }
+            let t = self.next("`;` ending an instruction")?;
+            match t.kind {
+                Kind::Punct(b';') if depth == 0 => return Ok((first, last)),
+                Kind::Punct(b'{') => depth += 1,
+                Kind::Punct(b'}') => {
+                    depth -= 1;
+                    if depth < 0 {
+                        return Err(self.err(&first, "instruction without `;`"));
                     }
-                    _ => {}
                 }
-            }
-            stmt = rest;
-            match stmt.find(':') {
-                Some(c)
-                    if !stmt[..c].contains(char::is_whitespace)
-                        && !stmt[..c].contains('[')
-                        && !stmt[c..].starts_with("::")
-                        && !stmt.starts_with('@') =>
-                {
-                    labels.insert(stmt[..c].to_string(), f.insts.len());
-                    stmt = stmt[c + 1..].trim();
+                Kind::Str | Kind::Dwarf => {
+                    return Err(self.err(&t, format!("unexpected `{}`", self.text(&t))))
                 }
-                _ => break,
+                _ => {}
             }
-        }
-        let stmt = stmt.trim();
-        if stmt.is_empty() {
-            continue;
-        }
-        if let Some(decl) = stmt.strip_prefix(".reg") {
-            declare_regs(decl, &mut f.regs, &mut f.nregs, scopes.last_mut())?;
-            continue;
-        }
-        let mut handled = false;
-        for space in [".shared", ".local", ".param", ".const", ".global"] {
-            if let Some(text) = stmt.strip_prefix(space) {
-                f.locals.push(var(&space[1..], text)?);
-                handled = true;
-                break;
-            }
-        }
-        // `proto: .callprototype ...` and `tgts: .calltargets ...` describe indirect calls; the
-        // call sites themselves say what passes.
-        if handled
-            || stmt.contains(".callprototype")
-            || stmt.contains(".calltargets")
-            || stmt.starts_with(".pragma")
-            || stmt.starts_with(".loc")
-            || stmt.starts_with(".file")
-            || stmt.starts_with(".maxnreg")
-        {
-            continue;
-        }
-        let at = f.insts.len();
-        match decode(stmt, &mut f.regs, &mut |label: &str| {
-            pending.push((at, label.to_string()))
-        }) {
-            Ok(inst) => f.insts.push(inst),
-            Err(PtxError::Unsupported { opcode }) => {
-                f.unsupported.get_or_insert(opcode);
-                // A trap keeps the instruction indices (branch targets) right; it never runs,
-                // because launching a function with an unsupported instruction fails first.
-                f.insts.push(Inst::trap(stmt));
-            }
-            Err(e) => return Err(e),
+            last = t;
         }
     }
-    for (at, label) in pending {
-        let target = *labels
-            .get(&label)
-            .ok_or_else(|| PtxError::Syntax(format!("unknown label {label}")))?;
-        f.insts[at].resolve_label(target);
+
+    /// A variable from a declared item: its size, alignment and initializer bytes, and the
+    /// names in that initializer (their bytes are zero until resolved).
+    #[allow(clippy::type_complexity)]
+    fn var(
+        &self,
+        space: &str,
+        h: &Head,
+        item: Item,
+    ) -> Result<(Var, Vec<(usize, String, Token)>), PtxError> {
+        let elem = h.elem;
+        let mut refs = Vec::new();
+        let init = item.init.map(|elems| {
+            let mut out = Vec::new();
+            for e in elems {
+                let v = match e {
+                    Elem::Bits(v) => v,
+                    Elem::Name(n, t) => {
+                        refs.push((out.len(), n, t));
+                        0
+                    }
+                };
+                // A `.b128` element: the value zero-extended.
+                let mut bytes = [0u8; 16];
+                bytes[..8].copy_from_slice(&v.to_le_bytes());
+                out.extend_from_slice(&bytes[..elem as usize]);
+            }
+            out
+        });
+        let scalars = match item.count {
+            Some(n) => n.saturating_mul(h.vec),
+            None => init.as_ref().map_or(0, |b| b.len() as u64 / elem),
+        };
+        let size = scalars.saturating_mul(elem);
+        if size > MAX_VAR || h.align.is_some_and(|a| a > MAX_VAR) {
+            return Err(self.err(&item.tok, format!("{} is too large", item.name)));
+        }
+        if init.as_ref().is_some_and(|b| b.len() as u64 > size) {
+            return Err(self.err(
+                &item.tok,
+                format!("initializer of {} larger than the variable", item.name),
+            ));
+        }
+        Ok((
+            Var {
+                name: item.name,
+                space: space.to_string(),
+                size,
+                align: h.align.unwrap_or(elem * h.vec),
+                elem,
+                init,
+                managed: h.managed,
+            },
+            refs,
+        ))
     }
-    Ok(f)
 }
 
-/// `.reg .b32 %r<10>` declares %r0..%r9; `.reg .pred p, q` declares each name.
+/// Threads of a block shape (saturating: a bound past any block's size means no bound).
+fn threads(d: [u32; 3]) -> u32 {
+    d.iter()
+        .fold(1u64, |a, &x| a.saturating_mul(x as u64))
+        .min(u32::MAX as u64) as u32
+}
+
 /// Registers a scope declared, with what each name meant outside it.
 type Shadowed = Vec<(String, Option<u32>)>;
 
-/// Declares registers. At function level a name is declared once; inside a nested scope
-/// (`scope`), each declaration is a new register and the outer meaning is kept for the
-/// closing brace.
+/// `.reg .b32 %r<10>` declares %r0..%r9; `.reg .pred p, q` declares each name. At function
+/// level a name is declared once; inside a nested scope (`scope`), each declaration is a new
+/// register and the outer meaning is kept for the closing brace.
 fn declare_regs(
-    decl: &str,
+    items: Vec<Item>,
     regs: &mut HashMap<String, u32>,
     nregs: &mut usize,
     mut scope: Option<&mut Shadowed>,
-) -> Result<(), PtxError> {
+) {
     let mut declare = |name: String| {
         let next = *nregs as u32;
         match scope.as_deref_mut() {
@@ -581,21 +912,257 @@ fn declare_regs(
             }
         }
     };
-    let decl = decl.trim();
-    let rest = decl.split_once(char::is_whitespace).map_or("", |(_, r)| r);
-    for item in rest.split(',') {
-        let item = item.trim();
-        if let Some((base, n)) = item.split_once('<') {
-            let n: u32 = n
-                .trim_end_matches('>')
-                .parse()
-                .map_err(|_| PtxError::Syntax(format!("bad register range {item}")))?;
-            for i in 0..n {
-                declare(format!("{base}{i}"));
-            }
-        } else if !item.is_empty() {
-            declare(item.to_string());
+    for item in items {
+        match item.range {
+            Some(n) => (0..n).for_each(|i| declare(format!("{}{i}", item.name))),
+            None => declare(item.name),
         }
     }
-    Ok(())
+}
+
+pub fn parse(src: &str) -> Result<Parsed, PtxError> {
+    let lx = lex(src)?;
+    let mut p = P { lx: &lx, i: 0 };
+    let mut parsed = Parsed {
+        version: (0, 0),
+        target: 0,
+        functions: Vec::new(),
+        globals: Vec::new(),
+    };
+    // Names in the globals' initializers: (global, byte offset, name), resolved at the end.
+    let mut refs: Vec<(usize, usize, String, Token)> = Vec::new();
+    let mut aliases: Vec<(String, String, Token)> = Vec::new();
+    while let Some(t) = p.peek() {
+        let w = p.text(&t);
+        match t.kind {
+            Kind::Punct(b';') => {
+                p.i += 1;
+                continue;
+            }
+            // Old nvcc's debug information, one line each.
+            Kind::Dwarf => {
+                p.i += 1;
+                continue;
+            }
+            Kind::Word => {}
+            _ => return Err(p.err(&t, format!("unexpected `{w}` at module scope"))),
+        }
+        match w {
+            ".version" => {
+                p.i += 1;
+                let rest = p.rest_of_line(t.line);
+                let v = match rest.as_slice() {
+                    [v] => p.text(v),
+                    _ => return Err(p.err(&t, ".version takes one MAJOR.MINOR number")),
+                };
+                let (a, b) = v
+                    .split_once('.')
+                    .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+                    .ok_or_else(|| p.err(&t, format!("bad PTX version `{v}`")))?;
+                parsed.version = (a, b);
+            }
+            ".target" => {
+                p.i += 1;
+                let rest = p.rest_of_line(t.line);
+                let mut items = rest.split(|x| x.kind == Kind::Punct(b','));
+                let sm = items.next().and_then(|s| match s {
+                    [s] => p
+                        .text(s)
+                        .strip_prefix("sm_")?
+                        .trim_end_matches(['a', 'f'])
+                        .parse::<u32>()
+                        .ok(),
+                    _ => None,
+                });
+                parsed.target = sm.ok_or_else(|| p.err(&t, "bad .target (expected sm_NN)"))?;
+                for opt in items {
+                    match opt {
+                        // Texture modes matter to texture references (not supported), `debug`
+                        // to debuggers; `map_f64_to_f32` would change arithmetic.
+                        [o] if matches!(
+                            p.text(o),
+                            "texmode_unified" | "texmode_independent" | "debug"
+                        ) => {}
+                        _ => {
+                            let o = opt.first().copied().unwrap_or(t);
+                            return Err(
+                                p.err(&o, format!("unsupported .target option `{}`", p.text(&o)))
+                            );
+                        }
+                    }
+                }
+            }
+            ".address_size" => {
+                p.i += 1;
+                let rest = p.rest_of_line(t.line);
+                match rest.as_slice() {
+                    [n] if p.text(n) == "64" => {}
+                    _ => {
+                        return Err(p.err(&t, "only .address_size 64 is supported"));
+                    }
+                }
+            }
+            ".file" => p.line_directive()?,
+            // DWARF sections of `-G` builds: debug information, no meaning for execution.
+            ".section" => {
+                p.i += 1;
+                let (nt, name) = p.word("a section name")?;
+                if !name.starts_with(".debug_") {
+                    return Err(p.err(&nt, format!("unknown section `{name}`")));
+                }
+                p.expect(b'{')?;
+                let mut depth = 1;
+                while depth > 0 {
+                    let x = p.next("`}` closing a .section")?;
+                    match x.kind {
+                        Kind::Punct(b'{') => depth += 1,
+                        Kind::Punct(b'}') => depth -= 1,
+                        _ => {}
+                    }
+                }
+            }
+            ".pragma" => p.pragma()?,
+            ".alias" => {
+                p.i += 1;
+                let (_, a) = p.word("an alias name")?;
+                p.expect(b',')?;
+                let (_, b) = p.word("an aliased function")?;
+                p.expect(b';')?;
+                aliases.push((a.to_string(), b.to_string(), t));
+            }
+            ".sreg" => {
+                return Err(p.err(&t, "special registers (.sreg) are predefined, not declared"))
+            }
+            ".tex" => {
+                return Err(p.err(
+                    &t,
+                    ".tex variables (texture references) are not supported by the emulated \
+                     GPU; use texture objects",
+                ))
+            }
+            ".visible" | ".extern" | ".weak" | ".common" | ".entry" | ".func" | ".global"
+            | ".const" | ".shared" | ".local" => {
+                let mut external = false;
+                while let ".visible" | ".extern" | ".weak" | ".common" = p.peek_text() {
+                    external |= p.peek_text() == ".extern";
+                    p.i += 1;
+                }
+                let (st, space) = p.word("a declaration")?;
+                match space {
+                    ".entry" | ".func" => {
+                        p.i -= 1;
+                        if let Some(f) = p.function()? {
+                            if external {
+                                return Err(p.err(&st, "an .extern function has no body"));
+                            }
+                            parsed.functions.push(f);
+                        }
+                    }
+                    ".global" | ".const" | ".shared" => {
+                        let (h, items) = p.declaration(&space[1..])?;
+                        // An `.extern .global`/`.const` is another module's (resolved by
+                        // name at launch); an `.extern .shared` array is dynamic shared memory.
+                        if external && space != ".shared" {
+                            continue;
+                        }
+                        for item in items {
+                            let (v, r) = p.var(&space[1..], &h, item)?;
+                            if space == ".shared" && v.init.is_some() {
+                                return Err(p.err(&st, "shared variables take no initializer"));
+                            }
+                            let g = parsed.globals.len();
+                            refs.extend(r.into_iter().map(|(at, n, tok)| (g, at, n, tok)));
+                            parsed.globals.push(v);
+                        }
+                    }
+                    ".local" => {
+                        return Err(p.err(&st, "module-scope .local variables are not supported"))
+                    }
+                    _ => return Err(p.err(&st, format!("unexpected `{space}` after linkage"))),
+                }
+            }
+            _ => {
+                let what = if w.starts_with('.') {
+                    "unknown directive"
+                } else {
+                    "unexpected text at module scope"
+                };
+                return Err(p.err(&t, format!("{what} `{w}`")));
+            }
+        }
+    }
+    // `.alias a, b;`: `a` is `b` (a copy of `b` under `a`'s name, after the definitions, so
+    // function numbering in text order is unchanged).
+    for (a, b, tok) in aliases {
+        let f = parsed
+            .functions
+            .iter()
+            .find(|f| f.name == b)
+            .ok_or_else(|| p.err(&tok, format!(".alias of undefined function {b}")))?;
+        let mut copy = f.clone();
+        copy.name = a;
+        parsed.functions.push(copy);
+    }
+    // A function's name in an initializer is its address (`crate::space::FUNCTION_WINDOW`).
+    for (g, at, name, tok) in refs {
+        let i = parsed
+            .functions
+            .iter()
+            .position(|f| f.name == name)
+            .ok_or_else(|| p.err(&tok, format!("bad initializer {name}")))?;
+        let v = &mut parsed.globals[g];
+        let n = (v.elem as usize).min(8);
+        if let Some(bytes) = v.init.as_mut().and_then(|b| b.get_mut(at..at + n)) {
+            bytes.copy_from_slice(&crate::space::function_address(i).to_le_bytes()[..n]);
+        }
+    }
+    Ok(parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ptx` without its line information: no `.file`/`.loc` lines, no `.section` blocks.
+    fn strip_line_info(ptx: &str) -> String {
+        let mut in_section = false;
+        ptx.lines()
+            .filter(|l| {
+                let l = l.trim();
+                in_section |= l.starts_with(".section");
+                let keep = !in_section && !l.starts_with(".loc") && !l.starts_with(".file");
+                if in_section && l.starts_with('}') {
+                    in_section = false;
+                }
+                keep
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn counts(ptx: &str) -> Vec<(String, usize)> {
+        let p = parse(ptx).unwrap();
+        p.functions
+            .iter()
+            .map(|f| (f.name.clone(), f.insts.len()))
+            .collect()
+    }
+
+    /// The bug this parser replaced: a `.loc` line (no `;`) was glued to the next statement,
+    /// which was then dropped. nvcc's `-lineinfo` build has the plain build's instructions, and
+    /// the `-G` build has as many instructions as it has without its line information.
+    #[test]
+    fn every_instruction_of_line_info_builds_is_kept() {
+        let plain = include_str!("../tests/fixtures/kernels.ptx");
+        let lineinfo = include_str!("../tests/fixtures/kernels.lineinfo.ptx");
+        let debug = include_str!("../tests/fixtures/kernels.debug.ptx");
+        assert!(lineinfo.contains(".loc") && debug.contains(".section"));
+        assert_eq!(counts(lineinfo), counts(plain));
+        assert_eq!(counts(lineinfo), counts(&strip_line_info(lineinfo)));
+        assert_eq!(counts(debug), counts(&strip_line_info(debug)));
+        let glued = ".version 9.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{\n\
+            .reg .b32 %r<3>;\n\t.loc\t1 5 3\n\tmov.u32 %r1, 7;\n\t.loc 1 6 3\n\tret;\n}\n";
+        let p = parse(glued).unwrap();
+        assert_eq!(p.functions[0].insts.len(), 2);
+    }
 }

@@ -1,12 +1,78 @@
 //! nvcc 13.5 kernels (tests/fixtures/kernels.cu) run by the interpreter, checked against CPU
-//! references.
+//! references, each in three builds of the same source: `-O3` (kernels.ptx), `-lineinfo`
+//! (kernels.lineinfo.ptx: `.file`/`.loc` lines between statements) and `-G` (kernels.debug.ptx:
+//! unoptimized, with DWARF `.section`s). Regenerate with
+//! `nvcc -arch=sm_80 -ptx [-lineinfo | -G] -o FILE kernels.cu` (nvcc from `.deps/env.sh`).
 
 use gpufuse_ptx::{ExecError, LaunchConfig, Module, VecMemory};
 
 const BASE: u64 = 0x2000_0000_0000;
 
-fn module() -> Module {
-    Module::parse(include_str!("fixtures/kernels.ptx")).unwrap()
+const PLAIN: &str = include_str!("fixtures/kernels.ptx");
+const LINEINFO: &str = include_str!("fixtures/kernels.lineinfo.ptx");
+const DEBUG: &str = include_str!("fixtures/kernels.debug.ptx");
+
+fn module(ptx: &str) -> Module {
+    Module::parse(ptx).unwrap()
+}
+
+/// Each kernel test, once per build of the fixture.
+macro_rules! builds {
+    ($($test:ident),* $(,)?) => {
+        mod plain {
+            $(#[test]
+            fn $test() {
+                super::$test(super::module(super::PLAIN))
+            })*
+        }
+        mod lineinfo {
+            $(#[test]
+            fn $test() {
+                super::$test(super::module(super::LINEINFO))
+            })*
+        }
+        mod debug {
+            $(#[test]
+            fn $test() {
+                super::$test(super::module(super::DEBUG))
+            })*
+        }
+    };
+}
+
+builds!(
+    vector_add,
+    saxpy,
+    shared_memory_reduction_with_barriers_and_atomics,
+    warp_shuffle_reduction,
+    atomic_histogram_is_exact_under_contention,
+    tiled_matmul,
+    bit_operations,
+    out_of_bounds_access_is_an_illegal_address,
+    layouts_match_the_rule,
+    calls_to_device_functions,
+    parallel_blocks_with_contended_atomics_are_exact,
+    illegal_address_in_one_parallel_block_fails_the_launch,
+);
+
+/// The line-information builds parse to the same kernels as the plain build, with nothing the
+/// VM lacks (`parse.rs` checks that every instruction statement is kept).
+#[test]
+fn line_information_loses_no_statement() {
+    let plain = module(PLAIN);
+    for (build, ptx) in [("lineinfo", LINEINFO), ("debug", DEBUG)] {
+        assert!(
+            ptx.contains(".loc"),
+            "{build} build has no line information"
+        );
+        let m = module(ptx);
+        assert_eq!(m.unsupported().count(), 0, "{build}");
+        let mut names: Vec<_> = m.kernels().iter().map(|k| k.name.clone()).collect();
+        let mut want: Vec<_> = plain.kernels().iter().map(|k| k.name.clone()).collect();
+        names.sort();
+        want.sort();
+        assert_eq!(names, want, "{build}");
+    }
 }
 
 /// A memory with room for `n` buffers of `size` bytes each at BASE + k * size.
@@ -73,9 +139,7 @@ fn launch(
 
 const MB: usize = 1 << 20;
 
-#[test]
-fn vector_add() {
-    let m = module();
+fn vector_add(m: Module) {
     let mut mem = memory(3, MB);
     let n = 1000usize;
     let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
@@ -101,9 +165,7 @@ fn vector_add() {
     assert!(c.iter().enumerate().all(|(i, &x)| x == a[i] + b[i]));
 }
 
-#[test]
-fn saxpy() {
-    let m = module();
+fn saxpy(m: Module) {
     let mut mem = memory(2, MB);
     let n = 300usize;
     let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
@@ -134,9 +196,7 @@ fn saxpy() {
     );
 }
 
-#[test]
-fn shared_memory_reduction_with_barriers_and_atomics() {
-    let m = module();
+fn shared_memory_reduction_with_barriers_and_atomics(m: Module) {
     let mut mem = memory(2, MB);
     let n = 2000usize;
     let v: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
@@ -157,9 +217,7 @@ fn shared_memory_reduction_with_barriers_and_atomics() {
     assert_eq!(f32s(&mem, MB, 1)[0], v.iter().sum::<f32>());
 }
 
-#[test]
-fn warp_shuffle_reduction() {
-    let m = module();
+fn warp_shuffle_reduction(m: Module) {
     let mut mem = memory(2, MB);
     let v: Vec<u32> = (0..128).map(|i| i * 3 + 1).collect();
     write_u32(&mut mem, 0, &v);
@@ -182,9 +240,7 @@ fn warp_shuffle_reduction() {
     }
 }
 
-#[test]
-fn atomic_histogram_is_exact_under_contention() {
-    let m = module();
+fn atomic_histogram_is_exact_under_contention(m: Module) {
     let mut mem = memory(2, MB);
     let n = 5000usize;
     let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
@@ -209,9 +265,7 @@ fn atomic_histogram_is_exact_under_contention() {
     assert_eq!(u32s(&mem, MB, 16), want);
 }
 
-#[test]
-fn tiled_matmul() {
-    let m = module();
+fn tiled_matmul(m: Module) {
     let n = 32usize;
     let mut mem = memory(3, MB);
     let a: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32).collect();
@@ -241,9 +295,9 @@ fn tiled_matmul() {
     }
 }
 
-#[test]
-fn double_precision() {
-    let m = module();
+/// `sqrt(x) * s + i`: one fused multiply-add in optimized builds, a rounded multiply then an
+/// add in `-G` builds (nvcc contracts nothing there).
+fn double_precision(m: Module, fused: bool) {
     let mut mem = memory(1, MB);
     let x: Vec<f64> = (0..64).map(|i| i as f64 * 1.5).collect();
     for (i, v) in x.iter().enumerate() {
@@ -264,13 +318,23 @@ fn double_precision() {
     .unwrap();
     for (i, v) in x.iter().enumerate() {
         let got = f64::from_le_bytes(mem.read(8 * i, 8).try_into().unwrap());
-        assert_eq!(got, v.sqrt().mul_add(2.5, i as f64), "{i}");
+        let want = if fused {
+            v.sqrt().mul_add(2.5, i as f64)
+        } else {
+            v.sqrt() * 2.5 + i as f64
+        };
+        assert_eq!(got, want, "{i}");
     }
 }
 
 #[test]
-fn bit_operations() {
-    let m = module();
+fn double_precision_each_build() {
+    double_precision(module(PLAIN), true);
+    double_precision(module(LINEINFO), true);
+    double_precision(module(DEBUG), false);
+}
+
+fn bit_operations(m: Module) {
     let mut mem = memory(2, MB);
     let v: Vec<u32> = (0..32)
         .map(|i| (i as u32).wrapping_mul(0x9E37_79B9) ^ (1 << i))
@@ -300,9 +364,7 @@ fn bit_operations() {
     }
 }
 
-#[test]
-fn out_of_bounds_access_is_an_illegal_address() {
-    let m = module();
+fn out_of_bounds_access_is_an_illegal_address(m: Module) {
     let mut mem = memory(1, MB);
     let e = launch(
         &m,
@@ -316,9 +378,7 @@ fn out_of_bounds_access_is_an_illegal_address() {
     assert!(matches!(e, ExecError::IllegalAddress(_)), "{e:?}");
 }
 
-#[test]
-fn layouts_match_the_rule() {
-    let m = module();
+fn layouts_match_the_rule(m: Module) {
     let k = m.kernel("saxpy").unwrap();
     let offs: Vec<_> = k.params.iter().map(|p| (p.offset, p.size)).collect();
     assert_eq!(offs, vec![(0, 4), (4, 4), (8, 8), (16, 8)]);
@@ -424,9 +484,7 @@ fn launch_on(
 /// Device functions: recursion whose depth differs between the lanes of a warp, values
 /// returned through `.param`, a callee writing through a pointer into its caller's local array,
 /// and warp shuffles inside a callee that every lane entered.
-#[test]
-fn calls_to_device_functions() {
-    let m = module();
+fn calls_to_device_functions(m: Module) {
     let mut mem = memory(3, MB);
     let n = 64usize;
     let input: Vec<u32> = (0..n as u32).map(|t| t % 15).collect();
@@ -518,9 +576,7 @@ fn calls_to_undefined_functions_fail_their_kernel() {
 
 /// Blocks on several host threads: atomics of every kind on the same words give exact results,
 /// and byte stores from different blocks into the same words do not clobber each other.
-#[test]
-fn parallel_blocks_with_contended_atomics_are_exact() {
-    let m = module();
+fn parallel_blocks_with_contended_atomics_are_exact(m: Module) {
     let (blocks, threads) = (64u32, 256u32);
     let total = blocks * threads;
     for host_threads in [4, 1] {
@@ -560,9 +616,7 @@ fn parallel_blocks_with_contended_atomics_are_exact() {
 }
 
 /// An illegal address in one block of many, with blocks on several threads, fails the launch.
-#[test]
-fn illegal_address_in_one_parallel_block_fails_the_launch() {
-    let m = module();
+fn illegal_address_in_one_parallel_block_fails_the_launch(m: Module) {
     let mem = memory(1, MB);
     for bad in [0i32, 37, 63] {
         let e = launch_on(

@@ -239,12 +239,15 @@ impl Device for EmuDevice {
         let (layout, program) = match gpufuse_fatbin::select_ptx(image, sm) {
             Ok(ptx) => {
                 dump_ptx(&ptx);
-                let layout = ptx_layout::parse(&ptx).map_err(|_| INVALID_PTX)?;
-                let program = gpufuse_ptx::Module::parse(&ptx).map_err(|e| Unrunnable {
-                    status: INVALID_PTX,
-                    why: e.to_string(),
-                });
-                (layout, program)
+                // One parse gives the layout and the program. PTX that does not parse is
+                // refused at load, as NVIDIA's JIT refuses it; an instruction the VM lacks
+                // fails only the launches of the kernels that reach it.
+                let program = gpufuse_ptx::Module::parse(&ptx).map_err(|e| {
+                    tracing::warn!("module refused: {e}");
+                    self.last_error = Some(e.to_string());
+                    INVALID_PTX
+                })?;
+                (ptx_layout::from_module(&program), Ok(program))
             }
             // A GPU of this compute capability would run the image's SASS: load it, list its
             // kernels from the cubin, and fail only their launches.
@@ -717,5 +720,59 @@ mod tests {
         assert_eq!(run(&mut d, m, "fails", 1, 1, &p.to_le_bytes()), Err(ASSERT));
         let why = d.take_error_detail().unwrap();
         assert!(why.contains("Assertion `x < 3` failed"), "{why}");
+    }
+
+    /// PTX with line information (`nvcc -lineinfo`: a `.loc` line before each statement) loads
+    /// and its kernels store what they compute (the `.loc` line once swallowed the statement
+    /// after it, so such kernels ran and stored nothing); managed variables are marked.
+    #[test]
+    fn line_information_and_managed_variables() {
+        let mut d = dev();
+        let ptx = include_str!("../../../ptx/tests/fixtures/kernels.lineinfo.ptx");
+        let m = d.load_module(format!("{ptx}\0").as_bytes()).unwrap();
+        let n = 64u32;
+        let (a, b, c) = (
+            d.alloc(256).unwrap(),
+            d.alloc(256).unwrap(),
+            d.alloc(256).unwrap(),
+        );
+        let xs: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        d.write(a, &xs).unwrap();
+        d.write(b, &xs).unwrap();
+        let params: Vec<u8> = [a, b, c]
+            .iter()
+            .flat_map(|p| p.to_le_bytes())
+            .chain(n.to_le_bytes())
+            .collect();
+        run(&mut d, m, "vadd", 1, n, &params).unwrap();
+        let mut out = vec![0u8; 256];
+        d.read(c, &mut out).unwrap();
+        let got: Vec<f32> = out
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(got, (0..n).map(|i| 2.0 * i as f32).collect::<Vec<_>>());
+
+        let ptx = ".version 9.0\n.target sm_80\n.address_size 64\n\
+            .global .attribute(.managed) .align 4 .u32 counter = 3;\n\
+            .global .align 4 .u32 plain;\n.visible .entry k() { ret; }\n";
+        let m = d.load_module(format!("{ptx}\0").as_bytes()).unwrap();
+        let vars = &d.modules[&m].layout.variables;
+        assert_eq!(
+            vars.iter()
+                .map(|v| (v.name.as_str(), v.managed))
+                .collect::<Vec<_>>(),
+            [("counter", true), ("plain", false)]
+        );
+        let (ptr, size) = d.global(m, "counter").unwrap();
+        let mut v = [0u8; 4];
+        d.read(ptr, &mut v).unwrap();
+        assert_eq!((u32::from_le_bytes(v), size), (3, 4));
+
+        // PTX that does not parse is refused at load, with the reason.
+        let bad = ".version 9.0\n.target sm_80\n.address_size 64\n.bogus 1;\n\0";
+        assert_eq!(d.load_module(bad.as_bytes()), Err(INVALID_PTX));
+        let why = d.take_error_detail().unwrap();
+        assert!(why.contains("line 4") && why.contains(".bogus"), "{why}");
     }
 }
