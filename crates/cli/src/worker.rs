@@ -39,7 +39,18 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
     let client = std::io::stdin().as_fd().try_clone_to_owned()?;
     let control = std::io::stdout().as_fd().try_clone_to_owned()?;
     let conn = Conn::new(Stream::from_fd(client, a.tcp));
-    let mut ledger = ControlLedger(UnixStream::from(control));
+    let control = UnixStream::from(control);
+    // Backstop to the parent-death signal the node sets: the worker ends when its node's end
+    // of the control socket closes (the node died), whatever the worker is doing.
+    let watched = control.try_clone()?;
+    let session = a.session;
+    std::thread::spawn(move || {
+        use std::os::fd::AsFd;
+        gpufuse_transport::wait_for_hang_up(watched.as_fd());
+        tracing::warn!(session, "the node is gone: ending the session");
+        std::process::exit(1);
+    });
+    let mut ledger = ControlLedger(control);
     let mut device: Box<dyn Device> = match a.backend.as_str() {
         "cuda" => {
             let opened = gpufuse_cuda_driver::Driver::load().and_then(|driver| {

@@ -109,12 +109,24 @@ fn workers_die_with_a_killed_node_and_sigterm_shuts_down_cleanly() {
     wait_for("the restarted node listens", 20, || {
         Connection::query_status(&addr, String::new()).is_ok()
     });
+    // SIGTERM ends the sessions too.
+    let (c, _) = Connection::open(&addr, &hello).unwrap();
+    let worker = Connection::query_status(&addr, String::new())
+        .unwrap()
+        .sessions[0]
+        .worker_pid;
     kill(node.id(), libc::SIGTERM);
     let status = node.wait().unwrap();
     assert!(status.success(), "a clean exit: {status:?}");
     assert!(!sock.exists(), "the socket file is removed");
+    wait_for("SIGTERM ends the node's workers", 10, || !alive(worker));
+    drop(c);
     let text = std::fs::read_to_string(&log).unwrap();
-    assert!(text.contains("SIGTERM: shutting down"), "{text}");
+    assert!(
+        text.contains("SIGTERM: shutting down; ending 1 session(s)"),
+        "{text}"
+    );
+    assert!(text.contains("SIGTERM: stopped"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -179,6 +191,100 @@ fn idle_connections_cannot_use_up_the_nodes_threads() {
     drop(idle);
     let addr = Address::Unix(sock.clone());
     wait_for("a status query is served", 20, || {
+        Connection::query_status(&addr, String::new()).is_ok()
+    });
+    kill(node.id(), libc::SIGTERM);
+    let _ = node.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The backstop to the parent-death signal: a worker whose node's end of the control socket
+/// closes (the node died) ends, even while its client is still connected and idle.
+#[test]
+fn a_worker_ends_when_its_node_goes_away() {
+    use std::io::Read;
+    let (client, worker_in) = UnixStream::pair().unwrap();
+    let (control, worker_out) = UnixStream::pair().unwrap();
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
+        .args(["worker", "--session", "1", "--device-index", "0"])
+        .args(["--device-total", &(1u64 << 30).to_string()])
+        .args(["--window-base", &(0x2000_0000_0000u64).to_string()])
+        .args(["--window-size", &(1u64 << 40).to_string()])
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(worker_in)))
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(worker_out)))
+        .spawn()
+        .unwrap();
+    // The worker answers the hello on the client connection: it is serving.
+    let mut head = [0u8; 24];
+    (&client).read_exact(&mut head).unwrap();
+    assert_eq!(&head[..4], b"GFUS");
+    let pid = worker.id();
+    assert!(alive(pid));
+    drop(control);
+    wait_for("the worker ends once its node is gone", 20, || {
+        worker.try_wait().unwrap().is_some()
+    });
+    drop(client);
+}
+
+fn holds(pid: u32, path: &Path) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == path))
+}
+
+/// A node restarted on a socket whose earlier node's workers still run must not hand out the
+/// memory they hold: every worker keeps the node lock (`PATH.lock`), and a new node refuses to
+/// start while anyone holds it, naming the holders.
+#[test]
+fn a_restarted_node_refuses_while_workers_of_the_earlier_one_live() {
+    let dir = temp_dir("lock");
+    let (sock, log) = (dir.join("s.sock"), dir.join("log"));
+    let lock = dir.join("s.sock.lock");
+    let mut node = serve(&sock, &log);
+    wait_for("the node listens", 20, || {
+        UnixStream::connect(&sock).is_ok()
+    });
+    let addr = Address::Unix(sock.clone());
+    let hello = Connection::hello(SessionKind::Cuda, String::new(), Default::default());
+    let (c, _) = Connection::open(&addr, &hello).unwrap();
+    let status = Connection::query_status(&addr, String::new()).unwrap();
+    let worker = status.sessions[0].worker_pid;
+    assert!(holds(worker, &lock), "the worker holds the node lock");
+    drop(c);
+    kill(node.id(), libc::SIGTERM);
+    let _ = node.wait();
+
+    // An orphaned worker of that node, still running: here, this process holding its lock.
+    let held = std::fs::File::open(&lock).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    let r = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&held),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    };
+    assert_eq!(
+        r, 0,
+        "the earlier node's lock is free once it and its workers are gone"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
+        .args(["serve", "--listen", &format!("unix:{}", sock.display())])
+        .args(["--devices", "emu:1:1GiB"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("still running") && err.contains(&std::process::id().to_string()),
+        "{err}"
+    );
+    assert!(!sock.exists(), "the refused node leaves no socket behind");
+    drop(held);
+    let mut node = serve(&sock, &log);
+    wait_for("a node starts once the lock is free", 20, || {
         Connection::query_status(&addr, String::new()).is_ok()
     });
     kill(node.id(), libc::SIGTERM);

@@ -11,6 +11,7 @@
 pub mod admin;
 mod devices;
 mod ledger;
+pub mod lifecycle;
 pub mod queue;
 pub mod scheduler;
 mod spawn;
@@ -200,6 +201,23 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
         listeners.push(l);
     }
     admin::warn_if_open_tcp(&config.tokens, &listeners);
+    // After binding (which refuses a live socket and anything that is not a socket): no
+    // worker of an earlier node on these sockets may still be running.
+    let sockets: Vec<std::path::PathBuf> = listeners
+        .iter()
+        .filter_map(|l| match l {
+            gpufuse_transport::Listener::Unix(_, p) => Some(p.clone()),
+            gpufuse_transport::Listener::Tcp(_) => None,
+        })
+        .collect();
+    lifecycle::lock_sockets(&sockets).map_err(|source| NodeError::Listen {
+        addr: sockets
+            .iter()
+            .map(|p| format!("unix:{}", p.display()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        source,
+    })?;
     shutdown_on_signals(&listeners, &state)?;
     let config = Arc::new(config);
     let handshakes = Arc::new(AtomicUsize::new(0));
@@ -302,11 +320,28 @@ fn shutdown_on_signals(
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
             let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
-            let sessions = lock(&state).sessions.len();
-            tracing::info!("{name}: shutting down; ending {sessions} session(s)");
+            let workers: Vec<u32> = lock(&state)
+                .sessions
+                .values()
+                .map(|s| s.worker_pid)
+                .filter(|&p| p != 0)
+                .collect();
+            tracing::info!("{name}: shutting down; ending {} session(s)", workers.len());
             for p in &sockets {
                 let _ = std::fs::remove_file(p);
             }
+            // Sessions end now, not only when the parent-death signal reaches their workers:
+            // each worker is told to stop, and its session is released as it exits.
+            for &pid in &workers {
+                // SAFETY: sending a signal has no memory-safety preconditions; the pid is a
+                // worker this node started and has not reaped (its control thread waits on it).
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(3);
+            while !lock(&state).sessions.is_empty() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            tracing::info!("{name}: stopped");
             std::process::exit(0);
         }
     });

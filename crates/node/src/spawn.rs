@@ -75,11 +75,20 @@ pub fn run_worker(
     // leave workers holding device memory that no ledger shows. PR_SET_PDEATHSIG fires when
     // the thread that spawned the child exits; this thread serves the worker's control socket
     // until the worker exits, so it outlives it.
-    // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork and exec.
+    // The worker also keeps the node lock (`lifecycle.rs`) until it exits: a node restarted on
+    // the same socket refuses to start while a worker of this one still holds device memory.
+    let inherited = crate::lifecycle::inherited_fds();
+    // SAFETY: prctl, getppid and fcntl are async-signal-safe; nothing else runs between fork
+    // and exec.
     unsafe {
         use std::os::unix::process::CommandExt;
         let parent = libc::getpid();
         cmd.pre_exec(move || {
+            for &fd in &inherited {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }

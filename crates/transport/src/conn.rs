@@ -92,6 +92,33 @@ fn recv_now(stream: &Stream, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
+/// Whether the socket's peer has closed its end, waiting up to `timeout_ms` (-1: for ever)
+/// without reading anything.
+#[allow(unsafe_code)]
+fn poll_hang_up(fd: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fds = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: `fds` is one live pollfd for the call; `fd` is borrowed, so open, for it.
+        let n = unsafe { libc::poll(&mut fds, 1, timeout_ms) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        let gone = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
+        return n == 1 && fds.revents & gone != 0;
+    }
+}
+
+/// Waits until the peer of socket `fd` closes its end (exits or is killed); reads nothing, so
+/// another thread may go on using the socket.
+pub fn wait_for_hang_up(fd: std::os::fd::BorrowedFd<'_>) {
+    while !poll_hang_up(fd, -1) {}
+}
+
 /// One blocking read of at least a byte; the peer closing is [`TransportError::Closed`].
 fn read_some(stream: &mut Stream, buf: &mut [u8]) -> Result<usize, TransportError> {
     loop {
@@ -129,21 +156,13 @@ pub struct Conn {
 impl Conn {
     /// Whether the peer has closed its end (it exited or was killed), without reading:
     /// frames it sent before may still be buffered. A non-blocking `poll`.
-    #[allow(unsafe_code)]
     pub fn peer_hung_up(&self) -> bool {
-        use std::os::fd::AsRawFd;
+        use std::os::fd::AsFd;
         let fd = match &self.stream {
-            Stream::Unix(s) => s.as_raw_fd(),
-            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_fd(),
+            Stream::Tcp(s) => s.as_fd(),
         };
-        let mut fds = libc::pollfd {
-            fd,
-            events: libc::POLLRDHUP,
-            revents: 0,
-        };
-        // SAFETY: `fds` is one live pollfd for the call; `fd` is the open socket `self` owns.
-        let n = unsafe { libc::poll(&mut fds, 1, 0) };
-        n == 1 && fds.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+        poll_hang_up(fd, 0)
     }
 
     pub fn new(stream: Stream) -> Self {

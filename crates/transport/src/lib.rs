@@ -9,10 +9,10 @@
 //! application process.
 
 #![deny(unsafe_code)] // allowed twice in conn.rs: `recv_now`, a non-blocking read, and
-                      // `peer_hung_up`, a non-blocking poll
+                      // `poll_hang_up`, a poll that reads nothing
 
 mod address;
 mod conn;
 
 pub use address::{Address, AddressError, Listener};
-pub use conn::{Conn, Stream, TransportError};
+pub use conn::{wait_for_hang_up, Conn, Stream, TransportError};
