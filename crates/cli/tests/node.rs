@@ -924,3 +924,97 @@ fn a_dead_clients_queued_launches_are_dropped() {
         status(&s).sessions.is_empty()
     });
 }
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: sending a signal has no memory-safety preconditions.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+/// Runs `f` on its own thread and fails the test (instead of hanging it) if it does not
+/// return within a generous bound.
+fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("hung: {what}"))
+}
+
+/// A stopped worker (SIGSTOP) used to hang its client's synchronous calls for ever, reads and
+/// writes alike; now a call that hears nothing from the worker for the call timeout fails with
+/// a clear error (CUDA_ERROR_DEVICE_UNAVAILABLE to the application), and so does every later
+/// call, at once.
+#[test]
+fn a_stopped_worker_is_an_error_not_a_hang() {
+    use gpufuse_client::ClientError;
+    let s = start("stopped", "emu:1:1GiB");
+    let mut a = session(&s, None);
+    alloc(&mut a, 1 << 20);
+    let mut b = session(&s, None);
+    let p = alloc(&mut b, 16 << 20);
+    let workers: Vec<u32> = status(&s).sessions.iter().map(|x| x.worker_pid).collect();
+    assert_eq!(workers.len(), 2);
+    for &w in &workers {
+        signal(w, libc::SIGSTOP);
+    }
+    // A read: the reply never comes.
+    let (a, e) = within("a synchronous call to a stopped worker", move || {
+        a.set_call_timeout(Duration::from_secs(1));
+        let e = a.call(&Request::CtxSynchronize { ctx: 1 }).unwrap_err();
+        (a, e)
+    });
+    assert!(matches!(e, ClientError::Hung { .. }), "{e:?}");
+    assert_eq!(e.status(), 46, "CUDA_ERROR_DEVICE_UNAVAILABLE");
+    assert!(e.to_string().contains("GPUFUSE_CALL_TIMEOUT"), "{e}");
+    let (_a, later) = within("a later call", move || {
+        let mut a = a;
+        let e = a.call(&Request::Ping).unwrap_err();
+        (a, e)
+    });
+    assert_eq!(later.status(), 46, "{later:?}");
+    // A write: 16 MiB cannot all go into the socket of a worker that does not read.
+    let e = within("a large copy to a stopped worker", move || {
+        b.set_call_timeout(Duration::from_secs(1));
+        let data = vec![7u8; 16 << 20];
+        b.quiet_with_tail(
+            &Request::MemcpyHtoD {
+                dst: p,
+                stream: 0,
+                data: &[],
+            },
+            &data,
+        )
+        .and_then(|()| b.call(&Request::Ping).map(|_| ()))
+        .unwrap_err()
+    });
+    assert!(matches!(e, ClientError::Hung { .. }), "{e:?}");
+    for &w in &workers {
+        signal(w, libc::SIGCONT);
+    }
+}
+
+/// The call timeout is about silence, not the call's length: a worker busy with kernels for
+/// longer than the timeout sends heartbeats, and the call waits for it.
+#[test]
+fn a_long_call_outlives_the_call_timeout_on_heartbeats() {
+    use gpufuse_proto::Qos;
+    let s = start("heartbeat", "emu:1:1GiB");
+    let mut c = compute_session(&s, None, Qos::Low).unwrap();
+    // Four heartbeat intervals.
+    let timeout = Duration::from_secs(1);
+    c.set_call_timeout(timeout);
+    let started = Instant::now();
+    let (c, r) = within("a long synchronize", move || {
+        for _ in 0..12 {
+            spin(&mut c, 200_000);
+        }
+        let r = c.call(&Request::CtxSynchronize { ctx: 1 });
+        (c, r)
+    });
+    let took = started.elapsed();
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!({ c }.take_async_error(), None);
+    // Otherwise the kernels were too short for this test to show anything.
+    assert!(took > 2 * timeout, "the kernels ran {took:?}");
+}

@@ -38,13 +38,32 @@ pub struct Accepted {
 /// default. A peer that accepts and never answers (a stopped server, an unrelated listener)
 /// becomes a clear error instead of a hang.
 fn hello_timeout() -> std::time::Duration {
-    std::env::var("GPUFUSE_HELLO_TIMEOUT")
+    seconds_from_env("GPUFUSE_HELLO_TIMEOUT", 10)
+}
+
+/// How long a session's call may go without hearing from its worker before it fails:
+/// `GPUFUSE_CALL_TIMEOUT` seconds, 30 by default. Not a deadline for the call: a worker that
+/// is busy (a long kernel, a wait for the device) sends a heartbeat every 250 ms, so only a
+/// stopped or wedged worker (or node on its way) is given up on.
+fn call_timeout() -> std::time::Duration {
+    seconds_from_env("GPUFUSE_CALL_TIMEOUT", 30)
+}
+
+fn seconds_from_env(name: &str, default: u64) -> std::time::Duration {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
         .filter(|s| s.is_finite() && *s > 0.0)
-        .map_or(std::time::Duration::from_secs(10), |s| {
+        .map_or(std::time::Duration::from_secs(default), |s| {
             std::time::Duration::from_secs_f64(s.min(86_400.0))
         })
+}
+
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 fn no_answer(e: gpufuse_transport::TransportError, timeout: std::time::Duration) -> ClientError {
@@ -73,6 +92,8 @@ pub struct Connection {
     next_tag: u64,
     /// The first failure of a quiet call, reported by the next synchronizing call.
     async_error: Option<CUresult>,
+    /// How long a call may go without hearing from the worker ([`call_timeout`]).
+    silence: std::time::Duration,
 }
 
 impl Connection {
@@ -97,6 +118,7 @@ impl Connection {
             pending_copies: HashMap::new(),
             next_tag: 1,
             async_error: None,
+            silence: call_timeout(),
         };
         let mut frame = Vec::new();
         encode_frame(&mut frame, FrameKind::Hello, 0, 0, hello);
@@ -108,7 +130,7 @@ impl Connection {
         // The answer is copied out of the connection's buffer so the deadline can be cleared.
         let (header, body) = c.conn.recv().map_err(|e| no_answer(e, timeout))?;
         let (header, body) = (header, body.to_vec());
-        let _ = c.conn.stream().set_read_timeout(None);
+        c.set_call_timeout(c.silence);
         let body = body.as_slice();
         if header.kind != FrameKind::HelloReply {
             return Err(ClientError::Protocol(
@@ -184,6 +206,41 @@ impl Connection {
         }
     }
 
+    /// How long a call may go without hearing from the worker before it fails with
+    /// [`ClientError::Hung`] (`GPUFUSE_CALL_TIMEOUT` sets it at connect).
+    pub fn set_call_timeout(&mut self, t: std::time::Duration) {
+        self.silence = t;
+        let _ = self.conn.stream().set_read_timeout(Some(t));
+        let _ = self.conn.stream().set_write_timeout(Some(t));
+    }
+
+    /// The error for a failed read or write of the session's connection. Silence past the
+    /// call timeout leaves the connection between frames: it is shut down, so every later
+    /// call fails at once instead of waiting again.
+    fn lost(&self, e: gpufuse_transport::TransportError) -> ClientError {
+        match &e {
+            gpufuse_transport::TransportError::Io(io) if timed_out(io) => {
+                self.conn.stream().shutdown();
+                ClientError::Hung {
+                    secs: self.silence.as_secs_f64(),
+                }
+            }
+            _ => ClientError::Lost(e),
+        }
+    }
+
+    /// The header of the next frame that is not a heartbeat (those only say the worker is
+    /// alive while it works; receiving them is what keeps a long call from timing out).
+    fn next_reply_header(&mut self) -> Result<gpufuse_proto::FrameHeader, ClientError> {
+        loop {
+            let header = self.conn.peek_header().map_err(|e| self.lost(e))?;
+            if header.kind != FrameKind::Heartbeat {
+                return Ok(header);
+            }
+            self.conn.skip_frame().map_err(|e| self.lost(e))?;
+        }
+    }
+
     /// Queues a quiet request; it is sent with the next flush.
     pub fn quiet(&mut self, req: &Request) -> Result<(), ClientError> {
         debug_assert!(req.is_quiet(), "{req:?} is not quiet");
@@ -217,9 +274,7 @@ impl Connection {
             return Ok(());
         }
         self.flush()?;
-        self.conn
-            .send(tail)
-            .map_err(|e| ClientError::Lost(e.into()))
+        self.conn.send(tail).map_err(|e| self.lost(e.into()))
     }
 
     /// Sends every queued quiet request.
@@ -227,10 +282,7 @@ impl Connection {
         if self.out.is_empty() {
             return Ok(());
         }
-        let r = self
-            .conn
-            .send(&self.out)
-            .map_err(|e| ClientError::Lost(e.into()));
+        let r = self.conn.send(&self.out).map_err(|e| self.lost(e.into()));
         self.out.clear();
         if self.out.capacity() > 4 * FLUSH_BYTES {
             self.out.shrink_to(FLUSH_BYTES + 4096);
@@ -259,25 +311,31 @@ impl Connection {
     pub fn call_read_into(&mut self, req: &Request, dst: &mut [u8]) -> Result<(), ClientError> {
         let id = self.send_request(req)?;
         // A large reply is decoded from its head and its data received straight into `dst`.
-        let header = self.conn.peek_header().map_err(ClientError::Lost)?;
+        let header = self.next_reply_header()?;
         let head_len = (header.len as usize).saturating_sub(dst.len());
         if header.kind == FrameKind::Reply
             && header.request_id == id
             && dst.len() >= DIRECT_READ
             && (1..=MAX_DIRECT_HEAD).contains(&head_len)
         {
-            let head = self.conn.peek_body(head_len).map_err(ClientError::Lost)?;
+            let head = match self.conn.peek_body(head_len) {
+                Ok(head) => head,
+                Err(e) => return Err(self.lost(e)),
+            };
             if let Some(reply) = gpufuse_proto::decode_head::<Reply>(head, dst.len()) {
                 if reply.status == 0 && reply.body == gpufuse_proto::ReplyBody::Data(Vec::new()) {
-                    self.conn
-                        .recv_tail_into(head_len, dst)
-                        .map_err(ClientError::Lost)?;
+                    if let Err(e) = self.conn.recv_tail_into(head_len, dst) {
+                        return Err(self.lost(e));
+                    }
                     self.absorb(reply);
                     return Ok(());
                 }
             }
         }
-        let (header, body) = self.conn.recv().map_err(ClientError::Lost)?;
+        let (header, body) = match self.conn.recv() {
+            Ok(frame) => frame,
+            Err(e) => return Err(self.lost(e)),
+        };
         if header.kind != FrameKind::Reply || header.request_id != id {
             return Err(ClientError::UnexpectedReply);
         }
@@ -331,7 +389,11 @@ impl Connection {
     pub fn call_raw(&mut self, req: &Request) -> Result<Reply, ClientError> {
         debug_assert!(!req.is_quiet(), "{req:?} is quiet");
         let id = self.send_request(req)?;
-        let (header, body) = self.conn.recv().map_err(ClientError::Lost)?;
+        self.next_reply_header()?;
+        let (header, body) = match self.conn.recv() {
+            Ok(frame) => frame,
+            Err(e) => return Err(self.lost(e)),
+        };
         if header.kind != FrameKind::Reply || header.request_id != id {
             return Err(ClientError::UnexpectedReply);
         }

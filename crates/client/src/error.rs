@@ -23,6 +23,11 @@ pub enum ClientError {
          server?); GPUFUSE_HELLO_TIMEOUT sets the wait in seconds"
     )]
     NoAnswer { secs: f64 },
+    #[error(
+        "the gpufuse worker sent nothing for {secs} s while a call waited (a stopped worker or \
+         server?); GPUFUSE_CALL_TIMEOUT sets the wait in seconds"
+    )]
+    Hung { secs: f64 },
     #[error("unexpected answer from the gpufuse server")]
     Protocol(#[source] gpufuse_proto::ProtoError),
     #[error("unexpected reply body")]
@@ -41,6 +46,7 @@ impl ClientError {
             | ClientError::Refused(_) => status::NO_DEVICE,
             ClientError::Lost(_)
             | ClientError::NoAnswer { .. }
+            | ClientError::Hung { .. }
             | ClientError::Protocol(_)
             | ClientError::UnexpectedReply => status::DEVICE_UNAVAILABLE,
             ClientError::Cuda(s) => *s,

@@ -5,7 +5,7 @@ use crate::ProtoError;
 /// "GFUS" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
 /// Bumped on any incompatible change to the header or to a message.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 /// Largest body accepted from the wire. A 64 MiB copy chunk plus its envelope fits.
 pub const MAX_BODY_LEN: u32 = 64 * 1024 * 1024 + 64 * 1024;
 /// Host-to-device copies larger than this are split into several requests.
@@ -23,6 +23,10 @@ pub enum FrameKind {
     Request = 3,
     /// A [`crate::Reply`] to the request with the same id.
     Reply = 4,
+    /// No body: the worker is alive and working on the client's requests. Sent every 250 ms
+    /// while it is busy, so a client waiting on a long kernel can tell it from a stopped
+    /// worker; clients skip it wherever they read a reply.
+    Heartbeat = 5,
 }
 
 impl FrameKind {
@@ -32,6 +36,7 @@ impl FrameKind {
             2 => Self::HelloReply,
             3 => Self::Request,
             4 => Self::Reply,
+            5 => Self::Heartbeat,
             other => return Err(ProtoError::UnknownFrameKind(other)),
         })
     }

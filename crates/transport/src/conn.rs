@@ -23,6 +23,23 @@ impl Stream {
         }
     }
 
+    /// A deadline for each write (`None`: wait for ever). [`Conn::send`] goes on past it
+    /// while the peer is heard from (it sends heartbeats while busy).
+    pub fn set_write_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+
+    /// A second handle to the same socket (a thread that writes heartbeats).
+    pub fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+
     /// The descriptor, to hand the connection to another process.
     pub fn into_fd(self) -> OwnedFd {
         match self {
@@ -184,9 +201,31 @@ impl Conn {
         self.stream
     }
 
-    /// Writes pre-encoded frames.
+    /// Writes pre-encoded frames. With a write deadline set ([`Stream::set_write_timeout`]),
+    /// a write that waits past it fails only if the peer has sent nothing meanwhile: a peer
+    /// that is busy (a long kernel) sends heartbeats and does not read, a stopped one neither.
+    /// What it sent is kept for the next [`Conn::recv`].
     pub fn send(&mut self, frames: &[u8]) -> io::Result<()> {
-        self.stream.write_all(frames)
+        let mut rest = frames;
+        while !rest.is_empty() {
+            match self.stream.write(rest) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => rest = &rest[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if !self.take_available()? {
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Reads the next frame. The body borrows the connection's buffer until the next call.
@@ -280,21 +319,27 @@ impl Conn {
     }
 
     /// Reads what the socket holds now, without blocking (one `recv` with `MSG_DONTWAIT`).
-    fn take_available(&mut self) -> io::Result<()> {
+    /// Whether the peer was heard from: bytes came, or the buffer is full of its frames.
+    fn take_available(&mut self) -> io::Result<bool> {
         if self.end == self.buf.len() {
             if self.start == 0 {
-                return Ok(()); // a frame larger than the buffer is on its way
+                return Ok(true); // a frame larger than the buffer is on its way
             }
             self.compact();
         }
         match recv_now(&self.stream, &mut self.buf[self.end..]) {
-            Ok(n) => self.end += n, // 0: the peer closed; recv reports it
+            Ok(n) => {
+                self.end += n; // 0: the peer closed; recv reports it
+                Ok(n > 0)
+            }
             Err(e)
                 if e.kind() == io::ErrorKind::WouldBlock
-                    || e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+                    || e.kind() == io::ErrorKind::Interrupted =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
         }
-        Ok(())
     }
 
     /// Makes at least `need` bytes available from `start`.

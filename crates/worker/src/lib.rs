@@ -14,6 +14,7 @@
 //! `Ex`, cooperative, graph replays) arrives here as a `LaunchKernel` request.
 
 pub mod control;
+pub mod heartbeat;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
@@ -811,8 +812,11 @@ pub fn serve(
         },
     );
     conn.send(&out).map_err(TransportError::from)?;
+    let beat =
+        heartbeat::Heartbeat::start(conn.stream().try_clone().map_err(TransportError::from)?)
+            .map_err(TransportError::from)?;
     let mut session = Session::new(device, ledger, limit);
-    let result = run(&mut conn, &mut session, &mut out);
+    let result = run(&mut conn, &mut session, &mut out, &beat);
     session.release_all();
     match result {
         Err(WorkerError::Transport(TransportError::Closed)) => Ok(()),
@@ -837,7 +841,12 @@ pub fn refuse(mut conn: Conn, reason: String) -> Result<(), WorkerError> {
 /// How often, at most, the worker looks whether its client is gone while launches arrive.
 const HANGUP_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
 
-fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), WorkerError> {
+fn run(
+    conn: &mut Conn,
+    session: &mut Session,
+    out: &mut Vec<u8>,
+    beat: &heartbeat::Heartbeat,
+) -> Result<(), WorkerError> {
     let mut last_check = std::time::Instant::now();
     loop {
         // A client that died with launches still queued in the socket: its work is dropped at
@@ -850,7 +859,10 @@ fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), 
                 return Err(WorkerError::Transport(TransportError::Closed));
             }
         }
+        // Idle while waiting for the client (no heartbeats), busy from its next frame on.
+        beat.busy(conn.has_frame());
         let header = conn.peek_header()?;
+        beat.busy(true);
         if header.kind == FrameKind::Request && header.is_quiet() && header.len >= DIRECT_HTOD {
             if let Some((dst, stream, len, head)) = gpufuse_proto::htod_prefix(conn.peek_body(32)?)
             {
@@ -888,6 +900,7 @@ fn run(conn: &mut Conn, session: &mut Session, out: &mut Vec<u8>) -> Result<(), 
             session.end_lease();
         }
         if let Some(mut reply) = reply {
+            let _writing = beat.writing();
             out.clear();
             if let Some((src, size)) = session.view.take() {
                 if reply.status == 0 {

@@ -27,8 +27,10 @@ pub fn client_err(e: gpufuse_client::ClientError) -> CUresult {
     // A lost connection fails every later call the same way: say why once, on stderr, as the
     // failed connect is reported.
     static LOST_REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if matches!(e, gpufuse_client::ClientError::Lost(_))
-        && !LOST_REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed)
+    if matches!(
+        e,
+        gpufuse_client::ClientError::Lost(_) | gpufuse_client::ClientError::Hung { .. }
+    ) && !LOST_REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed)
     {
         let cause = std::error::Error::source(&e).map_or(String::new(), |s| format!(" ({s})"));
         eprintln!(
