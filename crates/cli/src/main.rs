@@ -21,7 +21,10 @@ Logging: `gpufuse serve` and its workers log to stderr at level info. Set GPUFUS
 it: GPUFUSE_LOG=debug, GPUFUSE_LOG=warn, or per module, e.g. GPUFUSE_LOG=info,gpufuse_node=debug
 (tracing's EnvFilter syntax). Colour is used only when stderr is a terminal and NO_COLOR is unset.
 
-Environment: GPUFUSE_SERVER (--server), GPUFUSE_TOKEN (--token), GPUFUSE_LOG (log level).";
+Environment: GPUFUSE_SERVER (--server), GPUFUSE_TOKEN (--token), GPUFUSE_LOG (log level),
+GPUFUSE_HELLO_TIMEOUT (seconds a client waits for the server's answer to its hello; 10),
+GPUFUSE_CALL_TIMEOUT (seconds a CUDA call may hear nothing from its worker, which sends a
+heartbeat every 250 ms while it works; 30).";
 
 #[derive(Parser)]
 #[command(
