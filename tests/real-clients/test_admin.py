@@ -68,3 +68,43 @@ def test_kill_ends_a_session_frees_its_memory_and_the_program_sees_a_cuda_error(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_stopped_worker_is_a_cuda_error_not_a_hang(programs, server):
+    """A libcudart program whose worker stops (SIGSTOP) used to hang in its next synchronizing
+    call for ever; with GPUFUSE_CALL_TIMEOUT it gets a CUDA error once the worker has been
+    silent that long, and the shim says why."""
+    import os
+    import signal
+    env = dict(programs.env, GPUFUSE_CALL_TIMEOUT="2")
+    proc = subprocess.Popen(client_argv(server.unix, [programs.rt[13], "hold_until_stdin"]),
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    worker = None
+    try:
+        _wait_for_ready(proc, timeout=60)
+        listed = _gpufuse("sessions", "--server", server.unix, "--json")
+        assert listed.returncode == 0, listed.stderr
+        ours = [s for s in json.loads(listed.stdout) if s["pid"] == proc.pid]
+        assert len(ours) == 1, listed.stdout
+        worker = ours[0]["worker_pid"]
+        os.kill(worker, signal.SIGSTOP)
+        out, err = proc.communicate(b"go\n", timeout=60)
+        out, err = out.decode(errors="replace"), err.decode(errors="replace")
+        assert proc.returncode == 0, (out, err)
+        line = next(l for l in out.splitlines() if l.startswith("AFTER"))
+        sync = line.split()[2].split("=")[1]
+        assert sync == "cudaErrorDevicesUnavailable", (line, err)
+        assert "GPUFUSE_CALL_TIMEOUT" in err, err
+    finally:
+        if worker is not None:
+            os.kill(worker, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Continued, the worker finds its client gone and the session ends.
+    import time
+    deadline = time.monotonic() + 30
+    while any(s["pid"] == proc.pid for s in server.status()["sessions"]):
+        assert time.monotonic() < deadline, server.status()["sessions"]
+        time.sleep(0.1)

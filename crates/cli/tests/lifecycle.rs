@@ -291,3 +291,30 @@ fn a_restarted_node_refuses_while_workers_of_the_earlier_one_live() {
     let _ = node.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `gpufuse run` against a TCP listener that accepts and never answers (a stopped server, an
+/// unrelated program): a message and a non-zero exit, and the program is not started.
+#[test]
+fn run_gives_up_on_a_silent_tcp_peer() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = std::thread::spawn(move || {
+        let conns: Vec<_> = listener.incoming().take(1).collect();
+        std::thread::sleep(Duration::from_secs(5));
+        drop(conns);
+    });
+    let dir = temp_dir("silent-run");
+    let marker = dir.join("started");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
+        .args(["run", "--server", &format!("tcp:{addr}"), "--", "touch"])
+        .arg(&marker)
+        .env("GPUFUSE_HELLO_TIMEOUT", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("did not answer"), "{err}");
+    assert!(!marker.exists(), "the program was not started");
+    let _ = held.join();
+    let _ = std::fs::remove_dir_all(&dir);
+}
