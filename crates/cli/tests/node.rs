@@ -1004,9 +1004,16 @@ fn a_long_call_outlives_the_call_timeout_on_heartbeats() {
     // Four heartbeat intervals.
     let timeout = Duration::from_secs(1);
     c.set_call_timeout(timeout);
+    // How long one kernel takes here (debug and release builds differ tenfold): enough of them
+    // that the one synchronize below outlasts the timeout about three times.
+    let t = Instant::now();
+    spin(&mut c, 200_000);
+    c.call(&Request::CtxSynchronize { ctx: 1 }).unwrap();
+    let one = t.elapsed().max(Duration::from_millis(1));
+    let n = (3 * timeout.as_nanos() / one.as_nanos() + 1).min(100_000) as usize;
     let started = Instant::now();
     let (c, r) = within("a long synchronize", move || {
-        for _ in 0..12 {
+        for _ in 0..n {
             spin(&mut c, 200_000);
         }
         let r = c.call(&Request::CtxSynchronize { ctx: 1 });
