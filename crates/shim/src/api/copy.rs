@@ -484,24 +484,30 @@ pub struct Memcpy3D {
 
 const _: () = assert!(std::mem::size_of::<Memcpy3D>() == 200);
 
-/// A 3-D copy as one 2-D copy per slice: slice `z` of linear memory starts `pitch x height`
-/// bytes after slice `z - 1`, and an array's slices follow each other in its rows.
-fn copy3d(p: &Memcpy3D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
+/// Rows per slice of each side of a 3-D copy, (source, destination): an array's own height,
+/// or the copy's `srcHeight`/`dstHeight` (at least its `Height`). Mipmap levels are refused.
+/// Slice `z` of linear memory starts `pitch x rows` bytes after slice `z - 1`, and an array's
+/// slices follow each other in its rows.
+pub(crate) fn slice_rows(g: &Inner, p: &Memcpy3D) -> Result<(usize, usize), CUresult> {
     if p.src_lod != 0 || p.dst_lod != 0 {
         return Err(INVALID_VALUE);
     }
-    let rows_per_slice =
-        |kind: c_int, array: *mut c_void, height: usize| -> Result<usize, CUresult> {
-            if kind == MEM_ARRAY {
-                let s = session()?;
-                let a = crate::api::array::array(&s.lock(), array)?;
-                Ok(a.height.max(1) as usize)
-            } else {
-                Ok(height.max(p.height))
-            }
-        };
-    let src_rows = rows_per_slice(p.src_memory_type, p.src_array, p.src_height)?;
-    let dst_rows = rows_per_slice(p.dst_memory_type, p.dst_array, p.dst_height)?;
+    let rows = |kind: c_int, array: *mut c_void, height: usize| {
+        if kind == MEM_ARRAY {
+            crate::api::array::array(g, array).map(|a| a.height.max(1) as usize)
+        } else {
+            Ok(height.max(p.height))
+        }
+    };
+    Ok((
+        rows(p.src_memory_type, p.src_array, p.src_height)?,
+        rows(p.dst_memory_type, p.dst_array, p.dst_height)?,
+    ))
+}
+
+/// A 3-D copy as one 2-D copy per slice ([`slice_rows`]).
+fn copy3d(p: &Memcpy3D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
+    let (src_rows, dst_rows) = slice_rows(&session()?.lock(), p)?;
     for z in 0..p.depth.max(1) {
         let slice = Memcpy2D {
             src_x_in_bytes: p.src_x_in_bytes,

@@ -4,12 +4,12 @@
 //! added is a valid order to replay them in; replay is sequential on the launch stream.
 //! A 2-D or 3-D copy becomes one copy per row; a 2-D memset one memset per row.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_uint, c_void};
 
 use gpufuse_client::graph::Op;
 use gpufuse_client::state::Inner;
 
-use crate::api::copy::{side, Memcpy3D, MEM_ARRAY};
+use crate::api::copy::{side, slice_rows, Memcpy3D};
 use crate::api::graph::CUgraph;
 use crate::api::launch::pack;
 use crate::api::module::h;
@@ -138,21 +138,11 @@ pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
 
 /// One operation per row of a 3-D copy (host-to-host copies have no operation: refused).
 fn copy_ops(g: &Inner, p: &Memcpy3D) -> Result<Vec<Op>, CUresult> {
-    if p.src_lod != 0 || p.dst_lod != 0 {
-        return Err(INVALID_VALUE);
-    }
-    let (w, rows, slices) = (p.width_in_bytes, p.height.max(1), p.depth.max(1));
-    let rows_per_slice = |kind: c_int, array: *mut c_void, height: usize| {
-        if kind == MEM_ARRAY {
-            crate::api::array::array(g, array).map(|a| a.height.max(1) as usize)
-        } else {
-            Ok(height.max(rows))
-        }
-    };
-    let src_rows = rows_per_slice(p.src_memory_type, p.src_array, p.src_height)?;
-    let dst_rows = rows_per_slice(p.dst_memory_type, p.dst_array, p.dst_height)?;
+    let (src_rows, dst_rows) = slice_rows(g, p)?;
+    let (w, rows, slices) = (p.width_in_bytes, p.height, p.depth.max(1));
     let mut ops = Vec::new();
-    if w == 0 {
+    // As `cuMemcpy3D` itself: an empty extent copies nothing.
+    if w == 0 || rows == 0 {
         return Ok(ops);
     }
     for z in 0..slices {
