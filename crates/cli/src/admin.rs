@@ -8,6 +8,8 @@ use gpufuse_proto::{ServerHello, SessionKind};
 pub struct SessionsArgs {
     #[arg(long, env = "GPUFUSE_SERVER")]
     server: gpufuse_transport::Address,
+    #[command(flatten)]
+    pub tls: crate::tls::ClientTlsArgs,
     #[arg(long, env = "GPUFUSE_TOKEN", default_value = "")]
     token: String,
     /// Print JSON (a list of sessions).
@@ -20,6 +22,8 @@ pub struct KillArgs {
     #[arg(long, env = "GPUFUSE_SERVER")]
     server: gpufuse_transport::Address,
     /// On a node that checks tokens, a token of the session's own tenant.
+    #[command(flatten)]
+    pub tls: crate::tls::ClientTlsArgs,
     #[arg(long, env = "GPUFUSE_TOKEN", default_value = "")]
     token: String,
     /// The session's id, as `gpufuse sessions` lists it.

@@ -3,6 +3,7 @@
 mod admin;
 mod run;
 mod status;
+mod tls;
 mod token;
 mod worker;
 
@@ -24,7 +25,8 @@ it: GPUFUSE_LOG=debug, GPUFUSE_LOG=warn, or per module, e.g. GPUFUSE_LOG=info,gp
 Environment: GPUFUSE_SERVER (--server), GPUFUSE_TOKEN (--token), GPUFUSE_LOG (log level),
 GPUFUSE_HELLO_TIMEOUT (seconds a client waits for the server's answer to its hello; 10),
 GPUFUSE_CALL_TIMEOUT (seconds a CUDA call may hear nothing from its worker, which sends a
-heartbeat every 250 ms while it works; 30).";
+heartbeat every 250 ms while it works; 30), GPUFUSE_TLS_CA, GPUFUSE_TLS_CERT, GPUFUSE_TLS_KEY
+(--tls-ca, --tls-cert, --tls-key of clients reaching tcp+tls: servers).";
 
 #[derive(Parser)]
 #[command(
@@ -56,6 +58,8 @@ enum Command {
     Kill(admin::KillArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions(admin::CompletionsArgs),
+    /// Make a CA, a server certificate and a client certificate for tcp+tls: listeners.
+    Certs(tls::CertsArgs),
     /// Print gpufuse's man page (roff) to stdout: `gpufuse man | man -l -`; `gpufuse man serve`
     /// prints gpufuse-serve(1).
     Man(admin::ManArgs),
@@ -66,7 +70,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// unix:PATH or tcp:HOST:PORT; may be given several times.
+    /// unix:PATH, tcp:HOST:PORT or tcp+tls:HOST:PORT (with --tls-cert and --tls-key); may be
+    /// given several times.
     #[arg(long, required = true)]
     listen: Vec<gpufuse_transport::Address>,
     /// auto | emu:N[:SIZE] | cuda
@@ -79,6 +84,8 @@ struct ServeArgs {
     /// elastic: shares divide a busy device, and idle capacity goes to whoever wants it.
     #[arg(long, default_value = "elastic")]
     compute_policy: gpufuse_proto::ComputePolicy,
+    #[command(flatten)]
+    tls: tls::ServerTlsArgs,
 }
 
 /// Logs go to stderr, coloured only on a terminal and without `NO_COLOR` (no escape codes in
@@ -128,16 +135,31 @@ fn run_cli() -> anyhow::Result<()> {
                 tokens,
                 worker_exe: std::env::current_exe()?,
                 compute_policy: a.compute_policy,
+                tls: a.tls.load()?,
+                client_certs: a.tls.requires_client_certs(),
             };
             gpufuse_node::serve(config)?;
             Ok(())
         }
-        Command::Run(a) => run::run(a),
-        Command::Status(a) => status::status(a),
+        Command::Run(a) => {
+            a.tls.export()?;
+            run::run(a)
+        }
+        Command::Status(a) => {
+            a.tls.export()?;
+            status::status(a)
+        }
         Command::Token(a) => token::token(a),
-        Command::Sessions(a) => admin::sessions(a),
-        Command::Kill(a) => admin::kill(a),
+        Command::Sessions(a) => {
+            a.tls.export()?;
+            admin::sessions(a)
+        }
+        Command::Kill(a) => {
+            a.tls.export()?;
+            admin::kill(a)
+        }
         Command::Completions(a) => admin::completions(a),
+        Command::Certs(a) => tls::certs(a),
         Command::Man(a) => admin::man(a),
         Command::Worker(a) => {
             init_logs();

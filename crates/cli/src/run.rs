@@ -30,6 +30,8 @@ pub struct RunArgs {
     /// low | medium | high | critical
     #[arg(long)]
     qos: Option<Qos>,
+    #[command(flatten)]
+    pub tls: crate::tls::ClientTlsArgs,
     #[arg(long, env = "GPUFUSE_TOKEN")]
     token: Option<String>,
     /// Start the program without asking the node first whether it would admit the session.

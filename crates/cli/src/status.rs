@@ -6,6 +6,8 @@ use gpufuse_proto::DeviceKind;
 pub struct StatusArgs {
     #[arg(long, env = "GPUFUSE_SERVER")]
     server: gpufuse_transport::Address,
+    #[command(flatten)]
+    pub tls: crate::tls::ClientTlsArgs,
     #[arg(long, env = "GPUFUSE_TOKEN", default_value = "")]
     token: String,
     /// Print JSON.

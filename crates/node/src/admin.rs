@@ -136,17 +136,27 @@ pub fn end(
     ServerHello::Ended { session: id }
 }
 
-/// Warns when a TCP listener runs without authentication: anyone who can reach it may run
-/// code on the node's devices, see every session and end them.
-pub fn warn_if_open_tcp(tokens: &TokenPolicy, listeners: &[gpufuse_transport::Listener]) {
-    if !matches!(tokens, TokenPolicy::Open) {
-        return;
-    }
+/// Warns when a TCP listener runs without authentication (anyone who can reach it may run
+/// code on the node's devices, see every session and end them) or without encryption.
+pub fn warn_if_open_tcp(
+    tokens: &TokenPolicy,
+    client_certs: bool,
+    listeners: &[gpufuse_transport::Listener],
+) {
+    use gpufuse_transport::Address;
     for l in listeners {
-        if let Ok(a @ gpufuse_transport::Address::Tcp(_)) = l.local_address() {
-            tracing::warn!(
+        let open = matches!(tokens, TokenPolicy::Open);
+        match l.local_address() {
+            Ok(a @ Address::Tcp(_)) if open => tracing::warn!(
                 "{a} accepts sessions without authentication: anyone who can reach it can use the GPUs and end sessions; pass --token-secret-file (see `gpufuse token`) or listen on a unix socket"
-            );
+            ),
+            Ok(a @ Address::TcpTls(_)) if open && !client_certs => tracing::warn!(
+                "{a} accepts sessions without authentication (TLS encrypts, but any client may connect): pass --token-secret-file (see `gpufuse token`) or --tls-client-ca"
+            ),
+            Ok(a @ Address::Tcp(_)) => tracing::warn!(
+                "{a} is plain TCP: data and session tokens cross the network unencrypted; listen on tcp+tls: (--tls-cert, --tls-key) where the network is not trusted"
+            ),
+            _ => {}
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod admin;
 mod devices;
 mod ledger;
 pub mod lifecycle;
+mod relay;
 pub mod queue;
 pub mod scheduler;
 mod spawn;
@@ -50,6 +51,11 @@ pub struct NodeConfig {
     pub worker_exe: std::path::PathBuf,
     /// Whether compute shares are caps (hard) or divide only a busy device (elastic).
     pub compute_policy: ComputePolicy,
+    /// The identity `tcp+tls:` listeners serve with (`--tls-cert`, `--tls-key`,
+    /// `--tls-client-ca`).
+    pub tls: Option<gpufuse_transport::ServerTls>,
+    /// Whether `tls` requires client certificates.
+    pub client_certs: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +196,7 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
     )));
     let mut listeners = Vec::new();
     for addr in &config.listen {
-        let l = addr.bind().map_err(|source| NodeError::Listen {
+        let l = addr.bind_with(config.tls.as_ref()).map_err(|source| NodeError::Listen {
             addr: addr.to_string(),
             source,
         })?;
@@ -200,14 +206,14 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
         );
         listeners.push(l);
     }
-    admin::warn_if_open_tcp(&config.tokens, &listeners);
+    admin::warn_if_open_tcp(&config.tokens, config.client_certs, &listeners);
     // After binding (which refuses a live socket and anything that is not a socket): no
     // worker of an earlier node on these sockets may still be running.
     let sockets: Vec<std::path::PathBuf> = listeners
         .iter()
         .filter_map(|l| match l {
             gpufuse_transport::Listener::Unix(_, p) => Some(p.clone()),
-            gpufuse_transport::Listener::Tcp(_) => None,
+            gpufuse_transport::Listener::Tcp(_) | gpufuse_transport::Listener::Tls(..) => None,
         })
         .collect();
     lifecycle::lock_sockets(&sockets).map_err(|source| NodeError::Listen {
@@ -265,10 +271,7 @@ fn refuse(conn: &mut Conn, reason: String) {
 }
 
 fn set_timeout(stream: &Stream, t: Option<Duration>) {
-    let _ = match stream {
-        Stream::Unix(s) => s.set_read_timeout(t),
-        Stream::Tcp(s) => s.set_read_timeout(t),
-    };
+    let _ = stream.set_read_timeout(t);
 }
 
 /// Most connections that may be waiting for their hello at once.
@@ -307,7 +310,7 @@ fn shutdown_on_signals(
         .iter()
         .filter_map(|l| match l {
             gpufuse_transport::Listener::Unix(_, p) => Some(p.clone()),
-            gpufuse_transport::Listener::Tcp(_) => None,
+            gpufuse_transport::Listener::Tcp(_) | gpufuse_transport::Listener::Tls(..) => None,
         })
         .collect();
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(|source| {
@@ -351,6 +354,7 @@ fn shutdown_on_signals(
 fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config: &NodeConfig) {
     set_timeout(&stream, Some(HELLO_TIMEOUT));
     let tcp = stream.is_tcp();
+    let tls = stream.is_tls();
     let mut conn = Conn::new(stream);
     let hello: Result<(gpufuse_proto::FrameHeader, &[u8]), TransportError> = conn.recv();
     drop(slot);
@@ -370,6 +374,9 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
                 &mut conn,
                 format!("protocol version mismatch: the server speaks {ours}, the client {theirs}"),
             );
+        }
+        Err(TransportError::Io(e)) if tls => {
+            return tracing::warn!("TLS connection failed before its hello: {e}")
         }
         Err(e) => return tracing::debug!("connection closed before its hello: {e}"),
     };

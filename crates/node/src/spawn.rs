@@ -43,7 +43,7 @@ pub fn run_worker(
             return refuse(&mut conn, format!("cannot start a worker: {e}"));
         }
     };
-    let client_fd: OwnedFd = match conn_into_fd(conn) {
+    let client_fd: OwnedFd = match conn_into_fd(conn, id) {
         Some(fd) => fd,
         None => return release(state, id),
     };
@@ -124,15 +124,31 @@ pub fn run_worker(
     release(state, id);
 }
 
-fn conn_into_fd(conn: Conn) -> Option<OwnedFd> {
+/// The descriptor the worker serves its client on: the client's socket itself, or for TLS one
+/// end of a socket pair whose other end the relay (`relay.rs`) carries to the client.
+fn conn_into_fd(conn: Conn, id: u64) -> Option<OwnedFd> {
     // The hello was the only frame read; nothing the client sent after it is buffered, because
     // a client waits for the hello's answer before it sends requests.
-    let stream = conn_stream(conn)?;
-    Some(stream.into_fd())
-}
-
-fn conn_stream(conn: Conn) -> Option<gpufuse_transport::Stream> {
-    Some(conn.into_stream())
+    match conn.into_stream() {
+        gpufuse_transport::Stream::TlsServer(tls) => {
+            let (worker_end, relay_end) = match UnixStream::pair() {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!("session {id}: cannot start its TLS relay: {e}");
+                    return None;
+                }
+            };
+            std::thread::spawn(move || crate::relay::run(*tls, relay_end, id));
+            Some(worker_end.into())
+        }
+        stream => match stream.into_fd() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::error!("session {id}: cannot hand the connection to a worker: {e}");
+                None
+            }
+        },
+    }
 }
 
 /// Answers ledger and launch-queue requests until the worker closes the socket (exit, crash

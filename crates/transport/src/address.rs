@@ -1,4 +1,4 @@
-//! Endpoint addresses (`unix:PATH`, `tcp:HOST:PORT`) and listeners.
+//! Endpoint addresses (`unix:PATH`, `tcp:HOST:PORT`, `tcp+tls:HOST:PORT`) and listeners.
 
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -6,16 +6,19 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::conn::Stream;
+use crate::tls::{ClientTls, ServerTls};
 
 /// Where a server listens or a client connects.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
     Unix(PathBuf),
     Tcp(String),
+    /// TCP with TLS: the server has a certificate, the client verifies it ([`crate::tls`]).
+    TcpTls(String),
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("bad address {0:?}: expected unix:PATH or tcp:HOST:PORT")]
+#[error("bad address {0:?}: expected unix:PATH, tcp:HOST:PORT or tcp+tls:HOST:PORT")]
 pub struct AddressError(String);
 
 impl FromStr for Address {
@@ -25,12 +28,20 @@ impl FromStr for Address {
             if !p.is_empty() {
                 return Ok(Address::Unix(PathBuf::from(p)));
             }
-        } else if let Some(hp) = s.strip_prefix("tcp:") {
+        } else if let Some((tls, hp)) = s
+            .strip_prefix("tcp:")
+            .map(|hp| (false, hp))
+            .or_else(|| s.strip_prefix("tcp+tls:").map(|hp| (true, hp)))
+        {
             if hp
                 .rsplit_once(':')
                 .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
             {
-                return Ok(Address::Tcp(hp.to_string()));
+                return Ok(if tls {
+                    Address::TcpTls(hp.to_string())
+                } else {
+                    Address::Tcp(hp.to_string())
+                });
             }
         }
         Err(AddressError(s.to_string()))
@@ -42,14 +53,20 @@ impl std::fmt::Display for Address {
         match self {
             Address::Unix(p) => write!(f, "unix:{}", p.display()),
             Address::Tcp(hp) => write!(f, "tcp:{hp}"),
+            Address::TcpTls(hp) => write!(f, "tcp+tls:{hp}"),
         }
     }
 }
 
 impl Address {
-    /// Connects a blocking stream.
+    /// Connects a blocking stream. A `tcp+tls:` address takes its TLS settings from the
+    /// environment ([`ClientTls::from_env`]) and completes the handshake here.
     pub fn connect(&self) -> std::io::Result<Stream> {
         match self {
+            Address::TcpTls(hp) => {
+                let tls = ClientTls::from_env().map_err(std::io::Error::other)?;
+                Ok(Stream::TlsClient(Box::new(tls.connect(hp)?)))
+            }
             Address::Unix(p) => Ok(Stream::Unix(UnixStream::connect(p)?)),
             Address::Tcp(hp) => {
                 let s = TcpStream::connect(hp)?;
@@ -61,8 +78,21 @@ impl Address {
 
     /// Binds a listener. At a unix path, only a stale socket (one nobody answers on) is
     /// replaced: a live socket or anything that is not a socket is an error naming the path.
+    /// A `tcp+tls:` address needs a server identity: see [`Address::bind_with`].
     pub fn bind(&self) -> std::io::Result<Listener> {
+        self.bind_with(None)
+    }
+
+    /// [`Address::bind`], with the TLS identity a `tcp+tls:` listener serves with.
+    pub fn bind_with(&self, tls: Option<&ServerTls>) -> std::io::Result<Listener> {
         match self {
+            Address::TcpTls(hp) => match tls {
+                Some(t) => Ok(Listener::Tls(TcpListener::bind(hp)?, t.clone())),
+                None => Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{self} needs a certificate and a key (--tls-cert, --tls-key)"),
+                )),
+            },
             Address::Unix(p) => {
                 use std::os::unix::fs::FileTypeExt;
                 match std::fs::symlink_metadata(p) {
@@ -99,6 +129,7 @@ impl Address {
 pub enum Listener {
     Unix(UnixListener, PathBuf),
     Tcp(TcpListener),
+    Tls(TcpListener, ServerTls),
 }
 
 impl Listener {
@@ -110,6 +141,14 @@ impl Listener {
                 s.set_nodelay(true)?;
                 Ok(Stream::Tcp(s))
             }
+            // The handshake is left to the first read, on the connection's own thread.
+            Listener::Tls(l, tls) => {
+                let (s, _) = l.accept()?;
+                s.set_nodelay(true)?;
+                let conn =
+                    rustls::ServerConnection::new(tls.config.clone()).map_err(std::io::Error::other)?;
+                Ok(Stream::TlsServer(Box::new(rustls::StreamOwned::new(conn, s))))
+            }
         }
     }
 
@@ -118,6 +157,7 @@ impl Listener {
         match self {
             Listener::Unix(_, p) => Ok(Address::Unix(p.clone())),
             Listener::Tcp(l) => Ok(Address::Tcp(l.local_addr()?.to_string())),
+            Listener::Tls(l, _) => Ok(Address::TcpTls(l.local_addr()?.to_string())),
         }
     }
 }
@@ -181,6 +221,14 @@ mod tests {
             "tcp:127.0.0.1:80".parse::<Address>().unwrap().to_string(),
             "tcp:127.0.0.1:80"
         );
+        assert_eq!(
+            "tcp+tls:localhost:7000".parse::<Address>().unwrap(),
+            Address::TcpTls("localhost:7000".into())
+        );
+        assert_eq!(
+            Address::TcpTls("localhost:7000".into()).to_string(),
+            "tcp+tls:localhost:7000"
+        );
         for bad in [
             "",
             "unix:",
@@ -188,6 +236,8 @@ mod tests {
             "tcp::1",
             "http://x",
             "tcp:h:notaport",
+            "tcp+tls:host",
+            "tls:h:1",
         ] {
             assert!(bad.parse::<Address>().is_err(), "{bad}");
         }

@@ -2,8 +2,10 @@
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+
+use rustls::{ClientConnection, ServerConnection, StreamOwned};
 
 use gpufuse_proto::{FrameHeader, ProtoError, HEADER_LEN};
 
@@ -12,39 +14,74 @@ use gpufuse_proto::{FrameHeader, ProtoError, HEADER_LEN};
 pub enum Stream {
     Unix(UnixStream),
     Tcp(TcpStream),
+    /// The client's end of a `tcp+tls:` connection, handshake done.
+    TlsClient(Box<StreamOwned<ClientConnection, TcpStream>>),
+    /// The server's end of a `tcp+tls:` connection; its handshake happens on the first read.
+    TlsServer(Box<StreamOwned<ServerConnection, TcpStream>>),
 }
 
 impl Stream {
+    /// The socket underneath (for TLS, the TCP socket that carries the records).
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Stream::Unix(s) => s.as_fd(),
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::TlsClient(s) => s.sock.as_fd(),
+            Stream::TlsServer(s) => s.sock.as_fd(),
+        }
+    }
+
+    fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            Stream::Unix(_) => None,
+            Stream::Tcp(s) => Some(s),
+            Stream::TlsClient(s) => Some(&s.sock),
+            Stream::TlsServer(s) => Some(&s.sock),
+        }
+    }
+
     /// A deadline for reads (`None`: wait for ever).
     pub fn set_read_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => s.set_read_timeout(t),
-            Stream::Tcp(s) => s.set_read_timeout(t),
+        match (self, self.tcp()) {
+            (Stream::Unix(s), _) => s.set_read_timeout(t),
+            (_, Some(s)) => s.set_read_timeout(t),
+            (_, None) => Ok(()),
         }
     }
 
     /// A deadline for each write (`None`: wait for ever). [`Conn::send`] goes on past it
     /// while the peer is heard from (it sends heartbeats while busy).
     pub fn set_write_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => s.set_write_timeout(t),
-            Stream::Tcp(s) => s.set_write_timeout(t),
+        match (self, self.tcp()) {
+            (Stream::Unix(s), _) => s.set_write_timeout(t),
+            (_, Some(s)) => s.set_write_timeout(t),
+            (_, None) => Ok(()),
         }
     }
 
-    /// A second handle to the same socket (a thread that writes heartbeats).
+    /// A second handle to the same socket (a thread that writes heartbeats). A TLS stream
+    /// has one session state and cannot be cloned.
     pub fn try_clone(&self) -> io::Result<Stream> {
-        Ok(match self {
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-        })
+        match self {
+            Stream::Unix(s) => Ok(Stream::Unix(s.try_clone()?)),
+            Stream::Tcp(s) => Ok(Stream::Tcp(s.try_clone()?)),
+            Stream::TlsClient(_) | Stream::TlsServer(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a TLS stream cannot be cloned",
+            )),
+        }
     }
 
-    /// The descriptor, to hand the connection to another process.
-    pub fn into_fd(self) -> OwnedFd {
+    /// The descriptor, to hand the connection to another process. A TLS stream's session
+    /// state lives in this process, so it cannot be handed over: relay it instead.
+    pub fn into_fd(self) -> io::Result<OwnedFd> {
         match self {
-            Stream::Unix(s) => s.into(),
-            Stream::Tcp(s) => s.into(),
+            Stream::Unix(s) => Ok(s.into()),
+            Stream::Tcp(s) => Ok(s.into()),
+            Stream::TlsClient(_) | Stream::TlsServer(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a TLS connection cannot be handed to another process",
+            )),
         }
     }
 
@@ -57,14 +94,20 @@ impl Stream {
         }
     }
 
+    /// Plain TCP (not unix, not TLS).
     pub fn is_tcp(&self) -> bool {
         matches!(self, Stream::Tcp(_))
     }
 
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Stream::TlsClient(_) | Stream::TlsServer(_))
+    }
+
     pub fn shutdown(&self) {
-        let _ = match self {
-            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
-            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+        let _ = match (self, self.tcp()) {
+            (Stream::Unix(s), _) => s.shutdown(std::net::Shutdown::Both),
+            (_, Some(s)) => s.shutdown(std::net::Shutdown::Both),
+            (_, None) => Ok(()),
         };
     }
 }
@@ -74,6 +117,8 @@ impl Read for Stream {
         match self {
             Stream::Unix(s) => s.read(buf),
             Stream::Tcp(s) => s.read(buf),
+            Stream::TlsClient(s) => s.read(buf),
+            Stream::TlsServer(s) => s.read(buf),
         }
     }
 }
@@ -83,29 +128,49 @@ impl Write for Stream {
         match self {
             Stream::Unix(s) => s.write(buf),
             Stream::Tcp(s) => s.write(buf),
+            Stream::TlsClient(s) => s.write(buf),
+            Stream::TlsServer(s) => s.write(buf),
         }
     }
+    /// Plain sockets hold nothing back; a TLS stream writes the records it still holds.
     fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        match self {
+            Stream::Unix(_) | Stream::Tcp(_) => Ok(()),
+            Stream::TlsClient(s) => s.flush(),
+            Stream::TlsServer(s) => s.flush(),
+        }
     }
 }
 
 /// One non-blocking read: what the socket holds now, or `WouldBlock`. std has no per-call
 /// non-blocking read (toggling `O_NONBLOCK` costs two more system calls on a hot path).
 #[allow(unsafe_code)]
-fn recv_now(stream: &Stream, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn recv_fd_now(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     use std::os::fd::AsRawFd;
-    let fd = match stream {
-        Stream::Unix(s) => s.as_raw_fd(),
-        Stream::Tcp(s) => s.as_raw_fd(),
-    };
     // SAFETY: `buf` is a live, writable buffer of `buf.len()` bytes for the whole call, and
-    // `fd` is an open socket owned by `stream`, borrowed for the call.
-    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    // `fd` is an open socket, borrowed for the call.
+    let n = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {
         Ok(n as usize)
+    }
+}
+
+/// What the stream can give now without blocking (for TLS: decrypted bytes).
+fn recv_now(stream: &mut Stream, buf: &mut [u8]) -> io::Result<usize> {
+    match stream {
+        Stream::Unix(s) => recv_fd_now(s.as_fd(), buf),
+        Stream::Tcp(s) => recv_fd_now(s.as_fd(), buf),
+        Stream::TlsClient(s) => crate::tls::recv_now(s, buf),
+        Stream::TlsServer(s) => crate::tls::recv_now(s, buf),
     }
 }
 
@@ -143,6 +208,8 @@ fn read_some(stream: &mut Stream, buf: &mut [u8]) -> Result<usize, TransportErro
             Ok(0) => return Err(TransportError::Closed),
             Ok(n) => return Ok(n),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // TLS: the peer closed the socket without a close_notify.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(TransportError::Closed),
             Err(e) => return Err(e.into()),
         }
     }
@@ -174,12 +241,7 @@ impl Conn {
     /// Whether the peer has closed its end (it exited or was killed), without reading:
     /// frames it sent before may still be buffered. A non-blocking `poll`.
     pub fn peer_hung_up(&self) -> bool {
-        use std::os::fd::AsFd;
-        let fd = match &self.stream {
-            Stream::Unix(s) => s.as_fd(),
-            Stream::Tcp(s) => s.as_fd(),
-        };
-        poll_hang_up(fd, 0)
+        poll_hang_up(self.stream.as_fd(), 0)
     }
 
     pub fn new(stream: Stream) -> Self {
@@ -225,7 +287,23 @@ impl Conn {
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        loop {
+            match self.stream.flush() {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if !self.take_available()? {
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Reads the next frame. The body borrows the connection's buffer until the next call.
@@ -327,7 +405,7 @@ impl Conn {
             }
             self.compact();
         }
-        match recv_now(&self.stream, &mut self.buf[self.end..]) {
+        match recv_now(&mut self.stream, &mut self.buf[self.end..]) {
             Ok(n) => {
                 self.end += n; // 0: the peer closed; recv reports it
                 Ok(n > 0)

@@ -1,4 +1,5 @@
-//! Framed transports: unix sockets and TCP, both carrying [`gpufuse_proto`] frames.
+//! Framed transports: unix sockets, TCP and TCP with TLS (`tcp+tls:`, rustls: see [`tls`]),
+//! all carrying [`gpufuse_proto`] frames.
 //!
 //! A [`Conn`] reads whole frames out of a buffered stream (many small frames cost one read
 //! system call) and writes pre-encoded frames. It knows nothing about the messages; it checks
@@ -8,11 +9,13 @@
 //! It must not start threads or touch global state: the shim uses it from inside the
 //! application process.
 
-#![deny(unsafe_code)] // allowed twice in conn.rs: `recv_now`, a non-blocking read, and
+#![deny(unsafe_code)] // allowed twice in conn.rs: `recv_fd_now`, a non-blocking read, and
                       // `poll_hang_up`, a poll that reads nothing
 
 mod address;
 mod conn;
+pub mod tls;
 
 pub use address::{Address, AddressError, Listener};
 pub use conn::{wait_for_hang_up, Conn, Stream, TransportError};
+pub use tls::{ClientTls, ServerTls, TlsError};
