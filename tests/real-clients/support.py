@@ -208,8 +208,12 @@ def free_tcp_port() -> int:
 class Server:
     """`gpufuse serve` on a fresh unix socket and a TCP port; logs to a file."""
 
-    def __init__(self, devices: str | None = None) -> None:
+    def __init__(self, devices: str | None = None, tls_args: list[str] | None = None) -> None:
+        """tls_args: also listen on a tcp+tls: port (`self.tls`) with these serve options
+        (--tls-cert, --tls-key, --tls-client-ca)."""
         self.devices = devices or DEVICES
+        self.tls_args = tls_args
+        self.tls = ""
         self.dir = Path(tempfile.mkdtemp(prefix="gpufuse-real-clients-"))
         self.log_path = self.dir / "server.log"
         self.proc: subprocess.Popen | None = None
@@ -229,9 +233,13 @@ class Server:
         env = dict(os.environ)
         # More detail in the server log: GPUFUSE_TEST_SERVER_LOG=debug.
         env["GPUFUSE_LOG"] = os.environ.get("GPUFUSE_TEST_SERVER_LOG", "info")
+        argv = [str(GPUFUSE), "serve", "--listen", self.unix, "--listen", self.tcp,
+                "--devices", self.devices]
+        if self.tls_args is not None:
+            self.tls = f"tcp+tls:127.0.0.1:{free_tcp_port()}"
+            argv += ["--listen", self.tls, *self.tls_args]
         self.proc = subprocess.Popen(
-            [str(GPUFUSE), "serve", "--listen", self.unix, "--listen", self.tcp,
-             "--devices", self.devices],
+            argv,
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env,
         )

@@ -15,10 +15,20 @@ pub struct ClientTlsArgs {
     #[arg(long, env = "GPUFUSE_TLS_CA", value_name = "FILE")]
     tls_ca: Option<PathBuf>,
     /// tcp+tls: a client certificate (PEM) for a server that requires one (with --tls-key).
-    #[arg(long, env = "GPUFUSE_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    #[arg(
+        long,
+        env = "GPUFUSE_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
     tls_cert: Option<PathBuf>,
     /// tcp+tls: the client certificate's private key (PEM).
-    #[arg(long, env = "GPUFUSE_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    #[arg(
+        long,
+        env = "GPUFUSE_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
     tls_key: Option<PathBuf>,
 }
 
@@ -130,9 +140,13 @@ pub fn certs(a: CertsArgs) -> anyhow::Result<()> {
     let ca_key = KeyPair::generate()?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "gpufuse CA");
+    // A name of its own: a client that trusts another `gpufuse certs` CA must be told the
+    // issuer is unknown, not that a signature is bad.
+    let serial = now.unix_timestamp_nanos() ^ i128::from(std::process::id());
+    ca_params.distinguished_name.push(
+        DnType::CommonName,
+        format!("gpufuse CA {:x}", serial as u64),
+    );
     ca_params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
@@ -160,7 +174,8 @@ pub fn certs(a: CertsArgs) -> anyhow::Result<()> {
     valid(&mut client_params);
     let client = client_params.signed_by(&client_key, &ca, &ca_key)?;
 
-    std::fs::create_dir_all(&a.dir).with_context(|| format!("cannot create {}", a.dir.display()))?;
+    std::fs::create_dir_all(&a.dir)
+        .with_context(|| format!("cannot create {}", a.dir.display()))?;
     let contents = [
         ca.pem(),
         ca_key.serialize_pem(),

@@ -12,8 +12,8 @@ pub mod admin;
 mod devices;
 mod ledger;
 pub mod lifecycle;
-mod relay;
 pub mod queue;
+mod relay;
 pub mod scheduler;
 mod spawn;
 
@@ -196,10 +196,12 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
     )));
     let mut listeners = Vec::new();
     for addr in &config.listen {
-        let l = addr.bind_with(config.tls.as_ref()).map_err(|source| NodeError::Listen {
-            addr: addr.to_string(),
-            source,
-        })?;
+        let l = addr
+            .bind_with(config.tls.as_ref())
+            .map_err(|source| NodeError::Listen {
+                addr: addr.to_string(),
+                source,
+            })?;
         tracing::info!(
             "listening on {}",
             l.local_address().map(|a| a.to_string()).unwrap_or_default()
@@ -353,6 +355,16 @@ fn shutdown_on_signals(
 
 fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config: &NodeConfig) {
     set_timeout(&stream, Some(HELLO_TIMEOUT));
+    let stream = match stream.plain_client_on_tls() {
+        Ok(plain) => {
+            let mut conn = Conn::new(plain);
+            return refuse(
+                &mut conn,
+                "this listener speaks TLS: connect with tcp+tls:HOST:PORT (and --tls-ca)".into(),
+            );
+        }
+        Err(stream) => stream,
+    };
     let tcp = stream.is_tcp();
     let tls = stream.is_tls();
     let mut conn = Conn::new(stream);

@@ -92,12 +92,22 @@ fn relay(tls: StreamOwned<ServerConnection, TcpStream>, mut worker: UnixStream) 
             return Ok(());
         }
         let room = !client_closed && to_worker.len() < MAX_PENDING;
-        wait(&sock, &worker, &conn, room, to_worker.len(), from_worker.len())?;
+        wait(
+            &sock,
+            &worker,
+            &conn,
+            room,
+            to_worker.len(),
+            from_worker.len(),
+        )?;
     }
 }
 
 fn would_block(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted)
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
 }
 
 fn drain_plaintext(conn: &mut ServerConnection, out: &mut Vec<u8>) -> io::Result<()> {
@@ -166,7 +176,11 @@ fn wait(
         },
     ];
     // A pending write rustls refused (its buffer is full) waits for the socket to drain.
-    let timeout = if from_worker > 0 && !conn.wants_write() { 1 } else { -1 };
+    let timeout = if from_worker > 0 && !conn.wants_write() {
+        1
+    } else {
+        -1
+    };
     // SAFETY: `fds` is a live array of two pollfds for the call; both descriptors are owned
     // by `sock` and `worker`, borrowed for the call.
     let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };

@@ -145,9 +145,11 @@ impl Listener {
             Listener::Tls(l, tls) => {
                 let (s, _) = l.accept()?;
                 s.set_nodelay(true)?;
-                let conn =
-                    rustls::ServerConnection::new(tls.config.clone()).map_err(std::io::Error::other)?;
-                Ok(Stream::TlsServer(Box::new(rustls::StreamOwned::new(conn, s))))
+                let conn = rustls::ServerConnection::new(tls.config.clone())
+                    .map_err(std::io::Error::other)?;
+                Ok(Stream::TlsServer(Box::new(rustls::StreamOwned::new(
+                    conn, s,
+                ))))
             }
         }
     }

@@ -103,6 +103,22 @@ impl Stream {
         matches!(self, Stream::TlsClient(_) | Stream::TlsServer(_))
     }
 
+    /// A TLS server stream whose client sent a plain gpufuse frame instead of a TLS hello
+    /// (it was given `tcp:` for a `tcp+tls:` listener): the plain stream, so that the server
+    /// can refuse it with a reason the client can read. Waits (under the read deadline) for
+    /// the first bytes without consuming them. `Err`: the stream as it was.
+    pub fn plain_client_on_tls(self) -> Result<Stream, Stream> {
+        let Stream::TlsServer(s) = self else {
+            return Err(self);
+        };
+        let mut first = [0u8; 4];
+        if peek_exact(s.sock.as_fd(), &mut first) && first == gpufuse_proto::MAGIC.to_le_bytes() {
+            let StreamOwned { sock, .. } = *s;
+            return Ok(Stream::Tcp(sock));
+        }
+        Err(Stream::TlsServer(s))
+    }
+
     pub fn shutdown(&self) {
         let _ = match (self, self.tcp()) {
             (Stream::Unix(s), _) => s.shutdown(std::net::Shutdown::Both),
@@ -164,6 +180,28 @@ pub(crate) fn recv_fd_now(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usiz
     }
 }
 
+/// Waits for `buf.len()` bytes to arrive and copies them without consuming them.
+#[allow(unsafe_code)]
+fn peek_exact(fd: BorrowedFd<'_>, buf: &mut [u8]) -> bool {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: `buf` is a live, writable buffer of `buf.len()` bytes for the whole call, and
+        // `fd` is an open socket, borrowed for the call.
+        let n = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_WAITALL,
+            )
+        };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return n == buf.len() as isize;
+    }
+}
+
 /// What the stream can give now without blocking (for TLS: decrypted bytes).
 fn recv_now(stream: &mut Stream, buf: &mut [u8]) -> io::Result<usize> {
     match stream {
@@ -209,7 +247,9 @@ fn read_some(stream: &mut Stream, buf: &mut [u8]) -> Result<usize, TransportErro
             Ok(n) => return Ok(n),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             // TLS: the peer closed the socket without a close_notify.
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(TransportError::Closed),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(TransportError::Closed)
+            }
             Err(e) => return Err(e.into()),
         }
     }

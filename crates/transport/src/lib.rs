@@ -9,8 +9,9 @@
 //! It must not start threads or touch global state: the shim uses it from inside the
 //! application process.
 
-#![deny(unsafe_code)] // allowed twice in conn.rs: `recv_fd_now`, a non-blocking read, and
-                      // `poll_hang_up`, a poll that reads nothing
+#![deny(unsafe_code)] // allowed three times in conn.rs: `recv_fd_now`, a non-blocking read,
+                      // `peek_exact`, a read that consumes nothing, and `poll_hang_up`, a poll
+                      // that reads nothing
 
 mod address;
 mod conn;

@@ -116,7 +116,11 @@ impl ServerTls {
     /// The certificate chain in `cert` (PEM, leaf first) and its private key in `key` (PEM:
     /// PKCS#8, PKCS#1 or SEC1). With `client_ca`, every client must present a certificate
     /// signed by a CA in that file.
-    pub fn from_files(cert: &Path, key_file: &Path, client_ca: Option<&Path>) -> Result<Self, TlsError> {
+    pub fn from_files(
+        cert: &Path,
+        key_file: &Path,
+        client_ca: Option<&Path>,
+    ) -> Result<Self, TlsError> {
         let chain = certs(cert, "certificates")?;
         let key = key(key_file)?;
         let builder = ServerConfig::builder_with_provider(provider())
@@ -137,11 +141,13 @@ impl ServerTls {
             }
             None => builder.with_no_client_auth(),
         };
-        let config = builder.with_single_cert(chain, key).map_err(|e| TlsError::Bad {
-            what: "certificate and key pair",
-            path: cert.into(),
-            reason: e.to_string(),
-        })?;
+        let config = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| TlsError::Bad {
+                what: "certificate and key pair",
+                path: cert.into(),
+                reason: e.to_string(),
+            })?;
         Ok(Self {
             config: Arc::new(config),
         })
@@ -197,13 +203,27 @@ impl ClientTls {
 
     /// From `GPUFUSE_TLS_CA`, `GPUFUSE_TLS_CERT` and `GPUFUSE_TLS_KEY` (see the module docs).
     pub fn from_env() -> Result<Self, TlsError> {
-        let var = |n: &str| std::env::var_os(n).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let var = |n: &str| {
+            std::env::var_os(n)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
         let ca = var("GPUFUSE_TLS_CA");
         let identity = match (var("GPUFUSE_TLS_CERT"), var("GPUFUSE_TLS_KEY")) {
             (Some(c), Some(k)) => Some((c, k)),
             (None, None) => None,
-            (Some(_), None) => return Err(TlsError::HalfIdentity("GPUFUSE_TLS_CERT", "GPUFUSE_TLS_KEY")),
-            (None, Some(_)) => return Err(TlsError::HalfIdentity("GPUFUSE_TLS_KEY", "GPUFUSE_TLS_CERT")),
+            (Some(_), None) => {
+                return Err(TlsError::HalfIdentity(
+                    "GPUFUSE_TLS_CERT",
+                    "GPUFUSE_TLS_KEY",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(TlsError::HalfIdentity(
+                    "GPUFUSE_TLS_KEY",
+                    "GPUFUSE_TLS_CERT",
+                ))
+            }
         };
         Self::new(
             ca.as_deref(),
@@ -219,8 +239,12 @@ impl ClientTls {
             .map_or(host_port, |(h, _)| h)
             .trim_start_matches('[')
             .trim_end_matches(']');
-        let name = ServerName::try_from(host.to_string())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("bad TLS server name {host:?}: {e}")))?;
+        let name = ServerName::try_from(host.to_string()).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bad TLS server name {host:?}: {e}"),
+            )
+        })?;
         let conn = ClientConnection::new(self.config.clone(), name).map_err(io::Error::other)?;
         let sock = TcpStream::connect(host_port)?;
         sock.set_nodelay(true)?;
@@ -230,7 +254,10 @@ impl ClientTls {
         while s.conn.is_handshaking() {
             match s.conn.complete_io(&mut s.sock) {
                 Ok((0, 0)) => {
-                    return Err(handshake_error(io::ErrorKind::UnexpectedEof.into(), host_port))
+                    return Err(handshake_error(
+                        io::ErrorKind::UnexpectedEof.into(),
+                        host_port,
+                    ))
                 }
                 Ok(_) => {}
                 Err(e) => return Err(handshake_error(e, host_port)),
@@ -249,9 +276,15 @@ fn handshake_error(e: io::Error, host_port: &str) -> io::Error {
             " (the server closed the connection: is it listening with tcp+tls:?)"
         }
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => " (no answer)",
+        _ if e.to_string().contains("invalid peer certificate") => {
+            " (is --tls-ca / GPUFUSE_TLS_CA the CA that signed the server's certificate, and does the certificate name this host?)"
+        }
         _ => "",
     };
-    io::Error::new(e.kind(), format!("TLS handshake with {host_port} failed: {e}{hint}"))
+    io::Error::new(
+        e.kind(),
+        format!("TLS handshake with {host_port} failed: {e}{hint}"),
+    )
 }
 
 /// A reader that takes only what the socket holds now (`recv` with `MSG_DONTWAIT`).
