@@ -1,12 +1,15 @@
 //! `gpufuse-bench`: what remoting costs, measured against baselines taken in the same run.
 //!
-//! For each transport (unix socket, TCP on loopback) it starts a real `gpufuse serve` on an
-//! emulated GPU and prints:
+//! For each transport (unix socket, TCP on loopback, TCP with TLS on loopback: certificates
+//! from `gpufuse certs`) it starts a real `gpufuse serve` on an emulated GPU and prints:
 //! - the synchronous round trip of a gpufuse call against a raw ping-pong of the same frame
 //!   size over the same kind of socket (target: <= 1.5x);
 //! - the issue rate of quiet kernel launches (target: >= 1,000,000 per second);
 //! - host-to-device and device-to-host bandwidth of 64 MiB copies against an in-process memcpy
 //!   of the same size and against raw socket throughput (target on a unix socket: >= 50% of raw).
+//!
+//! TLS is measured against the same raw TCP baselines as plain TCP, so its rows show what
+//! encryption and the node's TLS relay add.
 //!
 //! `gpufuse-bench shares` measures compute shares and QoS instead (see `shares.rs`).
 //!
@@ -93,11 +96,23 @@ impl Server {
     }
 }
 
-fn start_server() -> Result<(Server, Address, Address)> {
+fn start_server() -> Result<(Server, Address, Address, Address)> {
     let dir = std::env::temp_dir().join(format!("gpufuse-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let unix = Address::Unix(dir.join("gpufuse.sock"));
     let tcp = Address::Tcp(format!("127.0.0.1:{}", free_tcp_port()?));
+    let tls = Address::TcpTls(format!("127.0.0.1:{}", free_tcp_port()?));
+    let pki = dir.join("pki");
+    let made = Command::new(gpufuse_binary()?)
+        .args(["certs", "--dir"])
+        .arg(&pki)
+        .stdout(Stdio::null())
+        .status()?;
+    if !made.success() {
+        bail!("gpufuse certs failed");
+    }
+    // The client side of every tcp+tls connection in this process trusts that CA.
+    std::env::set_var("GPUFUSE_TLS_CA", pki.join("ca.pem"));
     let child = Command::new(gpufuse_binary()?)
         .args([
             "serve",
@@ -105,9 +120,15 @@ fn start_server() -> Result<(Server, Address, Address)> {
             &unix.to_string(),
             "--listen",
             &tcp.to_string(),
+            "--listen",
+            &tls.to_string(),
             "--devices",
             "emu:1:16GiB",
         ])
+        .arg("--tls-cert")
+        .arg(pki.join("server.pem"))
+        .arg("--tls-key")
+        .arg(pki.join("server-key.pem"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
@@ -116,13 +137,13 @@ fn start_server() -> Result<(Server, Address, Address)> {
         _dir: TempDir(dir),
     };
     let deadline = Instant::now() + Duration::from_secs(20);
-    while unix.connect().is_err() || tcp.connect().is_err() {
+    while unix.connect().is_err() || tcp.connect().is_err() || tls.connect().is_err() {
         if Instant::now() > deadline {
             bail!("gpufuse serve did not start listening");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok((server, unix, tcp))
+    Ok((server, unix, tcp, tls))
 }
 
 fn main() -> Result<()> {
@@ -131,7 +152,7 @@ fn main() -> Result<()> {
         return shares::run(quick);
     }
     let scale = if quick { 10 } else { 1 };
-    let (_server, unix, tcp) = start_server()?;
+    let (_server, unix, tcp, tls) = start_server()?;
     println!(
         "gpufuse remoting benchmark ({})",
         if quick { "quick" } else { "full" }
@@ -141,6 +162,7 @@ fn main() -> Result<()> {
     for (name, addr, kind) in [
         ("unix", unix, baseline::Kind::Unix),
         ("tcp", tcp, baseline::Kind::Tcp),
+        ("tcp+tls (against raw TCP)", tls, baseline::Kind::Tcp),
     ] {
         println!("== transport: {name} ==");
         let raw_rt = baseline::ping_pong_us(kind, 20_000 / scale)?;
