@@ -31,6 +31,10 @@ pub enum FrameKind {
     /// while it is busy, so a client waiting on a long kernel can tell it from a stopped
     /// worker; clients skip it wherever they read a reply.
     Heartbeat = 5,
+    /// A worker's request to its node on the control socket: [`crate::ControlRequest`].
+    Control = 6,
+    /// The node's answer to a control request, with its id: [`crate::ControlAnswer`].
+    ControlReply = 7,
 }
 
 impl FrameKind {
@@ -41,6 +45,8 @@ impl FrameKind {
             3 => Self::Request,
             4 => Self::Reply,
             5 => Self::Heartbeat,
+            6 => Self::Control,
+            7 => Self::ControlReply,
             other => return Err(ProtoError::UnknownFrameKind(other)),
         })
     }
@@ -202,6 +208,11 @@ mod tests {
         assert!(matches!(
             FrameHeader::decode(&b),
             Err(ProtoError::UnknownFrameKind(9))
+        ));
+        b[6] = 0;
+        assert!(matches!(
+            FrameHeader::decode(&b),
+            Err(ProtoError::UnknownFrameKind(0))
         ));
     }
 }

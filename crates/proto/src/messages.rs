@@ -608,3 +608,33 @@ impl Reply {
         }
     }
 }
+
+/// A worker's request to its node over the control socket (frames of kind
+/// [`crate::FrameKind::Control`]): the device's memory ledger and its launch queue live in the
+/// node, because several sessions share one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ControlRequest {
+    /// Reserve bytes on the device; `ok` if granted.
+    Reserve { bytes: u64 },
+    /// Return bytes.
+    Release { bytes: u64 },
+    /// How many bytes the device has in use across all sessions (`value`).
+    DeviceUsed,
+    /// Wait for the device (the launch queue); `value` is the lease's quantum in microseconds:
+    /// launches may go on without asking again until they have used it.
+    Acquire,
+    /// End the lease, reporting the device time its launches took: what the session's compute
+    /// share is charged.
+    Done { micros: u64 },
+    /// `Done`, then `Acquire`, as one request: the session has more launches waiting, so it
+    /// never looks idle between two leases.
+    Renew { micros: u64 },
+}
+
+/// The node's answer to a [`ControlRequest`] (frames of kind
+/// [`crate::FrameKind::ControlReply`], with the request's id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlAnswer {
+    pub ok: bool,
+    pub value: u64,
+}

@@ -496,6 +496,35 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
         "ServerHello::Ended",
         body(&ServerHello::Ended { session: 3 }),
     ));
+    for (n, r) in [
+        (
+            "ControlRequest::Reserve",
+            ControlRequest::Reserve { bytes: 4096 },
+        ),
+        (
+            "ControlRequest::Release",
+            ControlRequest::Release { bytes: 4096 },
+        ),
+        ("ControlRequest::DeviceUsed", ControlRequest::DeviceUsed),
+        ("ControlRequest::Acquire", ControlRequest::Acquire),
+        (
+            "ControlRequest::Done",
+            ControlRequest::Done { micros: 1500 },
+        ),
+        (
+            "ControlRequest::Renew",
+            ControlRequest::Renew { micros: 1500 },
+        ),
+    ] {
+        out.push((n, body(&r)));
+    }
+    out.push((
+        "ControlAnswer",
+        body(&ControlAnswer {
+            ok: true,
+            value: 1000,
+        }),
+    ));
     let mut header = FrameHeader::new(
         FrameKind::Reply,
         FLAG_QUIET,
@@ -528,7 +557,14 @@ const OTHERS: &[(&str, &str)] = &[
         ("ServerHello::Status", "02000100036770750180808080048080400707070707070707070707070707070709000040003201012a01700105616c6963652b008080400180808080043200011ee8070a640101016e"),
         ("ServerHello::Admissible", "0301"),
         ("ServerHello::Ended", "0403"),
-        ("FrameHeader", "4746555306000401040302010b0a00008877665544332211"),
+        ("ControlRequest::Reserve", "008020"),
+    ("ControlRequest::Release", "018020"),
+    ("ControlRequest::DeviceUsed", "02"),
+    ("ControlRequest::Acquire", "03"),
+    ("ControlRequest::Done", "04dc0b"),
+    ("ControlRequest::Renew", "05dc0b"),
+    ("ControlAnswer", "01e807"),
+    ("FrameHeader", "4746555306000401040302010b0a00008877665544332211"),
 ];
 
 #[test]
