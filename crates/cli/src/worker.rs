@@ -50,7 +50,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
         tracing::warn!(session, "the node is gone: ending the session");
         std::process::exit(1);
     });
-    let mut ledger = ControlLedger(control);
+    let mut ledger = ControlLedger::new(control);
     let mut device: Box<dyn Device> = match a.backend.as_str() {
         "cuda" => {
             let opened = gpufuse_cuda_driver::Driver::load().and_then(|driver| {

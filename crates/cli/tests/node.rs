@@ -299,7 +299,40 @@ fn a_protocol_version_mismatch_is_refused_with_both_versions() {
     std::io::Read::read_exact(&mut sock, &mut body).unwrap();
     match gpufuse_proto::decode_owned::<ServerHello>(&body).unwrap() {
         ServerHello::Refused { reason } => assert!(
-            reason.contains("99") && reason.contains("version"),
+            reason.contains("99") && reason.contains("version") && reason.contains("server"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// An older client (protocol 5, before the header declared tails) is answered in its own
+/// version, so it can read why it was refused.
+#[test]
+fn an_older_client_reads_its_refusal_in_its_own_version() {
+    let s = start("oldversion", "emu:1:1GiB");
+    let Address::Unix(path) = &s.addr else {
+        unreachable!()
+    };
+    let mut sock = UnixStream::connect(path).unwrap();
+    let mut hello = Vec::new();
+    let mut old = Connection::hello(SessionKind::Cuda, String::new(), ResourceRequest::default());
+    old.protocol_version = 5;
+    encode_frame(&mut hello, FrameKind::Hello, 0, 0, &old);
+    gpufuse_proto::set_frame_version(&mut hello, 5);
+    sock.write_all(&hello).unwrap();
+    let mut h = [0u8; HEADER_LEN];
+    std::io::Read::read_exact(&mut sock, &mut h).unwrap();
+    // Version 5's header: magic, version 5, kind, flags, length, four zero bytes, id.
+    assert_eq!(&h[0..4], b"GFUS");
+    assert_eq!(u16::from_le_bytes([h[4], h[5]]), 5);
+    assert_eq!(&h[12..16], &[0, 0, 0, 0]);
+    let len = u32::from_le_bytes(h[8..12].try_into().unwrap()) as usize;
+    let mut body = vec![0u8; len];
+    std::io::Read::read_exact(&mut sock, &mut body).unwrap();
+    match gpufuse_proto::decode_owned::<ServerHello>(&body).unwrap() {
+        ServerHello::Refused { reason } => assert!(
+            reason.contains("client speaks 5") && reason.contains("upgrade the client"),
             "{reason}"
         ),
         other => panic!("{other:?}"),
@@ -1010,18 +1043,26 @@ fn a_long_call_outlives_the_call_timeout_on_heartbeats() {
     spin(&mut c, 200_000);
     c.call(&Request::CtxSynchronize { ctx: 1 }).unwrap();
     let one = t.elapsed().max(Duration::from_millis(1));
-    let n = (3 * timeout.as_nanos() / one.as_nanos() + 1).min(100_000) as usize;
-    let started = Instant::now();
-    let (c, r) = within("a long synchronize", move || {
-        for _ in 0..n {
-            spin(&mut c, 200_000);
+    let mut n = (3 * timeout.as_nanos() / one.as_nanos() + 1).min(100_000) as usize;
+    // A loaded machine makes that estimate wrong either way: until one synchronize has outlasted
+    // the timeout twice, try again with more kernels.
+    for _ in 0..4 {
+        let started = Instant::now();
+        let (back, r) = within("a long synchronize", move || {
+            for _ in 0..n {
+                spin(&mut c, 200_000);
+            }
+            let r = c.call(&Request::CtxSynchronize { ctx: 1 });
+            (c, r)
+        });
+        c = back;
+        let took = started.elapsed();
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(c.take_async_error(), None);
+        if took > 2 * timeout {
+            return;
         }
-        let r = c.call(&Request::CtxSynchronize { ctx: 1 });
-        (c, r)
-    });
-    let took = started.elapsed();
-    assert!(r.is_ok(), "{r:?}");
-    assert_eq!({ c }.take_async_error(), None);
-    // Otherwise the kernels were too short for this test to show anything.
-    assert!(took > 2 * timeout, "the kernels ran {took:?}");
+        n *= 2;
+    }
+    panic!("the kernels never ran for twice the timeout: this test showed nothing");
 }

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use gpufuse_proto::{
-    decode_owned, encode_frame, ClientHello, FrameKind, Reply, Request, ServerHello, FLAG_QUIET,
-    PROTOCOL_VERSION,
+    decode_owned, decode_reply, encode_frame, ClientHello, FrameKind, Reply, Request, ServerHello,
+    FLAG_QUIET, PROTOCOL_VERSION,
 };
 use gpufuse_transport::{Address, Conn};
 
@@ -310,11 +310,13 @@ impl Connection {
     /// `dst` from the connection's buffer.
     pub fn call_read_into(&mut self, req: &Request, dst: &mut [u8]) -> Result<(), ClientError> {
         let id = self.send_request(req)?;
-        // A large reply is decoded from its head and its data received straight into `dst`.
+        // A large reply's message is decoded first and its data (the frame's tail) received
+        // straight into `dst`.
         let header = self.next_reply_header()?;
-        let head_len = (header.len as usize).saturating_sub(dst.len());
+        let head_len = header.message_len() as usize;
         if header.kind == FrameKind::Reply
             && header.request_id == id
+            && header.tail as usize == dst.len()
             && dst.len() >= DIRECT_READ
             && (1..=MAX_DIRECT_HEAD).contains(&head_len)
         {
@@ -322,7 +324,7 @@ impl Connection {
                 Ok(head) => head,
                 Err(e) => return Err(self.lost(e)),
             };
-            if let Some(reply) = gpufuse_proto::decode_head::<Reply>(head, dst.len()) {
+            if let Ok(reply) = decode_owned::<Reply>(head) {
                 if reply.status == 0 && reply.body == gpufuse_proto::ReplyBody::Data(Vec::new()) {
                     if let Err(e) = self.conn.recv_tail_into(head_len, dst) {
                         return Err(self.lost(e));
@@ -339,16 +341,16 @@ impl Connection {
         if header.kind != FrameKind::Reply || header.request_id != id {
             return Err(ClientError::UnexpectedReply);
         }
-        let reply = match gpufuse_proto::decode_with_tail::<Reply>(body, dst.len()) {
-            Some((reply, tail))
-                if reply.status == 0
-                    && reply.body == gpufuse_proto::ReplyBody::Data(Vec::new()) =>
-            {
-                dst.copy_from_slice(tail);
-                reply
+        let mut reply = decode_reply(&header, body).map_err(ClientError::Protocol)?;
+        if reply.status == 0 {
+            match &mut reply.body {
+                gpufuse_proto::ReplyBody::Data(d) if d.len() == dst.len() => {
+                    dst.copy_from_slice(d);
+                    reply.body = gpufuse_proto::ReplyBody::None;
+                }
+                _ => return Err(ClientError::UnexpectedReply),
             }
-            _ => decode_owned::<Reply>(body).map_err(ClientError::Protocol)?,
-        };
+        }
         let status = reply.status;
         self.absorb(reply);
         match status {
@@ -397,7 +399,7 @@ impl Connection {
         if header.kind != FrameKind::Reply || header.request_id != id {
             return Err(ClientError::UnexpectedReply);
         }
-        let mut reply: Reply = decode_owned(body).map_err(ClientError::Protocol)?;
+        let mut reply = decode_reply(&header, body).map_err(ClientError::Protocol)?;
         let staged_and_error = Reply {
             status: reply.status,
             deferred_error: reply.deferred_error,

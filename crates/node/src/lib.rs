@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use gpufuse_proto::{
     decode_owned, encode_frame, ClientHello, ComputePolicy, DeviceStatus, FrameKind, NodeStatus,
-    ProtoError, Qos, ServerHello, SessionKind, SessionStatus, PROTOCOL_VERSION,
+    ProtoError, Qos, ServerHello, SessionKind, SessionStatus, PROTOCOL_VERSION, SUPPORTED_VERSIONS,
 };
 use gpufuse_transport::{Address, Conn, Stream, TransportError};
 
@@ -272,6 +272,30 @@ fn refuse(conn: &mut Conn, reason: String) {
     answer(conn, &ServerHello::Refused { reason });
 }
 
+/// Refuses a client whose protocol version this node does not speak. The answer's header
+/// carries the older of the two versions: the frame header and `ServerHello::Refused` keep
+/// their layout across versions, so an older client reads the reason instead of failing on
+/// the header.
+fn refuse_version(conn: &mut Conn, theirs: u16) {
+    let reason = format!(
+        "protocol version mismatch: the client speaks {theirs}, this server speaks {}..={} (upgrade the {})",
+        SUPPORTED_VERSIONS.start(),
+        SUPPORTED_VERSIONS.end(),
+        if theirs < *SUPPORTED_VERSIONS.start() { "client" } else { "server" }
+    );
+    tracing::info!("refused a session: {reason}");
+    let mut out = Vec::new();
+    encode_frame(
+        &mut out,
+        FrameKind::HelloReply,
+        0,
+        0,
+        &ServerHello::Refused { reason },
+    );
+    gpufuse_proto::set_frame_version(&mut out, theirs.min(PROTOCOL_VERSION));
+    let _ = conn.send(&out);
+}
+
 fn set_timeout(stream: &Stream, t: Option<Duration>) {
     let _ = stream.set_read_timeout(t);
 }
@@ -381,25 +405,16 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
                 format!("expected a hello, got a {:?} frame", h.kind),
             )
         }
-        Err(TransportError::Proto(ProtoError::VersionMismatch { ours, theirs })) => {
-            return refuse(
-                &mut conn,
-                format!("protocol version mismatch: the server speaks {ours}, the client {theirs}"),
-            );
+        Err(TransportError::Proto(ProtoError::VersionMismatch { theirs, .. })) => {
+            return refuse_version(&mut conn, theirs);
         }
         Err(TransportError::Io(e)) if tls => {
             return tracing::warn!("TLS connection failed before its hello: {e}")
         }
         Err(e) => return tracing::debug!("connection closed before its hello: {e}"),
     };
-    if hello.protocol_version != PROTOCOL_VERSION {
-        return refuse(
-            &mut conn,
-            format!(
-                "protocol version mismatch: the server speaks {PROTOCOL_VERSION}, the client {}",
-                hello.protocol_version
-            ),
-        );
+    if !SUPPORTED_VERSIONS.contains(&hello.protocol_version) {
+        return refuse_version(&mut conn, hello.protocol_version);
     }
     let claims = match &config.tokens {
         TokenPolicy::Open => None,

@@ -1,12 +1,10 @@
 //! One worker process per session, and the control socket that carries its ledger requests.
 
-use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
 
 use gpufuse_transport::Conn;
-use gpufuse_worker::control::Op;
 
 use crate::{lock, refuse, Admitted, DeviceQueue, NodeConfig, Shared, WINDOW};
 
@@ -36,7 +34,7 @@ pub fn run_worker(
         release(state, id);
         return refuse(&mut conn, format!("device {device} has no launch queue"));
     };
-    let (mut control, child_end) = match UnixStream::pair() {
+    let (control, child_end) = match UnixStream::pair() {
         Ok(p) => p,
         Err(e) => {
             release(state, id);
@@ -115,7 +113,7 @@ pub fn run_worker(
         s.worker_pid = child.id();
     }
     crate::admin::log_started(state, id);
-    serve_control(&mut control, id, state, &queue);
+    serve_control(control, id, state, &queue);
     // The worker is gone or going: its place in the launch queue goes first, so that nobody
     // waits on a dead session.
     queue.remove(id);
@@ -153,31 +151,52 @@ fn conn_into_fd(conn: Conn, id: u64) -> Option<OwnedFd> {
 
 /// Answers ledger and launch-queue requests until the worker closes the socket (exit, crash
 /// or kill).
-fn serve_control(control: &mut UnixStream, id: u64, state: &Shared, queue: &DeviceQueue) {
-    let mut req = [0u8; 9];
-    while control.read_exact(&mut req).is_ok() {
-        let mut arg = [0u8; 8];
-        arg.copy_from_slice(&req[1..]);
-        let arg = u64::from_le_bytes(arg);
-        let (ok, value) = match Op::from_u8(req[0]) {
-            Some(Op::Reserve) => lock(state).reserve(id, arg),
-            Some(Op::Release) => (true, lock(state).release(id, arg)),
-            Some(Op::DeviceUsed) => (true, lock(state).device_used(id)),
-            Some(Op::Acquire) => (true, queue.acquire(id)),
-            Some(Op::Done) => {
-                queue.done(id, arg);
-                (true, 0)
+fn serve_control(control: UnixStream, id: u64, state: &Shared, queue: &DeviceQueue) {
+    use gpufuse_proto::{ControlAnswer, ControlRequest, FrameKind};
+    let mut conn = gpufuse_transport::Conn::new(gpufuse_transport::Stream::Unix(control));
+    let mut out = Vec::with_capacity(64);
+    loop {
+        let (req_id, req) = match conn.recv() {
+            Ok((h, body)) if h.kind == FrameKind::Control => {
+                match gpufuse_proto::decode_owned::<ControlRequest>(body) {
+                    Ok(req) => (h.request_id, req),
+                    Err(e) => {
+                        tracing::warn!(session = id, "malformed control request: {e}");
+                        break;
+                    }
+                }
             }
-            Some(Op::Renew) => (true, queue.renew(id, arg)),
-            None => {
-                tracing::warn!(session = id, op = req[0], "unknown control request");
+            Ok((h, _)) => {
+                tracing::warn!(
+                    session = id,
+                    "unexpected {:?} frame on the control socket",
+                    h.kind
+                );
                 break;
             }
+            // The worker exited (or sent bytes that are not a frame).
+            Err(_) => break,
         };
-        let mut ans = [0u8; 9];
-        ans[0] = ok as u8;
-        ans[1..].copy_from_slice(&value.to_le_bytes());
-        if control.write_all(&ans).is_err() {
+        let (ok, value) = match req {
+            ControlRequest::Reserve { bytes } => lock(state).reserve(id, bytes),
+            ControlRequest::Release { bytes } => (true, lock(state).release(id, bytes)),
+            ControlRequest::DeviceUsed => (true, lock(state).device_used(id)),
+            ControlRequest::Acquire => (true, queue.acquire(id)),
+            ControlRequest::Done { micros } => {
+                queue.done(id, micros);
+                (true, 0)
+            }
+            ControlRequest::Renew { micros } => (true, queue.renew(id, micros)),
+        };
+        out.clear();
+        gpufuse_proto::encode_frame(
+            &mut out,
+            FrameKind::ControlReply,
+            0,
+            req_id,
+            &ControlAnswer { ok, value },
+        );
+        if conn.send(&out).is_err() {
             break;
         }
     }

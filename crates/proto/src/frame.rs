@@ -4,8 +4,12 @@ use crate::ProtoError;
 
 /// "GFUS" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
-/// Bumped on any incompatible change to the header or to a message.
-pub const PROTOCOL_VERSION: u16 = 5;
+/// Bumped on any incompatible change to the header or to a message. 6: the header declares
+/// the bulk tail's length (bytes 12..16, reserved before).
+pub const PROTOCOL_VERSION: u16 = 6;
+/// The protocol versions this build speaks. Both sides check every header against it; the
+/// node refuses a hello outside it with a reason naming both sides' versions.
+pub const SUPPORTED_VERSIONS: std::ops::RangeInclusive<u16> = 6..=PROTOCOL_VERSION;
 /// Largest body accepted from the wire. A 64 MiB copy chunk plus its envelope fits.
 pub const MAX_BODY_LEN: u32 = 64 * 1024 * 1024 + 64 * 1024;
 /// Host-to-device copies larger than this are split into several requests.
@@ -27,6 +31,10 @@ pub enum FrameKind {
     /// while it is busy, so a client waiting on a long kernel can tell it from a stopped
     /// worker; clients skip it wherever they read a reply.
     Heartbeat = 5,
+    /// A worker's request to its node on the control socket: [`crate::ControlRequest`].
+    Control = 6,
+    /// The node's answer to a control request, with its id: [`crate::ControlAnswer`].
+    ControlReply = 7,
 }
 
 impl FrameKind {
@@ -37,6 +45,8 @@ impl FrameKind {
             3 => Self::Request,
             4 => Self::Reply,
             5 => Self::Heartbeat,
+            6 => Self::Control,
+            7 => Self::ControlReply,
             other => return Err(ProtoError::UnknownFrameKind(other)),
         })
     }
@@ -53,15 +63,20 @@ pub const FLAG_QUIET: u8 = 1;
 /// | 4 | 2 | protocol version |
 /// | 6 | 1 | frame kind |
 /// | 7 | 1 | flags |
-/// | 8 | 4 | body length |
-/// | 12 | 4 | reserved, zero |
+/// | 8 | 4 | body length (message and tail) |
+/// | 12 | 4 | tail length: raw bytes that end the body, after the message |
 /// | 16 | 8 | request id |
+///
+/// The body is the postcard-encoded message followed by `tail` raw bytes: the bulk data of a
+/// copy, which then travels without being copied into (or parsed out of) the message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHeader {
     pub version: u16,
     pub kind: FrameKind,
     pub flags: u8,
     pub len: u32,
+    /// How many of the body's `len` bytes are the raw tail (at most `len`).
+    pub tail: u32,
     pub request_id: u64,
 }
 
@@ -75,8 +90,15 @@ impl FrameHeader {
             kind,
             flags,
             len,
+            tail: 0,
             request_id,
         }
+    }
+
+    /// The body's message bytes: `len - tail` (the tail never exceeds `len`, checked when
+    /// the header was decoded).
+    pub fn message_len(&self) -> u32 {
+        self.len - self.tail
     }
 
     pub fn is_quiet(&self) -> bool {
@@ -90,6 +112,7 @@ impl FrameHeader {
         b[6] = self.kind as u8;
         b[7] = self.flags;
         b[8..12].copy_from_slice(&self.len.to_le_bytes());
+        b[12..16].copy_from_slice(&self.tail.to_le_bytes());
         b[16..24].copy_from_slice(&self.request_id.to_le_bytes());
         b
     }
@@ -101,7 +124,7 @@ impl FrameHeader {
             return Err(ProtoError::BadMagic(magic));
         }
         let version = u16::from_le_bytes([b[4], b[5]]);
-        if version != PROTOCOL_VERSION {
+        if !SUPPORTED_VERSIONS.contains(&version) {
             return Err(ProtoError::VersionMismatch {
                 ours: PROTOCOL_VERSION,
                 theirs: version,
@@ -115,8 +138,9 @@ impl FrameHeader {
                 max: MAX_BODY_LEN as u64,
             });
         }
-        if b[12..16] != [0, 0, 0, 0] {
-            return Err(ProtoError::ReservedNotZero);
+        let tail = u32::from_le_bytes([b[12], b[13], b[14], b[15]]);
+        if tail > len {
+            return Err(ProtoError::TailTooLong { tail, len });
         }
         let request_id = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
         Ok(Self {
@@ -124,6 +148,7 @@ impl FrameHeader {
             kind,
             flags: b[7],
             len,
+            tail,
             request_id,
         })
     }
@@ -159,6 +184,18 @@ mod tests {
     }
 
     #[test]
+    fn a_tail_longer_than_the_body_is_rejected() {
+        let mut h = FrameHeader::new(FrameKind::Request, 0, 10, 0);
+        h.tail = 10;
+        assert_eq!(FrameHeader::decode(&h.encode()).unwrap().message_len(), 0);
+        h.tail = 11;
+        assert!(matches!(
+            FrameHeader::decode(&h.encode()),
+            Err(ProtoError::TailTooLong { tail: 11, len: 10 })
+        ));
+    }
+
+    #[test]
     fn bad_magic_and_kind_are_rejected() {
         let mut b = FrameHeader::new(FrameKind::Request, 0, 0, 0).encode();
         b[0] = 0;
@@ -171,6 +208,11 @@ mod tests {
         assert!(matches!(
             FrameHeader::decode(&b),
             Err(ProtoError::UnknownFrameKind(9))
+        ));
+        b[6] = 0;
+        assert!(matches!(
+            FrameHeader::decode(&b),
+            Err(ProtoError::UnknownFrameKind(0))
         ));
     }
 }

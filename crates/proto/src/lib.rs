@@ -23,11 +23,20 @@
 //! them is quiet and the ids survive anything the server does underneath. Device pointers are
 //! device virtual addresses chosen by the server.
 //!
+//! # Bulk data
+//! A frame's body is its message followed by a raw tail whose length the header declares
+//! ([`FrameHeader::tail`]): the data of a copy. Senders write it from the caller's buffer and
+//! receivers read it straight into its destination; the message's bulk field is sent empty
+//! and [`decode_request`]/[`decode_reply`] put the tail there.
+//!
 //! # Compatibility
-//! The protocol version in every header must equal [`PROTOCOL_VERSION`]; any change to the header
-//! or to a message bumps it. Unknown frame kinds, unknown opcodes (an out-of-range variant index)
-//! and bodies longer than [`MAX_BODY_LEN`] are typed errors; the server closes only the
-//! connection that sent them.
+//! Every header's protocol version must be in [`SUPPORTED_VERSIONS`]; any change to the header
+//! or to a message bumps [`PROTOCOL_VERSION`]. A node answers a hello of another version with
+//! a refusal in the older of the two versions, naming both (the header and the refusal keep
+//! their layout, so an older client can read it). Requests have explicit, append-only opcodes
+//! ([`Request::opcode`]); `tests/golden.rs` pins the bytes of every message and of the header.
+//! Unknown frame kinds, unknown opcodes, trailing bytes after a message and bodies longer than
+//! [`MAX_BODY_LEN`] are typed errors; the server closes only the connection that sent them.
 
 #![forbid(unsafe_code)]
 
@@ -50,8 +59,12 @@ pub enum ProtoError {
     UnknownFrameKind(u8),
     #[error("frame of {len} bytes exceeds the limit of {max}")]
     TooLong { len: u64, max: u64 },
-    #[error("reserved header bytes are not zero")]
-    ReservedNotZero,
+    #[error("the header declares a tail of {tail} bytes in a body of {len}")]
+    TailTooLong { tail: u32, len: u32 },
+    #[error("a tail of {0} bytes on a message that carries no bulk data")]
+    UnexpectedTail(usize),
+    #[error("{0} bytes after the end of the message")]
+    TrailingBytes(usize),
     #[error("malformed body (unknown opcode or bad field)")]
     Malformed(#[source] postcard::Error),
     #[error("expected a {expected:?} frame, got {got:?}")]
@@ -76,10 +89,10 @@ pub fn encode_frame<T: Serialize + ?Sized>(
     *out = out_vec;
 }
 
-/// Appends the header and body of a frame for `msg` **except the bytes of its last field**, a
-/// byte slice the caller sends right after (`tail_len` bytes), so bulk data is never copied into
-/// the frame buffer. `msg` must have that last field set to an empty slice: the bytes on the
-/// wire are exactly those [`encode_frame`] would produce for the full message.
+/// Appends the header and message of a frame whose body ends in `tail_len` raw bytes that the
+/// caller sends right after (bulk data is never copied into the frame buffer). The header
+/// declares the tail; `msg` has its bulk field empty, and the receiver puts the tail there
+/// ([`decode_request`], [`decode_reply`]).
 pub fn encode_frame_head<T: Serialize + ?Sized>(
     out: &mut Vec<u8>,
     kind: FrameKind,
@@ -90,56 +103,86 @@ pub fn encode_frame_head<T: Serialize + ?Sized>(
 ) {
     let start = out.len();
     encode_frame(out, kind, flags, request_id, msg);
-    // The empty slice encoded as its length, varint 0: replace it with the real length.
-    debug_assert_eq!(out.last(), Some(&0));
-    out.pop();
-    varint(tail_len as u64, out);
-    let len = (out.len() - start - HEADER_LEN + tail_len) as u32;
+    let message = out.len() - start - HEADER_LEN;
+    let tail =
+        u32::try_from(tail_len).expect("a frame's tail fits in 32 bits (copies are chunked)");
+    let len = u32::try_from(message + tail_len).expect("a frame's body fits in 32 bits");
     out[start + 8..start + 12].copy_from_slice(&len.to_le_bytes());
+    out[start + 12..start + 16].copy_from_slice(&tail.to_le_bytes());
 }
 
-fn varint(mut n: u64, out: &mut Vec<u8>) {
-    loop {
-        let byte = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
+/// Rewrites the protocol version in the header of the frame that starts `frame` (an answer to
+/// a peer of another version, in its own version: see the node's version refusal).
+pub fn set_frame_version(frame: &mut [u8], version: u16) {
+    if let Some(v) = frame.get_mut(4..6) {
+        v.copy_from_slice(&version.to_le_bytes());
     }
 }
 
-/// The inverse of [`encode_frame_head`]: if `body` ends in a byte-slice field of exactly
-/// `tail_len` bytes, decodes the message with that field empty and returns the bytes, which
-/// stay where they are in the frame (no copy). `None` if the body is not of that shape.
-pub fn decode_with_tail<T: DeserializeOwned>(body: &[u8], tail_len: usize) -> Option<(T, &[u8])> {
-    let split = body.len().checked_sub(tail_len)?;
-    let (head, tail) = body.split_at(split);
-    Some((decode_head(head, tail_len)?, tail))
+/// Decodes a message that must fill `bytes` exactly: trailing bytes are an error, not ignored.
+fn strict<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ProtoError> {
+    let (msg, rest) = postcard::take_from_bytes(bytes).map_err(ProtoError::Malformed)?;
+    if !rest.is_empty() {
+        return Err(ProtoError::TrailingBytes(rest.len()));
+    }
+    Ok(msg)
 }
 
-/// Like [`decode_with_tail`], from the body's head alone (everything before the `tail_len`
-/// bytes): a client decodes a reply from its head, then receives the data straight into its
-/// destination.
-pub fn decode_head<T: DeserializeOwned>(head: &[u8], tail_len: usize) -> Option<T> {
-    let mut len = Vec::with_capacity(10);
-    varint(tail_len as u64, &mut len);
-    let head = head.strip_suffix(len.as_slice())?;
-    let mut patched = Vec::with_capacity(head.len() + 1);
-    patched.extend_from_slice(head);
-    patched.push(0);
-    postcard::from_bytes(&patched).ok()
+/// Splits a frame's body into its message and its tail (`header.tail` bytes).
+pub fn split_body<'a>(
+    header: &FrameHeader,
+    body: &'a [u8],
+) -> Result<(&'a [u8], &'a [u8]), ProtoError> {
+    let message = header.message_len() as usize;
+    if body.len() != header.len as usize || message > body.len() {
+        return Err(ProtoError::TailTooLong {
+            tail: header.tail,
+            len: body.len() as u32,
+        });
+    }
+    Ok(body.split_at(message))
 }
 
-/// Decodes a body that borrows from the frame (requests).
+/// Decodes a request frame's body; a tail becomes the request's bulk field (which must have
+/// been sent empty), and a tail on a request without one is an error.
+pub fn decode_request<'a>(header: &FrameHeader, body: &'a [u8]) -> Result<Request<'a>, ProtoError> {
+    let (message, tail) = split_body(header, body)?;
+    let mut req: Request<'a> = strict(message)?;
+    if !tail.is_empty() && !req.attach_tail(tail) {
+        return Err(ProtoError::UnexpectedTail(tail.len()));
+    }
+    Ok(req)
+}
+
+/// Decodes a reply frame's body; a tail becomes its `Data` (sent empty).
+pub fn decode_reply(header: &FrameHeader, body: &[u8]) -> Result<Reply, ProtoError> {
+    let (message, tail) = split_body(header, body)?;
+    let mut reply: Reply = strict(message)?;
+    if !tail.is_empty() {
+        match &mut reply.body {
+            ReplyBody::Data(d) if d.is_empty() => d.extend_from_slice(tail),
+            _ => return Err(ProtoError::UnexpectedTail(tail.len())),
+        }
+    }
+    Ok(reply)
+}
+
+/// Decodes a message that borrows from the frame.
 pub fn decode_borrowed<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ProtoError> {
-    postcard::from_bytes(body).map_err(ProtoError::Malformed)
+    strict(body)
 }
 
-/// Decodes an owned body (replies, hellos).
+/// Decodes an owned message (hellos; the message part of a reply).
 pub fn decode_owned<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
-    postcard::from_bytes(body).map_err(ProtoError::Malformed)
+    postcard::take_from_bytes(body)
+        .map_err(ProtoError::Malformed)
+        .and_then(|(msg, rest): (T, &[u8])| {
+            if rest.is_empty() {
+                Ok(msg)
+            } else {
+                Err(ProtoError::TrailingBytes(rest.len()))
+            }
+        })
 }
 
 #[cfg(test)]
@@ -168,22 +211,14 @@ mod tests {
         assert_eq!(back, req);
     }
 
+    fn header_of(frame: &[u8]) -> FrameHeader {
+        FrameHeader::decode(frame[..HEADER_LEN].try_into().unwrap()).unwrap()
+    }
+
     #[test]
-    fn split_frames_are_byte_identical_to_whole_ones() {
+    fn a_tail_declared_in_the_header_lands_in_the_bulk_field() {
         for n in [0usize, 1, 127, 128, 300, 70_000] {
             let data = vec![3u8; n];
-            let mut whole = Vec::new();
-            encode_frame(
-                &mut whole,
-                FrameKind::Request,
-                FLAG_QUIET,
-                9,
-                &Request::MemcpyHtoD {
-                    dst: 7,
-                    stream: 2,
-                    data: &data,
-                },
-            );
             let mut split = Vec::new();
             encode_frame_head(
                 &mut split,
@@ -198,20 +233,73 @@ mod tests {
                 n,
             );
             split.extend_from_slice(&data);
-            assert_eq!(whole, split, "{n}");
-            let mut reply = Reply::ok(ReplyBody::Data(data.clone()));
+            let h = header_of(&split);
+            assert_eq!(
+                (h.tail as usize, h.len as usize),
+                (n, split.len() - HEADER_LEN)
+            );
+            let back = decode_request(&h, body_of(&split)).unwrap();
+            assert_eq!(
+                back,
+                Request::MemcpyHtoD {
+                    dst: 7,
+                    stream: 2,
+                    data: &data,
+                },
+                "{n}"
+            );
+            let mut reply = Reply::ok(ReplyBody::Data(Vec::new()));
             reply.deferred_error = Some(700);
-            let mut whole = Vec::new();
-            encode_frame(&mut whole, FrameKind::Reply, 0, 1, &reply);
-            reply.body = ReplyBody::Data(Vec::new());
-            let mut split = Vec::new();
-            encode_frame_head(&mut split, FrameKind::Reply, 0, 1, &reply, n);
-            split.extend_from_slice(&data);
-            assert_eq!(whole, split, "reply {n}");
-            let (back, tail) = decode_with_tail::<Reply>(&whole[HEADER_LEN..], n).unwrap();
-            assert_eq!(back, reply);
-            assert_eq!(tail, &data[..]);
+            let mut frame = Vec::new();
+            encode_frame_head(&mut frame, FrameKind::Reply, 0, 1, &reply, n);
+            frame.extend_from_slice(&data);
+            let back = decode_reply(&header_of(&frame), body_of(&frame)).unwrap();
+            reply.body = ReplyBody::Data(data.clone());
+            assert_eq!(back, reply, "reply {n}");
         }
+    }
+
+    #[test]
+    fn a_tail_where_no_bulk_field_is_or_trailing_bytes_are_errors() {
+        let mut frame = Vec::new();
+        encode_frame_head(
+            &mut frame,
+            FrameKind::Request,
+            FLAG_QUIET,
+            1,
+            &Request::MemFree { ptr: 5 },
+            3,
+        );
+        frame.extend_from_slice(&[1, 2, 3]);
+        assert!(matches!(
+            decode_request(&header_of(&frame), body_of(&frame)),
+            Err(ProtoError::UnexpectedTail(3))
+        ));
+        // A bulk field sent full and a tail as well: which bytes are the data is ambiguous.
+        let mut frame = Vec::new();
+        encode_frame_head(
+            &mut frame,
+            FrameKind::Request,
+            FLAG_QUIET,
+            1,
+            &Request::MemcpyHtoD {
+                dst: 1,
+                stream: 0,
+                data: &[9],
+            },
+            1,
+        );
+        frame.push(8);
+        assert!(decode_request(&header_of(&frame), body_of(&frame)).is_err());
+        // Bytes after a complete message are not ignored.
+        let mut frame = Vec::new();
+        encode_frame(&mut frame, FrameKind::Request, 0, 1, &Request::Ping);
+        let mut body = body_of(&frame).to_vec();
+        body.push(0);
+        assert!(matches!(
+            decode_borrowed::<Request>(&body),
+            Err(ProtoError::TrailingBytes(1))
+        ));
     }
 
     #[test]
@@ -252,48 +340,5 @@ mod tests {
         fn random_headers_never_panic(h in proptest::array::uniform24(any::<u8>())) {
             let _ = FrameHeader::decode(&h);
         }
-    }
-}
-
-/// If `prefix` begins a `MemcpyHtoD` request, its destination, stream, data length and the
-/// length of everything before the data: a worker receives a large copy's data straight into
-/// device memory. (postcard: the variant index and the fields as
-/// varints, the data as a varint length and then the bytes.)
-pub fn htod_prefix(prefix: &[u8]) -> Option<(u64, u64, u64, usize)> {
-    static VARIANT: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let variant = *VARIANT.get_or_init(|| {
-        let sample = crate::Request::MemcpyHtoD {
-            dst: 0,
-            stream: 0,
-            data: &[],
-        };
-        let bytes = postcard::to_allocvec(&sample).unwrap_or_default();
-        postcard::take_from_bytes::<u32>(&bytes).map_or(u32::MAX, |(v, _)| v)
-    });
-    let ((v, dst, stream, len), rest) =
-        postcard::take_from_bytes::<(u32, u64, u64, u64)>(prefix).ok()?;
-    (v == variant).then_some((dst, stream, len, prefix.len() - rest.len()))
-}
-
-#[cfg(test)]
-mod htod_prefix_tests {
-    use super::*;
-
-    #[test]
-    fn a_copys_head_is_found_and_nothing_else_is_taken_for_one() {
-        let data = vec![7u8; 300_000];
-        let req = Request::MemcpyHtoD {
-            dst: 0x2000_0000_1234,
-            stream: 77,
-            data: &data,
-        };
-        let body = postcard::to_allocvec(&req).unwrap();
-        let (dst, stream, len, head) = htod_prefix(&body[..32]).unwrap();
-        assert_eq!((dst, stream, len), (0x2000_0000_1234, 77, 300_000));
-        assert_eq!(head as u64 + len, body.len() as u64);
-        assert_eq!(&body[head..head + 4], &[7, 7, 7, 7]);
-        let other = postcard::to_allocvec(&Request::MemFree { ptr: 5 }).unwrap();
-        assert_eq!(htod_prefix(&other), None);
-        assert_eq!(htod_prefix(&[]), None);
     }
 }

@@ -255,7 +255,8 @@ pub struct Rect {
     pub pitch: u64,
 }
 
-/// Requests from client to worker. The variant index is the opcode.
+/// Requests from client to worker. Each has an explicit opcode ([`Request::opcode`]): new
+/// requests are appended at the end of the enum, never inserted.
 ///
 /// Quiet requests (sent with [`crate::FLAG_QUIET`]) are marked; the rest are synchronous.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -421,7 +422,78 @@ pub enum Request<'a> {
     },
 }
 
-impl Request<'_> {
+impl<'a> Request<'a> {
+    /// Puts bulk data that arrived as the frame's tail into the request's bulk field, which
+    /// must have been sent empty. False for a request without one.
+    pub fn attach_tail(&mut self, tail: &'a [u8]) -> bool {
+        match self {
+            Request::MemcpyHtoD { data, .. }
+            | Request::Memcpy2DHtoD { data, .. }
+            | Request::ModuleImagePart { data, .. }
+                if data.is_empty() =>
+            {
+                *data = tail;
+                true
+            }
+            Request::ModuleLoad { image, .. } if image.is_some_and(|i| i.is_empty()) => {
+                *image = Some(tail);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The request's opcode: the number that identifies it on the wire (postcard writes it as
+    /// the message's first varint). Explicit and append-only: a new request takes the next
+    /// number at the end of the enum, and a number is never reused or moved; the golden-bytes
+    /// test (`tests/golden.rs`) fails on any reordering.
+    pub fn opcode(&self) -> u32 {
+        match self {
+            Request::Ping => 0,
+            Request::CtxCreate { .. } => 1,
+            Request::CtxDestroy { .. } => 2,
+            Request::CtxSynchronize { .. } => 3,
+            Request::DeviceReset { .. } => 4,
+            Request::MemAlloc { .. } => 5,
+            Request::MemAllocPitch { .. } => 6,
+            Request::MemFree { .. } => 7,
+            Request::MemGetInfo { .. } => 8,
+            Request::MemcpyHtoD { .. } => 9,
+            Request::MemcpyDtoH { .. } => 10,
+            Request::MemcpyDtoHAsync { .. } => 11,
+            Request::MemcpyDtoD { .. } => 12,
+            Request::Memcpy2DDtoD { .. } => 13,
+            Request::Memcpy2DHtoD { .. } => 14,
+            Request::Memcpy2DDtoH { .. } => 15,
+            Request::Memset { .. } => 16,
+            Request::Memset2D { .. } => 17,
+            Request::StreamCreate { .. } => 18,
+            Request::StreamDestroy { .. } => 19,
+            Request::StreamSynchronize { .. } => 20,
+            Request::StreamQuery { .. } => 21,
+            Request::StreamWaitEvent { .. } => 22,
+            Request::EventCreate { .. } => 23,
+            Request::EventDestroy { .. } => 24,
+            Request::EventRecord { .. } => 25,
+            Request::EventQuery { .. } => 26,
+            Request::EventSynchronize { .. } => 27,
+            Request::EventElapsedTime { .. } => 28,
+            Request::ModuleLoad { .. } => 29,
+            Request::ModuleUnload { .. } => 30,
+            Request::ModuleGetFunction { .. } => 31,
+            Request::ModuleGetGlobal { .. } => 32,
+            Request::LaunchKernel(_) => 33,
+            Request::DebugLaunchLog { .. } => 34,
+            Request::MemCreate { .. } => 35,
+            Request::MemRelease { .. } => 36,
+            Request::MemAddressReserve { .. } => 37,
+            Request::MemAddressFree { .. } => 38,
+            Request::MemMap { .. } => 39,
+            Request::MemUnmap { .. } => 40,
+            Request::ModuleImagePart { .. } => 41,
+        }
+    }
+
     /// Whether the client sends this request without waiting for a reply.
     pub fn is_quiet(&self) -> bool {
         matches!(
@@ -472,8 +544,8 @@ pub struct LaunchRecord {
     pub params: Vec<u8>,
 }
 
-/// The payload of a reply. `Data` must stay the variant whose bytes end the encoding (see
-/// [`crate::encode_frame_head`]).
+/// The payload of a reply. Bulk `Data` may travel as the frame's tail
+/// ([`crate::encode_frame_head`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ReplyBody {
     None,
@@ -512,7 +584,6 @@ pub struct Reply {
     /// client prints it to the application's stdout before returning.
     #[serde(with = "serde_bytes")]
     pub output: Vec<u8>,
-    /// Last, so that bulk `Data` can be sent without copying it into the frame.
     pub body: ReplyBody,
 }
 
@@ -536,4 +607,34 @@ impl Reply {
             output: Vec::new(),
         }
     }
+}
+
+/// A worker's request to its node over the control socket (frames of kind
+/// [`crate::FrameKind::Control`]): the device's memory ledger and its launch queue live in the
+/// node, because several sessions share one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ControlRequest {
+    /// Reserve bytes on the device; `ok` if granted.
+    Reserve { bytes: u64 },
+    /// Return bytes.
+    Release { bytes: u64 },
+    /// How many bytes the device has in use across all sessions (`value`).
+    DeviceUsed,
+    /// Wait for the device (the launch queue); `value` is the lease's quantum in microseconds:
+    /// launches may go on without asking again until they have used it.
+    Acquire,
+    /// End the lease, reporting the device time its launches took: what the session's compute
+    /// share is charged.
+    Done { micros: u64 },
+    /// `Done`, then `Acquire`, as one request: the session has more launches waiting, so it
+    /// never looks idle between two leases.
+    Renew { micros: u64 },
+}
+
+/// The node's answer to a [`ControlRequest`] (frames of kind
+/// [`crate::FrameKind::ControlReply`], with the request's id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlAnswer {
+    pub ok: bool,
+    pub value: u64,
 }

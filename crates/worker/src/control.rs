@@ -1,44 +1,12 @@
 //! The worker's line to its node: the device's memory ledger and its launch queue live in the
-//! node, because several sessions (worker processes) share one device. Fixed 9-byte requests
-//! (`op`, `u64`) and 9-byte answers (`ok`, `u64`) over a socketpair.
+//! node, because several sessions (worker processes) share one device. Over a socket pair, in
+//! the same framing as every other connection: [`ControlRequest`] frames (kind `Control`)
+//! answered by [`ControlAnswer`] frames (kind `ControlReply`) with the request's id.
 
-use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
-/// What the worker asks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Op {
-    /// Reserve bytes on the device; answer ok=1 if granted.
-    Reserve = 1,
-    /// Return bytes.
-    Release = 2,
-    /// How many bytes the device has in use across all sessions.
-    DeviceUsed = 3,
-    /// Wait for the device (the launch queue); the answer is the lease's quantum in
-    /// microseconds: launches may go on without asking again until they have used it.
-    Acquire = 5,
-    /// End the lease, reporting the device time its launches took, in microseconds: what the
-    /// session's compute share is charged.
-    Done = 6,
-    /// `Done`, then `Acquire`, as one request: the session has more launches waiting, so it
-    /// never looks idle between two leases.
-    Renew = 7,
-}
-
-impl Op {
-    pub fn from_u8(v: u8) -> Option<Self> {
-        Some(match v {
-            1 => Op::Reserve,
-            2 => Op::Release,
-            3 => Op::DeviceUsed,
-            5 => Op::Acquire,
-            6 => Op::Done,
-            7 => Op::Renew,
-            _ => return None,
-        })
-    }
-}
+use gpufuse_proto::{decode_owned, encode_frame, ControlAnswer, ControlRequest, FrameKind};
+use gpufuse_transport::{Conn, Stream};
 
 /// The device memory ledger as a worker sees it.
 pub trait Ledger {
@@ -62,39 +30,58 @@ pub trait Ledger {
 }
 
 /// The ledger in the node, reached over the control socket.
-pub struct ControlLedger(pub UnixStream);
+pub struct ControlLedger {
+    conn: Conn,
+    next_id: u64,
+    out: Vec<u8>,
+}
 
 impl ControlLedger {
-    fn ask(&mut self, op: Op, arg: u64) -> Option<(bool, u64)> {
-        let mut req = [0u8; 9];
-        req[0] = op as u8;
-        req[1..].copy_from_slice(&arg.to_le_bytes());
-        self.0.write_all(&req).ok()?;
-        let mut ans = [0u8; 9];
-        self.0.read_exact(&mut ans).ok()?;
-        Some((ans[0] == 1, u64::from_le_bytes(ans[1..].try_into().ok()?)))
+    pub fn new(control: UnixStream) -> Self {
+        Self {
+            conn: Conn::new(Stream::Unix(control)),
+            next_id: 1,
+            out: Vec::with_capacity(64),
+        }
+    }
+
+    /// One request and its answer; `None` if the node is gone or answered nonsense.
+    fn ask(&mut self, req: ControlRequest) -> Option<ControlAnswer> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.out.clear();
+        encode_frame(&mut self.out, FrameKind::Control, 0, id, &req);
+        self.conn.send(&self.out).ok()?;
+        let (h, body) = self.conn.recv().ok()?;
+        if h.kind != FrameKind::ControlReply || h.request_id != id {
+            return None;
+        }
+        decode_owned(body).ok()
     }
 }
 
 impl Ledger for ControlLedger {
     fn reserve(&mut self, bytes: u64) -> bool {
-        self.ask(Op::Reserve, bytes).is_some_and(|(ok, _)| ok)
+        self.ask(ControlRequest::Reserve { bytes })
+            .is_some_and(|a| a.ok)
     }
     fn release(&mut self, bytes: u64) {
-        let _ = self.ask(Op::Release, bytes);
+        let _ = self.ask(ControlRequest::Release { bytes });
     }
     fn device_used(&mut self) -> u64 {
-        self.ask(Op::DeviceUsed, 0).map_or(0, |(_, v)| v)
+        self.ask(ControlRequest::DeviceUsed).map_or(0, |a| a.value)
     }
     fn acquire(&mut self) -> u64 {
         // Without a node there is nobody to share with: run.
-        self.ask(Op::Acquire, 0).map_or(u64::MAX, |(_, q)| q)
+        self.ask(ControlRequest::Acquire)
+            .map_or(u64::MAX, |a| a.value)
     }
     fn done(&mut self, micros: u64) {
-        let _ = self.ask(Op::Done, micros);
+        let _ = self.ask(ControlRequest::Done { micros });
     }
     fn renew(&mut self, micros: u64) -> u64 {
-        self.ask(Op::Renew, micros).map_or(u64::MAX, |(_, q)| q)
+        self.ask(ControlRequest::Renew { micros })
+            .map_or(u64::MAX, |a| a.value)
     }
 }
 

@@ -21,8 +21,8 @@ use std::time::Instant;
 
 use gpufuse_device::{status as st, Device, KernelLaunch};
 use gpufuse_proto::{
-    decode_borrowed, encode_frame, encode_frame_head, FrameKind, LaunchRecord, Rect, Reply,
-    ReplyBody, Request, ServerHello, StagedCopy, Status,
+    decode_borrowed, decode_request, encode_frame, encode_frame_head, FrameKind, LaunchRecord,
+    Rect, Reply, ReplyBody, Request, ServerHello, StagedCopy, Status,
 };
 use gpufuse_transport::{Conn, TransportError};
 use sha2::{Digest, Sha256};
@@ -789,6 +789,8 @@ pub enum HtodTarget<'a> {
 
 /// Copies at least this large are received straight into device memory.
 const DIRECT_HTOD: u32 = 1 << 20;
+/// A copy's message is a few dozen bytes; anything longer is not one to take the direct path.
+const MAX_DIRECT_HEAD: u32 = 256;
 
 /// Serves one session on `conn` until the client leaves, then frees everything it held.
 /// Sends the hello answer first.
@@ -863,11 +865,19 @@ fn run(
         beat.busy(conn.has_frame());
         let header = conn.peek_header()?;
         beat.busy(true);
-        if header.kind == FrameKind::Request && header.is_quiet() && header.len >= DIRECT_HTOD {
-            if let Some((dst, stream, len, head)) = gpufuse_proto::htod_prefix(conn.peek_body(32)?)
+        // A large host-to-device copy: its data (the frame's tail) is received straight into
+        // device memory.
+        if header.kind == FrameKind::Request
+            && header.is_quiet()
+            && header.tail >= DIRECT_HTOD
+            && header.message_len() <= MAX_DIRECT_HEAD
+        {
+            let head = header.message_len() as usize;
+            if let Ok(Request::MemcpyHtoD { dst, stream, data }) =
+                decode_borrowed::<Request>(conn.peek_body(head)?)
             {
-                if head as u64 + len == u64::from(header.len) {
-                    match session.htod_target(dst, stream, len) {
+                if data.is_empty() {
+                    match session.htod_target(dst, stream, u64::from(header.tail)) {
                         HtodTarget::Write(bytes) => {
                             conn.recv_tail_into(head, bytes)?;
                             continue;
@@ -887,7 +897,7 @@ fn run(
         }
         let quiet = header.is_quiet();
         let id = header.request_id;
-        let req: Request = decode_borrowed(body)?;
+        let req: Request = decode_request(&header, body)?;
 
         if tracing::enabled!(tracing::Level::TRACE) {
             let mut text = format!("{req:?}");

@@ -94,5 +94,9 @@ void check_graph_nodes(void);
 void check_vram_limit(void);
 void hold_1gib(void);
 void hold_until_stdin(void);
+void leave_dirty_memory(void);
+void expect_zeroed_memory(void);
+void churn(void);
+void sync_until_error(void);
 
 #endif

@@ -31,6 +31,10 @@ static const struct check checks[] = {
     {"vram_limit", check_vram_limit, 0},
     {"hold_1gib", hold_1gib, 0},
     {"hold_until_stdin", hold_until_stdin, 0},
+    {"leave_dirty_memory", leave_dirty_memory, 0},
+    {"expect_zeroed_memory", expect_zeroed_memory, 0},
+    {"churn", churn, 0},
+    {"sync_until_error", sync_until_error, 0},
 };
 
 static void run_one(const struct check *c) {
