@@ -802,9 +802,11 @@ fn surface_at(
     if out {
         match op.clamp {
             Clamp::Zero => return Ok(None),
-            Clamp::Trap => return Err(ExecError::Texture(format!(
+            Clamp::Trap => {
+                return Err(ExecError::Texture(format!(
                 "surface object {handle:#x}: an access of {bytes} bytes at {c:?} is out of range"
-            ))),
+            )))
+            }
             Clamp::Edge => {}
         }
     }
