@@ -5,7 +5,7 @@ use crate::ProtoError;
 /// "GFUS" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
 /// Bumped on any incompatible change to the header or to a message.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 /// Largest body accepted from the wire. A 64 MiB copy chunk plus its envelope fits.
 pub const MAX_BODY_LEN: u32 = 64 * 1024 * 1024 + 64 * 1024;
 /// Host-to-device copies larger than this are split into several requests.

@@ -45,7 +45,11 @@
 //!   sense, whatever the kernel does), and atomic instructions are exact across threads
 //!   (`memory.rs`).
 //!
-//! Not yet: variable addresses in initializers (`generic(var)`), textures,
+//! - texture and surface objects (`tex`, `tld4`, `txq`, `suld.b`, `sust.b`, `suq`;
+//!   `tex.rs`): the device describes each live handle ([`DeviceMemory::texture`]) and the VM
+//!   samples its memory by the CUDA programming guide's texture fetching rules.
+//!
+//! Not yet: variable addresses in initializers (`generic(var)`), `sust.p`, `sured`,
 //! `wmma`/`wgmma`/`tcgen05`, TMA (`cp.async.bulk`), `mbarrier`.
 //! `cargo run -p gpufuse-ptx --example ptx_check -- FILE.ptx` lists what a module lacks;
 //! `cargo run --release -p gpufuse-ptx --example vm_bench` measures lane-instructions per

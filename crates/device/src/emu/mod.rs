@@ -20,7 +20,9 @@ use crate::ptx_layout::{self, Layout};
 use crate::status::*;
 use crate::{model, Device, KernelLaunch, ModuleId};
 
-const ALIGN: u64 = 256;
+/// Allocations start at multiples of the texture alignment the device reports (512, attribute
+/// 14), so memory from `cuMemAlloc` can back a texture object, as on a GPU.
+const ALIGN: u64 = 512;
 
 /// Why a loaded module's kernels cannot run: the launch's status and its detail.
 #[derive(Debug, Clone)]
