@@ -235,7 +235,10 @@ fn sampler(d: &TextureDesc, desc: &TexObjectDesc) -> Result<TexSampler, CUresult
         ));
     }
     if d.max_anisotropy > 1 {
-        return Err(refuse("anisotropic filtering (maxAnisotropy > 1)", NOT_SUPPORTED));
+        return Err(refuse(
+            "anisotropic filtering (maxAnisotropy > 1)",
+            NOT_SUPPORTED,
+        ));
     }
     if !(0..=1).contains(&d.filter_mode) || d.address_mode.iter().any(|m| !(0..=3).contains(m)) {
         return Err(INVALID_VALUE);
@@ -251,8 +254,8 @@ fn sampler(d: &TextureDesc, desc: &TexObjectDesc) -> Result<TexSampler, CUresult
         }
     }
     let integer = !matches!(desc.format, 0x10 | 0x20);
-    let as_integer = integer
-        && (d.flags & TRSF_READ_AS_INTEGER != 0 || matches!(desc.format, 0x03 | 0x0a));
+    let as_integer =
+        integer && (d.flags & TRSF_READ_AS_INTEGER != 0 || matches!(desc.format, 0x03 | 0x0a));
     if d.filter_mode == 1 && as_integer {
         // Linear filtering needs float results: float data, or 8/16-bit integers read as
         // normalized floats.
@@ -275,8 +278,10 @@ fn check_view(v: &ResourceViewDesc, desc: &TexObjectDesc) -> Result<(), CUresult
     } else {
         0
     };
-    let height = if matches!(desc.shape, TexShape::Layered1 | TexShape::D1 | TexShape::Linear)
-    {
+    let height = if matches!(
+        desc.shape,
+        TexShape::Layered1 | TexShape::D1 | TexShape::Linear
+    ) {
         0
     } else {
         desc.height
