@@ -242,6 +242,18 @@ static void check_point_filter() {
   int w = 37, h = 19;
   std::vector<float> img = test_image(w, h);
   cudaArray_t a = float_array(img, w, h);
+  // The deprecated 1-D array copies too: rows 3.. rewritten from byte offset (0, 3), read back.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  for (int i = 3 * w; i < w * h; i++) img[i] = -img[i];
+  CK(cudaMemcpyToArray(a, 0, 3, img.data() + 3 * w, (h - 3) * w * sizeof(float),
+                       cudaMemcpyHostToDevice));
+  std::vector<float> back(w * h);
+  CK(cudaMemcpyFromArray(back.data(), a, 0, 0, w * h * sizeof(float), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < w * h; i++)
+    EXPECT_RESULT(back[i] == img[i], "cudaMemcpyFromArray element %d = %g, want %g", i, back[i],
+                  img[i]);
+#pragma GCC diagnostic pop
   // Unnormalized coordinates: clamp and border only (wrap and mirror need normalized ones).
   for (int m = 1; m < 4; m += 2) {
     cudaTextureObject_t t = array_texture(a, MODES[m], cudaFilterModePoint, false);
