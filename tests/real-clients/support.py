@@ -101,7 +101,7 @@ SHARED_CUDART_KERNELS = ["vector_add", "params"]
 # Programs made of named checks (kcheck.h: PROG [CHECK...]); test_kernels_nvcc.py lists the checks.
 CHECK_KERNEL_SOURCES = ["warp", "histogram", "matmul", "transpose", "scan", "sort", "double",
                         "math", "memory_spaces", "calls", "fn_table", "faults", "graphs",
-                        "device_io"]
+                        "device_io", "textures"]
 # Each nvcc program is also built with line information: `-lineinfo` (`.file`/`.loc` lines
 # between the statements of the same optimized code) and `-G` (unoptimized device code with DWARF
 # `.section`s): programs[f"{name}{suffix}"].

@@ -55,6 +55,8 @@ CHECKS = {
     "faults": ["trap", "illegal_address", "misaligned", "assert", "reset_after_fault",
                "reset_relaunch"],
     "device_io": ["printf", "malloc"],
+    "textures": ["point_filter", "linear_filter", "normalized_coords", "normalized_float",
+                 "fetch_linear", "pitch2d", "volume", "gather", "surface", "destroyed"],
 }
 
 XFAIL: dict = {}

@@ -49,6 +49,14 @@ def test_cuda_bindings_driver(programs, server):
 
 
 @pytest.mark.kernel_results
+def test_cuda_bindings_textures(programs, server):
+    """Texture and surface objects through the driver API: descriptors, errors, kernels."""
+    res = run_client(programs, server.unix, [programs.python, PY / "cuda_bindings_textures.py"])
+    assert_ok(res, ["PASS errors", "PASS texture", "PASS surface",
+                    "PASS cuda_bindings_textures (results checked)"])
+
+
+@pytest.mark.kernel_results
 def test_cuda_bindings_kernel_results(programs, server):
     res = run_client(programs, server.unix, [programs.python, PY / "cuda_bindings_driver.py"])
     assert_ok(res, ["PASS cuda_bindings_driver (results checked)"])

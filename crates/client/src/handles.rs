@@ -20,6 +20,9 @@ pub enum Kind {
     Physical = 11,
     /// `CUarray`.
     Array = 12,
+    /// `CUtexObject`, `CUsurfObject`: the values kernels get.
+    TexObject = 13,
+    SurfObject = 14,
 }
 
 const SHIFT: u32 = 48;

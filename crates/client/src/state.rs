@@ -82,6 +82,14 @@ pub struct ArrayInfo {
     pub pitch: u64,
 }
 
+/// A texture or surface object: the device memory it reads, and the descriptors it was created
+/// with as the application gave them (the shim's own types, for `cuTexObjectGet*Desc`).
+#[derive(Debug, Clone)]
+pub struct TexObjectInfo {
+    pub ptr: u64,
+    pub descriptors: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+}
+
 /// What a device's memory pool holds. Freed pool memory goes back to the device at once (no
 /// caching), so reserved equals used.
 #[derive(Debug, Clone, Copy, Default)]
@@ -203,6 +211,8 @@ pub struct Inner {
     pub mappings: HashMap<u64, u64>,
     /// CUDA arrays: handle -> their linear device memory and shape.
     pub arrays: HashMap<u64, ArrayInfo>,
+    /// Texture and surface objects: handle -> what they were created with.
+    pub textures: HashMap<u64, TexObjectInfo>,
     /// CUDA graphs and stream capture.
     pub graphs: crate::graph::Graphs,
 }
@@ -304,6 +314,7 @@ impl Session {
                 physical: HashMap::new(),
                 mappings: HashMap::new(),
                 arrays: HashMap::new(),
+                textures: HashMap::new(),
                 graphs: Default::default(),
             }),
         })

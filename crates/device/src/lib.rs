@@ -97,6 +97,19 @@ pub trait Device: Send {
     fn take_output(&mut self) -> Vec<u8> {
         Vec::new()
     }
+    /// Makes `handle` a texture or surface object over the memory `desc` describes (the
+    /// worker has checked that the memory lies in one allocation). Kernels get the handle.
+    fn create_texture(
+        &mut self,
+        _handle: u64,
+        _desc: &gpufuse_proto::TexObjectDesc,
+    ) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
+    /// Forgets a texture or surface object.
+    fn destroy_texture(&mut self, _handle: u64) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
 }
 
 /// A kernel launch as the device runs it.

@@ -6,9 +6,11 @@
 //! device. Libraries whose PTX targets a newer architecture (NVIDIA's cuBLAS and cuBLASLt ship
 //! `compute_120` PTX only) need a newer model: `--devices emu:1:16GiB:sm_120`. The figures of
 //! each model are the public specifications of the GPU it is named after. Features the emulated
-//! GPU does not have (textures, surfaces, peer access, managed memory, IPC, cooperative
-//! launches) are reported as absent (0); the client answers managed memory itself, and mapped
-//! pinned memory is kept like managed memory (crates/shim/src/api/managed.rs).
+//! GPU does not have (mipmapped and cubemap textures, peer access, managed memory, IPC,
+//! cooperative launches) are reported as absent (0); the client answers managed memory itself,
+//! and mapped pinned memory is kept like managed memory (crates/shim/src/api/managed.rs).
+//! Texture and surface objects of 1-D, 2-D, 3-D and layered arrays, linear and pitched memory
+//! are sampled by the VM (crates/ptx/src/tex.rs): their size limits are those of a 9.x/10.x GPU.
 
 /// One emulated GPU model: what `cuDeviceGetAttribute` reports, by the GPU it is named after.
 #[derive(Debug, PartialEq)]
@@ -146,9 +148,20 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (18, 0),               // integrated
         (19, 1),               // can map host memory: mapped pinned memory moves like managed
         (20, 0),               // compute mode default
-        (30, 512),             // surface alignment
-        (31, 1),               // concurrent kernels
-        (32, 0),               // ECC
+        // Texture and surface sizes (those of compute capability 9.x and 10.x GPUs); mipmapped
+        // and cubemap textures and surfaces are not supported (0).
+        (21, 131072), // 1-D texture width
+        (22, 131072), // 2-D texture width, height
+        (23, 65536),
+        (24, 16384), // 3-D texture width, height, depth
+        (25, 16384),
+        (26, 16384),
+        (27, 32768), // layered 2-D texture width, height, layers
+        (28, 32768),
+        (29, 2048),
+        (30, 512), // surface alignment
+        (31, 1),   // concurrent kernels
+        (32, 0),   // ECC
         (33, bus as i32),
         (34, device as i32),
         (35, 0),               // TCC
@@ -156,10 +169,32 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (37, m.bus_width_bits),
         (38, m.l2_bytes),
         (39, m.threads_per_sm),
-        (40, 3), // async engines
-        (41, 1), // unified addressing
+        (40, 3),     // async engines
+        (41, 1),     // unified addressing
+        (42, 32768), // layered 1-D texture width, layers
+        (43, 2048),
+        (45, 32768), // 2-D gather width, height
+        (46, 32768),
+        (47, 8192), // 3-D texture alternate width, height, depth
+        (48, 8192),
+        (49, 32768),
         (50, domain as i32),
-        (51, 32), // texture pitch alignment
+        (51, 32),     // texture pitch alignment
+        (55, 32768),  // 1-D surface width
+        (56, 131072), // 2-D surface width, height
+        (57, 65536),
+        (58, 16384), // 3-D surface width, height, depth
+        (59, 16384),
+        (60, 16384),
+        (61, 32768), // layered 1-D surface width, layers
+        (62, 2048),
+        (63, 32768), // layered 2-D surface width, height, layers
+        (64, 32768),
+        (65, 2048),
+        (69, 268435456), // 1-D texture of linear memory: elements
+        (70, 131072),    // 2-D texture of pitched memory: width, height, pitch
+        (71, 65000),
+        (72, 2097120),
         (75, m.cc.0),
         (76, m.cc.1),
         (78, 1), // stream priorities

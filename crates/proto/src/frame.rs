@@ -5,7 +5,7 @@ use crate::ProtoError;
 /// "GFUS" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
 /// Bumped on any incompatible change to the header or to a message. 6: the header declares
-/// the bulk tail's length (bytes 12..16, reserved before).
+/// the bulk tail's length (bytes 12..16, reserved before); texture and surface objects.
 pub const PROTOCOL_VERSION: u16 = 6;
 /// The protocol versions this build speaks. Both sides check every header against it; the
 /// node refuses a hello outside it with a reason naming both sides' versions.

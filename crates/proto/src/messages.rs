@@ -420,6 +420,57 @@ pub enum Request<'a> {
         #[serde(borrow, with = "serde_bytes")]
         data: &'a [u8],
     },
+    /// Sync. Texture or surface object `handle` (minted by the client, the value kernels get)
+    /// reads the memory `desc` describes; the worker checks that it lies in one allocation.
+    TexObjectCreate { handle: u64, desc: TexObjectDesc },
+    /// Quiet. Kernels launched after it that use `handle` fail.
+    TexObjectDestroy { handle: u64 },
+}
+
+/// Texture and surface objects (`cuTexObjectCreate`, `cuSurfObjectCreate`): the memory, its
+/// element format and shape, and for textures the sampler. Values are the driver API's.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TexObjectDesc {
+    /// Device address of element (0, 0, 0).
+    pub ptr: u64,
+    /// `CUarray_format`.
+    pub format: i32,
+    /// 1, 2 or 4.
+    pub channels: u32,
+    pub shape: TexShape,
+    /// Elements per row, rows, and slices or layers (1 where a shape has none).
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+    /// Bytes from one row to the next (slices are `pitch * height` apart).
+    pub pitch: u64,
+    /// `None` for a surface object.
+    pub sampler: Option<TexSampler>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TexShape {
+    /// Linear memory (`CU_RESOURCE_TYPE_LINEAR`, `tex1Dfetch`).
+    Linear,
+    D1,
+    /// A 2-D array or pitched memory (`CU_RESOURCE_TYPE_PITCH2D`).
+    D2,
+    D3,
+    /// Layered 1-D and 2-D arrays (`CUDA_ARRAY3D_LAYERED`).
+    Layered1,
+    Layered2,
+}
+
+/// `CUDA_TEXTURE_DESC` as far as the emulated GPU honours it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TexSampler {
+    /// `CUaddress_mode` per dimension.
+    pub address: [u32; 3],
+    /// `CUfilter_mode`.
+    pub filter: u32,
+    /// `CU_TRSF_READ_AS_INTEGER` (1), `CU_TRSF_NORMALIZED_COORDINATES` (2).
+    pub flags: u32,
+    pub border: [f32; 4],
 }
 
 impl<'a> Request<'a> {
@@ -491,6 +542,8 @@ impl<'a> Request<'a> {
             Request::MemMap { .. } => 39,
             Request::MemUnmap { .. } => 40,
             Request::ModuleImagePart { .. } => 41,
+            Request::TexObjectCreate { .. } => 42,
+            Request::TexObjectDestroy { .. } => 43,
         }
     }
 
@@ -520,6 +573,7 @@ impl<'a> Request<'a> {
                 | Request::EventRecord { .. }
                 | Request::ModuleUnload { .. }
                 | Request::LaunchKernel(_)
+                | Request::TexObjectDestroy { .. }
         )
     }
 }

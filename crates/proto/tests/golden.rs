@@ -273,6 +273,29 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 data: DATA,
             },
         ),
+        (
+            "TexObjectCreate",
+            Request::TexObjectCreate {
+                handle: 9,
+                desc: TexObjectDesc {
+                    ptr: 0x1000,
+                    format: 0x20,
+                    channels: 4,
+                    shape: TexShape::D2,
+                    width: 16,
+                    height: 8,
+                    depth: 1,
+                    pitch: 64,
+                    sampler: Some(TexSampler {
+                        address: [1, 1, 0],
+                        filter: 1,
+                        flags: 2,
+                        border: [0.0, 0.5, 1.0, 0.0],
+                    }),
+                },
+            },
+        ),
+        ("TexObjectDestroy", Request::TexObjectDestroy { handle: 9 }),
     ]
 }
 
@@ -328,6 +351,11 @@ const REQUESTS: &[(&str, &str)] = &[
         "ModuleImagePart",
         "291111111111111111111111111111111111111111111111111111111111111111640004deadbeef",
     ),
+    (
+        "TexObjectCreate",
+        "2a09802040040210080140010101000102000000000000003f0000803f00000000",
+    ),
+    ("TexObjectDestroy", "2b09"),
 ];
 
 #[test]

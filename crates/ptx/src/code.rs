@@ -119,6 +119,8 @@ pub struct Code {
     pub joins: Vec<u32>,
     /// The A, B and C register lists of each `mma` (the instruction's `target`).
     pub mma: Vec<[Vec<Src>; 3]>,
+    /// The values of each `sust` (the instruction's `target`).
+    pub lists: Vec<Vec<Src>>,
     /// Bytes of local memory a frame of this function takes (parameters, return values,
     /// `.local` and `.param` variables), a multiple of 16.
     pub frame: u64,
@@ -308,6 +310,7 @@ fn compile_function(
         texts: Vec::with_capacity(f.insts.len()),
         calls: Vec::new(),
         mma: Vec::new(),
+        lists: Vec::new(),
         joins: Vec::new(),
         frame: round_up(frame, 16),
         params,
@@ -375,6 +378,7 @@ fn has_dst(op: Op) -> bool {
             | Op::CpAsync
             | Op::CpAsyncWait
             | Op::Stackrestore
+            | Op::Sust
     )
 }
 
@@ -521,6 +525,29 @@ fn compile_inst(
         code.symbols.extend(used);
         return Ok(ins);
     }
+    if inst.op == Op::Sust {
+        // `[handle, {coords}], {values}`: the values live beside the code.
+        let (Some(Operand::Vector(at)), Some(Operand::Vector(vals)), None) =
+            (args.next(), args.next(), args.next())
+        else {
+            return Err(format!("sust without an address and values: {}", inst.text));
+        };
+        if at.len() > MAX_SRCS {
+            return Err(too_many());
+        }
+        for (k, x) in at.iter().enumerate() {
+            ins.s[k] = to_src(x, scope, syms, &mut used);
+        }
+        ins.ns = at.len() as u8;
+        ins.target = code.lists.len() as u32;
+        code.lists.push(
+            vals.iter()
+                .map(|x| to_src(x, scope, syms, &mut used))
+                .collect(),
+        );
+        code.symbols.extend(used);
+        return Ok(ins);
+    }
     if matches!(inst.op, Op::Ld | Op::Ldu | Op::Atom | Op::Ldmatrix) {
         ins.addr = mem_operand(args.next(), scope, syms, &mut used);
     }
@@ -536,7 +563,17 @@ fn compile_inst(
         match o {
             Operand::Vector(v)
                 if k == 0 && inst.op == Op::Mov
-                    || matches!(inst.op, Op::St | Op::Atom | Op::Red) =>
+                    || matches!(
+                        inst.op,
+                        Op::St
+                            | Op::Atom
+                            | Op::Red
+                            | Op::Tex
+                            | Op::Tld4
+                            | Op::Suld
+                            | Op::Txq
+                            | Op::Suq
+                    ) =>
             {
                 if n + v.len() > MAX_SRCS {
                     return Err(too_many());

@@ -126,6 +126,24 @@ pub fn exec(
             }
             return Ok(Flow::Next);
         }
+        Op::Tex | Op::Tld4 => {
+            if run != 0 {
+                crate::tex::tex(w, env, g, ins, run, ins.op == Op::Tld4)?;
+            }
+            return Ok(Flow::Next);
+        }
+        Op::Txq | Op::Suq => {
+            if run != 0 {
+                crate::tex::query(w, env, g, ins, run)?;
+            }
+            return Ok(Flow::Next);
+        }
+        Op::Suld | Op::Sust => {
+            if run != 0 {
+                crate::tex::surface(w, env, code, g, ins, run, ins.op == Op::Sust)?;
+            }
+            return Ok(Flow::Next);
+        }
         Op::Activemask | Op::Vote | Op::Redux | Op::Match | Op::Shfl | Op::Elect => {
             collective::exec(w, env, g, ins, run, &unsupported)?;
             return Ok(Flow::Next);

@@ -31,6 +31,11 @@ impl Type {
         matches!(self.kind, Ty::F | Ty::Bf)
     }
 
+    /// A type's name (`b32`, `f16`, `pred`, ...), for the instruction decoders of other modules.
+    pub fn parse_pub(t: &str) -> Option<Type> {
+        Type::parse(t)
+    }
+
     fn parse(t: &str) -> Option<Type> {
         if t == "bf16" {
             return Some(Type {
@@ -170,6 +175,16 @@ pub enum Op {
     /// `call (rets), func, (args)`: args[0] is a vector of return operands, args[1] the
     /// function's name, args[2] a vector of arguments.
     Call,
+    /// Texture and surface instructions (`tex.rs`); the form is in [`Mods::tex`]. `tex`/`tld4`
+    /// and `suld`: destinations, then the handle and coordinates as sources; `sust`: the
+    /// handle and coordinates as sources, the values in [`crate::code::Code::lists`];
+    /// `txq`/`suq`: one destination and the handle.
+    Tex,
+    Tld4,
+    Txq,
+    Suld,
+    Sust,
+    Suq,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -356,6 +371,8 @@ pub struct Mods {
     /// SIMD lanes of a video instruction (2 or 4), and its `.add` secondary operation.
     pub simd: u8,
     pub simd_add: bool,
+    /// The form of a texture or surface instruction.
+    pub tex: Option<crate::tex::TexOp>,
 }
 
 /// What `testp` tests.
@@ -775,8 +792,35 @@ pub fn decode(
         // Cache-residency hints: no cache, nothing to do (`discard` leaves the line's
         // contents undefined; keeping them is one of the allowed outcomes).
         "discard" | "applypriority" => Op::Prefetch,
+        "tex" => Op::Tex,
+        "tld4" => Op::Tld4,
+        "txq" => Op::Txq,
+        "suld" => Op::Suld,
+        "sust" => Op::Sust,
+        "suq" => Op::Suq,
         _ => return Err(unsupported()),
     };
+    if matches!(
+        op,
+        Op::Tex | Op::Tld4 | Op::Txq | Op::Suld | Op::Sust | Op::Suq
+    ) {
+        let mut operand_of = |t: &str, float: bool| operand(t, regs, float, true, label, false);
+        let (mods, ty, ty2, args) = crate::tex::decode(op, &mods_s, rest, &mut operand_of)
+            .map_err(|e| match e {
+                PtxError::Unsupported { .. } => unsupported(),
+                e => e,
+            })?;
+        return Ok(Inst {
+            pred,
+            op,
+            ty,
+            ty2,
+            space: Space::Global,
+            mods,
+            args,
+            text: stmt.to_string(),
+        });
+    }
     let _ = Op::Mov64Split;
     let mut mods = Mods::default();
     let mut types = Vec::new();

@@ -45,7 +45,11 @@
 //!   sense, whatever the kernel does), and atomic instructions are exact across threads
 //!   (`memory.rs`).
 //!
-//! Not yet: variable addresses in initializers (`generic(var)`), textures,
+//! - texture and surface objects (`tex`, `tld4`, `txq`, `suld.b`, `sust.b`, `suq`;
+//!   `tex.rs`): the device describes each live handle ([`DeviceMemory::texture`]) and the VM
+//!   samples its memory by the CUDA programming guide's texture fetching rules.
+//!
+//! Not yet: variable addresses in initializers (`generic(var)`), `sust.p`, `sured`,
 //! `wmma`/`wgmma`/`tcgen05`, TMA (`cp.async.bulk`), `mbarrier`.
 //! `cargo run -p gpufuse-ptx --example ptx_check -- FILE.ptx` lists what a module lacks;
 //! `cargo run --release -p gpufuse-ptx --example vm_bench` measures lane-instructions per
@@ -71,6 +75,7 @@ mod reconverge;
 mod round;
 mod space;
 mod tensor;
+mod tex;
 mod warp;
 
 use std::sync::atomic::AtomicU64;
@@ -81,6 +86,7 @@ pub use heap::{Heap, DEFAULT_HEAP};
 pub use inst::Space;
 pub use parse::{Param, Var};
 pub use space::{function_address, function_index, FUNCTION_WINDOW};
+pub use tex::{AddressMode, Sampler, Shape, TexFormat, Texture};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PtxError {
@@ -110,6 +116,10 @@ pub enum ExecError {
     InvalidLaunch(String),
     #[error("no kernel named {0}")]
     NoKernel(String),
+    /// A texture or surface instruction named an object the device does not know, or used one
+    /// in a way it cannot be (a surface access out of range with `.trap`).
+    #[error("{0}")]
+    Texture(String),
 }
 
 /// Shared memory reserved for NVIDIA's system software in every block (1 KiB, as on sm_80 and
@@ -135,6 +145,11 @@ pub trait DeviceMemory: Sync {
 
     /// The session's device heap for `malloc`/`free` in kernels, if the device keeps one.
     fn heap(&self) -> Option<&Heap> {
+        None
+    }
+
+    /// The texture or surface object a handle names, if it is live (`tex.rs`).
+    fn texture(&self, _handle: u64) -> Option<Texture> {
         None
     }
 }
@@ -375,6 +390,7 @@ pub struct VecMemory {
     words: Vec<AtomicU64>,
     printed: std::sync::Mutex<Vec<u8>>,
     heap: Option<Heap>,
+    textures: Vec<(u64, Texture)>,
 }
 
 impl VecMemory {
@@ -386,7 +402,19 @@ impl VecMemory {
             words: (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect(),
             printed: std::sync::Mutex::new(Vec::new()),
             heap: None,
+            textures: Vec::new(),
         }
+    }
+
+    /// Makes `handle` name the texture or surface object `t`.
+    pub fn set_texture(&mut self, handle: u64, t: Texture) {
+        self.textures.retain(|(h, _)| *h != handle);
+        self.textures.push((handle, t));
+    }
+
+    /// Forgets `handle` (a destroyed object).
+    pub fn remove_texture(&mut self, handle: u64) {
+        self.textures.retain(|(h, _)| *h != handle);
     }
 
     /// The last `bytes` of the memory become a device heap for `malloc`/`free` in kernels.
@@ -457,5 +485,12 @@ impl DeviceMemory for VecMemory {
 
     fn heap(&self) -> Option<&Heap> {
         self.heap.as_ref()
+    }
+
+    fn texture(&self, handle: u64) -> Option<Texture> {
+        self.textures
+            .iter()
+            .find(|(h, _)| *h == handle)
+            .map(|(_, t)| *t)
     }
 }

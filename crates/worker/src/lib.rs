@@ -86,6 +86,29 @@ pub struct Session<'a> {
     sticky: Option<Status>,
     /// The launch queue's lease, while this session holds the device.
     lease: Option<Lease>,
+    /// Live texture and surface objects.
+    textures: HashSet<u64>,
+}
+
+/// The bytes a texture or surface object spans from its first element: whole rows and slices
+/// but the last, whose row ends at its last element.
+fn texture_span(d: &gpufuse_proto::TexObjectDesc) -> R<u64> {
+    let elem = match d.format {
+        0x01 | 0x08 => 1u64,
+        0x02 | 0x09 | 0x10 => 2,
+        0x03 | 0x0a | 0x20 => 4,
+        _ => return Err(st::INVALID_VALUE),
+    } * u64::from(d.channels);
+    let row = d.width.checked_mul(elem).ok_or(st::INVALID_VALUE)?;
+    if d.width == 0 || d.height == 0 || d.depth == 0 || d.pitch < row {
+        return Err(st::INVALID_VALUE);
+    }
+    let slice = d.pitch.checked_mul(d.height).ok_or(st::INVALID_VALUE)?;
+    slice
+        .checked_mul(d.depth - 1)
+        .and_then(|s| s.checked_add(d.pitch.checked_mul(d.height - 1)?))
+        .and_then(|s| s.checked_add(row))
+        .ok_or(st::INVALID_VALUE)
 }
 
 /// A lease on the device: its quantum and the device time used so far.
@@ -125,6 +148,7 @@ impl<'a> Session<'a> {
             view: None,
             sticky: None,
             lease: None,
+            textures: HashSet::new(),
         }
     }
 
@@ -273,6 +297,9 @@ impl<'a> Session<'a> {
         let modules: Vec<u64> = self.modules.drain().map(|(_, id)| id).collect();
         for id in modules {
             let _ = self.unload_module(id);
+        }
+        for h in std::mem::take(&mut self.textures) {
+            let _ = self.device.destroy_texture(h);
         }
         self.functions.clear();
         self.streams.clear();
@@ -714,6 +741,20 @@ impl<'a> Session<'a> {
                 self.device.unmap(ptr, size)?;
                 let end = ptr.saturating_add(size);
                 self.vmm.mapped.retain(|&p, _| p < ptr || p >= end);
+            }
+            TexObjectCreate { handle, desc } => {
+                if self.textures.contains(&handle) {
+                    return Err(st::INVALID_VALUE);
+                }
+                self.check_range(desc.ptr, texture_span(&desc)?)?;
+                self.device.create_texture(handle, &desc)?;
+                self.textures.insert(handle);
+            }
+            TexObjectDestroy { handle } => {
+                if !self.textures.remove(&handle) {
+                    return Err(st::INVALID_HANDLE);
+                }
+                self.device.destroy_texture(handle)?;
             }
         }
         Ok(ReplyBody::None)

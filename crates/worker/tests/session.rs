@@ -201,3 +201,57 @@ fn zero_width_and_overflowing_2d_copies_are_answered_not_panics() {
     drop(c);
     assert_eq!(w.join().unwrap(), 0);
 }
+
+#[test]
+fn texture_objects_must_lie_in_an_allocation_and_exist_once() {
+    use gpufuse_proto::{TexObjectDesc, TexSampler, TexShape};
+    let (mut c, w) = pair();
+    let p = alloc(&mut c, 4096);
+    // 16 x 16 floats, rows of 64 bytes: 1024 bytes from p.
+    let desc = |ptr, pitch| TexObjectDesc {
+        ptr,
+        format: 0x20,
+        channels: 1,
+        shape: TexShape::D2,
+        width: 16,
+        height: 16,
+        depth: 1,
+        pitch,
+        sampler: Some(TexSampler {
+            address: [1; 3],
+            filter: 0,
+            flags: 0,
+            border: [0.0; 4],
+        }),
+    };
+    let create = |c: &mut Connection, handle, d| match c
+        .call(&Request::TexObjectCreate { handle, desc: d })
+    {
+        Ok(_) => 0,
+        Err(ClientError::Cuda(s)) => s,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(create(&mut c, 7, desc(p, 64)), 0);
+    // The same handle twice; memory past the allocation's end; rows shorter than a row.
+    assert_eq!(create(&mut c, 7, desc(p, 64)), 1);
+    assert_eq!(create(&mut c, 8, desc(p + 3500, 64)), 1);
+    assert_eq!(create(&mut c, 9, desc(p, 512)), 1);
+    assert_eq!(create(&mut c, 10, desc(p, 32)), 1);
+    assert_eq!(create(&mut c, 11, desc(0xdead_0000, 64)), 1);
+    // An unknown format or address mode.
+    let mut bad = desc(p, 64);
+    bad.format = 0x99;
+    assert_eq!(create(&mut c, 12, bad), 1);
+    let mut bad = desc(p, 64);
+    bad.sampler.as_mut().unwrap().address[0] = 9;
+    assert_eq!(create(&mut c, 13, bad), 1);
+    // Destroying is quiet: destroying twice is reported by the next call.
+    c.quiet(&Request::TexObjectDestroy { handle: 7 }).unwrap();
+    c.call(&Request::CtxSynchronize { ctx: 0 }).unwrap();
+    assert_eq!(c.take_async_error(), None);
+    c.quiet(&Request::TexObjectDestroy { handle: 7 }).unwrap();
+    c.call(&Request::CtxSynchronize { ctx: 0 }).unwrap();
+    assert_eq!(c.take_async_error(), Some(400));
+    drop(c);
+    assert_eq!(w.join().unwrap(), 0, "everything freed at disconnect");
+}

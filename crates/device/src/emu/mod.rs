@@ -20,7 +20,9 @@ use crate::ptx_layout::{self, Layout};
 use crate::status::*;
 use crate::{model, Device, KernelLaunch, ModuleId};
 
-const ALIGN: u64 = 256;
+/// Allocations start at multiples of the texture alignment the device reports (512, attribute
+/// 14), so memory from `cuMemAlloc` can back a texture object, as on a GPU.
+const ALIGN: u64 = 512;
 
 /// Why a loaded module's kernels cannot run: the launch's status and its detail.
 #[derive(Debug, Clone)]
@@ -55,6 +57,9 @@ pub struct EmuDevice {
     /// The session's heap for `malloc`/`free` in kernels: reserved (8 MiB, CUDA's default) by
     /// the first launch of a module that calls them, kept for the session's life.
     heap: Option<gpufuse_ptx::Heap>,
+    /// Live texture and surface objects by handle (`cuTexObjectCreate`, `cuSurfObjectCreate`),
+    /// which kernels name in `tex`/`suld`/`sust` (`gpufuse_ptx::DeviceMemory::texture`).
+    textures: HashMap<u64, gpufuse_ptx::Texture>,
 }
 
 /// Device-side `printf` output one launch may produce (CUDA's default printf FIFO); what
@@ -67,12 +72,14 @@ struct Memory<'a> {
     regions: Vec<(u64, &'a [AtomicU64], u64)>,
     printed: std::sync::Mutex<Vec<u8>>,
     heap: Option<&'a gpufuse_ptx::Heap>,
+    textures: &'a HashMap<u64, gpufuse_ptx::Texture>,
 }
 
 impl<'a> Memory<'a> {
     fn new(
         allocations: &'a mut BTreeMap<u64, words::Words>,
         heap: Option<&'a gpufuse_ptx::Heap>,
+        textures: &'a HashMap<u64, gpufuse_ptx::Texture>,
     ) -> Self {
         Memory {
             regions: allocations
@@ -82,6 +89,7 @@ impl<'a> Memory<'a> {
                 .collect(),
             printed: std::sync::Mutex::new(Vec::new()),
             heap,
+            textures,
         }
     }
 }
@@ -104,6 +112,10 @@ impl gpufuse_ptx::DeviceMemory for Memory<'_> {
     fn heap(&self) -> Option<&gpufuse_ptx::Heap> {
         self.heap
     }
+
+    fn texture(&self, handle: u64) -> Option<gpufuse_ptx::Texture> {
+        self.textures.get(&handle).copied()
+    }
 }
 
 impl EmuDevice {
@@ -120,6 +132,7 @@ impl EmuDevice {
             last_error: None,
             output: Vec::new(),
             heap: None,
+            textures: HashMap::new(),
             vmm: vmm::Vmm::default(),
             model: model::default_model(),
         }
@@ -458,7 +471,7 @@ impl Device for EmuDevice {
             return Err(INVALID_HANDLE);
         };
         let variables = &m.variables;
-        let mem = Memory::new(&mut self.allocations, self.heap.as_ref());
+        let mem = Memory::new(&mut self.allocations, self.heap.as_ref(), &self.textures);
         let result = program.launch(l.function, &cfg, l.params, &mem, &|name| {
             variables.get(name).map(|&(p, _)| p)
         });
@@ -480,6 +493,9 @@ impl Device for EmuDevice {
                     gpufuse_ptx::ExecError::InvalidLaunch(_) => INVALID_VALUE,
                     gpufuse_ptx::ExecError::NoKernel(_) => INVALID_HANDLE,
                     gpufuse_ptx::ExecError::Unsupported(_) => NOT_SUPPORTED,
+                    // A texture or surface object that does not exist, or a surface access
+                    // out of range with `.trap`: a fault like an illegal address.
+                    gpufuse_ptx::ExecError::Texture(_) => ILLEGAL_ADDRESS,
                 };
                 self.last_error = Some(e.to_string());
                 Err(status)
@@ -494,6 +510,96 @@ impl Device for EmuDevice {
     fn take_output(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.output)
     }
+
+    fn create_texture(
+        &mut self,
+        handle: u64,
+        desc: &gpufuse_proto::TexObjectDesc,
+    ) -> Result<(), Status> {
+        let t = texture(desc)?;
+        if handle == 0 || self.textures.contains_key(&handle) {
+            return Err(INVALID_VALUE);
+        }
+        self.textures.insert(handle, t);
+        Ok(())
+    }
+
+    fn destroy_texture(&mut self, handle: u64) -> Result<(), Status> {
+        self.textures
+            .remove(&handle)
+            .map(|_| ())
+            .ok_or(INVALID_HANDLE)
+    }
+}
+
+/// The interpreter's view of a texture or surface object; an option it does not honour is
+/// `CUDA_ERROR_INVALID_VALUE` (the shim has already refused what it knows to be unsupported).
+fn texture(d: &gpufuse_proto::TexObjectDesc) -> Result<gpufuse_ptx::Texture, Status> {
+    use gpufuse_proto::TexShape;
+    use gpufuse_ptx::{AddressMode, Shape, TexFormat};
+    let format = match d.format {
+        0x01 => TexFormat::U8,
+        0x02 => TexFormat::U16,
+        0x03 => TexFormat::U32,
+        0x08 => TexFormat::S8,
+        0x09 => TexFormat::S16,
+        0x0a => TexFormat::S32,
+        0x10 => TexFormat::F16,
+        0x20 => TexFormat::F32,
+        _ => return Err(INVALID_VALUE),
+    };
+    if !matches!(d.channels, 1 | 2 | 4) || d.width == 0 || d.height == 0 || d.depth == 0 {
+        return Err(INVALID_VALUE);
+    }
+    let shape = match d.shape {
+        TexShape::Linear => Shape::Linear,
+        TexShape::D1 => Shape::D1,
+        TexShape::D2 => Shape::D2,
+        TexShape::D3 => Shape::D3,
+        TexShape::Layered1 => Shape::A1,
+        TexShape::Layered2 => Shape::A2,
+    };
+    let sampler = match d.sampler {
+        None => None,
+        Some(s) => {
+            let mode = |m: u32| {
+                Ok(match m {
+                    0 => AddressMode::Wrap,
+                    1 => AddressMode::Clamp,
+                    2 => AddressMode::Mirror,
+                    3 => AddressMode::Border,
+                    _ => return Err(INVALID_VALUE),
+                })
+            };
+            if s.filter > 1 || s.flags & !3 != 0 {
+                return Err(INVALID_VALUE);
+            }
+            Some(gpufuse_ptx::Sampler {
+                address: [
+                    mode(s.address[0])?,
+                    mode(s.address[1])?,
+                    mode(s.address[2])?,
+                ],
+                linear: s.filter == 1,
+                normalized_float: s.flags & 1 == 0,
+                normalized_coords: s.flags & 2 != 0,
+                border: s.border,
+            })
+        }
+    };
+    let slice = d.pitch.checked_mul(d.height).ok_or(INVALID_VALUE)?;
+    Ok(gpufuse_ptx::Texture {
+        addr: d.ptr,
+        format,
+        channels: d.channels as u8,
+        shape,
+        width: d.width,
+        height: d.height,
+        depth: d.depth,
+        pitch: d.pitch,
+        slice,
+        sampler,
+    })
 }
 
 /// What an image holds, for a log line: `fatbin: elf:sm_90 ptx:sm_120 ...`.

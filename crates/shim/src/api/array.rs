@@ -1,8 +1,12 @@
-//! CUDA arrays (`cuArrayCreate`, `cuArray3DCreate`, `cudaMallocArray`), kept as linear device
-//! memory charged to the session's slice like any allocation: width x channels x element size
-//! per row, rows and slices packed. Copies to and from arrays work (1-D offsets and 2-D copies
-//! naming an array); the emulated GPU's kernels do not sample textures or surfaces, so arrays
-//! there serve as storage.
+//! CUDA arrays (`cuArrayCreate`, `cuArray3DCreate`, `cudaMallocArray`, `cudaMalloc3DArray`),
+//! kept as linear device memory charged to the session's slice like any allocation: width x
+//! channels x element size per row, rows and slices (or layers) packed. Copies to and from
+//! arrays work (1-D offsets, 2-D and 3-D copies naming an array). Kernels sample them through
+//! texture objects and read and write them through surface objects (`texture.rs`; the VM's
+//! `tex`/`suld`/`sust`, crates/ptx/src/tex.rs), which read this memory in place. Layered,
+//! surface load/store, texture gather, depth-texture and colour-attachment flags are accepted
+//! (cubemap arrays are storage only: no texture object samples them); sparse, deferred-mapping
+//! and video arrays are `CUDA_ERROR_NOT_SUPPORTED`, and unknown flags `CUDA_ERROR_INVALID_VALUE`.
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -14,7 +18,7 @@ use crate::api::memory::{alloc, free, CUdeviceptr};
 use crate::ffi::{host_bytes_mut, out, read};
 use crate::global::session;
 use crate::guard::guard;
-use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE};
+use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED};
 
 pub type CUarray = *mut c_void;
 
@@ -59,6 +63,20 @@ fn create(
 ) -> Result<u64, CUresult> {
     let elem = format_bytes(format).ok_or(INVALID_VALUE)?;
     if width == 0 || !matches!(channels, 1 | 2 | 4) {
+        return Err(INVALID_VALUE);
+    }
+    // LAYERED, SURFACE_LDST, CUBEMAP, TEXTURE_GATHER, DEPTH_TEXTURE, COLOR_ATTACHMENT.
+    const ACCEPTED: c_uint = 0x01 | 0x02 | 0x04 | 0x08 | 0x10 | 0x20;
+    // SPARSE, DEFERRED_MAPPING, VIDEO_ENCODE_DECODE.
+    const UNSUPPORTED: c_uint = 0x40 | 0x80 | 0x100;
+    if flags & UNSUPPORTED != 0 {
+        return Err(NOT_SUPPORTED);
+    }
+    if flags & !ACCEPTED != 0 || (flags & 0x01 != 0 && depth == 0) {
+        return Err(INVALID_VALUE);
+    }
+    if height == 0 && depth != 0 && flags & 0x01 == 0 {
+        // A 3-D array needs a height (a 1-D layered array is width x layers).
         return Err(INVALID_VALUE);
     }
     let pitch = (width as u64)

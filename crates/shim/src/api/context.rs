@@ -183,6 +183,13 @@ fn primary_reset(dev: CUdevice) -> Result<(), CUresult> {
     inner
         .arrays
         .retain(|_, a| inner.allocations.contains_key(&a.ptr));
+    let allocations = &inner.allocations;
+    inner.textures.retain(|_, t| {
+        allocations
+            .range(..=t.ptr)
+            .next_back()
+            .is_some_and(|(&base, a)| t.ptr < base + a.size.max(1))
+    });
     let modules: Vec<u64> = g
         .modules
         .iter()

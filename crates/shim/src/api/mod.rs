@@ -14,4 +14,5 @@ pub mod memory;
 pub mod module;
 pub mod occupancy;
 pub mod stream;
+pub mod texture;
 pub mod vmm;
