@@ -106,6 +106,10 @@ CHECK_KERNEL_SOURCES = ["warp", "histogram", "matmul", "transpose", "scan", "sor
 # between the statements of the same optimized code) and `-G` (unoptimized device code with DWARF
 # `.section`s): programs[f"{name}{suffix}"].
 KERNEL_BUILDS = {"": ["-O2"], "_lineinfo": ["-O2", "-lineinfo"], "_G": ["-G"]}
+# The plain programs are also built with relocatable device code, as CMake builds CUDA code with
+# CUDA_SEPARABLE_COMPILATION (NVIDIA's samples do): the host code registers the device-linked
+# fatbin (SASS only) and the PTX is in the translation unit's own fatbin.
+RDC_BUILD = ("_rdc", ["-O2", "-rdc=true"])
 
 
 def build_programs() -> Programs:
@@ -162,12 +166,22 @@ def build_programs() -> Programs:
             out = BUILD / f"{name}{suffix}"
             jobs.append((f"{name}{suffix}", out,
                          [nvcc, *flags, "-arch=sm_80", "-o", str(out), str(src)], inputs))
+        if name in KERNEL_SOURCES:
+            suffix, flags = RDC_BUILD
+            out = BUILD / f"{name}{suffix}"
+            jobs.append((f"{name}{suffix}", out,
+                         [nvcc, *flags, "-arch=sm_80", "-o", str(out), str(src)], inputs))
         if name in SHARED_CUDART_KERNELS:
             out = BUILD / f"{name}_shared"
             jobs.append((f"{name}_shared", out,
                          [nvcc, "-O2", "-arch=sm_80", "-cudart", "shared", f"-L{link_dir}",
                           "-Xlinker", "-rpath", "-Xlinker", cudart13, "-o", str(out), str(src)],
                          inputs))
+    # Two translation units with relocatable device code, one calling into the other.
+    rdc = [HERE / "rdc" / "rdc_main.cu", HERE / "rdc" / "rdc_lib.cu"]
+    out = BUILD / "rdc_two_units"
+    jobs.append(("rdc_two_units", out,
+                 [nvcc, "-O2", "-rdc=true", "-arch=sm_80", "-o", str(out), *map(str, rdc)], rdc))
     # nvcc runs single-threaded: one per core.
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         futures = {name: pool.submit(_build, out, cmd, inputs, env)

@@ -1,16 +1,18 @@
 """nvcc 13.5 programs with kernels (-arch=sm_80; static cudart, and -cudart shared), each also
-built with line information (-lineinfo, and -G: support.KERNEL_BUILDS)."""
+built with line information (-lineinfo, and -G: support.KERNEL_BUILDS) and the plain ones with
+relocatable device code (-rdc=true: support.RDC_BUILD)."""
 import pytest
 
 import support
 from support import assert_ok, run_client
 
 PROGRAMS = ([f"{n}{b}" for n in support.KERNEL_SOURCES for b in support.KERNEL_BUILDS]
+            + [f"{n}{support.RDC_BUILD[0]}" for n in support.KERNEL_SOURCES]
             + [f"{n}_shared" for n in support.SHARED_CUDART_KERNELS])
 
 
 def _stem(name):
-    for suffix in ["_shared", *support.KERNEL_BUILDS]:
+    for suffix in ["_shared", support.RDC_BUILD[0], *support.KERNEL_BUILDS]:
         if suffix:
             name = name.removesuffix(suffix)
     return name
@@ -102,3 +104,14 @@ def test_device_printf_order(programs, server):
             + ["host between", dev(2, 0), "host after"])
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("host", "device"))]
     assert lines == want, res.stdout
+
+
+def test_relocatable_code_of_two_units_is_refused_by_name_until_it_can_be_linked(programs, server):
+    """Its PTX calls into the other unit: running it needs the JIT linker. Until gpufuse has
+    one the launch fails (never a silent no-op) and GPUFUSE_LOG names the reason."""
+    res = run_client(programs, server.unix, [programs.kernels["rdc_two_units"]],
+                     env={"GPUFUSE_LOG": "1"})
+    assert res.returncode == 0, res.stderr
+    launch = [l for l in res.stdout.splitlines() if l.startswith("LAUNCH")]
+    assert launch and launch[0] != "LAUNCH cudaSuccess", res.stdout
+    assert "needs the JIT linker" in res.stderr, res.stderr

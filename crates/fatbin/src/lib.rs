@@ -60,6 +60,8 @@ pub enum FatbinError {
     UnsupportedPtxVersion(u16, u16),
     #[error("entry cannot be decompressed")]
     Decompress,
+    #[error("relocatable device code of {0} translation units needs the JIT linker, which gpufuse does not have yet")]
+    NeedsLinking(usize),
 }
 
 fn u16_at(b: &[u8], o: usize) -> u16 {
@@ -253,6 +255,66 @@ pub fn entries(image: &[u8]) -> Result<Vec<Entry<'_>>, FatbinError> {
             payload,
         });
         off += end;
+    }
+    Ok(out)
+}
+
+/// Each entry of a complete fatbin as its raw bytes (header and padded payload) and whether it
+/// is PTX.
+fn raw_entries(image: &[u8]) -> Result<Vec<(bool, &[u8])>, FatbinError> {
+    if image.len() < 16 || classify(image) != ImageKind::Fatbin {
+        return Err(FatbinError::Malformed("fatbin header"));
+    }
+    let header = u16_at(image, 6) as usize;
+    let total = header
+        .checked_add(u64_at(image, 8) as usize)
+        .ok_or(FatbinError::TooLarge)?;
+    let body = image.get(header..total).ok_or(FatbinError::Truncated)?;
+    let mut out = Vec::new();
+    let mut off = 0usize;
+    while off + 64 <= body.len() {
+        let e = &body[off..];
+        let (kind, hsize, psize) = (u16_at(e, 0), u32_at(e, 4) as usize, u64_at(e, 8) as usize);
+        if hsize < 64 || !(1..=2).contains(&kind) {
+            return Err(FatbinError::Malformed("fatbin entry"));
+        }
+        let end = hsize.checked_add(psize).ok_or(FatbinError::TooLarge)?;
+        out.push((kind == 1, e.get(..end).ok_or(FatbinError::Truncated)?));
+        off += end;
+    }
+    Ok(out)
+}
+
+/// The fatbin of a program built with relocatable device code (`nvcc -rdc=true`): `linked` is
+/// the device-linked fatbin that the host code registers (SASS only: nvlink emits no PTX),
+/// `prelinked` the fatbins of the translation units it was linked from, which keep their PTX.
+/// The result holds `linked`'s entries and then the PTX entries of `prelinked`, so a GPU
+/// without matching SASS (the emulated one, a newer one) finds PTX in it.
+///
+/// PTX from one translation unit needs no linking. PTX from several would have to be linked
+/// (their `.extern` declarations resolved against each other); that is
+/// [`FatbinError::NeedsLinking`].
+pub fn with_prelinked_ptx(linked: &[u8], prelinked: &[&[u8]]) -> Result<Vec<u8>, FatbinError> {
+    let mut entries = raw_entries(linked)?;
+    let mut units_with_ptx = 0;
+    for fatbin in prelinked {
+        let ptx: Vec<(bool, &[u8])> = raw_entries(fatbin)?.into_iter().filter(|e| e.0).collect();
+        if !ptx.is_empty() {
+            units_with_ptx += 1;
+        }
+        entries.extend(ptx);
+    }
+    if units_with_ptx > 1 {
+        return Err(FatbinError::NeedsLinking(units_with_ptx));
+    }
+    let body: usize = entries.iter().map(|e| e.1.len()).sum();
+    let mut out = Vec::with_capacity(16 + body);
+    out.extend_from_slice(&FATBIN_MAGIC.to_le_bytes());
+    out.extend_from_slice(&u16_at(linked, 4).to_le_bytes());
+    out.extend_from_slice(&16u16.to_le_bytes());
+    out.extend_from_slice(&(body as u64).to_le_bytes());
+    for (_, raw) in entries {
+        out.extend_from_slice(raw);
     }
     Ok(out)
 }

@@ -100,7 +100,7 @@ fn module_load(pmod: *mut CUmodule, image: *const c_void) -> Result<(), CUresult
     let s = session()?;
     let mut g = s.lock();
     let (_, device) = current(&g)?;
-    let m = load(&mut g, device, bytes, None)?;
+    let m = load(&mut g, device, &bytes, None)?;
     out(pmod, p(m))
 }
 
@@ -335,7 +335,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _lib_values: *mut *mut c_void,
     _num_lib: c_uint,
 ) -> CUresult {
-    guard(|| library_load(plib, image_bytes(code)?))
+    guard(|| library_load(plib, &image_bytes(code)?))
 }
 
 #[no_mangle]
