@@ -55,6 +55,7 @@ CHECKS = {
     "faults": ["trap", "illegal_address", "misaligned", "assert", "reset_after_fault",
                "reset_relaunch"],
     "device_io": ["printf", "malloc"],
+    "cooperative": ["grid_sync", "too_large", "hang_fails", "persisting_l2"],
 }
 
 XFAIL: dict = {}

@@ -55,6 +55,10 @@ pub struct EmuDevice {
     /// The session's heap for `malloc`/`free` in kernels: reserved (8 MiB, CUDA's default) by
     /// the first launch of a module that calls them, kept for the session's life.
     heap: Option<gpufuse_ptx::Heap>,
+    /// The grid workspace of cooperative launches (`this_grid().sync()` counts arrivals in
+    /// it): 16 bytes of device memory the application's calls never name, allocated by the
+    /// first cooperative launch and kept, as the CUDA driver keeps its own.
+    workspace: Option<u64>,
 }
 
 /// Device-side `printf` output one launch may produce (CUDA's default printf FIFO); what
@@ -120,6 +124,7 @@ impl EmuDevice {
             last_error: None,
             output: Vec::new(),
             heap: None,
+            workspace: None,
             vmm: vmm::Vmm::default(),
             model: model::default_model(),
         }
@@ -444,12 +449,31 @@ impl Device for EmuDevice {
             block: l.block,
             dynamic_shared_bytes: l.shared_mem,
         };
+        if l.cooperative {
+            let smem = program
+                .kernel(l.function)
+                .map_or(0, |i| i.static_shared_bytes as u64)
+                + l.shared_mem as u64;
+            let fits = model::coresident_blocks(self.model, threads, smem);
+            let blocks = l.grid.iter().map(|&d| d as u64).product::<u64>();
+            if blocks > fits {
+                self.last_error = Some(format!(
+                    "{}: cooperative grid of {blocks} blocks, the device holds {fits} of \
+                     {threads} threads at once",
+                    l.function
+                ));
+                return Err(COOPERATIVE_LAUNCH_TOO_LARGE);
+            }
+        }
         if program.uses_heap() && self.heap.is_none() {
             // Device memory like any allocation, but the application's calls never name it
             // (as on a GPU, heap blocks are not for cudaMemcpy or cudaFree).
             let size = gpufuse_ptx::DEFAULT_HEAP;
             let base = self.alloc(size)?;
             self.heap = Some(gpufuse_ptx::Heap::new(base, size));
+        }
+        if l.cooperative && self.workspace.is_none() {
+            self.workspace = Some(self.alloc(16)?);
         }
         let Some(m) = self.modules.get(&l.module) else {
             return Err(INVALID_HANDLE);
@@ -459,9 +483,11 @@ impl Device for EmuDevice {
         };
         let variables = &m.variables;
         let mem = Memory::new(&mut self.allocations, self.heap.as_ref());
-        let result = program.launch(l.function, &cfg, l.params, &mem, &|name| {
-            variables.get(name).map(|&(p, _)| p)
-        });
+        let workspace = self.workspace.filter(|_| l.cooperative);
+        let symbols = |name: &str| variables.get(name).map(|&(p, _)| p);
+        let threads = gpufuse_ptx::default_threads();
+        let result =
+            program.launch_with(l.function, &cfg, l.params, &mem, &symbols, threads, workspace);
         // printf output reaches the application even when the launch then faults.
         let printed = mem.printed.into_inner().unwrap_or_else(|p| p.into_inner());
         if self.output.len() < 16 * PRINTF_FIFO {
@@ -480,6 +506,7 @@ impl Device for EmuDevice {
                     gpufuse_ptx::ExecError::InvalidLaunch(_) => INVALID_VALUE,
                     gpufuse_ptx::ExecError::NoKernel(_) => INVALID_HANDLE,
                     gpufuse_ptx::ExecError::Unsupported(_) => NOT_SUPPORTED,
+                    gpufuse_ptx::ExecError::Deadlock(_) => LAUNCH_FAILED,
                 };
                 self.last_error = Some(e.to_string());
                 Err(status)
@@ -605,6 +632,7 @@ mod tests {
             block: [32, 1, 1],
             shared_mem: 0,
             params: &[0; 16],
+            cooperative: false,
         };
         assert_eq!(d.launch(&launch), Err(NO_BINARY_FOR_GPU));
         let why = d.last_error.clone().unwrap();
@@ -632,6 +660,7 @@ mod tests {
             block: [block, 1, 1],
             shared_mem: 0,
             params,
+            cooperative: false,
         })
     }
 
