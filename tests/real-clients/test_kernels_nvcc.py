@@ -51,7 +51,7 @@ CHECKS = {
                       "managed", "arrays", "mapped_host"],
     "calls": ["noinline", "recursion", "function_pointers", "barrier_in_callee"],
     "fn_table": ["table"],
-    "graphs": ["capture_replay", "fork_join", "many_nodes"],
+    "graphs": ["capture_replay", "fork_join", "many_nodes", "malloc_async_capture", "mem_nodes"],
     "faults": ["trap", "illegal_address", "misaligned", "assert", "reset_after_fault",
                "reset_relaunch"],
     "device_io": ["printf", "malloc"],

@@ -4,7 +4,7 @@
 //! added is a valid order to replay them in; replay is sequential on the launch stream.
 //! A 2-D or 3-D copy becomes one copy per row; a 2-D memset one memset per row.
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 use gpufuse_client::graph::Op;
 use gpufuse_client::state::Inner;
@@ -328,6 +328,224 @@ pub unsafe extern "C" fn cuGraphAddDependencies(
             if a & 0xffff >= b & 0xffff {
                 return Err(NOT_SUPPORTED);
             }
+        }
+        Ok(())
+    })
+}
+
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`: `CUmemPoolProps` (88 bytes: allocation type, handle types,
+/// location type and id, ...), access descriptors, size, and the address (out).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemAllocNodeParams {
+    alloc_type: c_uint,
+    handle_types: c_uint,
+    location_type: c_uint,
+    location_id: c_int,
+    pool_rest: [u8; 72],
+    access_descs: *const c_void,
+    access_desc_count: usize,
+    bytesize: usize,
+    dptr: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<MemAllocNodeParams>() == 120);
+
+const ALLOCATION_TYPE_PINNED: c_uint = 1;
+const LOCATION_TYPE_DEVICE: c_uint = 1;
+
+/// The operation a node stands for (its handle holds the graph and the index of its last
+/// operation).
+fn node_op(g: &Inner, node: CUgraphNode) -> Result<Op, CUresult> {
+    let n = node as usize as u64;
+    let graph = g
+        .graphs
+        .graphs
+        .iter()
+        .find(|(gh, _)| *gh & 0xffff_ffff == n >> 16)
+        .map(|(_, graph)| graph)
+        .ok_or(INVALID_HANDLE)?;
+    let index = (n & 0xffff) as usize;
+    index
+        .checked_sub(1)
+        .and_then(|i| graph.ops.get(i))
+        .cloned()
+        .ok_or(INVALID_HANDLE)
+}
+
+/// `cuGraphAddMemAllocNode`: the allocation's address is fixed now and written to
+/// `params.dptr`; its memory is reserved for the graph until the graph and its executables
+/// are destroyed (`gpufuse_client::graph::GraphAlloc`).
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *mut MemAllocNodeParams,
+) -> CUresult {
+    guard(|| {
+        let mut p = read(params)?;
+        if p.alloc_type != ALLOCATION_TYPE_PINNED
+            || p.location_type != LOCATION_TYPE_DEVICE
+            || p.handle_types != 0
+            || p.bytesize == 0
+        {
+            return Err(INVALID_VALUE);
+        }
+        let s = session()?;
+        let mut g = s.lock();
+        g.graphs.graphs.get(&h(graph)).ok_or(INVALID_HANDLE)?;
+        let device = u32::try_from(p.location_id).map_err(|_| INVALID_VALUE)?;
+        let pool = crate::api::memory::device_pool(device);
+        let ptr = crate::api::memory::graph_alloc_node(&mut g, p.bytesize, pool)?;
+        let op = Op::MemAlloc {
+            ptr,
+            size: p.bytesize as u64,
+        };
+        if let Err(e) = add(&mut g, node, graph, deps, ndeps, vec![op]) {
+            g.graphs.allocations.remove(&ptr);
+            drop(g);
+            crate::api::memory::free(ptr)?;
+            return Err(e);
+        }
+        p.dptr = ptr;
+        crate::ffi::out(params, p)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemAllocNodeGetParams(
+    node: CUgraphNode,
+    params: *mut MemAllocNodeParams,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let g = s.lock();
+        let Op::MemAlloc { ptr, size } = node_op(&g, node)? else {
+            return Err(INVALID_VALUE);
+        };
+        let device = g
+            .allocations
+            .get(&ptr)
+            .and_then(|a| a.pool)
+            .and_then(|p| g.pools.get(&p))
+            .map_or(0, |p| p.device);
+        out(
+            params,
+            MemAllocNodeParams {
+                alloc_type: ALLOCATION_TYPE_PINNED,
+                handle_types: 0,
+                location_type: LOCATION_TYPE_DEVICE,
+                location_id: device as c_int,
+                pool_rest: [0; 72],
+                access_descs: std::ptr::null(),
+                access_desc_count: 0,
+                bytesize: size as usize,
+                dptr: ptr,
+            },
+        )
+    })
+}
+
+/// `cuGraphAddMemFreeNode`: of a graph allocation only, as CUDA requires.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemFreeNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    dptr: u64,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        if !g.graphs.allocations.contains_key(&dptr) {
+            return Err(INVALID_VALUE);
+        }
+        add(&mut g, node, graph, deps, ndeps, vec![Op::MemFree { ptr: dptr }])
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemFreeNodeGetParams(node: CUgraphNode, dptr: *mut u64) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let g = s.lock();
+        match node_op(&g, node)? {
+            Op::MemFree { ptr } => out(dptr, ptr),
+            _ => Err(INVALID_VALUE),
+        }
+    })
+}
+
+/// Graph memory is reserved per allocation and released with its graphs: nothing to trim.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGraphMemTrim(device: c_int) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        s.attribute(device, 16).map(|_| ()).ok_or(INVALID_VALUE)
+    })
+}
+
+const GRAPH_MEM_USED_CURRENT: c_int = 0;
+const GRAPH_MEM_USED_HIGH: c_int = 1;
+const GRAPH_MEM_RESERVED_CURRENT: c_int = 2;
+const GRAPH_MEM_RESERVED_HIGH: c_int = 3;
+
+/// High watermarks of graph memory (used, reserved), reset by `cuDeviceSetGraphMemAttribute`.
+static GRAPH_MEM_HIGH: std::sync::Mutex<(u64, u64)> = std::sync::Mutex::new((0, 0));
+
+/// `CU_GRAPH_MEM_ATTR_*`: used is the memory of live graph allocations, reserved that of
+/// every graph allocation (all devices together; the emulated GPUs of a session share them).
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
+    device: c_int,
+    attr: c_int,
+    value: *mut u64,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        s.attribute(device, 16).ok_or(INVALID_VALUE)?;
+        let g = s.lock();
+        let all = g.graphs.allocations.values();
+        let reserved: u64 = all.clone().map(|a| a.size).sum();
+        let used: u64 = all.filter(|a| a.live).map(|a| a.size).sum();
+        let mut high = GRAPH_MEM_HIGH.lock().unwrap_or_else(|e| e.into_inner());
+        high.0 = high.0.max(used);
+        high.1 = high.1.max(reserved);
+        out(
+            value,
+            match attr {
+                GRAPH_MEM_USED_CURRENT => used,
+                GRAPH_MEM_USED_HIGH => high.0,
+                GRAPH_MEM_RESERVED_CURRENT => reserved,
+                GRAPH_MEM_RESERVED_HIGH => high.1,
+                _ => return Err(INVALID_VALUE),
+            },
+        )
+    })
+}
+
+/// Only the high watermarks can be set, and only to 0 (as CUDA allows).
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
+    device: c_int,
+    attr: c_int,
+    value: *const u64,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        s.attribute(device, 16).ok_or(INVALID_VALUE)?;
+        if read(value)? != 0 {
+            return Err(INVALID_VALUE);
+        }
+        let mut high = GRAPH_MEM_HIGH.lock().unwrap_or_else(|e| e.into_inner());
+        match attr {
+            GRAPH_MEM_USED_HIGH => high.0 = 0,
+            GRAPH_MEM_RESERVED_HIGH => high.1 = 0,
+            _ => return Err(INVALID_VALUE),
         }
         Ok(())
     })
