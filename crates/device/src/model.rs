@@ -220,7 +220,11 @@ pub fn coresident_blocks(m: &Model, threads: u64, shared: u64) -> u64 {
     let per_sm = (m.threads_per_sm as u64 / threads)
         .min(m.blocks_per_sm as u64)
         .min(65536 / (REGISTERS_PER_THREAD * threads))
-        .min((m.shared_per_sm as u64).checked_div(shared).unwrap_or(u64::MAX));
+        .min(
+            (m.shared_per_sm as u64)
+                .checked_div(shared)
+                .unwrap_or(u64::MAX),
+        );
     per_sm * m.sms as u64
 }
 

@@ -244,7 +244,9 @@ fn coresident(
     ctaid: &(dyn Fn(u64) -> [u32; 3] + Sync),
     start: Instant,
 ) -> Result<LaunchStats, ExecError> {
-    let epoch = launch.epoch.ok_or_else(|| ExecError::InvalidLaunch("no epoch".into()))?;
+    let epoch = launch
+        .epoch
+        .ok_or_else(|| ExecError::InvalidLaunch("no epoch".into()))?;
     let stop = AtomicBool::new(false);
     let total = AtomicU64::new(0);
     let failure: Mutex<Option<(u64, ExecError)>> = Mutex::new(None);

@@ -35,13 +35,27 @@ fn grid_sum(threads: usize, grid: u32, block: u32) {
     // Twice: the workspace is left as the first launch left it, as CUDA's is.
     for _ in 0..2 {
         mem.write(64 << 10, &vec![0; 64 << 10]);
-        m.launch_with("grid_sum", &cfg(grid, block), &p, &mem, &|_| None, threads, Some(WORKSPACE))
-            .unwrap();
+        m.launch_with(
+            "grid_sum",
+            &cfg(grid, block),
+            &p,
+            &mem,
+            &|_| None,
+            threads,
+            Some(WORKSPACE),
+        )
+        .unwrap();
         let want: i64 = input.iter().map(|&v| v as i64).sum();
         let got = mem.read(128 << 10, 8 * (1 + (grid * block) as usize));
-        let words: Vec<i64> =
-            got.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-        assert!(words.iter().all(|&w| w == want), "{threads} threads: {:?} != {want}", &words[..4]);
+        let words: Vec<i64> = got
+            .chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert!(
+            words.iter().all(|&w| w == want),
+            "{threads} threads: {:?} != {want}",
+            &words[..4]
+        );
     }
 }
 
@@ -61,7 +75,9 @@ fn grid_sync_without_a_cooperative_launch_traps() {
     let m = module();
     let mem = VecMemory::new(BASE, 2 << 20);
     let p = params(&[BASE, BASE + 4096, BASE + 8192, 16]);
-    let e = m.launch_on("grid_sum", &cfg(2, 32), &p, &mem, &|_| None, 1).unwrap_err();
+    let e = m
+        .launch_on("grid_sum", &cfg(2, 32), &p, &mem, &|_| None, 1)
+        .unwrap_err();
     assert!(matches!(e, ExecError::Trap), "{e:?}");
 }
 
@@ -71,8 +87,16 @@ fn blocks_waiting_on_each_other_complete() {
     for threads in [1, 3] {
         let mem = VecMemory::new(BASE, 2 << 20);
         let p = params(&[BASE]);
-        m.launch_with("chain", &cfg(50, 32), &p, &mem, &|_| None, threads, Some(WORKSPACE))
-            .unwrap();
+        m.launch_with(
+            "chain",
+            &cfg(50, 32),
+            &p,
+            &mem,
+            &|_| None,
+            threads,
+            Some(WORKSPACE),
+        )
+        .unwrap();
         let got = mem.read(0, 4 * 50);
         for b in 0..50 {
             let v = i32::from_le_bytes(got[4 * b..4 * b + 4].try_into().unwrap());
@@ -88,7 +112,15 @@ fn a_grid_where_no_block_can_progress_fails() {
         let mem = VecMemory::new(BASE, 2 << 20);
         let p = params(&[BASE]);
         let e = m
-            .launch_with("wait_forever", &cfg(8, 64), &p, &mem, &|_| None, threads, Some(WORKSPACE))
+            .launch_with(
+                "wait_forever",
+                &cfg(8, 64),
+                &p,
+                &mem,
+                &|_| None,
+                threads,
+                Some(WORKSPACE),
+            )
             .unwrap_err();
         assert!(matches!(e, ExecError::Deadlock(_)), "{e:?}");
         assert!(e.to_string().contains("can make progress"), "{e}");

@@ -341,6 +341,55 @@ static void check_mem_nodes() {
   CK(cudaFree(d_acc));
 }
 
+// The generic form, cudaGraphAddNode: allocation, two kernels and a free, chained.
+static void check_generic_nodes() {
+  const int n = 2000;
+  std::vector<int> in(n);
+  for (int i = 0; i < n; i++) in[i] = (int)(khash(i + 11) % 300);
+  int* d_in = dev_copy(in.data(), n);
+  int* d_acc = dev_alloc<int>(n);
+  CK(cudaMemset(d_acc, 0, n * sizeof(int)));
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNodeParams a = {};
+  a.type = cudaGraphNodeTypeMemAlloc;
+  a.alloc.poolProps.allocType = cudaMemAllocationTypePinned;
+  a.alloc.poolProps.location.type = cudaMemLocationTypeDevice;
+  a.alloc.bytesize = n * sizeof(int);
+  cudaGraphNode_t na, n1, n2, nf;
+  CK(cudaGraphAddNode(&na, g, nullptr, nullptr, 0, &a));
+  int* tmp = (int*)a.alloc.dptr;
+  EXPECT_RESULT(tmp != nullptr, "generic alloc node gave no address");
+  int k = 3, nn = n;
+  void* args1[] = {&tmp, &d_in, &k, &nn};
+  cudaGraphNodeParams kn = {};
+  kn.type = cudaGraphNodeTypeKernel;
+  kn.kernel.func = (void*)fill_scaled;
+  kn.kernel.gridDim = dim3((n + 127) / 128);
+  kn.kernel.blockDim = dim3(128);
+  kn.kernel.kernelParams = args1;
+  CK(cudaGraphAddNode(&n1, g, &na, nullptr, 1, &kn));
+  void* args2[] = {&d_acc, &tmp, &nn};
+  kn.kernel.func = (void*)add_from;
+  kn.kernel.kernelParams = args2;
+  CK(cudaGraphAddNode(&n2, g, &n1, nullptr, 1, &kn));
+  cudaGraphNodeParams f = {};
+  f.type = cudaGraphNodeTypeMemFree;
+  f.free.dptr = tmp;
+  CK(cudaGraphAddNode(&nf, g, &n2, nullptr, 1, &f));
+  cudaGraphExec_t e;
+  CK(cudaGraphInstantiate(&e, g, 0));
+  for (int r = 0; r < 2; r++) CK(cudaGraphLaunch(e, 0));
+  CK(cudaDeviceSynchronize());
+  expect_acc(d_acc, in, 2, "generic");
+  CK(cudaGraphExecDestroy(e));
+  CK(cudaGraphDestroy(g));
+  std::printf("checked a graph built with cudaGraphAddNode\n");
+  CK(cudaFree(d_in));
+  CK(cudaFree(d_acc));
+}
+
 KCHECK_MAIN({"capture_replay", check_capture_replay}, {"fork_join", check_fork_join},
             {"many_nodes", check_many_nodes}, {"malloc_async_capture", check_malloc_async_capture},
-            {"mem_nodes", check_mem_nodes})
+            {"mem_nodes", check_mem_nodes},
+            {"generic_nodes", check_generic_nodes})

@@ -486,8 +486,9 @@ impl Device for EmuDevice {
         let workspace = self.workspace.filter(|_| l.cooperative);
         let symbols = |name: &str| variables.get(name).map(|&(p, _)| p);
         let threads = gpufuse_ptx::default_threads();
-        let result =
-            program.launch_with(l.function, &cfg, l.params, &mem, &symbols, threads, workspace);
+        let result = program.launch_with(
+            l.function, &cfg, l.params, &mem, &symbols, threads, workspace,
+        );
         // printf output reaches the application even when the launch then faults.
         let printed = mem.printed.into_inner().unwrap_or_else(|p| p.into_inner());
         if self.output.len() < 16 * PRINTF_FIFO {

@@ -333,7 +333,6 @@ pub unsafe extern "C" fn cuGraphAddDependencies(
     })
 }
 
-
 /// `CUDA_MEM_ALLOC_NODE_PARAMS`: `CUmemPoolProps` (88 bytes: allocation type, handle types,
 /// location type and id, ...), access descriptors, size, and the address (out).
 #[repr(C)]
@@ -464,12 +463,22 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
         if !g.graphs.allocations.contains_key(&dptr) {
             return Err(INVALID_VALUE);
         }
-        add(&mut g, node, graph, deps, ndeps, vec![Op::MemFree { ptr: dptr }])
+        add(
+            &mut g,
+            node,
+            graph,
+            deps,
+            ndeps,
+            vec![Op::MemFree { ptr: dptr }],
+        )
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuGraphMemFreeNodeGetParams(node: CUgraphNode, dptr: *mut u64) -> CUresult {
+pub unsafe extern "C" fn cuGraphMemFreeNodeGetParams(
+    node: CUgraphNode,
+    dptr: *mut u64,
+) -> CUresult {
     guard(|| {
         let s = session()?;
         let g = s.lock();
@@ -549,6 +558,145 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
         }
         Ok(())
     })
+}
+
+/// `CUgraphNodeParams`: the node type, then (at byte 16) the type's parameters, 256 bytes in
+/// all.
+#[repr(C)]
+pub struct NodeParams {
+    kind: c_uint,
+    reserved: [c_int; 3],
+    params: [u64; 30],
+}
+
+const _: () = assert!(std::mem::size_of::<NodeParams>() == 256);
+
+const NODE_KERNEL: c_uint = 0;
+const NODE_MEMCPY: c_uint = 1;
+const NODE_MEMSET: c_uint = 2;
+const NODE_HOST: c_uint = 3;
+const NODE_EMPTY: c_uint = 5;
+const NODE_MEM_ALLOC: c_uint = 10;
+const NODE_MEM_FREE: c_uint = 11;
+
+/// `cuGraphAddNode` with the generic parameters: each node type the graphs replay (kernel,
+/// memcpy, memset, host, empty, memory allocation and free) goes to its own `cuGraphAdd*Node`;
+/// other types (child graphs, events, semaphores, batch memory operations, conditional nodes)
+/// are `CUDA_ERROR_NOT_SUPPORTED`.
+unsafe fn add_node(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *mut NodeParams,
+) -> CUresult {
+    if params.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: the application passes a CUgraphNodeParams; the union starts at byte 16.
+    let (kind, union) = unsafe { ((*params).kind, std::ptr::addr_of_mut!((*params).params)) };
+    let at = |k: usize| -> *mut u64 { union.cast::<u64>().wrapping_add(k) };
+    // SAFETY: each arm hands the union, as the type's own struct, to that type's entry point;
+    // the structs there begin with the fields those entry points read.
+    unsafe {
+        match kind {
+            NODE_KERNEL => cuGraphAddKernelNode_v2(node, graph, deps, ndeps, union.cast()),
+            // CUDA_MEMCPY_NODE_PARAMS: flags, reserved, context, then CUDA_MEMCPY3D.
+            NODE_MEMCPY => cuGraphAddMemcpyNode(
+                node,
+                graph,
+                deps,
+                ndeps,
+                at(2).cast(),
+                *at(1) as usize as *mut c_void,
+            ),
+            // CUDA_MEMSET_NODE_PARAMS_v2: the v1 fields, then the context.
+            NODE_MEMSET => cuGraphAddMemsetNode(
+                node,
+                graph,
+                deps,
+                ndeps,
+                union.cast(),
+                *at(5) as usize as *mut c_void,
+            ),
+            NODE_HOST => cuGraphAddHostNode(node, graph, deps, ndeps, union.cast()),
+            NODE_EMPTY => cuGraphAddEmptyNode(node, graph, deps, ndeps),
+            NODE_MEM_ALLOC => cuGraphAddMemAllocNode(node, graph, deps, ndeps, union.cast()),
+            NODE_MEM_FREE => cuGraphAddMemFreeNode(node, graph, deps, ndeps, *at(0)),
+            _ => NOT_SUPPORTED,
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *mut NodeParams,
+) -> CUresult {
+    // SAFETY: the application's pointers, as the driver takes them.
+    unsafe { add_node(node, graph, deps, ndeps, params) }
+}
+
+/// `CUgraphEdgeData`: ports and type of an edge (8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EdgeData {
+    from_port: u8,
+    to_port: u8,
+    kind: u8,
+    reserved: [u8; 5],
+}
+
+/// The `_v2`/`_v3` forms carry edge data: only default edges (full completion, ports 0) are
+/// replayed; programmatic ports are `CUDA_ERROR_NOT_SUPPORTED`.
+unsafe fn add_node_edges(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    edges: *const EdgeData,
+    ndeps: usize,
+    params: *mut NodeParams,
+) -> CUresult {
+    if !edges.is_null() {
+        for i in 0..ndeps {
+            match read_at(edges, i) {
+                Ok(e) if e.from_port == 0 && e.to_port == 0 && e.kind == 0 => {}
+                Ok(_) => return NOT_SUPPORTED,
+                Err(e) => return e,
+            }
+        }
+    }
+    // SAFETY: as for cuGraphAddNode.
+    unsafe { add_node(node, graph, deps, ndeps, params) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode_v2(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    edges: *const EdgeData,
+    ndeps: usize,
+    params: *mut NodeParams,
+) -> CUresult {
+    // SAFETY: the application's pointers.
+    unsafe { add_node_edges(node, graph, deps, edges, ndeps, params) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode_v3(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    edges: *const EdgeData,
+    ndeps: usize,
+    params: *mut NodeParams,
+) -> CUresult {
+    // SAFETY: the application's pointers.
+    unsafe { add_node_edges(node, graph, deps, edges, ndeps, params) }
 }
 
 include!(concat!(env!("OUT_DIR"), "/aliases_graph_nodes.rs"));

@@ -196,7 +196,13 @@ fn alloc_async(g: &mut Inner, size: usize, pool: u64, st: u64) -> Result<u64, CU
     let p = alloc_from_pool(g, size, pool)?;
     if g.graphs.capturing(st).is_some() {
         graph_allocation(g, p, size as u64);
-        g.graphs.record(st, Op::MemAlloc { ptr: p, size: size as u64 });
+        g.graphs.record(
+            st,
+            Op::MemAlloc {
+                ptr: p,
+                size: size as u64,
+            },
+        );
     }
     Ok(p)
 }

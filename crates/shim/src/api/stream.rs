@@ -477,7 +477,6 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
     guard(|| elapsed(ms, start, end))
 }
 
-
 /// `CUstreamAttrValue` (`CUlaunchAttributeValue`): 64 bytes.
 type AttrValue = [u64; 8];
 
@@ -563,7 +562,11 @@ pub unsafe extern "C" fn cuStreamCopyAttributes(dst: CUstream, src: CUstream) ->
         let (d, s) = (dst as usize as u64, src as usize as u64);
         let mut a = STREAM_ATTRS.lock().unwrap_or_else(|e| e.into_inner());
         a.retain(|(h, _, _)| *h != d);
-        let copied: Vec<_> = a.iter().filter(|(h, _, _)| *h == s).map(|&(_, id, v)| (d, id, v)).collect();
+        let copied: Vec<_> = a
+            .iter()
+            .filter(|(h, _, _)| *h == s)
+            .map(|&(_, id, v)| (d, id, v))
+            .collect();
         a.extend(copied);
         Ok(())
     })
