@@ -30,6 +30,8 @@ __global__ void wait_forever(volatile int* flag) {
   }
 }
 
+__global__ void set_flag(int* p, int v) { *p = v; }
+
 static int sms() {
   int n = 0;
   CK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
@@ -155,6 +157,36 @@ static void check_persisting_l2() {
   // A kernel on the stream runs as before.
   CK(cudaMemsetAsync(d, 0, 4, s));
   CK(cudaStreamSynchronize(s));
+  // The same window on a kernel node of a graph, read back, and the graph runs.
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNode_t node;
+  int one = 1;
+  void* args[] = {&d, &one};
+  cudaKernelNodeParams kp = {};
+  kp.func = (void*)set_flag;
+  kp.gridDim = dim3(1);
+  kp.blockDim = dim3(1);
+  kp.kernelParams = args;
+  CK(cudaGraphAddKernelNode(&node, g, nullptr, 0, &kp));
+  cudaKernelNodeAttrValue kv = {};
+  kv.accessPolicyWindow = v.accessPolicyWindow;
+  CK(cudaGraphKernelNodeSetAttribute(node, cudaKernelNodeAttributeAccessPolicyWindow, &kv));
+  cudaKernelNodeAttrValue kback = {};
+  CK(cudaGraphKernelNodeGetAttribute(node, cudaKernelNodeAttributeAccessPolicyWindow, &kback));
+  EXPECT_RESULT(kback.accessPolicyWindow.num_bytes == v.accessPolicyWindow.num_bytes &&
+                    kback.accessPolicyWindow.hitRatio == 0.6f,
+                "node window read back: %zu %f", kback.accessPolicyWindow.num_bytes,
+                kback.accessPolicyWindow.hitRatio);
+  cudaGraphExec_t ge;
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  CK(cudaGraphLaunch(ge, s));
+  CK(cudaStreamSynchronize(s));
+  int flag = 0;
+  CK(cudaMemcpy(&flag, d, sizeof flag, cudaMemcpyDeviceToHost));
+  EXPECT_RESULT(flag == 1, "kernel node with a window wrote %d", flag);
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
   CK(cudaCtxResetPersistingL2Cache());
   CK(cudaStreamDestroy(s));
   CK(cudaFree(d));

@@ -699,4 +699,74 @@ pub unsafe extern "C" fn cuGraphAddNode_v3(
     unsafe { add_node_edges(node, graph, deps, edges, ndeps, params) }
 }
 
+/// The kernel launch a kernel node stands for, to change its attributes.
+fn kernel_node_attributes(
+    g: &mut Inner,
+    node: CUgraphNode,
+) -> Result<&mut Vec<(u32, [u64; 8])>, CUresult> {
+    let n = node as usize as u64;
+    let graph = g
+        .graphs
+        .graphs
+        .iter_mut()
+        .find(|(gh, _)| *gh & 0xffff_ffff == n >> 16)
+        .map(|(_, graph)| graph)
+        .ok_or(INVALID_HANDLE)?;
+    let index = (n & 0xffff) as usize;
+    match index.checked_sub(1).and_then(|i| graph.ops.get_mut(i)) {
+        Some(Op::Launch { attributes, .. }) => Ok(attributes),
+        Some(_) => Err(INVALID_VALUE),
+        None => Err(INVALID_HANDLE),
+    }
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`: a kernel node may be cooperative.
+const KERNEL_ATTR_COOPERATIVE: c_uint = 2;
+
+/// Kernel-node attributes: those a stream takes (an access-policy window, checked as the
+/// driver checks it; priority; memory sync domains) and cooperative; kept with the node's
+/// launch, which sends them like `cuLaunchKernelEx` does.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeSetAttribute(
+    node: CUgraphNode,
+    attr: c_uint,
+    value: *const [u64; 8],
+) -> CUresult {
+    guard(|| {
+        let v = read(value)?;
+        if attr != KERNEL_ATTR_COOPERATIVE {
+            crate::api::stream::check_attr(attr, &v)?;
+        }
+        let s = session()?;
+        let mut g = s.lock();
+        let attrs = kernel_node_attributes(&mut g, node)?;
+        match attrs.iter_mut().find(|(id, _)| *id == attr) {
+            Some(slot) => slot.1 = v,
+            None => attrs.push((attr, v)),
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeGetAttribute(
+    node: CUgraphNode,
+    attr: c_uint,
+    value: *mut [u64; 8],
+) -> CUresult {
+    guard(|| {
+        if attr != KERNEL_ATTR_COOPERATIVE {
+            crate::api::stream::check_attr(attr, &[0; 8])?;
+        }
+        let s = session()?;
+        let mut g = s.lock();
+        let attrs = kernel_node_attributes(&mut g, node)?;
+        let v = attrs
+            .iter()
+            .find(|(id, _)| *id == attr)
+            .map_or([0; 8], |&(_, v)| v);
+        out(value, v)
+    })
+}
+
 include!(concat!(env!("OUT_DIR"), "/aliases_graph_nodes.rs"));
