@@ -126,3 +126,38 @@ fn a_grid_where_no_block_can_progress_fails() {
         assert!(e.to_string().contains("can make progress"), "{e}");
     }
 }
+
+/// Warp 0 spins until warp 1 of the same block sets a flag (no barrier between them): warps of
+/// a block take turns, so this ends in any launch, cooperative or not.
+#[test]
+fn warps_of_a_block_waiting_on_each_other_complete() {
+    let src = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry spin(.param .u64 flag)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<3>;
+    ld.param.u64 %rd1, [flag];
+    mov.u32 %r1, %tid.x;
+    setp.lt.u32 %p1, %r1, 32;
+    @%p1 bra WAIT;
+    mov.u32 %r2, 7;
+    st.volatile.global.u32 [%rd1], %r2;
+    ret;
+WAIT:
+    ld.volatile.global.u32 %r3, [%rd1];
+    setp.eq.u32 %p2, %r3, 0;
+    @%p2 bra WAIT;
+    st.global.u32 [%rd1+4], %r3;
+    ret;
+}
+"#;
+    let m = Module::parse(src).unwrap();
+    let mem = VecMemory::new(BASE, 4096);
+    m.launch_on("spin", &cfg(1, 64), &params(&[BASE]), &mem, &|_| None, 1)
+        .unwrap();
+    assert_eq!(mem.read(4, 4), 7u32.to_le_bytes());
+}
