@@ -101,7 +101,9 @@ SHARED_CUDART_KERNELS = ["vector_add", "params"]
 # Programs made of named checks (kcheck.h: PROG [CHECK...]); test_kernels_nvcc.py lists the checks.
 CHECK_KERNEL_SOURCES = ["warp", "histogram", "matmul", "transpose", "scan", "sort", "double",
                         "math", "memory_spaces", "calls", "fn_table", "faults", "graphs",
-                        "device_io", "textures"]
+                        "device_io", "textures", "cooperative"]
+# Programs that include cooperative_groups, whose headers need CCCL's <nv/target>.
+NEEDS_CCCL = {"cooperative"}
 # Each nvcc program is also built with line information: `-lineinfo` (`.file`/`.loc` lines
 # between the statements of the same optimized code) and `-G` (unoptimized device code with DWARF
 # `.section`s): programs[f"{name}{suffix}"].
@@ -162,10 +164,12 @@ def build_programs() -> Programs:
     for name in KERNEL_SOURCES + CHECK_KERNEL_SOURCES:
         src = kdir / f"{name}.cu"
         inputs = [src, kdir / "kcheck.h"]
+        extra = [f"-I{deps['GPUFUSE_CCCL12_INCLUDE']}"] if name in NEEDS_CCCL else []
         for suffix, flags in KERNEL_BUILDS.items():
             out = BUILD / f"{name}{suffix}"
             jobs.append((f"{name}{suffix}", out,
-                         [nvcc, *flags, "-arch=sm_80", "-o", str(out), str(src)], inputs))
+                         [nvcc, *flags, *extra, "-arch=sm_80", "-o", str(out), str(src)],
+                         inputs))
         if name in KERNEL_SOURCES:
             suffix, flags = RDC_BUILD
             out = BUILD / f"{name}{suffix}"

@@ -53,12 +53,14 @@ CHECKS = {
                       "managed", "arrays", "mapped_host"],
     "calls": ["noinline", "recursion", "function_pointers", "barrier_in_callee"],
     "fn_table": ["table"],
-    "graphs": ["capture_replay", "fork_join", "many_nodes"],
+    "graphs": ["capture_replay", "fork_join", "many_nodes", "malloc_async_capture", "mem_nodes",
+               "generic_nodes"],
     "faults": ["trap", "illegal_address", "misaligned", "assert", "reset_after_fault",
                "reset_relaunch"],
     "device_io": ["printf", "malloc"],
     "textures": ["point_filter", "linear_filter", "normalized_coords", "normalized_float",
                  "fetch_linear", "pitch2d", "volume", "gather", "surface", "destroyed"],
+    "cooperative": ["grid_sync", "too_large", "hang_fails", "persisting_l2"],
 }
 
 XFAIL: dict = {}

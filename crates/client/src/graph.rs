@@ -44,12 +44,45 @@ pub enum Op {
         func: usize,
         user: usize,
     },
+    /// A graph allocation (`cuGraphAddMemAllocNode`, `cudaMallocAsync` under capture): its
+    /// address is fixed when the node is made, as CUDA's is, and the memory stays reserved
+    /// for the graph until the graph and every executable made from it are destroyed
+    /// ([`GraphAlloc`]). Replaying the node makes the allocation live.
+    MemAlloc {
+        ptr: u64,
+        size: u64,
+    },
+    /// A graph free (`cuGraphAddMemFreeNode`, `cudaFreeAsync` under capture) of a graph
+    /// allocation: replaying it ends the allocation's life; the memory stays reserved.
+    MemFree {
+        ptr: u64,
+    },
 }
 
 /// A graph under construction or finished.
 #[derive(Debug, Clone, Default)]
 pub struct Graph {
     pub ops: Vec<Op>,
+}
+
+impl Graph {
+    /// The graph allocations its nodes make.
+    pub fn allocations(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ops.iter().filter_map(|op| match op {
+            Op::MemAlloc { ptr, .. } => Some(*ptr),
+            _ => None,
+        })
+    }
+}
+
+/// Device memory reserved for a graph allocation node.
+#[derive(Debug, Clone, Copy)]
+pub struct GraphAlloc {
+    pub size: u64,
+    /// Graphs and executables whose nodes make it: the memory is freed when none is left.
+    pub refs: usize,
+    /// Allocated by a replay and not freed since (by a free node or `cuMemFreeAsync`).
+    pub live: bool,
 }
 
 /// Graphs, instantiated graphs and which streams are capturing into which graph.
@@ -64,9 +97,36 @@ pub struct Graphs {
     /// stream -> capture sequence id.
     pub capture_ids: HashMap<u64, u64>,
     pub next_capture_id: u64,
+    /// Graph allocations by address.
+    pub allocations: HashMap<u64, GraphAlloc>,
 }
 
 impl Graphs {
+    /// A graph (or an executable made from it) now also holds `graph`'s allocations.
+    pub fn hold(&mut self, graph: &Graph) {
+        for ptr in graph.allocations() {
+            if let Some(a) = self.allocations.get_mut(&ptr) {
+                a.refs += 1;
+            }
+        }
+    }
+
+    /// `graph` (or an executable) is gone: returns the allocations no graph holds any more,
+    /// for the caller to free.
+    pub fn release(&mut self, graph: &Graph) -> Vec<u64> {
+        let mut gone = Vec::new();
+        for ptr in graph.allocations() {
+            if let Some(a) = self.allocations.get_mut(&ptr) {
+                a.refs = a.refs.saturating_sub(1);
+                if a.refs == 0 {
+                    self.allocations.remove(&ptr);
+                    gone.push(ptr);
+                }
+            }
+        }
+        gone
+    }
+
     /// The graph `stream` is capturing into, if any.
     pub fn capturing(&self, stream: u64) -> Option<u64> {
         self.capturing.get(&stream).copied()
@@ -114,5 +174,25 @@ mod tests {
             )
             .is_some());
         assert_eq!(g.graphs[&10].ops.len(), 1);
+    }
+
+    #[test]
+    fn graph_allocations_live_while_a_graph_holds_them() {
+        let mut g = Graphs::default();
+        let graph = Graph {
+            ops: vec![Op::MemAlloc { ptr: 7, size: 64 }, Op::MemFree { ptr: 7 }],
+        };
+        g.allocations.insert(
+            7,
+            GraphAlloc {
+                size: 64,
+                refs: 1,
+                live: false,
+            },
+        );
+        g.hold(&graph); // an executable
+        assert!(g.release(&graph).is_empty());
+        assert_eq!(g.release(&graph), vec![7]);
+        assert!(g.allocations.is_empty());
     }
 }

@@ -121,4 +121,7 @@ pub struct KernelLaunch<'a> {
     pub block: [u32; 3],
     pub shared_mem: u32,
     pub params: &'a [u8],
+    /// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE` (`cuLaunchCooperativeKernel`): every block resident
+    /// at once, the grid no larger than the device holds at a time.
+    pub cooperative: bool,
 }

@@ -7,10 +7,13 @@
 //! `compute_120` PTX only) need a newer model: `--devices emu:1:16GiB:sm_120`. The figures of
 //! each model are the public specifications of the GPU it is named after. Features the emulated
 //! GPU does not have (mipmapped and cubemap textures, peer access, managed memory, IPC,
-//! cooperative launches) are reported as absent (0); the client answers managed memory itself,
-//! and mapped pinned memory is kept like managed memory (crates/shim/src/api/managed.rs).
-//! Texture and surface objects of 1-D, 2-D, 3-D and layered arrays, linear and pitched memory
-//! are sampled by the VM (crates/ptx/src/tex.rs): their size limits are those of a 9.x/10.x GPU.
+//! multi-device cooperative launches) are reported as absent (0); cooperative launches are
+//! reported and run every block at once (crates/ptx/src/launch.rs); persisting L2 reports the
+//! modelled GPU's sizes and its hints change nothing (the VM has no cache); the client answers
+//! managed memory itself, and mapped pinned memory is kept like managed memory
+//! (crates/shim/src/api/managed.rs). Texture and surface objects of 1-D, 2-D, 3-D and layered
+//! arrays, linear and pitched memory are sampled by the VM (crates/ptx/src/tex.rs): their size
+//! limits are those of a 9.x/10.x GPU.
 
 /// One emulated GPU model: what `cuDeviceGetAttribute` reports, by the GPU it is named after.
 #[derive(Debug, PartialEq)]
@@ -211,15 +214,17 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (89, 0), // concurrent managed access
         (90, 1), // compute preemption
         (91, 0),
-        (95, 0), // cooperative launch: no (not yet in the VM)
-        (96, 0),
+        (95, 1), // cooperative launch: every block resident (crates/ptx/src/launch.rs)
+        (96, 0), // cooperative multi-device launch: no (deprecated by CUDA)
         (97, m.shared_per_block_optin),
         (98, 0),
         (99, 1),  // host register supported
         (102, 0), // virtual memory management: not exposed to clients yet
         (106, m.blocks_per_sm),
-        (108, 0),    // max persisting L2
-        (109, 0),    // max access policy window
+        // Persisting L2: the figures of the GPU modelled (a quarter of L2 may persist, windows
+        // up to 128 MiB); the VM has no cache, so hints are accepted and change nothing.
+        (108, m.l2_bytes / 4),
+        (109, 128 << 20),
         (111, 1024), // reserved shared memory per block
         (115, 1),    // memory pools supported
         (119, 0),    // mempool handle types
@@ -237,6 +242,26 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
             )
         })
         .collect()
+}
+
+/// Registers the VM reports for every kernel (`CU_FUNC_ATTRIBUTE_NUM_REGS`).
+pub const REGISTERS_PER_THREAD: u64 = 32;
+
+/// Blocks of `threads` threads using `shared` bytes of shared memory each that the device holds
+/// at once: what `cuOccupancyMaxActiveBlocksPerMultiprocessor` reports (threads, blocks,
+/// registers and shared memory per multiprocessor) times the multiprocessors. A cooperative
+/// launch may have no more blocks than this.
+pub fn coresident_blocks(m: &Model, threads: u64, shared: u64) -> u64 {
+    let threads = threads.max(1);
+    let per_sm = (m.threads_per_sm as u64 / threads)
+        .min(m.blocks_per_sm as u64)
+        .min(65536 / (REGISTERS_PER_THREAD * threads))
+        .min(
+            (m.shared_per_sm as u64)
+                .checked_div(shared)
+                .unwrap_or(u64::MAX),
+        );
+    per_sm * m.sms as u64
 }
 
 /// Peak FP32 throughput in TFLOPS of a GPU with `sms` multiprocessors at `clock_khz`: FP32
@@ -280,8 +305,21 @@ mod tests {
             assert_eq!(get(41), 1);
             assert_eq!(get(115), 1);
             assert!(get(97) <= get(81), "{}: opt-in shared fits an SM", m.like);
+            assert_eq!((get(95), get(96)), (1, 0));
+            assert!(get(108) > 0 && get(108) < get(38));
         }
         assert_eq!(default_model().cc, CC);
+    }
+
+    #[test]
+    fn coresident_blocks_follow_occupancy() {
+        let m = default_model();
+        // 2048 threads per SM: 8 blocks of 256, by threads and registers alike.
+        assert_eq!(coresident_blocks(m, 256, 0), 8 * m.sms as u64);
+        // 32 blocks per SM at most.
+        assert_eq!(coresident_blocks(m, 32, 0), 32 * m.sms as u64);
+        // Shared memory: two blocks of 100 KB fit a 228 KB SM.
+        assert_eq!(coresident_blocks(m, 64, 100_000), 2 * m.sms as u64);
     }
 
     #[test]

@@ -19,4 +19,5 @@ pub const MISALIGNED_ADDRESS: Status = 716;
 pub const INVALID_CONFIGURATION: Status = 9;
 pub const NOT_SUPPORTED: Status = 801;
 pub const LAUNCH_FAILED: Status = 719;
+pub const COOPERATIVE_LAUNCH_TOO_LARGE: Status = 720;
 pub const UNKNOWN: Status = 999;

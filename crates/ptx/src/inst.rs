@@ -220,6 +220,10 @@ pub enum Sreg {
     /// `%reserved_smem_offset_begin`, `_end`, `_cap`, `_0`, `_1` (0 to 4): the block's reserved
     /// shared memory (`launch.rs`, [`crate::RESERVED_SHARED`]).
     ReservedSmem(u8),
+    /// `%envreg0` to `%envreg31`: what the driver passes a launch. A cooperative launch's
+    /// grid workspace (what `this_grid().sync()` counts arrivals in) is `%envreg1:%envreg2`
+    /// (high and low words); every other one reads 0.
+    Envreg(u8),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -531,7 +535,10 @@ fn special(name: &str) -> Option<Sreg> {
         "%reserved_smem_offset_cap" => Sreg::ReservedSmem(2),
         "%reserved_smem_offset_0" => Sreg::ReservedSmem(3),
         "%reserved_smem_offset_1" => Sreg::ReservedSmem(4),
-        _ => return None,
+        _ => {
+            let n: u8 = name.strip_prefix("%envreg")?.parse().ok()?;
+            return (n < 32).then_some(Sreg::Envreg(n));
+        }
     })
 }
 

@@ -89,6 +89,9 @@ pub fn special(w: &Warp, env: &Env, s: Sreg, l: usize) -> u64 {
         Sreg::LanemaskGt => !((1u64 << (lane + 1)) - 1) & 0xffff_ffff,
         Sreg::LanemaskGe => !((1u64 << lane) - 1) & 0xffff_ffff,
         Sreg::DynSmem => c.dynamic_shared_bytes as u64,
+        Sreg::Envreg(1) => env.l.workspace >> 32,
+        Sreg::Envreg(2) => env.l.workspace & 0xffff_ffff,
+        Sreg::Envreg(_) => 0,
         Sreg::ReservedSmem(k) => {
             // The reserved region is the last RESERVED_SHARED bytes of the block's shared memory.
             let begin = (env.l.shared_bytes as u64).saturating_sub(crate::RESERVED_SHARED);

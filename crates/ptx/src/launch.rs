@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use crate::code::{Program, SymKind};
 use crate::parse::Var;
-use crate::warp::{Block, Launch, MAX_LOCAL};
+use crate::warp::{Block, Launch, Step, MAX_LOCAL};
 use crate::{DeviceMemory, ExecError, LaunchConfig, LaunchStats};
 
 /// Shared memory a block may have (far above any GPU's; the device checks its own limit).
@@ -58,6 +58,7 @@ pub fn run(
     mem: &dyn DeviceMemory,
     symbols: &dyn Fn(&str) -> Option<u64>,
     threads: usize,
+    cooperative: Option<u64>,
 ) -> Result<LaunchStats, ExecError> {
     let funcs = reachable(prog, kernel);
     let name = &prog.funcs[kernel].name;
@@ -133,6 +134,7 @@ pub fn run(
     }
     let blocks: u64 = cfg.grid.iter().map(|&d| d as u64).product();
     let workers = threads.clamp(1, blocks.clamp(1, 1024) as usize);
+    let epoch = AtomicU64::new(0);
     let launch = Launch {
         prog,
         kernel,
@@ -142,6 +144,8 @@ pub fn run(
         mem,
         shared_bytes,
         exclusive: workers == 1,
+        workspace: cooperative.unwrap_or(0),
+        epoch: cooperative.map(|_| &epoch),
     };
     let ctaid = |i: u64| {
         let (gx, gy) = (cfg.grid[0] as u64, cfg.grid[1] as u64);
@@ -152,6 +156,9 @@ pub fn run(
         ]
     };
     let start = Instant::now();
+    if cooperative.is_some() {
+        return coresident(&launch, blocks, workers, &ctaid, start);
+    }
     if workers == 1 {
         let mut block = Block::new(&launch);
         let mut lane_instructions = 0;
@@ -201,6 +208,159 @@ pub fn run(
             }
         }
         work();
+    });
+    if let Some((_, e)) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    Ok(LaunchStats {
+        elapsed: start.elapsed(),
+        lane_instructions: total.into_inner(),
+        threads: started,
+    })
+}
+
+/// Instruction issues per warp in one turn of a co-resident block.
+const COOP_QUANTUM: u64 = 256;
+/// Fingerprints a block remembers while device memory stays unchanged.
+const CYCLE_MEMORY: usize = 4096;
+
+/// A cooperative launch: every block is resident at once, as the CUDA driver guarantees, so
+/// blocks may wait for each other through memory (`this_grid().sync()`, flags, locks). Each
+/// host thread owns the blocks `i ≡ thread (mod workers)` and runs them in turns of
+/// [`COOP_QUANTUM`] issues per warp, round robin, so a block that spins lets the others run.
+///
+/// A grid in which no block can make progress fails instead of hanging: `launch.epoch` moves
+/// before the first device-memory write of any block's turn. While it stays put, a block whose
+/// state fingerprint (`Block::fingerprint`) after a turn repeats one it had since the epoch
+/// began is in a cycle: it reads the same memory and so does the same thing forever. When every
+/// host thread has seen all its unfinished blocks in a cycle within one epoch, and the epoch
+/// still has not moved, nothing will ever write memory again, so no block can leave its
+/// cycle: the launch fails (`ExecError::Deadlock`). A block that reads a clock never repeats
+/// and is never called stuck.
+fn coresident(
+    launch: &Launch,
+    blocks: u64,
+    workers: usize,
+    ctaid: &(dyn Fn(u64) -> [u32; 3] + Sync),
+    start: Instant,
+) -> Result<LaunchStats, ExecError> {
+    let epoch = launch
+        .epoch
+        .ok_or_else(|| ExecError::InvalidLaunch("no epoch".into()))?;
+    let stop = AtomicBool::new(false);
+    let total = AtomicU64::new(0);
+    let failure: Mutex<Option<(u64, ExecError)>> = Mutex::new(None);
+    // Per host thread: the epoch + 1 in which all its blocks were seen cycling (0: not), or
+    // u64::MAX once its blocks have all finished.
+    let stuck: Vec<AtomicU64> = (0..workers).map(|_| AtomicU64::new(0)).collect();
+    let fail = |i: u64, e: ExecError| {
+        stop.store(true, Ordering::Relaxed);
+        let mut f = failure.lock().unwrap_or_else(|p| p.into_inner());
+        if f.as_ref().is_none_or(|(j, _)| i < *j) {
+            *f = Some((i, e));
+        }
+    };
+    let work = |me: usize| {
+        struct Resident<'a> {
+            index: u64,
+            block: Block<'a>,
+            seen: std::collections::HashSet<u64>,
+            since: u64,
+            cycling: bool,
+        }
+        let mut mine: Vec<Resident> = (me as u64..blocks)
+            .step_by(workers)
+            .map(|index| {
+                let mut block = Block::new(launch);
+                block.start(ctaid(index));
+                Resident {
+                    index,
+                    block,
+                    seen: Default::default(),
+                    since: u64::MAX,
+                    cycling: false,
+                }
+            })
+            .collect();
+        let mut count = 0;
+        while !mine.is_empty() && !stop.load(Ordering::Relaxed) {
+            let round = epoch.load(Ordering::SeqCst);
+            let mut k = 0;
+            while k < mine.len() {
+                let r = &mut mine[k];
+                match r.block.step(COOP_QUANTUM) {
+                    Ok((Step::Done, c)) => {
+                        count += c;
+                        mine.swap_remove(k);
+                        // A finished block changes what the others may wait for.
+                        epoch.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    }
+                    Ok((Step::Pending, c)) => {
+                        count += c;
+                        let now = epoch.load(Ordering::SeqCst);
+                        if r.block.env.wrote || now != r.since || r.seen.len() >= CYCLE_MEMORY {
+                            r.seen.clear();
+                            r.since = now;
+                            r.cycling = false;
+                        }
+                        if !r.block.env.wrote {
+                            r.cycling |= !r.seen.insert(r.block.fingerprint());
+                        }
+                    }
+                    Err(e) => {
+                        fail(r.index, e);
+                        return;
+                    }
+                }
+                k += 1;
+            }
+            if mine.is_empty() {
+                break;
+            }
+            let now = epoch.load(Ordering::SeqCst);
+            if now == round && mine.iter().all(|r| r.cycling && r.since == now) {
+                stuck[me].store(now + 1, Ordering::SeqCst);
+                let all = stuck.iter().all(|s| {
+                    let s = s.load(Ordering::SeqCst);
+                    s == now + 1 || s == u64::MAX
+                });
+                if all && epoch.load(Ordering::SeqCst) == now {
+                    let first = mine.iter().map(|r| r.index).min().unwrap_or(0);
+                    fail(
+                        first,
+                        ExecError::Deadlock(format!(
+                            "no block of the cooperative grid of {blocks} can make progress: \
+                             every unfinished block waits in a loop that reads memory no \
+                             block will write"
+                        )),
+                    );
+                    return;
+                }
+            } else {
+                stuck[me].store(0, Ordering::SeqCst);
+            }
+        }
+        stuck[me].store(u64::MAX, Ordering::SeqCst);
+        total.fetch_add(count, Ordering::Relaxed);
+    };
+    let mut started = 1;
+    std::thread::scope(|s| {
+        for me in 1..workers {
+            if std::thread::Builder::new()
+                .name("gpufuse-block".into())
+                .spawn_scoped(s, move || work(me))
+                .is_ok()
+            {
+                started += 1;
+            } else {
+                fail(
+                    0,
+                    ExecError::InvalidLaunch("cannot start a host thread for the grid".into()),
+                );
+            }
+        }
+        work(0);
     });
     if let Some((_, e)) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);

@@ -120,6 +120,9 @@ pub enum ExecError {
     /// in a way it cannot be (a surface access out of range with `.trap`).
     #[error("{0}")]
     Texture(String),
+    /// A cooperative grid in which every unfinished block waits for memory no block will write.
+    #[error("{0}")]
+    Deadlock(String),
 }
 
 /// Shared memory reserved for NVIDIA's system software in every block (1 KiB, as on sm_80 and
@@ -326,6 +329,25 @@ impl Module {
         symbols: &dyn Fn(&str) -> Option<u64>,
         threads: usize,
     ) -> Result<LaunchStats, ExecError> {
+        self.launch_with(kernel, cfg, params, mem, symbols, threads, None)
+    }
+
+    /// [`Module::launch_on`], cooperative when `cooperative` gives the grid workspace: the
+    /// device address of 8 zeroed (or left by an earlier cooperative launch) bytes where
+    /// `this_grid().sync()` counts arrivals (`%envreg1:%envreg2`). Every block of a
+    /// cooperative launch is resident at once (`launch.rs`); the caller checks that the grid
+    /// fits the device.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_with(
+        &self,
+        kernel: &str,
+        cfg: &LaunchConfig,
+        params: &[u8],
+        mem: &dyn DeviceMemory,
+        symbols: &dyn Fn(&str) -> Option<u64>,
+        threads: usize,
+        cooperative: Option<u64>,
+    ) -> Result<LaunchStats, ExecError> {
         let k = self
             .program
             .funcs
@@ -379,6 +401,7 @@ impl Module {
             mem,
             symbols,
             threads,
+            cooperative,
         )
     }
 }

@@ -139,6 +139,7 @@ pub fn store(
         ALLOCA_WINDOW => memory::write_bytes(&mut w.alloca[l], a - ALLOCA_WINDOW, n, v),
         _ => {
             let exclusive = env.l.exclusive;
+            env.wrote();
             memory::store(&region(env, a, n)?, a, n, v, exclusive)
         }
     };
@@ -165,7 +166,16 @@ pub fn atomic(
         LOCAL_WINDOW => plain(&mut w.local[l], a - LOCAL_WINDOW),
         PARAM_WINDOW => None,
         ALLOCA_WINDOW => plain(&mut w.alloca[l], a - ALLOCA_WINDOW),
-        _ => memory::rmw(&region(env, a, n)?, a, n, &f),
+        _ => {
+            // Only a write that changes memory counts as one (a failed compare-and-swap in a
+            // spin loop does not): what a cooperative grid's hang detection needs.
+            let r = region(env, a, n)?;
+            let old = memory::rmw(&r, a, n, &f);
+            if old.is_some_and(|o| f(o) != o) {
+                env.wrote();
+            }
+            old
+        }
     }
     .ok_or(illegal)
 }

@@ -295,6 +295,10 @@ pub struct Launch<'a> {
     pub shared_bytes: usize,
     /// One host thread runs the whole launch.
     pub exclusive: bool,
+    /// A cooperative launch's grid workspace (`%envreg1:%envreg2`), 0 for any other launch.
+    pub workspace: u64,
+    /// A cooperative launch's count of quanta that wrote device memory (`launch.rs`).
+    pub epoch: Option<&'a std::sync::atomic::AtomicU64>,
 }
 
 /// A block's own state, apart from its warps.
@@ -306,6 +310,29 @@ pub struct Env<'a> {
     pub region: Option<Region<'a>>,
     /// The reduction of the `bar.red` threads waiting at the block barrier.
     pub bar_red: BarRed,
+    /// Device memory was written since the block's last step began.
+    pub wrote: bool,
+}
+
+impl Env<'_> {
+    /// Notes a write to device memory; a cooperative launch's epoch moves at the first write
+    /// of a step, before the write is seen (`launch.rs` relies on that order).
+    #[inline(always)]
+    pub fn wrote(&mut self) {
+        if !self.wrote {
+            self.wrote = true;
+            if let Some(e) = self.l.epoch {
+                e.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// What a block's step left: the block finished, or has more to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Done,
+    Pending,
 }
 
 /// What `bar.red` (`__syncthreads_count/and/or`) gathers until the barrier releases: the
@@ -373,6 +400,7 @@ impl<'a> Block<'a> {
                 ctaid: [0; 3],
                 region: None,
                 bar_red: BarRed::default(),
+                wrote: false,
             },
             warps: spare_warps(threads, l.cfg.block),
         }
@@ -380,6 +408,19 @@ impl<'a> Block<'a> {
 
     /// Runs one block to completion; returns the lane-instructions it executed.
     pub fn run(&mut self, ctaid: [u32; 3]) -> Result<u64, ExecError> {
+        self.start(ctaid);
+        let mut count = 0;
+        loop {
+            let (step, c) = self.step(QUANTUM)?;
+            count += c;
+            if step == Step::Done {
+                return Ok(count);
+            }
+        }
+    }
+
+    /// Places the block at `ctaid`, every thread at the kernel's first instruction.
+    pub fn start(&mut self, ctaid: [u32; 3]) {
         let l = self.env.l;
         let kernel = &l.prog.funcs[l.kernel];
         self.env.ctaid = ctaid;
@@ -388,54 +429,132 @@ impl<'a> Block<'a> {
         for w in &mut self.warps {
             w.reset(kernel);
         }
+    }
+
+    /// Runs each warp for at most `budget` instruction issues (a warp stops earlier at a
+    /// barrier or its end), then releases the block barrier if every thread waits there.
+    /// Warps that wait for each other through memory thus all make progress. Returns whether
+    /// the block finished and the lane-instructions it executed.
+    pub fn step(&mut self, budget: u64) -> Result<(Step, u64), ExecError> {
+        self.env.wrote = false;
+        let mut progressed = false;
         let mut count = 0;
-        loop {
-            let mut progressed = false;
-            for w in &mut self.warps {
-                let (p, c) = run_warp(w, &mut self.env)?;
-                progressed |= p;
-                count += c;
-            }
-            if self.warps.iter().all(|w| w.live == 0) {
-                return Ok(count);
-            }
-            if self.warps.iter().all(|w| w.runnable() == 0) {
-                let red = std::mem::take(&mut self.env.bar_red);
-                for (warp, d, depth, lanes, op) in red.waiting {
-                    let v = match op {
-                        crate::inst::AtomOp::And => red.all as u64,
-                        crate::inst::AtomOp::Or => red.any as u64,
-                        _ => u64::from(red.count),
-                    };
-                    if let Some(w) = self.warps.get_mut(warp as usize) {
-                        if let crate::code::Dst::Reg(r) = d {
-                            for l in Bits(lanes) {
-                                w.levels[depth][r as usize][l] = v;
-                            }
+        for w in &mut self.warps {
+            let (p, c) = run_warp(w, &mut self.env, budget)?;
+            progressed |= p;
+            count += c;
+        }
+        if self.warps.iter().all(|w| w.live == 0) {
+            return Ok((Step::Done, count));
+        }
+        if self.warps.iter().all(|w| w.runnable() == 0) {
+            let red = std::mem::take(&mut self.env.bar_red);
+            for (warp, d, depth, lanes, op) in red.waiting {
+                let v = match op {
+                    crate::inst::AtomOp::And => red.all as u64,
+                    crate::inst::AtomOp::Or => red.any as u64,
+                    _ => u64::from(red.count),
+                };
+                if let Some(w) = self.warps.get_mut(warp as usize) {
+                    if let crate::code::Dst::Reg(r) = d {
+                        for l in Bits(lanes) {
+                            w.levels[depth][r as usize][l] = v;
                         }
                     }
                 }
-                for w in &mut self.warps {
-                    w.bar = 0;
-                }
-                continue;
             }
-            if !progressed {
-                return Err(ExecError::Unsupported(
-                    "deadlock: threads wait at different barriers".into(),
-                ));
+            for w in &mut self.warps {
+                w.bar = 0;
+            }
+            return Ok((Step::Pending, count));
+        }
+        if !progressed {
+            return Err(ExecError::Unsupported(
+                "deadlock: threads wait at different barriers".into(),
+            ));
+        }
+        Ok((Step::Pending, count))
+    }
+
+    /// A fingerprint of everything the block's future depends on besides device memory:
+    /// each warp's lanes, program counters, registers, frames and local memory, the block's
+    /// shared memory and barrier state. Equal fingerprints with device memory unchanged mean
+    /// the block runs in a cycle.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = Fnv::default();
+        h.bytes(&self.env.shared);
+        h.word(self.env.bar_red.count as u64);
+        h.word(self.env.bar_red.waiting.len() as u64);
+        for w in &self.warps {
+            h.word(w.live as u64 | (w.bar as u64) << 32);
+            h.word(w.calling as u64 | (w.carry as u64) << 32);
+            for &pc in &w.pc {
+                h.word(pc as u64);
+            }
+            h.word(w.joins.len() as u64);
+            for j in &w.joins {
+                h.word(j.pc as u64 | (j.mask as u64) << 32);
+            }
+            for level in &w.levels {
+                for reg in level {
+                    for &v in reg {
+                        h.word(v);
+                    }
+                }
+            }
+            for l in Bits(w.live) {
+                h.word(w.stacks[l].len() as u64);
+                h.bytes(&w.local[l]);
+                h.bytes(&w.alloca[l]);
             }
         }
+        h.0
     }
 }
 
-/// Runs a warp until every lane has exited or waits at a barrier.
-fn run_warp(w: &mut Warp, env: &mut Env) -> Result<(bool, u64), ExecError> {
+/// Instruction issues a warp runs before the next warp of its block gets a turn.
+pub const QUANTUM: u64 = 4096;
+
+/// A fast 64-bit hash (multiply-xor over words): fingerprints are compared, never trusted
+/// across processes.
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Fnv {
+    #[inline(always)]
+    fn word(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x100_0000_01b3).rotate_left(29);
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        let mut chunks = b.chunks_exact(8);
+        for c in &mut chunks {
+            self.word(u64::from_le_bytes(c.try_into().unwrap_or_default()));
+        }
+        for &x in chunks.remainder() {
+            self.word(x as u64);
+        }
+        self.word(b.len() as u64);
+    }
+}
+
+/// Runs a warp until every lane has exited or waits at a barrier, or `budget` instruction
+/// issues have run.
+fn run_warp(w: &mut Warp, env: &mut Env, budget: u64) -> Result<(bool, u64), ExecError> {
     let prog = env.l.prog;
     let kernel = env.l.kernel;
     let (mut progressed, mut count) = (false, 0u64);
     let mut next: Option<Group> = None;
+    let mut issued = 0u64;
     loop {
+        if issued == budget {
+            // The group the fast path held keeps its place for the next turn.
+            if let Some(g) = next.take() {
+                w.goto(g.mask, g.pc);
+            }
+            break;
+        }
+        issued += 1;
         let g = match next.take() {
             Some(g) => g,
             None => match w.pick(kernel) {

@@ -633,6 +633,11 @@ impl<'a> Session<'a> {
                     block: l.block,
                     shared_mem: l.shared_mem,
                     params: l.params,
+                    // CU_LAUNCH_ATTRIBUTE_COOPERATIVE (2), nonzero.
+                    cooperative: l
+                        .attributes
+                        .iter()
+                        .any(|&(id, v)| id == 2 && v[0] as u32 != 0),
                 };
                 self.lease_for_launch();
                 let result = self.device.launch(&k);

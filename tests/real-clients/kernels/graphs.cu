@@ -2,7 +2,8 @@
 // cudaGraphInstantiate / cudaGraphLaunch), each replayed several times with the results checked
 // after every replay: memset, host-to-device, kernels, device-to-device and device-to-host copies
 // in one stream; a fork/join capture across two streams through events; a host function node;
-// capture state queries, node count, and launching on another stream.
+// capture state queries, node count, and launching on another stream; cudaMallocAsync/cudaFreeAsync
+// under capture and graph allocation/free nodes.
 #include <vector>
 #include "kcheck.h"
 
@@ -205,5 +206,190 @@ static void check_many_nodes() {
   CK(cudaFree(d));
 }
 
+__global__ void fill_scaled(int* tmp, const int* in, int k, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) tmp[i] = in[i] * k;
+}
+
+__global__ void add_from(int* acc, const int* tmp, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) acc[i] += tmp[i];
+}
+
+static size_t graph_mem(cudaGraphMemAttributeType a) {
+  size_t v = 0;
+  CK(cudaDeviceGetGraphMemAttribute(0, a, &v));
+  return v;
+}
+
+static void expect_acc(const int* d_acc, const std::vector<int>& in, int times, const char* what) {
+  std::vector<int> got(in.size());
+  to_host(got.data(), d_acc, in.size());
+  for (size_t i = 0; i < in.size(); i++)
+    EXPECT_RESULT(got[i] == times * 3 * in[i], "%s: acc[%zu] = %d, want %d", what, i, got[i],
+                  times * 3 * in[i]);
+}
+
+// cudaMallocAsync/cudaFreeAsync under stream capture become graph allocation and free nodes:
+// the scratch buffer is allocated each time the graph runs, at the address capture returned.
+static void check_malloc_async_capture() {
+  const int n = 4096, replays = 4;
+  std::vector<int> in(n);
+  for (int i = 0; i < n; i++) in[i] = (int)(khash(i) % 1000);
+  int* d_in = dev_copy(in.data(), n);
+  int* d_acc = dev_alloc<int>(n);
+  CK(cudaMemset(d_acc, 0, n * sizeof(int)));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  size_t before = graph_mem(cudaGraphMemAttrReservedMemCurrent);
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  int* tmp = nullptr;
+  CK(cudaMallocAsync(&tmp, n * sizeof(int), s));
+  fill_scaled<<<(n + 255) / 256, 256, 0, s>>>(tmp, d_in, 3, n);
+  add_from<<<(n + 255) / 256, 256, 0, s>>>(d_acc, tmp, n);
+  CK(cudaFreeAsync(tmp, s));
+  cudaGraph_t g;
+  CK(cudaStreamEndCapture(s, &g));
+  size_t nodes = 0;
+  CK(cudaGraphGetNodes(g, nullptr, &nodes));
+  EXPECT_RESULT(nodes == 4, "%zu nodes, want 4 (alloc, 2 kernels, free)", nodes);
+  cudaGraphExec_t e;
+  CK(cudaGraphInstantiate(&e, g, 0));
+  size_t reserved = graph_mem(cudaGraphMemAttrReservedMemCurrent);
+  EXPECT_RESULT(reserved >= before + n * sizeof(int), "graph memory reserved %zu", reserved);
+  for (int r = 0; r < replays; r++) CK(cudaGraphLaunch(e, s));
+  CK(cudaStreamSynchronize(s));
+  expect_acc(d_acc, in, replays, "capture");
+  CK(cudaGraphExecDestroy(e));
+  CK(cudaGraphDestroy(g));
+  size_t after = graph_mem(cudaGraphMemAttrReservedMemCurrent);
+  EXPECT_RESULT(after == before, "graph memory after destroy %zu, before %zu", after, before);
+  CK(cudaDeviceGraphMemTrim(0));
+  std::printf("checked %d replays of a captured cudaMallocAsync/cudaFreeAsync graph\n", replays);
+  CK(cudaStreamDestroy(s));
+  CK(cudaFree(d_in));
+  CK(cudaFree(d_acc));
+}
+
+// The same built node by node; then a graph whose allocation is freed outside it: relaunching
+// before that free is refused, after it works.
+static void check_mem_nodes() {
+  const int n = 3000;
+  std::vector<int> in(n);
+  for (int i = 0; i < n; i++) in[i] = (int)(khash(i + 7) % 500);
+  int* d_in = dev_copy(in.data(), n);
+  int* d_acc = dev_alloc<int>(n);
+  CK(cudaMemset(d_acc, 0, n * sizeof(int)));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int with_free = 1; with_free >= 0; with_free--) {
+    cudaGraph_t g;
+    CK(cudaGraphCreate(&g, 0));
+    cudaMemAllocNodeParams p = {};
+    p.poolProps.allocType = cudaMemAllocationTypePinned;
+    p.poolProps.location.type = cudaMemLocationTypeDevice;
+    p.poolProps.location.id = 0;
+    p.bytesize = n * sizeof(int);
+    cudaGraphNode_t a, k1, k2, f;
+    CK(cudaGraphAddMemAllocNode(&a, g, nullptr, 0, &p));
+    EXPECT_RESULT(p.dptr != nullptr, "alloc node gave no address");
+    cudaMemAllocNodeParams back = {};
+    CK(cudaGraphMemAllocNodeGetParams(a, &back));
+    EXPECT_RESULT(back.dptr == p.dptr && back.bytesize == p.bytesize, "params %p %zu", back.dptr,
+                  back.bytesize);
+    int* tmp = (int*)p.dptr;
+    int k = 3, nn = n;
+    void* args1[] = {&tmp, &d_in, &k, &nn};
+    cudaKernelNodeParams kp = {};
+    kp.func = (void*)fill_scaled;
+    kp.gridDim = dim3((n + 255) / 256);
+    kp.blockDim = dim3(256);
+    kp.kernelParams = args1;
+    CK(cudaGraphAddKernelNode(&k1, g, &a, 1, &kp));
+    void* args2[] = {&d_acc, &tmp, &nn};
+    kp.func = (void*)add_from;
+    kp.kernelParams = args2;
+    CK(cudaGraphAddKernelNode(&k2, g, &k1, 1, &kp));
+    if (with_free) {
+      CK(cudaGraphAddMemFreeNode(&f, g, &k2, 1, p.dptr));
+      void* freed = nullptr;
+      CK(cudaGraphMemFreeNodeGetParams(f, &freed));
+      EXPECT_RESULT(freed == p.dptr, "free node of %p, want %p", freed, p.dptr);
+    }
+    cudaGraphExec_t e;
+    CK(cudaGraphInstantiate(&e, g, 0));
+    CK(cudaGraphLaunch(e, s));
+    if (with_free) {
+      CK(cudaGraphLaunch(e, s));
+    } else {
+      cudaError_t again = cudaGraphLaunch(e, s);
+      EXPECT_RESULT(again == cudaErrorInvalidValue, "relaunch with a live allocation: %s",
+                    cudaGetErrorName(again));
+      cudaGetLastError();
+      CK(cudaFreeAsync(tmp, s));
+      CK(cudaGraphLaunch(e, s));
+      CK(cudaFreeAsync(tmp, s));
+    }
+    CK(cudaStreamSynchronize(s));
+    CK(cudaGraphExecDestroy(e));
+    CK(cudaGraphDestroy(g));
+  }
+  expect_acc(d_acc, in, 4, "nodes");
+  std::printf("checked graph allocation and free nodes built node by node\n");
+  CK(cudaStreamDestroy(s));
+  CK(cudaFree(d_in));
+  CK(cudaFree(d_acc));
+}
+
+// The generic form, cudaGraphAddNode: allocation, two kernels and a free, chained.
+static void check_generic_nodes() {
+  const int n = 2000;
+  std::vector<int> in(n);
+  for (int i = 0; i < n; i++) in[i] = (int)(khash(i + 11) % 300);
+  int* d_in = dev_copy(in.data(), n);
+  int* d_acc = dev_alloc<int>(n);
+  CK(cudaMemset(d_acc, 0, n * sizeof(int)));
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNodeParams a = {};
+  a.type = cudaGraphNodeTypeMemAlloc;
+  a.alloc.poolProps.allocType = cudaMemAllocationTypePinned;
+  a.alloc.poolProps.location.type = cudaMemLocationTypeDevice;
+  a.alloc.bytesize = n * sizeof(int);
+  cudaGraphNode_t na, n1, n2, nf;
+  CK(cudaGraphAddNode(&na, g, nullptr, nullptr, 0, &a));
+  int* tmp = (int*)a.alloc.dptr;
+  EXPECT_RESULT(tmp != nullptr, "generic alloc node gave no address");
+  int k = 3, nn = n;
+  void* args1[] = {&tmp, &d_in, &k, &nn};
+  cudaGraphNodeParams kn = {};
+  kn.type = cudaGraphNodeTypeKernel;
+  kn.kernel.func = (void*)fill_scaled;
+  kn.kernel.gridDim = dim3((n + 127) / 128);
+  kn.kernel.blockDim = dim3(128);
+  kn.kernel.kernelParams = args1;
+  CK(cudaGraphAddNode(&n1, g, &na, nullptr, 1, &kn));
+  void* args2[] = {&d_acc, &tmp, &nn};
+  kn.kernel.func = (void*)add_from;
+  kn.kernel.kernelParams = args2;
+  CK(cudaGraphAddNode(&n2, g, &n1, nullptr, 1, &kn));
+  cudaGraphNodeParams f = {};
+  f.type = cudaGraphNodeTypeMemFree;
+  f.free.dptr = tmp;
+  CK(cudaGraphAddNode(&nf, g, &n2, nullptr, 1, &f));
+  cudaGraphExec_t e;
+  CK(cudaGraphInstantiate(&e, g, 0));
+  for (int r = 0; r < 2; r++) CK(cudaGraphLaunch(e, 0));
+  CK(cudaDeviceSynchronize());
+  expect_acc(d_acc, in, 2, "generic");
+  CK(cudaGraphExecDestroy(e));
+  CK(cudaGraphDestroy(g));
+  std::printf("checked a graph built with cudaGraphAddNode\n");
+  CK(cudaFree(d_in));
+  CK(cudaFree(d_acc));
+}
+
 KCHECK_MAIN({"capture_replay", check_capture_replay}, {"fork_join", check_fork_join},
-            {"many_nodes", check_many_nodes})
+            {"many_nodes", check_many_nodes}, {"malloc_async_capture", check_malloc_async_capture},
+            {"mem_nodes", check_mem_nodes},
+            {"generic_nodes", check_generic_nodes})

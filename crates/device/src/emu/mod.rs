@@ -60,6 +60,10 @@ pub struct EmuDevice {
     /// Live texture and surface objects by handle (`cuTexObjectCreate`, `cuSurfObjectCreate`),
     /// which kernels name in `tex`/`suld`/`sust` (`gpufuse_ptx::DeviceMemory::texture`).
     textures: HashMap<u64, gpufuse_ptx::Texture>,
+    /// The grid workspace of cooperative launches (`this_grid().sync()` counts arrivals in
+    /// it): 16 bytes of device memory the application's calls never name, allocated by the
+    /// first cooperative launch and kept, as the CUDA driver keeps its own.
+    workspace: Option<u64>,
 }
 
 /// Device-side `printf` output one launch may produce (CUDA's default printf FIFO); what
@@ -133,6 +137,7 @@ impl EmuDevice {
             output: Vec::new(),
             heap: None,
             textures: HashMap::new(),
+            workspace: None,
             vmm: vmm::Vmm::default(),
             model: model::default_model(),
         }
@@ -457,12 +462,31 @@ impl Device for EmuDevice {
             block: l.block,
             dynamic_shared_bytes: l.shared_mem,
         };
+        if l.cooperative {
+            let smem = program
+                .kernel(l.function)
+                .map_or(0, |i| i.static_shared_bytes as u64)
+                + l.shared_mem as u64;
+            let fits = model::coresident_blocks(self.model, threads, smem);
+            let blocks = l.grid.iter().map(|&d| d as u64).product::<u64>();
+            if blocks > fits {
+                self.last_error = Some(format!(
+                    "{}: cooperative grid of {blocks} blocks, the device holds {fits} of \
+                     {threads} threads at once",
+                    l.function
+                ));
+                return Err(COOPERATIVE_LAUNCH_TOO_LARGE);
+            }
+        }
         if program.uses_heap() && self.heap.is_none() {
             // Device memory like any allocation, but the application's calls never name it
             // (as on a GPU, heap blocks are not for cudaMemcpy or cudaFree).
             let size = gpufuse_ptx::DEFAULT_HEAP;
             let base = self.alloc(size)?;
             self.heap = Some(gpufuse_ptx::Heap::new(base, size));
+        }
+        if l.cooperative && self.workspace.is_none() {
+            self.workspace = Some(self.alloc(16)?);
         }
         let Some(m) = self.modules.get(&l.module) else {
             return Err(INVALID_HANDLE);
@@ -472,9 +496,12 @@ impl Device for EmuDevice {
         };
         let variables = &m.variables;
         let mem = Memory::new(&mut self.allocations, self.heap.as_ref(), &self.textures);
-        let result = program.launch(l.function, &cfg, l.params, &mem, &|name| {
-            variables.get(name).map(|&(p, _)| p)
-        });
+        let workspace = self.workspace.filter(|_| l.cooperative);
+        let symbols = |name: &str| variables.get(name).map(|&(p, _)| p);
+        let threads = gpufuse_ptx::default_threads();
+        let result = program.launch_with(
+            l.function, &cfg, l.params, &mem, &symbols, threads, workspace,
+        );
         // printf output reaches the application even when the launch then faults.
         let printed = mem.printed.into_inner().unwrap_or_else(|p| p.into_inner());
         if self.output.len() < 16 * PRINTF_FIFO {
@@ -496,6 +523,7 @@ impl Device for EmuDevice {
                     // A texture or surface object that does not exist, or a surface access
                     // out of range with `.trap`: a fault like an illegal address.
                     gpufuse_ptx::ExecError::Texture(_) => ILLEGAL_ADDRESS,
+                    gpufuse_ptx::ExecError::Deadlock(_) => LAUNCH_FAILED,
                 };
                 self.last_error = Some(e.to_string());
                 Err(status)
@@ -711,6 +739,7 @@ mod tests {
             block: [32, 1, 1],
             shared_mem: 0,
             params: &[0; 16],
+            cooperative: false,
         };
         assert_eq!(d.launch(&launch), Err(NO_BINARY_FOR_GPU));
         let why = d.last_error.clone().unwrap();
@@ -738,6 +767,7 @@ mod tests {
             block: [block, 1, 1],
             shared_mem: 0,
             params,
+            cooperative: false,
         })
     }
 

@@ -483,6 +483,8 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult {
 }
 
 /// `CUlimit` values, per process (the emulated GPU has no use for them beyond answering).
+const LIMIT_PERSISTING_L2: c_int = 6;
+
 static LIMITS: Mutex<[usize; 8]> = Mutex::new([1024, 1 << 20, 8 << 20, 2, 2048, 64, 0, 0]);
 
 #[no_mangle]
@@ -500,6 +502,14 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
     guard(|| {
+        // CU_LIMIT_PERSISTING_L2_CACHE_SIZE is capped at what may persist (attribute 108), as
+        // the driver caps it; the emulated GPU has no cache for it to set aside.
+        let value = if limit == LIMIT_PERSISTING_L2 {
+            let max = session()?.attribute(0, 108).unwrap_or(0);
+            value.min(usize::try_from(max).unwrap_or(0))
+        } else {
+            value
+        };
         let mut l = LIMITS.lock().unwrap_or_else(|e| e.into_inner());
         *l.get_mut(usize::try_from(limit).map_err(|_| INVALID_VALUE)?)
             .ok_or(INVALID_VALUE)? = value;

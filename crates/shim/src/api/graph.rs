@@ -154,8 +154,12 @@ pub unsafe extern "C" fn cuGraphCreate(pgraph: *mut CUgraph, _flags: u32) -> CUr
 pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
     guard(|| {
         let s = session()?;
-        let removed = s.lock().graphs.graphs.remove(&h(graph));
-        removed.map(|_| ()).ok_or(INVALID_HANDLE)
+        let gone = {
+            let mut g = s.lock();
+            let removed = g.graphs.graphs.remove(&h(graph)).ok_or(INVALID_HANDLE)?;
+            g.graphs.release(&removed)
+        };
+        crate::api::memory::free_graph_memory(gone)
     })
 }
 
@@ -202,6 +206,7 @@ fn instantiate(pexec: *mut CUgraphExec, graph: CUgraph) -> Result<(), CUresult> 
         .ok_or(INVALID_HANDLE)?
         .clone();
     let exec = handles::mint(Kind::GraphExec);
+    g.graphs.hold(&ops);
     g.graphs.execs.insert(exec, ops);
     out(pexec, exec as usize as CUgraphExec)
 }
@@ -250,8 +255,12 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams(
 pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
     guard(|| {
         let s = session()?;
-        let removed = s.lock().graphs.execs.remove(&h(exec));
-        removed.map(|_| ()).ok_or(INVALID_HANDLE)
+        let gone = {
+            let mut g = s.lock();
+            let removed = g.graphs.execs.remove(&h(exec)).ok_or(INVALID_HANDLE)?;
+            g.graphs.release(&removed)
+        };
+        crate::api::memory::free_graph_memory(gone)
     })
 }
 
@@ -308,6 +317,24 @@ fn run(g: &mut Inner, stream: u64, op: Op) -> Result<(), CUresult> {
                     .quiet(&Request::EventRecord { event, stream })
                     .map_err(client_err)?;
             }
+            Ok(())
+        }
+        Op::MemAlloc { ptr, .. } => {
+            // A launch of a graph whose allocation is still live (not freed by a free node or
+            // cuMemFreeAsync since the last launch) is refused, as CUDA refuses it.
+            let a = g.graphs.allocations.get_mut(&ptr).ok_or(INVALID_VALUE)?;
+            if a.live {
+                return Err(INVALID_VALUE);
+            }
+            a.live = true;
+            Ok(())
+        }
+        Op::MemFree { ptr } => {
+            let a = g.graphs.allocations.get_mut(&ptr).ok_or(INVALID_VALUE)?;
+            if !a.live {
+                return Err(INVALID_VALUE);
+            }
+            a.live = false;
             Ok(())
         }
         Op::HostFn { func, user } => {

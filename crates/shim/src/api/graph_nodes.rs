@@ -4,7 +4,7 @@
 //! added is a valid order to replay them in; replay is sequential on the launch stream.
 //! A 2-D or 3-D copy becomes one copy per row; a 2-D memset one memset per row.
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 use gpufuse_client::graph::Op;
 use gpufuse_client::state::Inner;
@@ -330,6 +330,442 @@ pub unsafe extern "C" fn cuGraphAddDependencies(
             }
         }
         Ok(())
+    })
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`: `CUmemPoolProps` (88 bytes: allocation type, handle types,
+/// location type and id, ...), access descriptors, size, and the address (out).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemAllocNodeParams {
+    alloc_type: c_uint,
+    handle_types: c_uint,
+    location_type: c_uint,
+    location_id: c_int,
+    pool_rest: [u8; 72],
+    access_descs: *const c_void,
+    access_desc_count: usize,
+    bytesize: usize,
+    dptr: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<MemAllocNodeParams>() == 120);
+
+const ALLOCATION_TYPE_PINNED: c_uint = 1;
+const LOCATION_TYPE_DEVICE: c_uint = 1;
+
+/// The operation a node stands for (its handle holds the graph and the index of its last
+/// operation).
+fn node_op(g: &Inner, node: CUgraphNode) -> Result<Op, CUresult> {
+    let n = node as usize as u64;
+    let graph = g
+        .graphs
+        .graphs
+        .iter()
+        .find(|(gh, _)| *gh & 0xffff_ffff == n >> 16)
+        .map(|(_, graph)| graph)
+        .ok_or(INVALID_HANDLE)?;
+    let index = (n & 0xffff) as usize;
+    index
+        .checked_sub(1)
+        .and_then(|i| graph.ops.get(i))
+        .cloned()
+        .ok_or(INVALID_HANDLE)
+}
+
+/// `cuGraphAddMemAllocNode`: the allocation's address is fixed now and written to
+/// `params.dptr`; its memory is reserved for the graph until the graph and its executables
+/// are destroyed (`gpufuse_client::graph::GraphAlloc`).
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *mut MemAllocNodeParams,
+) -> CUresult {
+    guard(|| {
+        let mut p = read(params)?;
+        if p.alloc_type != ALLOCATION_TYPE_PINNED
+            || p.location_type != LOCATION_TYPE_DEVICE
+            || p.handle_types != 0
+            || p.bytesize == 0
+        {
+            return Err(INVALID_VALUE);
+        }
+        let s = session()?;
+        let mut g = s.lock();
+        g.graphs.graphs.get(&h(graph)).ok_or(INVALID_HANDLE)?;
+        let device = u32::try_from(p.location_id).map_err(|_| INVALID_VALUE)?;
+        let pool = crate::api::memory::device_pool(device);
+        let ptr = crate::api::memory::graph_alloc_node(&mut g, p.bytesize, pool)?;
+        let op = Op::MemAlloc {
+            ptr,
+            size: p.bytesize as u64,
+        };
+        if let Err(e) = add(&mut g, node, graph, deps, ndeps, vec![op]) {
+            g.graphs.allocations.remove(&ptr);
+            drop(g);
+            crate::api::memory::free(ptr)?;
+            return Err(e);
+        }
+        p.dptr = ptr;
+        crate::ffi::out(params, p)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemAllocNodeGetParams(
+    node: CUgraphNode,
+    params: *mut MemAllocNodeParams,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let g = s.lock();
+        let Op::MemAlloc { ptr, size } = node_op(&g, node)? else {
+            return Err(INVALID_VALUE);
+        };
+        let device = g
+            .allocations
+            .get(&ptr)
+            .and_then(|a| a.pool)
+            .and_then(|p| g.pools.get(&p))
+            .map_or(0, |p| p.device);
+        out(
+            params,
+            MemAllocNodeParams {
+                alloc_type: ALLOCATION_TYPE_PINNED,
+                handle_types: 0,
+                location_type: LOCATION_TYPE_DEVICE,
+                location_id: device as c_int,
+                pool_rest: [0; 72],
+                access_descs: std::ptr::null(),
+                access_desc_count: 0,
+                bytesize: size as usize,
+                dptr: ptr,
+            },
+        )
+    })
+}
+
+/// `cuGraphAddMemFreeNode`: of a graph allocation only, as CUDA requires.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemFreeNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    dptr: u64,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let mut g = s.lock();
+        if !g.graphs.allocations.contains_key(&dptr) {
+            return Err(INVALID_VALUE);
+        }
+        add(
+            &mut g,
+            node,
+            graph,
+            deps,
+            ndeps,
+            vec![Op::MemFree { ptr: dptr }],
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemFreeNodeGetParams(
+    node: CUgraphNode,
+    dptr: *mut u64,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        let g = s.lock();
+        match node_op(&g, node)? {
+            Op::MemFree { ptr } => out(dptr, ptr),
+            _ => Err(INVALID_VALUE),
+        }
+    })
+}
+
+/// Graph memory is reserved per allocation and released with its graphs: nothing to trim.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGraphMemTrim(device: c_int) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        s.attribute(device, 16).map(|_| ()).ok_or(INVALID_VALUE)
+    })
+}
+
+const GRAPH_MEM_USED_CURRENT: c_int = 0;
+const GRAPH_MEM_USED_HIGH: c_int = 1;
+const GRAPH_MEM_RESERVED_CURRENT: c_int = 2;
+const GRAPH_MEM_RESERVED_HIGH: c_int = 3;
+
+/// High watermarks of graph memory (used, reserved), reset by `cuDeviceSetGraphMemAttribute`.
+static GRAPH_MEM_HIGH: std::sync::Mutex<(u64, u64)> = std::sync::Mutex::new((0, 0));
+
+/// `CU_GRAPH_MEM_ATTR_*`: used is the memory of live graph allocations, reserved that of
+/// every graph allocation (all devices together; the emulated GPUs of a session share them).
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
+    device: c_int,
+    attr: c_int,
+    value: *mut u64,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        s.attribute(device, 16).ok_or(INVALID_VALUE)?;
+        let g = s.lock();
+        let all = g.graphs.allocations.values();
+        let reserved: u64 = all.clone().map(|a| a.size).sum();
+        let used: u64 = all.filter(|a| a.live).map(|a| a.size).sum();
+        let mut high = GRAPH_MEM_HIGH.lock().unwrap_or_else(|e| e.into_inner());
+        high.0 = high.0.max(used);
+        high.1 = high.1.max(reserved);
+        out(
+            value,
+            match attr {
+                GRAPH_MEM_USED_CURRENT => used,
+                GRAPH_MEM_USED_HIGH => high.0,
+                GRAPH_MEM_RESERVED_CURRENT => reserved,
+                GRAPH_MEM_RESERVED_HIGH => high.1,
+                _ => return Err(INVALID_VALUE),
+            },
+        )
+    })
+}
+
+/// Only the high watermarks can be set, and only to 0 (as CUDA allows).
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
+    device: c_int,
+    attr: c_int,
+    value: *const u64,
+) -> CUresult {
+    guard(|| {
+        let s = session()?;
+        s.attribute(device, 16).ok_or(INVALID_VALUE)?;
+        if read(value)? != 0 {
+            return Err(INVALID_VALUE);
+        }
+        let mut high = GRAPH_MEM_HIGH.lock().unwrap_or_else(|e| e.into_inner());
+        match attr {
+            GRAPH_MEM_USED_HIGH => high.0 = 0,
+            GRAPH_MEM_RESERVED_HIGH => high.1 = 0,
+            _ => return Err(INVALID_VALUE),
+        }
+        Ok(())
+    })
+}
+
+/// `CUgraphNodeParams`: the node type, then (at byte 16) the type's parameters, 256 bytes in
+/// all.
+#[repr(C)]
+pub struct NodeParams {
+    kind: c_uint,
+    reserved: [c_int; 3],
+    params: [u64; 30],
+}
+
+const _: () = assert!(std::mem::size_of::<NodeParams>() == 256);
+
+const NODE_KERNEL: c_uint = 0;
+const NODE_MEMCPY: c_uint = 1;
+const NODE_MEMSET: c_uint = 2;
+const NODE_HOST: c_uint = 3;
+const NODE_EMPTY: c_uint = 5;
+const NODE_MEM_ALLOC: c_uint = 10;
+const NODE_MEM_FREE: c_uint = 11;
+
+/// `cuGraphAddNode` with the generic parameters: each node type the graphs replay (kernel,
+/// memcpy, memset, host, empty, memory allocation and free) goes to its own `cuGraphAdd*Node`;
+/// other types (child graphs, events, semaphores, batch memory operations, conditional nodes)
+/// are `CUDA_ERROR_NOT_SUPPORTED`.
+unsafe fn add_node(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *mut NodeParams,
+) -> CUresult {
+    if params.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: the application passes a CUgraphNodeParams; the union starts at byte 16.
+    let (kind, union) = unsafe { ((*params).kind, std::ptr::addr_of_mut!((*params).params)) };
+    let at = |k: usize| -> *mut u64 { union.cast::<u64>().wrapping_add(k) };
+    // SAFETY: each arm hands the union, as the type's own struct, to that type's entry point;
+    // the structs there begin with the fields those entry points read.
+    unsafe {
+        match kind {
+            NODE_KERNEL => cuGraphAddKernelNode_v2(node, graph, deps, ndeps, union.cast()),
+            // CUDA_MEMCPY_NODE_PARAMS: flags, reserved, context, then CUDA_MEMCPY3D.
+            NODE_MEMCPY => cuGraphAddMemcpyNode(
+                node,
+                graph,
+                deps,
+                ndeps,
+                at(2).cast(),
+                *at(1) as usize as *mut c_void,
+            ),
+            // CUDA_MEMSET_NODE_PARAMS_v2: the v1 fields, then the context.
+            NODE_MEMSET => cuGraphAddMemsetNode(
+                node,
+                graph,
+                deps,
+                ndeps,
+                union.cast(),
+                *at(5) as usize as *mut c_void,
+            ),
+            NODE_HOST => cuGraphAddHostNode(node, graph, deps, ndeps, union.cast()),
+            NODE_EMPTY => cuGraphAddEmptyNode(node, graph, deps, ndeps),
+            NODE_MEM_ALLOC => cuGraphAddMemAllocNode(node, graph, deps, ndeps, union.cast()),
+            NODE_MEM_FREE => cuGraphAddMemFreeNode(node, graph, deps, ndeps, *at(0)),
+            _ => NOT_SUPPORTED,
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *mut NodeParams,
+) -> CUresult {
+    // SAFETY: the application's pointers, as the driver takes them.
+    unsafe { add_node(node, graph, deps, ndeps, params) }
+}
+
+/// `CUgraphEdgeData`: ports and type of an edge (8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EdgeData {
+    from_port: u8,
+    to_port: u8,
+    kind: u8,
+    reserved: [u8; 5],
+}
+
+/// The `_v2`/`_v3` forms carry edge data: only default edges (full completion, ports 0) are
+/// replayed; programmatic ports are `CUDA_ERROR_NOT_SUPPORTED`.
+unsafe fn add_node_edges(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    edges: *const EdgeData,
+    ndeps: usize,
+    params: *mut NodeParams,
+) -> CUresult {
+    if !edges.is_null() {
+        for i in 0..ndeps {
+            match read_at(edges, i) {
+                Ok(e) if e.from_port == 0 && e.to_port == 0 && e.kind == 0 => {}
+                Ok(_) => return NOT_SUPPORTED,
+                Err(e) => return e,
+            }
+        }
+    }
+    // SAFETY: as for cuGraphAddNode.
+    unsafe { add_node(node, graph, deps, ndeps, params) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode_v2(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    edges: *const EdgeData,
+    ndeps: usize,
+    params: *mut NodeParams,
+) -> CUresult {
+    // SAFETY: the application's pointers.
+    unsafe { add_node_edges(node, graph, deps, edges, ndeps, params) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode_v3(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    edges: *const EdgeData,
+    ndeps: usize,
+    params: *mut NodeParams,
+) -> CUresult {
+    // SAFETY: the application's pointers.
+    unsafe { add_node_edges(node, graph, deps, edges, ndeps, params) }
+}
+
+/// The kernel launch a kernel node stands for, to change its attributes.
+fn kernel_node_attributes(
+    g: &mut Inner,
+    node: CUgraphNode,
+) -> Result<&mut Vec<(u32, [u64; 8])>, CUresult> {
+    let n = node as usize as u64;
+    let graph = g
+        .graphs
+        .graphs
+        .iter_mut()
+        .find(|(gh, _)| *gh & 0xffff_ffff == n >> 16)
+        .map(|(_, graph)| graph)
+        .ok_or(INVALID_HANDLE)?;
+    let index = (n & 0xffff) as usize;
+    match index.checked_sub(1).and_then(|i| graph.ops.get_mut(i)) {
+        Some(Op::Launch { attributes, .. }) => Ok(attributes),
+        Some(_) => Err(INVALID_VALUE),
+        None => Err(INVALID_HANDLE),
+    }
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`: a kernel node may be cooperative.
+const KERNEL_ATTR_COOPERATIVE: c_uint = 2;
+
+/// Kernel-node attributes: those a stream takes (an access-policy window, checked as the
+/// driver checks it; priority; memory sync domains) and cooperative; kept with the node's
+/// launch, which sends them like `cuLaunchKernelEx` does.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeSetAttribute(
+    node: CUgraphNode,
+    attr: c_uint,
+    value: *const [u64; 8],
+) -> CUresult {
+    guard(|| {
+        let v = read(value)?;
+        if attr != KERNEL_ATTR_COOPERATIVE {
+            crate::api::stream::check_attr(attr, &v)?;
+        }
+        let s = session()?;
+        let mut g = s.lock();
+        let attrs = kernel_node_attributes(&mut g, node)?;
+        match attrs.iter_mut().find(|(id, _)| *id == attr) {
+            Some(slot) => slot.1 = v,
+            None => attrs.push((attr, v)),
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeGetAttribute(
+    node: CUgraphNode,
+    attr: c_uint,
+    value: *mut [u64; 8],
+) -> CUresult {
+    guard(|| {
+        if attr != KERNEL_ATTR_COOPERATIVE {
+            crate::api::stream::check_attr(attr, &[0; 8])?;
+        }
+        let s = session()?;
+        let mut g = s.lock();
+        let attrs = kernel_node_attributes(&mut g, node)?;
+        let v = attrs
+            .iter()
+            .find(|(id, _)| *id == attr)
+            .map_or([0; 8], |&(_, v)| v);
+        out(value, v)
     })
 }
 

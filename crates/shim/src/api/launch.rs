@@ -1,7 +1,7 @@
 //! Kernel launches: arguments are packed at the device-side offsets the function's layout
 //! gives and sent as one quiet request.
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 use gpufuse_proto::{Launch, Request};
 
@@ -84,6 +84,20 @@ fn launch(
 ) -> Result<(), CUresult> {
     if dims.grid.contains(&0) || dims.block.contains(&0) {
         return Err(INVALID_VALUE);
+    }
+    let cooperative = attributes
+        .iter()
+        .any(|&(id, v)| id == LAUNCH_ATTRIBUTE_COOPERATIVE && v[0] as u32 != 0);
+    if cooperative {
+        // Every block of a cooperative grid must be resident at once, as the driver checks
+        // when the launch is made.
+        let threads: u64 = dims.block.iter().map(|&d| d as u64).product();
+        let blocks: u64 = dims.grid.iter().map(|&d| d as u64).product();
+        let threads = c_int::try_from(threads).map_err(|_| INVALID_VALUE)?;
+        let fits = crate::api::occupancy::coresident(f, threads, dims.shared_mem as usize)?;
+        if blocks > fits {
+            return Err(COOPERATIVE_LAUNCH_TOO_LARGE);
+        }
     }
     let s = session()?;
     let mut g = s.lock();
@@ -187,6 +201,8 @@ macro_rules! launch_cooperative {
 }
 
 const LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
+/// `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`.
+const COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
 
 launch_cooperative!(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz);
 

@@ -3,6 +3,7 @@
 use std::alloc::Layout;
 use std::ffi::{c_int, c_uint, c_void};
 
+use gpufuse_client::graph::{GraphAlloc, Op};
 use gpufuse_client::state::{Allocation, HostAllocation, Inner, PoolStats};
 use gpufuse_proto::{ReplyBody, Request};
 
@@ -105,7 +106,8 @@ pub(crate) fn free(ptr: u64) -> Result<(), CUresult> {
     let s = session()?;
     let mut g = s.lock();
     match g.allocations.get(&ptr) {
-        Some(a) if !a.mapped => {}
+        // A graph's allocation is freed with the graph (`cuGraphDestroy`).
+        Some(a) if !a.mapped && !g.graphs.allocations.contains_key(&ptr) => {}
         _ => return Err(INVALID_VALUE),
     }
     let a = g.allocations.remove(&ptr).ok_or(INVALID_VALUE)?;
@@ -160,14 +162,14 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     guard(|| {
         let s = session()?;
         let mut g = s.lock();
-        stream_id(&g, stream)?;
+        let st = stream_id(&g, stream)?;
         let (_, device) = current(&g)?;
         let pool = g
             .current_pools
             .get(&device)
             .copied()
             .unwrap_or_else(|| default_pool(device));
-        let p = alloc_from_pool(&mut g, size, pool)?;
+        let p = alloc_async(&mut g, size, pool, st)?;
         out(dptr, p)
     })
 }
@@ -182,10 +184,56 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     guard(|| {
         let s = session()?;
         let mut g = s.lock();
-        stream_id(&g, stream)?;
-        let p = alloc_from_pool(&mut g, size, pool as usize as u64)?;
+        let st = stream_id(&g, stream)?;
+        let p = alloc_async(&mut g, size, pool as usize as u64, st)?;
         out(dptr, p)
     })
+}
+
+/// `cuMemAllocAsync` on stream `st`: at once, or, under stream capture, as a graph allocation
+/// node whose address is fixed now (its memory is reserved until the graph goes).
+fn alloc_async(g: &mut Inner, size: usize, pool: u64, st: u64) -> Result<u64, CUresult> {
+    let p = alloc_from_pool(g, size, pool)?;
+    if g.graphs.capturing(st).is_some() {
+        graph_allocation(g, p, size as u64);
+        g.graphs.record(
+            st,
+            Op::MemAlloc {
+                ptr: p,
+                size: size as u64,
+            },
+        );
+    }
+    Ok(p)
+}
+
+/// Marks `ptr` (just allocated) as a graph allocation held by the graph being built.
+pub(crate) fn graph_allocation(g: &mut Inner, ptr: u64, size: u64) {
+    g.graphs.allocations.insert(
+        ptr,
+        GraphAlloc {
+            size,
+            refs: 1,
+            live: false,
+        },
+    );
+}
+
+/// A graph allocation node for `size` bytes in `pool`: the address.
+pub(crate) fn graph_alloc_node(g: &mut Inner, size: usize, pool: u64) -> Result<u64, CUresult> {
+    let p = alloc_from_pool(g, size, pool)?;
+    graph_allocation(g, p, size as u64);
+    Ok(p)
+}
+
+/// The default pool of `device` (graph allocation nodes name a device, not a pool).
+pub(crate) fn device_pool(device: u32) -> u64 {
+    default_pool(device)
+}
+
+/// Frees graph allocations no graph holds any more.
+pub(crate) fn free_graph_memory(ptrs: Vec<u64>) -> Result<(), CUresult> {
+    ptrs.into_iter().try_for_each(free)
 }
 
 #[no_mangle]
@@ -193,7 +241,25 @@ pub unsafe extern "C" fn cuMemFreeAsync(ptr: CUdeviceptr, stream: *mut c_void) -
     guard(|| {
         {
             let s = session()?;
-            stream_id(&s.lock(), stream)?;
+            let mut g = s.lock();
+            let st = stream_id(&g, stream)?;
+            if g.graphs.capturing(st).is_some() {
+                // A free node: only of a graph allocation.
+                if !g.graphs.allocations.contains_key(&ptr) {
+                    return Err(INVALID_VALUE);
+                }
+                g.graphs.record(st, Op::MemFree { ptr });
+                return Ok(());
+            }
+            if let Some(a) = g.graphs.allocations.get_mut(&ptr) {
+                // A graph allocation freed outside the graph: its life ends, the memory stays
+                // reserved for the graph's next launch.
+                if !a.live {
+                    return Err(INVALID_VALUE);
+                }
+                a.live = false;
+                return Ok(());
+            }
         }
         free(ptr)
     })

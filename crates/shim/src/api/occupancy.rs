@@ -49,6 +49,23 @@ fn occupancy(f: *mut c_void, block: c_int, dyn_smem: usize) -> Result<c_int, CUr
     Ok(by_threads.min(by_blocks).min(by_regs).min(by_smem).max(0))
 }
 
+/// Blocks of `block` threads with `dyn_smem` bytes of dynamic shared memory that the
+/// function's device holds at once: the occupancy times the multiprocessors. A cooperative
+/// launch may have no more (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`); the worker checks the
+/// same figure again (`gpufuse_device::model::coresident_blocks`).
+pub(crate) fn coresident(f: *mut c_void, block: c_int, dyn_smem: usize) -> Result<u64, CUresult> {
+    let per_sm = occupancy(f, block, dyn_smem)?;
+    let s = session()?;
+    let device = {
+        let g = s.lock();
+        let id = g.resolve_function(h(f)).ok_or(INVALID_HANDLE)?;
+        let func = &g.functions[&id];
+        g.modules.get(&func.module).map_or(0, |m| m.device)
+    };
+    let sms = s.attribute(device as c_int, 16).unwrap_or(1);
+    Ok(per_sm.max(0) as u64 * sms.max(0) as u64)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
     n: *mut c_int,

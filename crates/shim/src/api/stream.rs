@@ -477,4 +477,99 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
     guard(|| elapsed(ms, start, end))
 }
 
+/// `CUstreamAttrValue` (`CUlaunchAttributeValue`): 64 bytes.
+type AttrValue = [u64; 8];
+
+const STREAM_ATTR_ACCESS_POLICY_WINDOW: c_uint = 1;
+const STREAM_ATTR_SYNCHRONIZATION_POLICY: c_uint = 3;
+const STREAM_ATTR_PRIORITY: c_uint = 8;
+const STREAM_ATTR_MEM_SYNC_DOMAIN_MAP: c_uint = 9;
+const STREAM_ATTR_MEM_SYNC_DOMAIN: c_uint = 10;
+
+/// Stream attributes set by `cuStreamSetAttribute`, by stream handle and attribute: kept to be
+/// read back. An access-policy window (persisting L2) is a hint the emulated GPU, which has no
+/// cache, has no use for beyond checking it as the driver does.
+static STREAM_ATTRS: std::sync::Mutex<Vec<(u64, c_uint, AttrValue)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Checks a stream (or launch, or kernel-node) attribute value as the driver does: an
+/// access-policy window's hit ratio lies in [0, 1] and its size within the device's largest
+/// window (attribute 109); the other stream attributes take any value.
+pub(crate) fn check_attr(id: c_uint, v: &AttrValue) -> Result<(), CUresult> {
+    match id {
+        STREAM_ATTR_ACCESS_POLICY_WINDOW => {
+            let (bytes, ratio) = (v[1], f32::from_bits(v[2] as u32));
+            let props = [(v[2] >> 32) as u32, v[3] as u32];
+            let max = session()?.attribute(0, 109).unwrap_or(0) as u64;
+            if !(0.0..=1.0).contains(&ratio) || bytes > max || props.iter().any(|&p| p > 2) {
+                return Err(INVALID_VALUE);
+            }
+            Ok(())
+        }
+        STREAM_ATTR_SYNCHRONIZATION_POLICY
+        | STREAM_ATTR_PRIORITY
+        | STREAM_ATTR_MEM_SYNC_DOMAIN_MAP
+        | STREAM_ATTR_MEM_SYNC_DOMAIN => Ok(()),
+        _ => Err(INVALID_VALUE),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamSetAttribute(
+    stream: CUstream,
+    attr: c_uint,
+    value: *const AttrValue,
+) -> CUresult {
+    guard(|| {
+        let v = crate::ffi::read(value)?;
+        with_stream(stream, |_, _| Ok(()))?;
+        check_attr(attr, &v)?;
+        let h = stream as usize as u64;
+        let mut a = STREAM_ATTRS.lock().unwrap_or_else(|e| e.into_inner());
+        match a.iter_mut().find(|(s, id, _)| *s == h && *id == attr) {
+            Some(slot) => slot.2 = v,
+            None => a.push((h, attr, v)),
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetAttribute(
+    stream: CUstream,
+    attr: c_uint,
+    value: *mut AttrValue,
+) -> CUresult {
+    guard(|| {
+        let priority = with_stream(stream, |_, st| Ok(st.map_or(0, |s| s.priority)))?;
+        check_attr(attr, &[0; 8])?;
+        let h = stream as usize as u64;
+        let a = STREAM_ATTRS.lock().unwrap_or_else(|e| e.into_inner());
+        let v = match a.iter().find(|(s, id, _)| *s == h && *id == attr) {
+            Some(&(_, _, v)) => v,
+            None if attr == STREAM_ATTR_PRIORITY => [priority as u32 as u64, 0, 0, 0, 0, 0, 0, 0],
+            None => [0; 8],
+        };
+        out(value, v)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCopyAttributes(dst: CUstream, src: CUstream) -> CUresult {
+    guard(|| {
+        with_stream(dst, |_, _| Ok(()))?;
+        with_stream(src, |_, _| Ok(()))?;
+        let (d, s) = (dst as usize as u64, src as usize as u64);
+        let mut a = STREAM_ATTRS.lock().unwrap_or_else(|e| e.into_inner());
+        a.retain(|(h, _, _)| *h != d);
+        let copied: Vec<_> = a
+            .iter()
+            .filter(|(h, _, _)| *h == s)
+            .map(|&(_, id, v)| (d, id, v))
+            .collect();
+        a.extend(copied);
+        Ok(())
+    })
+}
+
 include!(concat!(env!("OUT_DIR"), "/aliases_stream.rs"));
