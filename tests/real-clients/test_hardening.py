@@ -46,6 +46,17 @@ def _wait_idle(server, base_used: int, timeout: float = 15.0) -> dict:
         time.sleep(0.1)
 
 
+def _quiet_baseline(server, timeout: float = 15.0) -> int:
+    """The device's used bytes once no session (an earlier test's) is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = server.status()
+        if not st["sessions"] and not _workers_of(server.proc.pid):
+            return st["devices"][0]["used_bytes"]
+        assert time.monotonic() < deadline, f"sessions still running: {st['sessions']}"
+        time.sleep(0.1)
+
+
 def test_memory_a_session_leaves_behind_reads_as_zeros_to_the_next(programs, server):
     rt = programs.rt[13]
     for _ in range(2):
@@ -86,7 +97,7 @@ def test_a_worker_killed_under_its_client_is_an_error_within_a_second(programs, 
 
 def test_a_storm_of_clients_killed_at_random_points_leaves_nothing_behind(programs, server):
     count = int(os.environ.get("GPUFUSE_KILL_STORM", "1000"))
-    base_used = server.status()["devices"][0]["used_bytes"]
+    base_used = _quiet_baseline(server)
     rng = random.Random(20261124)
     env = dict(programs.env, GPUFUSE_CHURN_SECONDS="30")
     argv = client_argv(server.unix, [programs.rt[13], "churn"])
@@ -117,7 +128,7 @@ def test_a_storm_of_clients_killed_at_random_points_leaves_nothing_behind(progra
 def test_a_soak_of_concurrent_churning_sessions_has_no_errors_and_flat_memory(programs, server):
     sessions = int(os.environ.get("GPUFUSE_SOAK_SESSIONS", "64"))
     seconds = float(os.environ.get("GPUFUSE_SOAK_SECONDS", "30"))
-    base_used = server.status()["devices"][0]["used_bytes"]
+    base_used = _quiet_baseline(server)
     env = dict(programs.env, GPUFUSE_CHURN_SECONDS=str(seconds))
     argv = client_argv(server.unix, [programs.rt[13], "churn"])
     # Warm the node up (first sessions allocate its tables), then take its memory.

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::ffi::c_void;
 
 use crate::ffi::{read_word, RawImage};
-use crate::status::{CUresult, INVALID_IMAGE, INVALID_VALUE, NOT_SUPPORTED};
+use crate::status::{CUresult, INVALID_IMAGE, INVALID_VALUE};
 
 /// Most translation units a program's device link may name (a bound on a list read from the
 /// application's memory).
@@ -53,11 +53,14 @@ pub fn image_bytes<'a>(image: *const c_void) -> Result<Cow<'a, [u8]>, CUresult> 
     }
     match gpufuse_fatbin::with_prelinked_ptx(bytes, &units) {
         Ok(v) => Ok(Cow::Owned(v)),
+        // The device-linked image alone: a GPU whose SASS it holds runs it; any other loads
+        // it lazily and its launches fail with CUDA_ERROR_NO_BINARY_FOR_GPU, as NVIDIA's
+        // driver fails them without matching SASS. The log says why.
         Err(e @ gpufuse_fatbin::FatbinError::NeedsLinking(_)) => {
             if std::env::var_os("GPUFUSE_LOG").is_some() {
                 eprintln!("gpufuse: {e}");
             }
-            Err(NOT_SUPPORTED)
+            Ok(Cow::Borrowed(bytes))
         }
         Err(_) => Err(INVALID_IMAGE),
     }
