@@ -2,9 +2,12 @@
 //!
 //! Every figure comes from a real `gpufuse serve` with real sessions (client core, worker
 //! processes, the node's launch queue) running a spin kernel whose length is calibrated first:
-//! - two tenants limited to 30% and 70% saturate the device; their shares of the measured
-//!   device time over a 10-second window (target: 30:70 within 5 points), under the elastic and
-//!   the hard policy;
+//! - two tenants limited to 30% and 70% both run one client pattern (batch+synchronize, two
+//!   launches in flight+event wait, one launch+synchronize, four streams, graph launches) with
+//!   kernels of about 0.1, 2 and 25 ms, under the elastic and the hard policy: each row prints
+//!   the kernel time measured (the node's device time per completed kernel), the split of the
+//!   node's device time and of the kernels the clients saw complete over a 10-second window
+//!   (3 s with `--quick`), and how busy the device was (target: 30:70 within 5 points);
 //! - a lone tenant limited to 30% saturates: the fraction of the window it ran (hard: 30 +- 5;
 //!   elastic: it uses the idle capacity);
 //! - a high-QoS tenant runs short kernels, alone and then against three low-QoS tenants that
