@@ -147,10 +147,11 @@ fn start_server() -> Result<(Server, Address, Address, Address)> {
 }
 
 fn main() -> Result<()> {
-    let quick = std::env::args().any(|a| a == "--quick");
-    if std::env::args().any(|a| a == "shares") {
-        return shares::run(quick);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "shares") {
+        return shares::run(&shares::Options::parse(&args[1..])?);
     }
+    let quick = args.iter().any(|a| a == "--quick");
     let scale = if quick { 10 } else { 1 };
     let (_server, unix, tcp, tls) = start_server()?;
     println!(

@@ -16,6 +16,22 @@
 //!   started at `t` and was charged `u`, its next lease starts no earlier than
 //!   `max(previous, t - BURST) + u * 100 / p`, even when the device is otherwise idle.
 //!   **Elastic policy** (the default): no cap, so a lone session uses idle capacity.
+//! - **Holding** (the device waits for a session that is owed): a session whose client
+//!   synchronizes is away from the queue between two leases for its client's round trip (its
+//!   *think time*). Kernels are not preempted, so handing the device to another session in
+//!   that moment makes the owed session wait out the other's whole lease when it comes back;
+//!   clients that launch and then wait (one launch and a synchronize, two launches in flight
+//!   and an event wait) would get one lease per lease of the others, whatever their shares
+//!   (30:70 measured 50:50 with 25 ms kernels). So when a session that is still owed (first in
+//!   line by virtual time) ends a lease, the device is held for it for about its measured think
+//!   time (moving average plus four deviations, as TCP estimates a round trip), if that is
+//!   under [`GRACE_US`] or under [`HOLD_LEASES`] (2) of the longest usual lease of the other
+//!   sessions taking part (it would come back while a lease of theirs still ran), never more
+//!   than [`MAX_GRACE_US`]. As I/O schedulers idle a disk for a synchronous reader that is
+//!   owed (CFQ's `slice_idle`, BFQ), this gives up some work conservation to keep the shares:
+//!   the held time is device time nobody uses. A session slower than that loses little by
+//!   not being held for (the others' leases are short next to its round trip), and its idle
+//!   time goes to the others.
 //! - **QoS** decides order, shares decide amount: among waiting sessions whose virtual time is
 //!   within [`QOS_LAG_US`] of the smallest, the highest QoS goes first. A high-QoS session's
 //!   short kernels therefore start as soon as the current lease ends, while a high-QoS session
@@ -37,11 +53,19 @@ pub const QOS_LAG_US: u64 = 50_000;
 /// idle: it keeps that much credit, and no more. A session is idle for a moment between any
 /// two leases, so this must be more than a few leases' worth.
 pub const CREDIT_US: u64 = 50_000;
-/// How long the device is held for a session that just ended a lease, is still owed device
-/// time and usually comes back within this (its think time): without it, the moment between
-/// two of its leases would hand the device to someone else every time, and a session whose
-/// client synchronizes often would get one lease per lease of the others whatever its share.
+/// The least time the device is held for a session that just ended a lease and is still owed
+/// device time (see [`Scheduler`]'s *holding*), and the think time under which a session is
+/// always worth holding for.
 pub const GRACE_US: u64 = 1_000;
+/// The most the device is ever held for a session that is away.
+pub const MAX_GRACE_US: u64 = 20_000;
+/// A session is held for while its think time is under this many of the others' usual
+/// leases: coming back after one of their leases would have ended, it still finds the next one
+/// running whenever they have more work queued, and waits out the rest of it.
+pub const HOLD_LEASES: u64 = 2;
+/// A session that ended a lease within this long ago still counts as taking part (its lease
+/// length says how long the device would be taken from a session that is not held for).
+const ACTIVE_US: u64 = 100_000;
 /// Queueing delays kept per session for percentiles.
 const WAIT_SAMPLES: usize = 1024;
 /// Usage buckets of 100 ms, ten of them: "the last second".
@@ -96,8 +120,14 @@ struct Entry {
     next_wait: usize,
     /// When its last lease ended, while it is idle.
     idle_since: Option<u64>,
-    /// Moving average of the time between the end of a lease and the next request.
-    think_us: u64,
+    /// When its last lease ended.
+    last_done: Option<u64>,
+    /// Moving average of the time between the end of a lease and the next request (its
+    /// *think time*), and of that time's deviation from the average, as TCP keeps a round
+    /// trip's (RFC 6298); `None` before the first sample.
+    think: Option<(u64, u64)>,
+    /// Moving average of its leases' charged time.
+    lease_us: u64,
 }
 
 /// What a session asking for the device is told.
@@ -171,7 +201,9 @@ impl Scheduler {
                 waits: Vec::new(),
                 next_wait: 0,
                 idle_since: None,
-                think_us: 0,
+                last_done: None,
+                think: None,
+                lease_us: 0,
             },
         );
     }
@@ -259,7 +291,15 @@ impl Scheduler {
             }
             State::Idle => {
                 if let Some(t) = e.idle_since.take() {
-                    e.think_us = (3 * e.think_us + now.saturating_sub(t)) / 4;
+                    // A pause longer than any hold says the session was away, not how long
+                    // its client's round trips take: it counts as no more than that.
+                    let sample = now.saturating_sub(t).min(2 * MAX_GRACE_US);
+                    e.think = Some(match e.think {
+                        None => (sample, sample / 2),
+                        Some((avg, dev)) => {
+                            ((3 * avg + sample) / 4, (3 * dev + avg.abs_diff(sample)) / 4)
+                        }
+                    });
                 }
                 e.vtime = e.vtime.max(self.vclock.saturating_sub(CREDIT_US * SCALE));
                 e.state = State::Waiting { since: now };
@@ -331,10 +371,51 @@ impl Scheduler {
         e.charged_us += used;
         e.window.add(now, used);
         e.idle_since = Some(now);
-        let quick = e.think_us < GRACE_US;
+        e.last_done = Some(now);
+        e.lease_us = if e.lease_us == 0 {
+            used
+        } else {
+            (3 * e.lease_us + used) / 4
+        };
         self.busy.add(now, used);
-        if quick && self.pick(now, Some(id)) == Some(id) {
-            self.reserved = Some((id, now + GRACE_US));
+        if let Some(hold) = self.hold_for(id, now) {
+            if self.pick(now, Some(id)) == Some(id) {
+                self.reserved = Some((id, now.saturating_add(hold)));
+            }
+        }
+    }
+
+    /// How long to hold the device for session `id`, which just ended a lease, if it is worth
+    /// holding for. Kernels are not preempted: a lease of another session started now runs
+    /// to its end. If the session comes back while that lease (or the next one of that
+    /// session, which renews its lease when nobody waits) still runs, giving the device away
+    /// makes it wait out the rest; if it comes back much later, it loses little and the device
+    /// did work meanwhile. So a session is held for when its usual think time is under
+    /// [`HOLD_LEASES`] of the longest usual lease of the other sessions taking part, or under
+    /// [`GRACE_US`] (a short hold is cheap); the hold lasts its usual think time plus four
+    /// deviations, from [`GRACE_US`] up to that bound and never more than [`MAX_GRACE_US`].
+    /// A session that has not yet come back from a lease is held for [`GRACE_US`].
+    fn hold_for(&self, id: u64, now: u64) -> Option<u64> {
+        let e = self.sessions.get(&id)?;
+        let others = self
+            .sessions
+            .iter()
+            .filter(|&(&o, f)| {
+                o != id
+                    && (f.state != State::Idle
+                        || f.last_done
+                            .is_some_and(|t| now.saturating_sub(t) < ACTIVE_US))
+            })
+            .map(|(_, f)| f.lease_us)
+            .max()
+            .unwrap_or(0);
+        let limit = others
+            .saturating_mul(HOLD_LEASES)
+            .clamp(GRACE_US, MAX_GRACE_US);
+        match e.think {
+            None => Some(GRACE_US),
+            Some((avg, _)) if avg > limit => None,
+            Some((avg, dev)) => Some(avg.saturating_add(4 * dev).clamp(GRACE_US, limit)),
         }
     }
 
@@ -385,13 +466,19 @@ impl Scheduler {
 mod tests {
     use super::*;
 
-    /// A session in the simulation: it wants the device from `ready_at` on, and runs kernels
-    /// of `kernel_us`, one per lease, in batches of `batch` (renewing its lease within a
-    /// batch); it is idle for `gap_us` after each batch (0 = saturating).
+    /// A session in the simulation. It runs kernels of `kernel_us` in rounds of `batch`:
+    /// within a round the lease goes on or is renewed (the launches arrived together) or,
+    /// with `inner_gap_us`, ended and asked for again that long later (an event record or a
+    /// stream synchronize between two launches); after a round it is away for `gap_us` (its
+    /// client's round trip; 0 = saturating), varied by up to `jitter` percent either way.
+    /// It wants the device from `ready_at` on.
     struct Tenant {
         id: u64,
         kernel_us: u64,
         gap_us: u64,
+        inner_gap_us: u64,
+        jitter: u64,
+        seed: u64,
         batch: u32,
         in_batch: u32,
         ready_at: u64,
@@ -406,6 +493,9 @@ mod tests {
                 id,
                 kernel_us,
                 gap_us,
+                inner_gap_us: 0,
+                jitter: 0,
+                seed: id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
                 batch: 1,
                 in_batch: 0,
                 ready_at: 0,
@@ -414,21 +504,42 @@ mod tests {
                 asked_at: None,
             }
         }
+
+        /// The next round trip: `gap_us` +- `jitter` percent, from a fixed pseudo-random
+        /// sequence (xorshift), so every run is the same.
+        fn think(&mut self) -> u64 {
+            self.seed ^= self.seed << 13;
+            self.seed ^= self.seed >> 7;
+            self.seed ^= self.seed << 17;
+            let spread = self.gap_us * self.jitter / 100;
+            self.gap_us - spread + self.seed % (2 * spread + 1)
+        }
     }
 
-    /// Runs the queue for `until` simulated microseconds. Each lease is one kernel.
-    fn simulate(s: &mut Scheduler, tenants: &mut [Tenant], until: u64) {
-        let mut now = 0u64;
+    /// Runs the queue from `from` to `until` simulated microseconds; returns where it stopped
+    /// (the clock never goes back: call it again from there to go on). A lease runs kernels
+    /// that follow one another until it has used [`QUANTUM_US`], as the worker does; a tenant
+    /// that becomes ready while another's kernel runs asks at that moment.
+    fn simulate(s: &mut Scheduler, tenants: &mut [Tenant], from: u64, until: u64) -> u64 {
+        let mut now = from;
+        // The tenant whose lease goes on, and what the lease has used.
+        let mut holding: Option<u64> = None;
+        let mut lease_used = 0;
         while now < until {
             // Everyone ready asks, in id order (ask order must not matter).
-            let mut granted = None;
+            let mut granted = holding.take();
             for t in tenants.iter_mut().filter(|t| t.ready_at <= now) {
+                if Some(t.id) == granted {
+                    continue;
+                }
                 t.asked_at.get_or_insert(now);
                 if let Poll::Granted { .. } = s.poll(t.id, now) {
+                    assert!(granted.is_none(), "two leases at once");
                     granted = Some(t.id);
+                    lease_used = 0;
                 }
             }
-            if granted.is_none() {
+            let Some(granted) = granted else {
                 // Nobody could run: advance to the next event.
                 let next_ready = tenants
                     .iter()
@@ -450,24 +561,57 @@ mod tests {
                     .min()
                     .unwrap_or(now + 1);
                 continue;
-            }
+            };
             let t = tenants
                 .iter_mut()
-                .find(|t| Some(t.id) == granted)
+                .find(|t| t.id == granted)
                 .expect("granted tenant");
-            t.waits.push(now - t.asked_at.take().unwrap_or(now));
-            now += t.kernel_us;
+            if let Some(asked) = t.asked_at.take() {
+                t.waits.push(now.saturating_sub(asked));
+            }
+            let end = now + t.kernel_us;
             t.ran_us += t.kernel_us;
+            lease_used += t.kernel_us;
+            // The others that come back while the kernel runs ask then, and wait.
+            let mut back: Vec<_> = tenants
+                .iter_mut()
+                .filter(|o| o.id != granted && o.ready_at > now && o.ready_at < end)
+                .collect();
+            back.sort_by_key(|o| o.ready_at);
+            for o in back {
+                o.asked_at = Some(o.ready_at);
+                assert!(matches!(s.poll(o.id, o.ready_at), Poll::Wait { .. }));
+            }
+            now = end;
+            let t = tenants
+                .iter_mut()
+                .find(|t| t.id == granted)
+                .expect("granted tenant");
             t.in_batch += 1;
-            if t.gap_us == 0 || t.in_batch < t.batch {
-                s.requeue(t.id, t.kernel_us, now);
-                t.asked_at = Some(now);
+            if t.gap_us == 0 || (t.in_batch < t.batch && t.inner_gap_us == 0) {
+                // The next launch is already there: the lease goes on, or is renewed.
+                if t.in_batch >= t.batch {
+                    t.in_batch = 0;
+                }
+                if lease_used < QUANTUM_US {
+                    holding = Some(t.id);
+                } else {
+                    s.requeue(t.id, lease_used, now);
+                    t.asked_at = Some(now);
+                }
+            } else if t.in_batch < t.batch {
+                s.done(t.id, lease_used, now);
+                t.ready_at = now + t.inner_gap_us;
             } else {
-                s.done(t.id, t.kernel_us, now);
+                s.done(t.id, lease_used, now);
                 t.in_batch = 0;
-                t.ready_at = now + t.gap_us;
+                t.ready_at = now + t.think();
             }
         }
+        if let Some(id) = holding {
+            s.done(id, lease_used, now);
+        }
+        now
     }
 
     fn pct(part: u64, whole: u64) -> f64 {
@@ -488,7 +632,7 @@ mod tests {
             s.add(2, Qos::Medium, Some(70));
             // Different kernel lengths: shares are time, not launches.
             let mut t = [Tenant::new(1, 700, 0), Tenant::new(2, 2_300, 0)];
-            simulate(&mut s, &mut t, 10_000_000);
+            simulate(&mut s, &mut t, 0, 10_000_000);
             let total = t[0].ran_us + t[1].ran_us;
             let a = pct(t[0].ran_us, total);
             assert!(
@@ -514,7 +658,7 @@ mod tests {
         for t in &mut t {
             t.batch = 4;
         }
-        simulate(&mut s, &mut t, 10_000_000);
+        simulate(&mut s, &mut t, 0, 10_000_000);
         let total = t[0].ran_us + t[1].ran_us;
         let a = pct(t[0].ran_us, total);
         assert!((a - 30.0).abs() <= 5.0, "{a:.1}% for the 30% tenant");
@@ -528,15 +672,15 @@ mod tests {
         s.add(2, Qos::Medium, Some(70));
         let mut t = [Tenant::new(1, 5_000, 0), Tenant::new(2, 1_000, 0)];
         let mut last = (0, 0);
+        let mut now = 0;
         for w in 1..=3 {
-            simulate(&mut s, &mut t, 10_000_000);
+            // The clock goes on from window to window (it used to start again at 0, which
+            // overflowed the simulation's wait arithmetic in debug builds).
+            now = simulate(&mut s, &mut t, now, w * 10_000_000);
             let (a, b) = (t[0].ran_us - last.0, t[1].ran_us - last.1);
             let share = pct(a, a + b);
             assert!((share - 30.0).abs() <= 5.0, "window {w}: {share:.1}%");
             last = (t[0].ran_us, t[1].ran_us);
-            for t in &mut t {
-                t.ready_at = 0;
-            }
         }
     }
 
@@ -545,14 +689,14 @@ mod tests {
         let mut hard = Scheduler::new(ComputePolicy::Hard);
         hard.add(1, Qos::Medium, Some(30));
         let mut t = [Tenant::new(1, 2_000, 0)];
-        simulate(&mut hard, &mut t, 10_000_000);
+        simulate(&mut hard, &mut t, 0, 10_000_000);
         let used = pct(t[0].ran_us, 10_000_000);
         assert!((used - 30.0).abs() <= 2.0, "hard: {used:.1}%");
 
         let mut elastic = Scheduler::new(ComputePolicy::Elastic);
         elastic.add(1, Qos::Medium, Some(30));
         let mut t = [Tenant::new(1, 2_000, 0)];
-        simulate(&mut elastic, &mut t, 10_000_000);
+        simulate(&mut elastic, &mut t, 0, 10_000_000);
         let used = pct(t[0].ran_us, 10_000_000);
         assert!(used > 99.0, "elastic: {used:.1}%");
     }
@@ -568,7 +712,7 @@ mod tests {
             Tenant::new(2, 3_000, 0),
             Tenant::new(3, 500, 0),
         ];
-        simulate(&mut s, &mut t, 6_000_000);
+        simulate(&mut s, &mut t, 0, 6_000_000);
         for t in &t {
             let share = pct(t.ran_us, 6_000_000);
             assert!((share - 33.3).abs() <= 3.0, "{}: {share:.1}%", t.id);
@@ -578,7 +722,7 @@ mod tests {
         s.add(1, Qos::Medium, Some(40));
         s.add(2, Qos::Medium, None);
         let mut t = [Tenant::new(1, 1_000, 0), Tenant::new(2, 1_000, 0)];
-        simulate(&mut s, &mut t, 6_000_000);
+        simulate(&mut s, &mut t, 0, 6_000_000);
         let share = pct(t[0].ran_us, 6_000_000);
         assert!((share - 40.0).abs() <= 3.0, "{share:.1}%");
     }
@@ -600,7 +744,7 @@ mod tests {
                 Tenant::new(9, 100, 10_000),
             ];
             t[3].ready_at = 1_000;
-            simulate(&mut s, &mut t, 5_000_000);
+            simulate(&mut s, &mut t, 0, 5_000_000);
             p99(&t[3].waits)
         };
         let high = run(Qos::High);
@@ -616,7 +760,7 @@ mod tests {
         s.add(1, Qos::Critical, Some(50));
         s.add(2, Qos::Low, Some(50));
         let mut t = [Tenant::new(1, 1_000, 0), Tenant::new(2, 1_000, 0)];
-        simulate(&mut s, &mut t, 5_000_000);
+        simulate(&mut s, &mut t, 0, 5_000_000);
         let share = pct(t[1].ran_us, 5_000_000);
         assert!((share - 50.0).abs() <= 5.0, "low tenant: {share:.1}%");
 
@@ -641,31 +785,156 @@ mod tests {
     }
 
     #[test]
-    fn the_device_is_kept_only_for_sessions_that_come_back_quickly() {
-        let mut s = Scheduler::new(ComputePolicy::Elastic);
-        s.add(1, Qos::Medium, None);
-        s.add(2, Qos::Medium, None);
-        // Session 2 has had more than session 1 will have.
-        assert!(matches!(s.poll(2, 0), Poll::Granted { .. }));
-        s.done(2, 10_000, 10_000);
-        // Session 1 comes back 5 ms after each lease: it learns it is slow.
-        let mut now = 10_000;
-        for _ in 0..8 {
+    fn the_device_is_held_only_for_sessions_that_come_back_before_the_others_lease_would_end() {
+        // Session 1 comes back 5 ms after each lease (more than GRACE_US). Session 2's leases
+        // are short (100 us: not holding costs session 1 at most 100 us) or long (25 ms:
+        // not holding would cost it 25 ms of waiting, so the device waits ~5 ms for it).
+        for (lease, held) in [(100, false), (25_000, true)] {
+            let mut s = Scheduler::new(ComputePolicy::Elastic);
+            s.add(1, Qos::Medium, None);
+            s.add(2, Qos::Medium, None);
+            // Session 2 has had more than session 1 will have.
+            let mut now = 0;
+            while now < 2_000 {
+                assert!(matches!(s.poll(2, now), Poll::Granted { .. }));
+                now += lease;
+                s.done(2, lease, now);
+            }
+            // Session 1 learns its think time.
+            for _ in 0..8 {
+                assert!(matches!(s.poll(1, now), Poll::Granted { .. }));
+                now += 100;
+                s.done(1, 100, now);
+                now += 5_000;
+            }
+            // Past any hold for session 1: session 2 comes back first and goes.
+            now += MAX_GRACE_US;
+            assert!(matches!(s.poll(2, now), Poll::Granted { .. }));
+            assert!(matches!(s.poll(1, now), Poll::Wait { .. }));
+            now += lease;
+            s.done(2, lease, now);
+            // 1 is owed and waiting: it goes.
             assert!(matches!(s.poll(1, now), Poll::Granted { .. }));
-            now += 100;
-            s.done(1, 100, now);
-            now += 5_000;
+            assert!(matches!(s.poll(2, now), Poll::Wait { .. }));
+            now += 10;
+            s.done(1, 10, now);
+            if held {
+                // Kept for session 1 for about its think time, not for ever.
+                assert_eq!(s.candidate(now), None, "lease {lease}");
+                assert_eq!(s.candidate(now + 4_000), None, "lease {lease}");
+                assert!(matches!(
+                    s.poll(2, now + 4_000),
+                    Poll::Wait { until: Some(_) }
+                ));
+                assert_eq!(s.candidate(now + MAX_GRACE_US), Some(2), "lease {lease}");
+            } else {
+                assert_eq!(s.candidate(now), Some(2), "lease {lease}");
+            }
         }
-        assert!(matches!(s.poll(2, now), Poll::Granted { .. }));
-        assert!(matches!(s.poll(1, now), Poll::Wait { .. }));
-        now += 10;
-        s.done(2, 10, now);
-        // 1 is owed and waiting: it goes; when it ends, 2 need not wait for it to come back.
-        assert!(matches!(s.poll(1, now), Poll::Granted { .. }));
-        assert!(matches!(s.poll(2, now), Poll::Wait { .. }));
-        now += 10;
-        s.done(1, 10, now);
-        assert_eq!(s.candidate(now), Some(2));
+    }
+
+    /// The client patterns of `gpufuse-bench shares` as the launch queue sees them: name,
+    /// kernels per round, the gap between two of a round's kernels (0: they arrive together
+    /// and share or renew a lease), and round trips after a round.
+    const PATTERNS: [(&str, u32, u64, u64); 5] = [
+        ("batch+sync", 16, 0, 1),
+        ("two in flight+event wait", 2, 20, 1),
+        ("one launch+sync", 1, 0, 1),
+        ("four streams", 8, 0, 4),
+        ("graph launch", 4, 0, 1),
+    ];
+
+    #[test]
+    fn the_split_holds_for_every_client_pattern_and_kernel_length() {
+        // Round trips vary by half either way and are often longer than GRACE_US (always,
+        // four of them, for the streams pattern): the device must still go 30:70, since each
+        // tenant comes back while a lease of the other would still run. (A tenant much
+        // slower than that is not held for: see
+        // `a_tenant_slower_than_the_others_leases_leaves_its_idle_time_to_them`.)
+        let mut missed = Vec::new();
+        for policy in [ComputePolicy::Elastic, ComputePolicy::Hard] {
+            for (name, batch, inner, trips) in PATTERNS {
+                for (kernel, trip) in [(100, 300), (2_000, 1_500), (25_000, 3_000)] {
+                    let mut s = Scheduler::new(policy);
+                    s.add(1, Qos::Medium, Some(30));
+                    s.add(2, Qos::Medium, Some(70));
+                    let mut t = [
+                        Tenant::new(1, kernel, trip * trips),
+                        Tenant::new(2, kernel, trip * trips),
+                    ];
+                    for t in &mut t {
+                        t.batch = batch;
+                        t.inner_gap_us = inner;
+                        t.jitter = 50;
+                    }
+                    simulate(&mut s, &mut t, 0, 10_000_000);
+                    let total = t[0].ran_us + t[1].ran_us;
+                    let a = pct(t[0].ran_us, total);
+                    let row = format!(
+                        "{policy:?} {name}, {kernel} us kernels, {trip} us round trips: {a:.1}:{:.1}, device busy {:.1}%",
+                        100.0 - a,
+                        pct(total, 10_000_000)
+                    );
+                    if (a - 30.0).abs() > 5.0 {
+                        missed.push(row);
+                    } else {
+                        eprintln!("{row}");
+                    }
+                }
+            }
+        }
+        assert!(
+            missed.is_empty(),
+            "missed 30:70 +- 5:\n{}",
+            missed.join("\n")
+        );
+    }
+
+    #[test]
+    fn a_tenant_slower_than_the_others_leases_leaves_its_idle_time_to_them() {
+        // Elastic: tenant 2 (70%) runs a 100 us kernel per 3 ms round trip: holding the device
+        // for it would idle the device nearly all the time for a 100 us gain. Tenant 1 (30%)
+        // saturates and gets the rest; tenant 2 still gets every kernel it asks for, each
+        // waiting at most one lease of tenant 1.
+        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        s.add(1, Qos::Medium, Some(30));
+        s.add(2, Qos::Medium, Some(70));
+        let mut t = [Tenant::new(1, 100, 0), Tenant::new(2, 100, 3_000)];
+        simulate(&mut s, &mut t, 0, 5_000_000);
+        let total = t[0].ran_us + t[1].ran_us;
+        assert!(pct(total, 5_000_000) > 99.0, "the device stays busy");
+        let rounds = 5_000_000 / (3_000 + 100 + QUANTUM_US);
+        assert!(
+            t[1].ran_us / 100 >= rounds,
+            "tenant 2 ran {} kernels",
+            t[1].ran_us / 100
+        );
+        assert!(p99(&t[1].waits) <= QUANTUM_US + 100, "{}", p99(&t[1].waits));
+    }
+
+    #[test]
+    fn a_clock_that_goes_back_overflows_nothing() {
+        // The queue's clock is monotonic; the policy still must not overflow (a debug build
+        // panics on it) if it is handed an earlier time than one it has seen.
+        for policy in [ComputePolicy::Elastic, ComputePolicy::Hard] {
+            let mut s = Scheduler::new(policy);
+            s.add(1, Qos::Medium, Some(30));
+            s.add(2, Qos::Medium, Some(70));
+            assert!(matches!(s.poll(1, 10_000), Poll::Granted { .. }));
+            assert!(matches!(s.poll(2, 10_000), Poll::Wait { .. }));
+            // Ended before it began: charged nothing.
+            s.done(1, 5_000, 2_000);
+            assert_eq!(s.usage(1, 2_000).device_time_us, 0);
+            let _ = s.poll(2, 1_000);
+            let _ = s.poll(1, 500);
+            s.requeue(2, 700, 0);
+            s.done(1, 1, 0);
+            s.done(2, 1, 0);
+            let _ = s.candidate(0);
+            let _ = s.poll(1, 0);
+            assert!(s.usage(2, 0).device_time_us <= 1_000);
+            let _ = s.busy_last_second(0);
+        }
     }
 
     #[test]
@@ -705,7 +974,7 @@ mod tests {
         s.add(2, Qos::Medium, None);
         let mut t = [Tenant::new(1, 1_000, 0), Tenant::new(2, 1_000, 0)];
         t[1].ready_at = 1_000_000;
-        simulate(&mut s, &mut t, 2_000_000);
+        simulate(&mut s, &mut t, 0, 2_000_000);
         let b = t[1].ran_us;
         // Half of the second, plus CREDIT_US at a 50% weight, plus a kernel.
         assert!(
