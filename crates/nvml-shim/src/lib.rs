@@ -668,7 +668,10 @@ mod tests {
         // The generated table covers the header; lib.rs's hand-written ones are among them.
         assert!(generated::ALL.len() > 400);
         assert!(generated::ALL.contains(&"nvmlDeviceGetNvLinkRemoteDeviceType"));
-        assert_eq!(generated::nvmlDeviceGetNvLinkRemoteDeviceType(), NVML_ERROR_UNINITIALIZED);
+        assert_eq!(
+            generated::nvmlDeviceGetNvLinkRemoteDeviceType(),
+            NVML_ERROR_UNINITIALIZED
+        );
     }
 
     #[test]
