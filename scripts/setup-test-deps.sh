@@ -70,9 +70,9 @@ ensure_torch() {
   echo "setup-test-deps: PyTorch installed in $((SECONDS - t0)) s"
   echo "$tkey" >"$torch_venv/stamp"
 }
-ensure_torch
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -x "$venv/bin/python" ] && [ -f "$deps/env.sh" ]; then
+  ensure_torch
   print_env
   exit 0
 fi
@@ -153,4 +153,5 @@ EOF
 "$cu13/bin/nvcc" --version >/dev/null
 
 echo "$key" >"$stamp"
+ensure_torch
 print_env
