@@ -27,3 +27,17 @@ def test_nvml_sees_the_sessions_slice(programs, server):
                      vram="3GiB")
     assert_ok(res, ["PASS nvml"])
     assert int(stdout_value(res, "total")) == 3 * GiB
+
+
+def test_nvml_exports_the_whole_header_and_answers_pytorchs_queries(programs, server):
+    """Every function of nvml.h resolves (PyTorch's libraries resolve e.g.
+    nvmlDeviceGetNvLinkRemoteDeviceType and assert when one is missing); handle by PCI bus id,
+    "Not Supported" for power, clocks and fans, and the session in the process list with the
+    memory it holds, consistent with cuMemGetInfo's slice."""
+    table = HERE.parent.parent / "crates" / "nvml-shim" / "nvml_functions.tsv"
+    res = run_client(programs, server.unix,
+                     [programs.python, HERE / "python" / "nvml_queries.py", table], vram="2GiB")
+    assert_ok(res, ["PASS nvml_queries", "fan=not supported", "power=not supported"])
+    assert int(stdout_value(res, "resolved")) > 400
+    assert int(stdout_value(res, "total")) == 2 * GiB
+    assert int(stdout_value(res, "used")) >= 96 << 20

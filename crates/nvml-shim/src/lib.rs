@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 
 use gpufuse_proto::{DeviceStatus, NodeStatus};
 
+/// Every other function of NVML's public header (scripts/gen_nvml_exports.py).
+pub mod generated;
+
 pub type nvmlReturn_t = c_int;
 pub type nvmlDevice_t = *mut c_void;
 
@@ -71,6 +74,17 @@ fn status() -> Result<NodeStatus, nvmlReturn_t> {
             s.status = Some((Instant::now(), st.clone()));
             Ok(st)
         }
+    }
+}
+
+/// What every function the virtual GPU has no value for answers: `NVML_ERROR_UNINITIALIZED`
+/// before `nvmlInit`, `NVML_ERROR_NOT_SUPPORTED` after, as NVIDIA's library does for a query
+/// the device lacks.
+pub fn not_supported() -> nvmlReturn_t {
+    if lock().refs == 0 {
+        NVML_ERROR_UNINITIALIZED
+    } else {
+        NVML_ERROR_NOT_SUPPORTED
     }
 }
 
@@ -273,6 +287,52 @@ pub extern "C" fn nvmlDeviceGetHandleByUUID(
     })
 }
 
+/// Parses a PCI bus id as NVML accepts it (`domain:bus:device.function`, the domain
+/// optional, any width of hex digits) into (domain, bus, device).
+fn parse_bus_id(s: &str) -> Option<(u32, u32, u32)> {
+    let (head, function) = s.rsplit_once('.')?;
+    u32::from_str_radix(function, 16).ok()?;
+    let parts: Vec<&str> = head.split(':').collect();
+    let hex = |p: &str| u32::from_str_radix(p, 16).ok();
+    match parts.as_slice() {
+        [d, b, v] => Some((hex(d)?, hex(b)?, hex(v)?)),
+        [b, v] => Some((0, hex(b)?, hex(v)?)),
+        _ => None,
+    }
+}
+
+fn by_bus_id(id: *const c_char, h: *mut nvmlDevice_t) -> Result<(), nvmlReturn_t> {
+    if id.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: NVML's contract: a NUL-terminated string.
+    let want = unsafe { std::ffi::CStr::from_ptr(id) }.to_string_lossy();
+    let want = parse_bus_id(want.trim()).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    let st = status()?;
+    let i = st
+        .devices
+        .iter()
+        .position(|d| d.pci == want)
+        .ok_or(NVML_ERROR_NOT_FOUND)?;
+    out(h, (HANDLE_BASE + i) as nvmlDevice_t)
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    id: *const c_char,
+    h: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    guard(|| by_bus_id(id, h))
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetHandleByPciBusId(
+    id: *const c_char,
+    h: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    guard(|| by_bus_id(id, h))
+}
+
 #[no_mangle]
 pub extern "C" fn nvmlDeviceGetIndex(h: nvmlDevice_t, i: *mut c_uint) -> nvmlReturn_t {
     guard(|| {
@@ -447,6 +507,11 @@ pub extern "C" fn nvmlDeviceGetPciInfo_v3(h: nvmlDevice_t, p: *mut nvmlPciInfo_t
 }
 
 #[no_mangle]
+pub extern "C" fn nvmlDeviceGetPciInfo_v2(h: nvmlDevice_t, p: *mut nvmlPciInfo_t) -> nvmlReturn_t {
+    guard(|| pci_info(h, p))
+}
+
+#[no_mangle]
 pub extern "C" fn nvmlDeviceGetPciInfo(h: nvmlDevice_t, p: *mut nvmlPciInfo_t) -> nvmlReturn_t {
     guard(|| pci_info(h, p))
 }
@@ -460,37 +525,58 @@ pub struct nvmlProcessInfo_t {
     pub compute_instance_id: c_uint,
 }
 
+/// `nvmlProcessInfo_v1_t`.
+#[repr(C)]
+pub struct nvmlProcessInfo_v1_t {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+}
+
+/// The sessions on device `h` (each a process of the virtual GPU), written as `T`s.
+fn processes<T>(
+    h: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut T,
+    make: impl Fn(c_uint, u64) -> T,
+) -> Result<(), nvmlReturn_t> {
+    let st = status()?;
+    let d = device(&st, h)?;
+    let procs: Vec<_> = st.sessions.iter().filter(|s| s.device == d.index).collect();
+    if count.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-NULL; NVML's contract: the capacity of `infos`.
+    let cap = unsafe { *count } as usize;
+    out(count, procs.len() as c_uint)?;
+    if cap < procs.len() {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    if !procs.is_empty() && infos.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    for (i, s) in procs.iter().enumerate() {
+        // SAFETY: `infos` holds `cap` >= procs.len() entries.
+        unsafe { infos.add(i).write_unaligned(make(s.pid, s.used_bytes)) };
+    }
+    Ok(())
+}
+
+fn process_v2(pid: c_uint, used: u64) -> nvmlProcessInfo_t {
+    nvmlProcessInfo_t {
+        pid,
+        used_gpu_memory: used,
+        gpu_instance_id: u32::MAX,
+        compute_instance_id: u32::MAX,
+    }
+}
+
 #[no_mangle]
 pub extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     h: nvmlDevice_t,
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    guard(|| {
-        let st = status()?;
-        let d = device(&st, h)?;
-        let procs: Vec<_> = st.sessions.iter().filter(|s| s.device == d.index).collect();
-        if count.is_null() {
-            return Err(NVML_ERROR_INVALID_ARGUMENT);
-        }
-        // SAFETY: non-NULL; NVML's contract: the capacity of `infos`.
-        let cap = unsafe { *count } as usize;
-        out(count, procs.len() as c_uint)?;
-        if cap < procs.len() {
-            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
-        }
-        for (i, s) in procs.iter().enumerate() {
-            let info = nvmlProcessInfo_t {
-                pid: s.pid,
-                used_gpu_memory: s.used_bytes,
-                gpu_instance_id: u32::MAX,
-                compute_instance_id: u32::MAX,
-            };
-            // SAFETY: `infos` holds `cap` >= procs.len() entries.
-            unsafe { infos.add(i).write_unaligned(info) };
-        }
-        Ok(())
-    })
+    guard(|| processes(h, count, infos, process_v2))
 }
 
 #[no_mangle]
@@ -499,7 +585,21 @@ pub extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    nvmlDeviceGetComputeRunningProcesses_v3(h, count, infos)
+    guard(|| processes(h, count, infos, process_v2))
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    h: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        processes(h, count, infos, |pid, used| nvmlProcessInfo_v1_t {
+            pid,
+            used_gpu_memory: used,
+        })
+    })
 }
 
 #[no_mangle]
@@ -552,6 +652,26 @@ mod tests {
         let mut n = 0;
         assert_eq!(nvmlDeviceGetCount_v2(&mut n), NVML_ERROR_UNINITIALIZED);
         assert_eq!(nvmlShutdown(), NVML_ERROR_UNINITIALIZED);
+    }
+
+    #[test]
+    fn bus_ids_parse_in_every_form_nvml_accepts() {
+        assert_eq!(parse_bus_id("00000000:40:00.0"), Some((0, 0x40, 0)));
+        assert_eq!(parse_bus_id("0000:40:00.0"), Some((0, 0x40, 0)));
+        assert_eq!(parse_bus_id("40:1f.0"), Some((0, 0x40, 0x1f)));
+        assert_eq!(parse_bus_id("40:00"), None);
+        assert_eq!(parse_bus_id("zz:00.0"), None);
+    }
+
+    #[test]
+    fn every_function_of_the_header_is_exported() {
+        // The generated table covers the header; lib.rs's hand-written ones are among them.
+        assert!(generated::ALL.len() > 400);
+        assert!(generated::ALL.contains(&"nvmlDeviceGetNvLinkRemoteDeviceType"));
+        assert_eq!(
+            generated::nvmlDeviceGetNvLinkRemoteDeviceType(),
+            NVML_ERROR_UNINITIALIZED
+        );
     }
 
     #[test]
