@@ -16,7 +16,7 @@ if [ -f .deps/stamp ] && [ -x .deps/venv/bin/python ]; then
 else
   step "1/5 test dependencies: downloading NVIDIA's CUDA runtime, nvcc and CuPy from PyPI into .deps/ (about 1.6 GB, once; a few minutes)"
 fi
-bash scripts/setup-test-deps.sh --brief
+bash scripts/setup-test-deps.sh --brief --no-torch
 took "$t"
 py=$root/.deps/venv/bin/python
 nv=$("$py" -c 'import nvidia, os; print(list(nvidia.__path__)[0])')

@@ -12,14 +12,20 @@
 # Idempotent: a stamp keyed on the package list (and this script) makes a second run a no-op.
 # Needs: Debian (or similar) with Python >= 3.10 and pip, Rust; no GPU.
 #
-# Usage: setup-test-deps.sh [--brief]   (--brief: one line instead of the paths when ready)
+# Usage: setup-test-deps.sh [--brief] [--no-torch]
+#   --brief: one line instead of the paths when ready
+#   --no-torch: leave out the PyTorch venv (about 3 GB; only the PyTorch tier needs it; the
+#               demo passes this)
 set -euo pipefail
 brief=0
-case "${1:-}" in
-  --brief) brief=1 ;;
-  "") ;;
-  *) echo "setup-test-deps: unknown option $1 (expected --brief)" >&2; exit 2 ;;
-esac
+no_torch=0
+for arg in "$@"; do
+  case "$arg" in
+    --brief) brief=1 ;;
+    --no-torch) no_torch=1 ;;
+    *) echo "setup-test-deps: unknown option $arg (expected --brief or --no-torch)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 root=$PWD
 deps=$root/.deps
@@ -53,6 +59,7 @@ print_env() {
 torch_venv=$deps/torch
 torch_reqs=$root/tests/real-clients/requirements-torch.txt
 ensure_torch() {
+  [ "$no_torch" = 0 ] || return 0
   local tkey
   tkey=$(cat "$torch_reqs" | sha256sum | cut -d' ' -f1)
   if [ -f "$torch_venv/stamp" ] && [ "$(cat "$torch_venv/stamp")" = "$tkey" ] &&
