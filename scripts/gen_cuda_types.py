@@ -86,6 +86,14 @@ def main():
         f.write("];\n")
         for v, n in sorted(results.items()):
             f.write(f"pub const {n}: i32 = {v};\n")
+        f.write(
+            "\n/// Every `CUresult` value under its short name (`CUDA_ERROR_` and `CUDA_` left off), the\n"
+            "/// names the client core and the shim use.\npub mod short {\n"
+        )
+        for v, n in sorted(results.items()):
+            short = n.removeprefix("CUDA_ERROR_").removeprefix("CUDA_")
+            f.write(f"    pub const {short}: i32 = {v};\n")
+        f.write("}\n")
     print(f"{len(exports)} exports, {len(families)} families, {len(results)} results -> {out}")
 
 

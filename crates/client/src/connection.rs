@@ -433,6 +433,12 @@ impl Connection {
     pub fn take_async_error(&mut self) -> Option<CUresult> {
         self.async_error.take()
     }
+
+    /// Keeps `e` for the next synchronizing call, unless an earlier error is waiting (a
+    /// session that moved to another worker keeps the error its old one reported).
+    pub fn keep_async_error(&mut self, e: CUresult) {
+        self.async_error.get_or_insert(e);
+    }
 }
 
 /// Device-side `printf` output, written to the application's stdout through the C library's

@@ -34,6 +34,8 @@ pub enum ClientError {
     UnexpectedReply,
     #[error("CUDA error {0}")]
     Cuda(CUresult),
+    #[error("cannot move the session to the new worker: {0}")]
+    Reconnect(String),
 }
 
 impl ClientError {
@@ -48,7 +50,8 @@ impl ClientError {
             | ClientError::NoAnswer { .. }
             | ClientError::Hung { .. }
             | ClientError::Protocol(_)
-            | ClientError::UnexpectedReply => status::DEVICE_UNAVAILABLE,
+            | ClientError::UnexpectedReply
+            | ClientError::Reconnect(_) => status::DEVICE_UNAVAILABLE,
             ClientError::Cuda(s) => *s,
         }
     }

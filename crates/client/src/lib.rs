@@ -1,18 +1,37 @@
-//! The gpufuse client core: everything the shim needs that is not FFI.
+//! The gpufuse client core: everything the shim needs that is not FFI, and CUDA's meaning.
 //!
 //! It owns the session's connection ([`connection`]), the batching of quiet calls, the
-//! staging of device-to-host data that arrives with a later reply, and the handle and
-//! allocation tables ([`state`]) that let most queries and checks be answered locally.
+//! staging of device-to-host data that arrives with a later reply, and the session's tables
+//! ([`state`]) that let most queries and checks be answered locally. Each driver operation is
+//! one method of the locked session (`Session::lock()`), by area: [`context`], [`memory`]
+//! (allocation kinds as one [`memory::MemoryKind`]; managed memory), [`host`], [`pools`],
+//! [`copy`], [`launch`], [`stream`], [`module`], [`graph`]. Device work reaches the worker
+//! only through [`work`], where managed memory is handed to the device, and every
+//! synchronizing call ends in its one synchronize sequence. [`reconnect`] moves a session to
+//! another worker with everything it owns.
 //!
 //! It must not do I/O or start threads until the first CUDA call asks for the session (the shim
 //! is loaded into arbitrary processes), and it never panics on anything the server sends.
 
 pub mod connection;
+pub mod context;
+pub mod copy;
 pub mod error;
 pub mod graph;
+pub mod graph_ops;
 pub mod handles;
+pub mod host;
+pub mod launch;
+pub mod memory;
+pub mod module;
+pub mod pools;
+pub mod reconnect;
 pub mod state;
 pub mod status;
+pub mod stream;
+pub mod texture;
+pub mod vmm;
+pub mod work;
 
 pub use connection::Connection;
 pub use error::ClientError;

@@ -46,22 +46,7 @@ impl SessionConfig {
     }
 }
 
-/// A device allocation the client made.
-#[derive(Debug, Clone, Copy)]
-pub struct Allocation {
-    pub size: u64,
-    pub device: u32,
-    /// The memory pool it was allocated from (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`):
-    /// its handle.
-    pub pool: Option<u64>,
-    /// Managed (`cuMemAllocManaged`): the same address is mapped in this process.
-    pub managed: bool,
-    /// Mapped physical memory (`cuMemMap`): unmapped, never freed with `cuMemFree`.
-    pub mapped: bool,
-    /// How far into the server's allocation this pointer starts (a managed allocation is
-    /// page-aligned inside a larger one); the server frees by its own start.
-    pub offset: u64,
-}
+pub use crate::memory::{Allocation, MemoryKind};
 
 /// Device attributes the client answers for managed memory: MANAGED_MEMORY 1,
 /// PAGEABLE_MEMORY_ACCESS 0, CONCURRENT_MANAGED_ACCESS 0, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES
@@ -120,7 +105,7 @@ pub struct HostAllocation {
 pub struct Context {
     pub device: u32,
     pub flags: u32,
-    pub primary: bool,
+    pub(crate) primary: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -134,9 +119,15 @@ pub struct PrimaryContext {
 #[derive(Debug, Clone)]
 pub struct Module {
     pub device: u32,
-    pub functions: HashMap<String, u64>,
+    pub(crate) functions: HashMap<String, u64>,
     /// The library this module belongs to, if loaded through `cuLibraryLoadData`.
     pub library: Option<u64>,
+    /// The image it was loaded from (to load it again on another worker).
+    pub image: std::sync::Arc<[u8]>,
+    /// Its globals the application asked for: name -> address.
+    pub globals: HashMap<String, u64>,
+    /// When it was loaded, among everything that takes device address space.
+    pub(crate) order: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -156,7 +147,7 @@ pub struct Library {
     pub device: u32,
     /// The image, kept because a library outlives contexts: a device reset loads it again.
     pub image: std::sync::Arc<[u8]>,
-    pub kernels: HashMap<String, u64>,
+    pub(crate) kernels: HashMap<String, u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -181,70 +172,61 @@ pub struct Event {
 /// Everything guarded by the session lock.
 #[derive(Debug)]
 pub struct Inner {
-    pub conn: Connection,
-    pub allocations: BTreeMap<u64, Allocation>,
-    pub host: BTreeMap<usize, HostAllocation>,
-    pub contexts: HashMap<u64, Context>,
-    pub primary: Vec<PrimaryContext>,
-    pub modules: HashMap<u64, Module>,
-    pub functions: HashMap<u64, Function>,
-    pub libraries: HashMap<u64, Library>,
-    pub kernels: HashMap<u64, Kernel>,
-    pub streams: HashMap<u64, Stream>,
-    pub events: HashMap<u64, Event>,
+    /// The connection: only the core builds requests (each operation is a method).
+    pub(crate) conn: Connection,
+    pub(crate) allocations: BTreeMap<u64, Allocation>,
+    pub(crate) host: BTreeMap<usize, HostAllocation>,
+    pub(crate) contexts: HashMap<u64, Context>,
+    pub(crate) primary: Vec<PrimaryContext>,
+    pub(crate) modules: HashMap<u64, Module>,
+    pub(crate) functions: HashMap<u64, Function>,
+    pub(crate) libraries: HashMap<u64, Library>,
+    pub(crate) kernels: HashMap<u64, Kernel>,
+    pub(crate) streams: HashMap<u64, Stream>,
+    pub(crate) events: HashMap<u64, Event>,
     /// Content hashes of images this connection already sent.
-    pub images_sent: HashSet<[u8; 32]>,
+    pub(crate) images_sent: HashSet<[u8; 32]>,
     /// Memory pools by handle: each device's default pool (made on first use) and the pools
     /// `cuMemPoolCreate` made.
-    pub pools: HashMap<u64, PoolStats>,
+    pub(crate) pools: HashMap<u64, PoolStats>,
     /// Per device: the pool `cuMemAllocAsync` allocates from when it is not the default
     /// (`cuDeviceSetMemPool`).
-    pub current_pools: HashMap<u32, u64>,
+    pub(crate) current_pools: HashMap<u32, u64>,
     /// Whether the device holds the current contents of managed memory (device work has been
     /// issued since the host last had them).
-    pub managed_on_device: bool,
+    pub(crate) managed_on_device: bool,
     /// How many managed allocations exist (none: nothing to move at all).
-    pub managed_count: usize,
+    pub(crate) managed_count: usize,
     /// Physical memory made with `cuMemCreate`: handle -> (size, device).
-    pub physical: HashMap<u64, (u64, u32)>,
+    pub(crate) physical: HashMap<u64, (u64, u32)>,
     /// Mapped physical memory: address -> handle.
-    pub mappings: HashMap<u64, u64>,
+    pub(crate) mappings: HashMap<u64, u64>,
     /// CUDA arrays: handle -> their linear device memory and shape.
-    pub arrays: HashMap<u64, ArrayInfo>,
+    pub(crate) arrays: HashMap<u64, ArrayInfo>,
     /// Texture and surface objects: handle -> what they were created with.
-    pub textures: HashMap<u64, TexObjectInfo>,
+    pub(crate) textures: HashMap<u64, TexObjectInfo>,
     /// CUDA graphs and stream capture.
-    pub graphs: crate::graph::Graphs,
+    pub(crate) graphs: crate::graph::Graphs,
+    /// How many allocations and module loads the server placed (their order).
+    pub(crate) placements: u64,
 }
 
 impl Inner {
-    /// The allocation containing `[ptr, ptr+len)`, as (base, allocation).
-    pub fn find_allocation(&self, ptr: u64, len: u64) -> Option<(u64, Allocation)> {
-        let (&base, &a) = self.allocations.range(..=ptr).next_back()?;
-        let end = ptr.checked_add(len)?;
-        (end <= base + a.size.max(1) && ptr < base + a.size.max(1)).then_some((base, a))
-    }
-
     /// The host allocation containing `ptr`, as (base, allocation).
     pub fn find_host(&self, ptr: usize) -> Option<(usize, HostAllocation)> {
         let (&base, &h) = self.host.range(..=ptr).next_back()?;
         (ptr < base + h.size.max(1)).then_some((base, h))
-    }
-
-    /// Resolves a `CUfunction` or `CUkernel` to the function id the worker knows.
-    pub fn resolve_function(&self, f: u64) -> Option<u64> {
-        if handles::is(f, Kind::Kernel) {
-            return self.kernels.get(&f).map(|k| k.function);
-        }
-        self.functions.contains_key(&f).then_some(f)
     }
 }
 
 /// A connected session.
 #[derive(Debug)]
 pub struct Session {
-    pub session_id: u64,
+    /// The server's id of the session (a reconnect changes it).
+    session_id: std::sync::atomic::AtomicU64,
     pub devices: Vec<DeviceInfo>,
+    /// The hello this session connects with (again, when it reconnects).
+    pub(crate) hello: gpufuse_proto::ClientHello,
     /// Per device: attribute id -> value (0 when the device did not answer it).
     attributes: Vec<Vec<i32>>,
     inner: Mutex<Inner>,
@@ -262,6 +244,16 @@ impl Session {
             config.resources.clone(),
         );
         let (conn, accepted) = Connection::open(&config.address, &hello)?;
+        Ok(Self::over(conn, accepted, hello))
+    }
+
+    /// A session over a connection whose hello was accepted (`Connection::open`, or
+    /// `Connection::handshake` on a stream of the caller's: a socket pair in tests).
+    pub fn over(
+        conn: Connection,
+        accepted: crate::connection::Accepted,
+        hello: gpufuse_proto::ClientHello,
+    ) -> Self {
         let attributes = accepted
             .devices
             .iter()
@@ -290,9 +282,10 @@ impl Session {
                 ..Default::default()
             })
             .collect();
-        Ok(Self {
-            session_id: accepted.session_id,
+        Self {
+            session_id: std::sync::atomic::AtomicU64::new(accepted.session_id),
             devices: accepted.devices,
+            hello,
             attributes,
             inner: Mutex::new(Inner {
                 conn,
@@ -316,8 +309,19 @@ impl Session {
                 arrays: HashMap::new(),
                 textures: HashMap::new(),
                 graphs: Default::default(),
+                placements: 0,
             }),
-        })
+        }
+    }
+
+    /// The server's id of this session.
+    pub fn session_id(&self) -> u64 {
+        self.session_id.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_session_id(&self, id: u64) {
+        self.session_id
+            .store(id, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Starts the thread that sends quiet calls left waiting for more than `interval` (an

@@ -1,17 +1,6 @@
-//! The `CUresult` values the client core itself produces.
+//! `CUresult`: the one status type of the client core and the shim, with every value NVIDIA's
+//! `cuda.h` defines under its short name (`INVALID_VALUE` for `CUDA_ERROR_INVALID_VALUE`),
+//! generated from the headers into `gpufuse-cuda-types` (`scripts/gen_cuda_types.py`).
 
-pub type CUresult = i32;
-pub const SUCCESS: CUresult = 0;
-pub const INVALID_VALUE: CUresult = 1;
-pub const OUT_OF_MEMORY: CUresult = 2;
-pub const NOT_INITIALIZED: CUresult = 3;
-pub const NO_DEVICE: CUresult = 100;
-pub const INVALID_DEVICE: CUresult = 101;
-pub const INVALID_IMAGE: CUresult = 200;
-pub const INVALID_CONTEXT: CUresult = 201;
-pub const INVALID_HANDLE: CUresult = 400;
-pub const NOT_FOUND: CUresult = 500;
-pub const NOT_READY: CUresult = 600;
-pub const NOT_SUPPORTED: CUresult = 801;
-pub const DEVICE_UNAVAILABLE: CUresult = 46;
-pub const UNKNOWN: CUresult = 999;
+pub use gpufuse_cuda_types::short::*;
+pub use gpufuse_cuda_types::CUresult;

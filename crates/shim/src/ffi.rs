@@ -6,9 +6,13 @@
 //! helpers check what can be checked (NULL) and perform the access; nothing else in the shim
 //! dereferences an application pointer.
 //!
-//! The helpers are safe functions on purpose: the exported functions are the `unsafe` boundary,
-//! and routing every access through here keeps the NULL checks and the one `SAFETY` argument
-//! in a single place instead of a few hundred call sites.
+//! The helpers that hand out a reference into application memory (`host_bytes`,
+//! `host_bytes_mut`, `cstr`) or read an address that is not an argument (`read_word`) are
+//! `unsafe fn`s: the caller chooses the lifetime and vouches for the address, and says why at
+//! each call. The ones that copy a value in or out of a pointer argument at once (`out`,
+//! `read`, ...) are safe functions on purpose: the exported functions are the `unsafe`
+//! boundary, and routing every such access through here keeps the NULL checks and the one
+//! `SAFETY` argument in a single place instead of a few hundred call sites.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 use std::ffi::{c_char, c_void, CStr};
@@ -62,35 +66,47 @@ pub fn write_at<T>(p: *mut T, i: usize, v: T) -> Result<(), CUresult> {
 }
 
 /// A host buffer the application passed for reading.
-pub fn host_bytes<'a>(p: *const c_void, len: usize) -> Result<&'a [u8], CUresult> {
+///
+/// # Safety
+/// `p` is NULL or readable for `len` bytes for all of `'a`, and not written meanwhile (a
+/// buffer argument of the current call, used only during the call, as the API contract gives).
+pub unsafe fn host_bytes<'a>(p: *const c_void, len: usize) -> Result<&'a [u8], CUresult> {
     if len == 0 {
         return Ok(&[]);
     }
     if p.is_null() {
         return Err(INVALID_VALUE);
     }
-    // SAFETY: the API contract says `p` is readable for `len` bytes for the call's duration.
+    // SAFETY: non-NULL; the caller's contract: readable for `len` bytes for `'a`.
     Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
 }
 
 /// A host buffer the application passed for writing.
-pub fn host_bytes_mut<'a>(p: *mut c_void, len: usize) -> Result<&'a mut [u8], CUresult> {
+///
+/// # Safety
+/// `p` is NULL or writable for `len` bytes for all of `'a`, and nothing else reads or writes
+/// them meanwhile (a destination argument of the current call, used only during the call).
+pub unsafe fn host_bytes_mut<'a>(p: *mut c_void, len: usize) -> Result<&'a mut [u8], CUresult> {
     if len == 0 {
         return Ok(&mut []);
     }
     if p.is_null() {
         return Err(INVALID_VALUE);
     }
-    // SAFETY: the API contract says `p` is writable for `len` bytes for the call's duration.
+    // SAFETY: non-NULL; the caller's contract: writable and unaliased for `len` bytes for `'a`.
     Ok(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) })
 }
 
 /// A NUL-terminated string argument.
-pub fn cstr<'a>(p: *const c_char) -> Result<&'a str, CUresult> {
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string that stays valid and unchanged for all of `'a` (a
+/// string argument of the current call, used only during the call).
+pub unsafe fn cstr<'a>(p: *const c_char) -> Result<&'a str, CUresult> {
     if p.is_null() {
         return Err(INVALID_VALUE);
     }
-    // SAFETY: the API contract says `p` is a NUL-terminated string.
+    // SAFETY: non-NULL; the caller's contract: a NUL-terminated string valid for `'a`.
     let s = unsafe { CStr::from_ptr(p) };
     s.to_str().map_err(|_| INVALID_VALUE)
 }
@@ -110,13 +126,25 @@ pub fn write_cstr(dst: *mut c_char, cap: usize, s: &str) -> Result<(), CUresult>
 }
 
 /// Reads a pointer-sized word at `addr` (used to follow a fatbinc wrapper to its fatbin).
-pub fn read_word(addr: u64) -> Result<u64, CUresult> {
+///
+/// # Safety
+/// `addr` is 0 or readable for 8 bytes: a field of a structure the application passed.
+pub unsafe fn read_word(addr: u64) -> Result<u64, CUresult> {
     read(addr as usize as *const u64)
 }
 
 /// A byte source over application memory starting at an image pointer. Reads are bounded by
 /// the caller-supplied length; the image formats make the caller promise the bytes exist.
-pub struct RawImage(pub *const u8);
+pub struct RawImage(*const u8);
+
+impl RawImage {
+    /// # Safety
+    /// `image` is NULL or the start of a module image that stays valid and unchanged while
+    /// this source is read: every range its own headers say belong to it is readable.
+    pub unsafe fn new(image: *const u8) -> Self {
+        Self(image)
+    }
+}
 
 impl gpufuse_fatbin::ByteSource for RawImage {
     fn read(&self, offset: u64, len: usize) -> Option<&[u8]> {

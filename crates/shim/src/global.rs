@@ -4,7 +4,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use gpufuse_client::{Session, SessionConfig};
+use gpufuse_client::state::Inner;
+use gpufuse_client::{ClientError, Session, SessionConfig};
 
 use crate::status::{CUresult, NOT_INITIALIZED};
 
@@ -62,4 +63,26 @@ fn connect() -> Result<Arc<Session>, CUresult> {
             Err(e.status())
         }
     }
+}
+
+/// Runs `f` on the locked session: the one call into the client core an export makes.
+pub fn with_core<T>(f: impl FnOnce(&mut Inner) -> Result<T, ClientError>) -> Result<T, CUresult> {
+    let s = session()?;
+    let mut g = s.lock();
+    f(&mut g).map_err(client_err)
+}
+
+/// The status for a client error. A lost connection fails every later call the same way: say
+/// why once, on stderr, as the failed connect is reported.
+pub fn client_err(e: ClientError) -> CUresult {
+    static LOST_REPORTED: AtomicBool = AtomicBool::new(false);
+    if matches!(e, ClientError::Lost(_) | ClientError::Hung { .. })
+        && !LOST_REPORTED.swap(true, Ordering::Relaxed)
+    {
+        let cause = std::error::Error::source(&e).map_or(String::new(), |s| format!(" ({s})"));
+        eprintln!(
+            "gpufuse: {e}{cause}: the session has ended (`gpufuse kill`, or its worker or the server stopped); CUDA calls now return CUDA_ERROR_DEVICE_UNAVAILABLE"
+        );
+    }
+    e.status()
 }

@@ -18,38 +18,55 @@ const MAX_PRELINKED: usize = 4096;
 /// fourth field a NULL-terminated list of the fatbins it was linked from, which keep their
 /// PTX. Their PTX is appended to the image ([`gpufuse_fatbin::with_prelinked_ptx`]), as
 /// NVIDIA's driver JIT-links it for a GPU the linked SASS does not fit.
-pub fn image_bytes<'a>(image: *const c_void) -> Result<Cow<'a, [u8]>, CUresult> {
+///
+/// # Safety
+/// `image` is NULL or a module image as CUDA's contract describes it (a fatbinc wrapper, a
+/// fatbin, a cubin or NUL-terminated PTX), whose bytes and the structures it points to stay
+/// valid and unchanged for all of `'a` (an argument of the current call, used during it).
+pub unsafe fn image_bytes<'a>(image: *const c_void) -> Result<Cow<'a, [u8]>, CUresult> {
     if image.is_null() {
         return Err(INVALID_VALUE);
     }
     let mut ptr = image.cast::<u8>();
-    let head = crate::ffi::host_bytes(image, 4)?;
+    // SAFETY: every image format is at least 4 bytes long (this function's contract).
+    let head = unsafe { crate::ffi::host_bytes(image, 4) }?;
     let mut prelinked = 0;
     if gpufuse_fatbin::classify(head) == gpufuse_fatbin::ImageKind::FatbincWrapper {
-        let version = read_word(image as u64)? >> 32;
-        let fatbin = read_word(image as u64 + 8)?;
+        // SAFETY: a fatbinc wrapper: magic and version, then the fatbin's address (and, in
+        // version 2, the list of prelinked fatbins), each a word.
+        let version = unsafe { read_word(image as u64) }? >> 32;
+        // SAFETY: as above.
+        let fatbin = unsafe { read_word(image as u64 + 8) }?;
         if fatbin == 0 {
             return Err(INVALID_IMAGE);
         }
         if version == 2 {
-            prelinked = read_word(image as u64 + 16)?;
+            // SAFETY: a version-2 wrapper's third word.
+            prelinked = unsafe { read_word(image as u64 + 16) }?;
         }
         ptr = fatbin as usize as *const u8;
     }
-    let len = gpufuse_fatbin::measure_len(&RawImage(ptr)).map_err(|_| INVALID_IMAGE)?;
-    let bytes = crate::ffi::host_bytes(ptr.cast(), len)?;
+    // SAFETY: the image this function's contract vouches for.
+    let len =
+        gpufuse_fatbin::measure_len(&unsafe { RawImage::new(ptr) }).map_err(|_| INVALID_IMAGE)?;
+    // SAFETY: the image's own headers say it is `len` bytes long.
+    let bytes = unsafe { crate::ffi::host_bytes(ptr.cast(), len) }?;
     if prelinked == 0 {
         return Ok(Cow::Borrowed(bytes));
     }
     let mut units = Vec::new();
     for i in 0..MAX_PRELINKED {
-        let p = read_word(prelinked + 8 * i as u64)?;
+        // SAFETY: the NULL-terminated list of the wrapper's third word, read up to its NULL.
+        let p = unsafe { read_word(prelinked + 8 * i as u64) }?;
         if p == 0 {
             break;
         }
         let unit = p as usize as *const u8;
-        let n = gpufuse_fatbin::measure_len(&RawImage(unit)).map_err(|_| INVALID_IMAGE)?;
-        units.push(crate::ffi::host_bytes(unit.cast(), n)?);
+        // SAFETY: a prelinked fatbin the wrapper names (this function's contract).
+        let n = gpufuse_fatbin::measure_len(&unsafe { RawImage::new(unit) })
+            .map_err(|_| INVALID_IMAGE)?;
+        // SAFETY: a prelinked fatbin, `n` bytes long by its own headers.
+        units.push(unsafe { crate::ffi::host_bytes(unit.cast(), n) }?);
     }
     match gpufuse_fatbin::with_prelinked_ptx(bytes, &units) {
         Ok(v) => Ok(Cow::Owned(v)),

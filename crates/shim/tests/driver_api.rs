@@ -6,7 +6,6 @@ mod common;
 use std::ffi::{c_void, CString};
 
 use cuda::api::{context, copy, device, init, launch, memory, module};
-use gpufuse_proto::{ReplyBody, Request};
 
 const PTX: &str = r#"
 .version 8.0
@@ -31,10 +30,7 @@ fn ok(r: i32, what: &str) {
 fn launch_log() -> Vec<gpufuse_proto::LaunchRecord> {
     let s = cuda::global::session().unwrap();
     let mut g = s.lock();
-    match g.conn.call(&Request::DebugLaunchLog { max: 16 }).unwrap() {
-        ReplyBody::Launches(l) => l,
-        other => panic!("unexpected {other:?}"),
-    }
+    g.launch_log(16).unwrap()
 }
 
 #[test]

@@ -14,7 +14,7 @@ use gpufuse_client::handles::{self, Kind};
 use gpufuse_client::state::{ArrayInfo, Inner};
 
 use crate::api::copy::{dtod, dtoh_sync, htod};
-use crate::api::memory::{alloc, free, CUdeviceptr};
+use crate::api::memory::{free, CUdeviceptr};
 use crate::ffi::{host_bytes_mut, out, read};
 use crate::global::session;
 use crate::guard::guard;
@@ -86,9 +86,9 @@ fn create(
         .checked_mul(height.max(1) as u64)
         .and_then(|s| s.checked_mul(depth.max(1) as u64))
         .ok_or(INVALID_VALUE)?;
-    let ptr = alloc(g, usize::try_from(size).map_err(|_| INVALID_VALUE)?)?;
+    let ptr = g.alloc(size).map_err(crate::global::client_err)?;
     let h = handles::mint(Kind::Array);
-    g.arrays.insert(
+    g.insert_array(
         h,
         ArrayInfo {
             ptr,
@@ -139,10 +139,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
 
 /// The array a handle names.
 pub fn array(g: &Inner, arr: CUarray) -> Result<ArrayInfo, CUresult> {
-    g.arrays
-        .get(&(arr as usize as u64))
-        .copied()
-        .ok_or(INVALID_HANDLE)
+    g.array(arr as usize as u64).ok_or(INVALID_HANDLE)
 }
 
 #[no_mangle]
@@ -152,7 +149,7 @@ pub unsafe extern "C" fn cuArrayDestroy(arr: CUarray) -> CUresult {
             let s = session()?;
             let mut g = s.lock();
             let a = array(&g, arr)?;
-            g.arrays.remove(&(arr as usize as u64));
+            g.remove_array(arr as usize as u64);
             a.ptr
         };
         free(ptr)
@@ -239,7 +236,8 @@ pub unsafe extern "C" fn cuMemcpyAtoH_v2(
         let s = session()?;
         let mut g = s.lock();
         let p = at(&g, src, offset, count)?;
-        dtoh_sync(&mut g, host_bytes_mut(dst, count)?, p, 0)
+        // SAFETY: the destination argument, `count` bytes, used during this call only.
+        dtoh_sync(&mut g, unsafe { host_bytes_mut(dst, count) }?, p, 0)
     })
 }
 

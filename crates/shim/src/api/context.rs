@@ -3,13 +3,12 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Mutex;
 
-use gpufuse_client::handles::{self, Kind};
-use gpufuse_client::state::{self, Context, Inner};
-use gpufuse_proto::Request;
+use gpufuse_client::state::{self, Inner};
+use gpufuse_client::work::SyncScope;
 
 use crate::api::device::CUdevice;
 use crate::ffi::{out, out_opt};
-use crate::global::session;
+use crate::global::{session, with_core};
 use crate::guard::guard;
 use crate::status::{CUresult, INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE, SUCCESS};
 
@@ -23,127 +22,47 @@ fn as_ctx(h: u64) -> CUcontext {
     h as usize as CUcontext
 }
 
-pub fn client_err(e: gpufuse_client::ClientError) -> CUresult {
-    // A lost connection fails every later call the same way: say why once, on stderr, as the
-    // failed connect is reported.
-    static LOST_REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if matches!(
-        e,
-        gpufuse_client::ClientError::Lost(_) | gpufuse_client::ClientError::Hung { .. }
-    ) && !LOST_REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed)
-    {
-        let cause = std::error::Error::source(&e).map_or(String::new(), |s| format!(" ({s})"));
-        eprintln!(
-            "gpufuse: {e}{cause}: the session has ended (`gpufuse kill`, or its worker or the server stopped); CUDA calls now return CUDA_ERROR_DEVICE_UNAVAILABLE"
-        );
-    }
-    e.status()
-}
+pub use crate::global::client_err;
 
 /// The device of `ctx`, or of the current context when `ctx` is 0.
 pub fn context_device(g: &Inner, ctx: u64) -> Result<u32, CUresult> {
-    let ctx = if ctx == 0 {
-        state::current_context()
-    } else {
-        ctx
-    };
-    if ctx == 0 {
-        return Err(INVALID_CONTEXT);
-    }
-    match g.contexts.get(&ctx) {
-        Some(c) => Ok(c.device),
-        // A primary context's handle stays valid after a reset, as the driver's does: the
-        // runtime keeps it across cudaDeviceReset and uses it again.
-        None => primary_device(g, ctx).ok_or(INVALID_CONTEXT),
-    }
-}
-
-/// The device whose primary context `ctx` is.
-fn primary_device(g: &Inner, ctx: u64) -> Option<u32> {
-    let d = g.primary.iter().position(|p| p.handle == ctx)?;
-    u32::try_from(d).ok()
+    g.context_device(ctx).map_err(client_err)
 }
 
 /// The current context and its device.
 pub fn current(g: &Inner) -> Result<(u64, u32), CUresult> {
-    let ctx = state::current_context();
-    Ok((ctx, context_device(g, ctx)?))
+    g.current().map_err(client_err)
 }
 
 /// Makes sure the device's primary context exists on the worker; returns its handle.
 pub fn ensure_primary(g: &mut Inner, dev: u32) -> Result<u64, CUresult> {
-    let p = g.primary.get_mut(dev as usize).ok_or(INVALID_DEVICE)?;
-    let h = p.handle;
-    if !p.created {
-        p.created = true;
-        let flags = p.flags;
-        g.contexts.insert(
-            h,
-            Context {
-                device: dev,
-                flags,
-                primary: true,
-            },
-        );
-        g.conn
-            .quiet(&Request::CtxCreate {
-                ctx: h,
-                device: dev,
-                flags,
-            })
-            .map_err(client_err)?;
-    }
-    Ok(h)
+    g.ensure_primary(dev).map_err(client_err)
 }
 
 /// Synchronizing calls report the first asynchronous error since the last one.
 pub fn async_error(g: &mut Inner) -> Result<(), CUresult> {
-    match g.conn.take_async_error() {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    g.take_async_error().map_err(client_err)
+}
+
+fn device(dev: CUdevice) -> Result<u32, CUresult> {
+    u32::try_from(dev).map_err(|_| INVALID_DEVICE)
 }
 
 fn synchronize(ctx: u64) -> Result<(), CUresult> {
-    let s = session()?;
-    let mut g = s.lock();
-    let ctx = if ctx == 0 {
-        state::current_context()
-    } else {
-        ctx
-    };
-    context_device(&g, ctx)?;
-    g.conn
-        .call(&Request::CtxSynchronize { ctx })
-        .map_err(client_err)?;
-    async_error(&mut g)?;
-    crate::api::managed::to_host(&mut g)
+    with_core(|g| g.synchronize(SyncScope::Context(ctx)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let d = u32::try_from(dev).map_err(|_| INVALID_DEVICE)?;
-        let h = ensure_primary(&mut g, d)?;
-        g.primary[d as usize].refcount += 1;
-        out(pctx, as_ctx(h))
+        let d = device(dev)?;
+        out(pctx, as_ctx(with_core(|g| g.retain_primary(d))?))
     })
 }
 
 fn primary_release(dev: CUdevice) -> Result<(), CUresult> {
-    let s = session()?;
-    let mut g = s.lock();
-    let p = g
-        .primary
-        .get_mut(usize::try_from(dev).map_err(|_| INVALID_DEVICE)?)
-        .ok_or(INVALID_DEVICE)?;
-    if p.refcount == 0 {
-        return Err(INVALID_CONTEXT);
-    }
-    p.refcount -= 1;
-    Ok(())
+    let d = device(dev)?;
+    with_core(|g| g.release_primary(d))
 }
 
 #[no_mangle]
@@ -158,64 +77,10 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
 
 /// Frees everything the session holds on `dev` (`cuDevicePrimaryCtxReset`, `cudaDeviceReset`).
 fn primary_reset(dev: CUdevice) -> Result<(), CUresult> {
-    let s = session()?;
-    let mut g = s.lock();
-    let d = u32::try_from(dev).map_err(|_| INVALID_DEVICE)?;
-    g.primary.get(d as usize).ok_or(INVALID_DEVICE)?;
-    g.conn
-        .call(&Request::DeviceReset { device: d })
-        .map_err(client_err)?;
-    let _ = g.conn.take_async_error();
-    for (&p, a) in g
-        .allocations
-        .iter()
-        .filter(|(_, a)| a.device == d && a.managed)
-    {
-        crate::api::managed::unmap(p, a.size);
-    }
-    g.allocations.retain(|_, a| a.device != d);
-    g.managed_count = g.allocations.values().filter(|a| a.managed).count();
-    g.physical.retain(|_, (_, dev)| *dev != d);
-    let inner = &mut *g;
-    inner
-        .mappings
-        .retain(|p, _| inner.allocations.contains_key(p));
-    inner
-        .arrays
-        .retain(|_, a| inner.allocations.contains_key(&a.ptr));
-    let allocations = &inner.allocations;
-    inner.textures.retain(|_, t| {
-        allocations
-            .range(..=t.ptr)
-            .next_back()
-            .is_some_and(|(&base, a)| t.ptr < base + a.size.max(1))
-    });
-    let modules: Vec<u64> = g
-        .modules
-        .iter()
-        .filter(|(_, m)| m.device == d)
-        .map(|(&k, _)| k)
-        .collect();
-    for m in modules {
-        g.modules.remove(&m);
-        g.functions.retain(|_, f| f.module != m);
-    }
-    g.images_sent.clear();
-    crate::api::module::reload_libraries(&mut g, d);
-    let ctxs: Vec<u64> = g
-        .contexts
-        .iter()
-        .filter(|(_, c)| c.device == d)
-        .map(|(&k, _)| k)
-        .collect();
-    g.streams.retain(|_, st| !ctxs.contains(&st.ctx));
-    g.contexts.retain(|_, c| c.device != d);
-    for c in ctxs {
+    let d = device(dev)?;
+    for c in with_core(|g| g.reset_device(d))? {
         crate::dark_api::cls_forget(c);
     }
-    let p = &mut g.primary[d as usize];
-    p.created = false;
-    p.refcount = 0;
     Ok(())
 }
 
@@ -236,26 +101,16 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
     active: *mut c_int,
 ) -> CUresult {
     guard(|| {
-        let s = session()?;
-        let g = s.lock();
-        let p = g
-            .primary
-            .get(usize::try_from(dev).map_err(|_| INVALID_DEVICE)?)
-            .ok_or(INVALID_DEVICE)?;
-        out(flags, p.flags)?;
-        out(active, (p.created && p.refcount > 0) as c_int)
+        let d = device(dev)?;
+        let (f, on) = with_core(|g| g.primary_state(d))?;
+        out(flags, f)?;
+        out(active, on as c_int)
     })
 }
 
 fn primary_set_flags(dev: CUdevice, flags: c_uint) -> Result<(), CUresult> {
-    let s = session()?;
-    let mut g = s.lock();
-    let p = g
-        .primary
-        .get_mut(usize::try_from(dev).map_err(|_| INVALID_DEVICE)?)
-        .ok_or(INVALID_DEVICE)?;
-    p.flags = flags;
-    Ok(())
+    let d = device(dev)?;
+    with_core(|g| g.set_primary_flags(d, flags))
 }
 
 #[no_mangle]
@@ -269,30 +124,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_u
 }
 
 fn create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Result<(), CUresult> {
-    let s = session()?;
-    let mut g = s.lock();
-    let d = u32::try_from(dev).map_err(|_| INVALID_DEVICE)?;
-    if s.device(dev).is_none() {
-        return Err(INVALID_DEVICE);
-    }
-    let h = handles::mint(Kind::Context);
-    g.contexts.insert(
-        h,
-        Context {
-            device: d,
-            flags,
-            primary: false,
-        },
-    );
-    g.conn
-        .quiet(&Request::CtxCreate {
-            ctx: h,
-            device: d,
-            flags,
-        })
-        .map_err(client_err)?;
-    state::push_context(h);
-    out(pctx, as_ctx(h))
+    let d = device(dev)?;
+    out(pctx, as_ctx(with_core(|g| g.create_context(d, flags))?))
 }
 
 #[no_mangle]
@@ -335,21 +168,10 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 }
 
 fn destroy(ctx: CUcontext) -> Result<(), CUresult> {
-    let s = session()?;
-    let mut g = s.lock();
     let h = handle(ctx);
-    match g.contexts.get(&h) {
-        Some(c) if !c.primary => {}
-        Some(_) => return Err(INVALID_CONTEXT),
-        None => return Err(INVALID_CONTEXT),
-    }
-    g.contexts.remove(&h);
-    g.streams.retain(|_, st| st.ctx != h);
-    state::forget_context(h);
+    with_core(|g| g.destroy_context(h))?;
     crate::dark_api::cls_forget(h);
-    g.conn
-        .quiet(&Request::CtxDestroy { ctx: h })
-        .map_err(client_err)
+    Ok(())
 }
 
 #[no_mangle]
@@ -372,31 +194,12 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let h = handle(ctx);
-        let mut g = s.lock();
-        if h != 0 && !g.contexts.contains_key(&h) {
-            // A reset primary context becomes active again when it is made current.
-            let d = primary_device(&g, h).ok_or(INVALID_CONTEXT)?;
-            ensure_primary(&mut g, d)?;
-        }
-        state::set_current_context(h);
-        Ok(())
-    })
+    guard(|| with_core(|g| g.set_current(handle(ctx))))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let h = handle(ctx);
-        if !s.lock().contexts.contains_key(&h) {
-            return Err(INVALID_CONTEXT);
-        }
-        state::push_context(h);
-        Ok(())
-    })
+    guard(|| with_core(|g| g.push_current(handle(ctx))))
 }
 
 #[no_mangle]
@@ -439,24 +242,12 @@ pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let g = s.lock();
-        let ctx = state::current_context();
-        let c = g.contexts.get(&ctx).ok_or(INVALID_CONTEXT)?;
-        out(flags, c.flags)
-    })
+    guard(|| out(flags, with_core(|g| g.current_flags())?))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let ctx = state::current_context();
-        g.contexts.get_mut(&ctx).ok_or(INVALID_CONTEXT)?.flags = flags;
-        Ok(())
-    })
+    guard(|| with_core(|g| g.set_current_flags(flags)))
 }
 
 #[no_mangle]

@@ -18,10 +18,7 @@ use crate::status::{CUresult, INVALID_VALUE, NOT_SUPPORTED, UNKNOWN};
 
 /// Checks that `[ptr, ptr+len)` lies in one of the session's allocations.
 fn check_device_range(g: &Inner, ptr: u64, len: u64) -> Result<(), CUresult> {
-    if len == 0 {
-        return Ok(());
-    }
-    g.find_allocation(ptr, len).map(|_| ()).ok_or(INVALID_VALUE)
+    g.check_device_range(ptr, len).map_err(client_err)
 }
 
 pub(crate) fn htod(
@@ -31,28 +28,10 @@ pub(crate) fn htod(
     n: usize,
     stream: u64,
 ) -> Result<(), CUresult> {
-    check_device_range(g, dst, n as u64)?;
-    let Some(_) = g.graphs.record(
-        stream,
-        Op::HtoD {
-            dst,
-            src_host: src as usize,
-            len: n,
-        },
-    ) else {
-        return Ok(());
-    };
-    let src = host_bytes(src, n)?;
-    crate::api::managed::to_device(g)?;
-    for (i, chunk) in src.chunks(MAX_COPY_CHUNK).enumerate() {
-        let req = Request::MemcpyHtoD {
-            dst: dst + (i * MAX_COPY_CHUNK) as u64,
-            stream,
-            data: chunk,
-        };
-        g.conn.quiet(&req).map_err(client_err)?;
-    }
-    Ok(())
+    // SAFETY: the source argument, `n` bytes, copied during this call (captured copies read
+    // it when the graph is launched, as CUDA's contract for them says).
+    g.copy_to_device(dst, unsafe { host_bytes(src, n) }?, stream)
+        .map_err(client_err)
 }
 
 pub(crate) fn dtoh_sync(
@@ -61,20 +40,7 @@ pub(crate) fn dtoh_sync(
     src: u64,
     stream: u64,
 ) -> Result<(), CUresult> {
-    check_device_range(g, src, dst.len() as u64)?;
-    not_capturing(g, stream)?;
-    crate::api::managed::to_device(g)?;
-    for (i, chunk) in dst.chunks_mut(MAX_COPY_CHUNK).enumerate() {
-        let req = Request::MemcpyDtoH {
-            src: src + (i * MAX_COPY_CHUNK) as u64,
-            size: chunk.len() as u64,
-            stream,
-        };
-        g.conn.call_read_into(&req, chunk).map_err(client_err)?;
-    }
-    async_error(g)?;
-    // A synchronous copy waits for the device: the host may read managed memory after it.
-    crate::api::managed::to_host(g)
+    g.copy_from_device(dst, src, stream).map_err(client_err)
 }
 
 pub(crate) fn dtoh_async(
@@ -84,42 +50,9 @@ pub(crate) fn dtoh_async(
     len: usize,
     stream: u64,
 ) -> Result<(), CUresult> {
-    check_device_range(g, src, len as u64)?;
-    if len > 0 && dst.is_null() {
-        return Err(INVALID_VALUE);
-    }
-    let Some(_) = g.graphs.record(
-        stream,
-        Op::DtoH {
-            dst_host: dst as usize,
-            src,
-            len,
-        },
-    ) else {
-        return Ok(());
-    };
-    // To pageable memory the driver completes the copy before returning (cudarc's clone_dtoh
-    // relies on it); only page-locked destinations are filled at the next synchronization.
-    if g.find_host(dst as usize).is_none() {
-        return dtoh_sync(g, host_bytes_mut(dst, len)?, src, stream);
-    }
-    crate::api::managed::to_device(g)?;
-    let mut off = 0;
-    while off < len {
-        let n = (len - off).min(MAX_COPY_CHUNK);
-        // SAFETY: CUDA requires the destination of an asynchronous copy to stay valid until the
-        // stream is synchronized; the data is written no later than that synchronization.
-        let tag = unsafe { g.conn.register_copy(dst.cast::<u8>().add(off), n) };
-        let req = Request::MemcpyDtoHAsync {
-            src: src + off as u64,
-            size: n as u64,
-            stream,
-            tag,
-        };
-        g.conn.quiet(&req).map_err(client_err)?;
-        off += n;
-    }
-    Ok(())
+    // SAFETY: CUDA requires the destination of a copy to be writable for `len` bytes, and to
+    // stay valid until the stream is synchronized for an asynchronous one.
+    unsafe { g.copy_from_device_async(dst.cast::<u8>(), src, len, stream) }.map_err(client_err)
 }
 
 pub(crate) fn dtod(
@@ -129,28 +62,12 @@ pub(crate) fn dtod(
     len: u64,
     stream: u64,
 ) -> Result<(), CUresult> {
-    check_device_range(g, dst, len)?;
-    check_device_range(g, src, len)?;
-    let Some(_) = g.graphs.record(stream, Op::DtoD { dst, src, len }) else {
-        return Ok(());
-    };
-    crate::api::managed::to_device(g)?;
-    g.conn
-        .quiet(&Request::MemcpyDtoD {
-            dst,
-            src,
-            size: len,
-            stream,
-        })
-        .map_err(client_err)
+    g.copy_on_device(dst, src, len, stream).map_err(client_err)
 }
 
 /// Synchronous work cannot be captured into a graph.
 pub(crate) fn not_capturing(g: &Inner, stream: u64) -> Result<(), CUresult> {
-    match g.graphs.capturing(stream) {
-        Some(_) => Err(crate::status::STREAM_CAPTURE_UNSUPPORTED),
-        None => Ok(()),
-    }
+    g.not_capturing(stream).map_err(client_err)
 }
 
 /// Runs `f` with the session locked and the stream resolved.
@@ -187,7 +104,8 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
     guard(|| {
         with(std::ptr::null_mut(), |g, st| {
-            dtoh_sync(g, host_bytes_mut(dst, n)?, src, st)
+            // SAFETY: a buffer argument of `n` bytes, used during this call only.
+            dtoh_sync(g, unsafe { host_bytes_mut(dst, n) }?, src, st)
         })
     })
 }
@@ -237,15 +155,19 @@ pub(crate) fn unified(
         (true, false) => htod(g, dst, src as usize as *const c_void, n, stream),
         (false, true) if sync => dtoh_sync(
             g,
-            host_bytes_mut(dst as usize as *mut c_void, n)?,
+            // SAFETY: the destination argument, `n` bytes, used during this call only.
+            unsafe { host_bytes_mut(dst as usize as *mut c_void, n) }?,
             src,
             stream,
         ),
         (false, true) => dtoh_async(g, dst as usize as *mut c_void, src, n, stream),
         (false, false) => {
-            let s = host_bytes(src as usize as *const c_void, n)?;
-            let d = host_bytes_mut(dst as usize as *mut c_void, n)?;
-            d.copy_from_slice(s);
+            if n > 0 && (src == 0 || dst == 0) {
+                return Err(INVALID_VALUE);
+            }
+            // SAFETY: both are `n`-byte host buffers of this call, not NULL; `copy` allows
+            // overlap.
+            unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, n) };
             Ok(())
         }
     }
@@ -369,13 +291,9 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
         pitch: pitch as u64,
     };
     let (w64, h64) = (w as u64, h as u64);
-    if src_dev || dst_dev {
-        crate::api::managed::to_device(&mut g)?;
-    }
     match (src_dev, dst_dev) {
         (true, true) => g
-            .conn
-            .quiet(&Request::Memcpy2DDtoD {
+            .device_work(&Request::Memcpy2DDtoD {
                 dst: rect(dst, dp),
                 src: rect(src, sp),
                 width: w64,
@@ -387,20 +305,22 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
             let mut packed = Vec::with_capacity(w * h);
             for row in 0..h {
                 packed
-                    .extend_from_slice(host_bytes((src as usize + row * sp) as *const c_void, w)?);
+                    // SAFETY: row `row` of the copy's source, `w` bytes, read now.
+                    .extend_from_slice(unsafe {
+                        host_bytes((src as usize + row * sp) as *const c_void, w)
+                    }?);
             }
             if packed.len() > MAX_COPY_CHUNK {
                 return Err(NOT_SUPPORTED);
             }
-            g.conn
-                .quiet(&Request::Memcpy2DHtoD {
-                    dst: rect(dst, dp),
-                    width: w64,
-                    height: h64,
-                    stream: st,
-                    data: &packed,
-                })
-                .map_err(client_err)
+            g.device_work(&Request::Memcpy2DHtoD {
+                dst: rect(dst, dp),
+                width: w64,
+                height: h64,
+                stream: st,
+                data: &packed,
+            })
+            .map_err(client_err)
         }
         (true, false) => {
             if w * h > MAX_COPY_CHUNK {
@@ -412,14 +332,16 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
                 height: h64,
                 stream: st,
             };
-            let ReplyBody::Data(data) = g.conn.call(&req).map_err(client_err)? else {
+            let ReplyBody::Data(data) = g.device_call(&req).map_err(client_err)? else {
                 return Err(UNKNOWN);
             };
             if data.len() != w * h {
                 return Err(UNKNOWN);
             }
             for (row, chunk) in data.chunks(w).enumerate() {
-                host_bytes_mut((dst as usize + row * dp) as *mut c_void, w)?.copy_from_slice(chunk);
+                // SAFETY: row `row` of the copy's destination, `w` bytes, written now.
+                unsafe { host_bytes_mut((dst as usize + row * dp) as *mut c_void, w) }?
+                    .copy_from_slice(chunk);
             }
             if sync {
                 async_error(&mut g)?;
@@ -428,8 +350,18 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
         }
         (false, false) => {
             for row in 0..h {
-                let s = host_bytes((src as usize + row * sp) as *const c_void, w)?;
-                host_bytes_mut((dst as usize + row * dp) as *mut c_void, w)?.copy_from_slice(s);
+                if src == 0 || dst == 0 {
+                    return Err(INVALID_VALUE);
+                }
+                // SAFETY: row `row` of the copy's source and destination, `w` bytes each, not
+                // NULL, used now; `copy` allows overlap.
+                unsafe {
+                    std::ptr::copy(
+                        (src as usize + row * sp) as *const u8,
+                        (dst as usize + row * dp) as *mut u8,
+                        w,
+                    )
+                };
             }
             Ok(())
         }
@@ -544,28 +476,7 @@ pub unsafe extern "C" fn cuMemcpy3DAsync_v2(p: *const Memcpy3D, stream: CUstream
 
 fn memset(dst: u64, value: u32, elem: u8, count: usize, stream: CUstream) -> Result<(), CUresult> {
     with(stream, |g, st| {
-        check_device_range(g, dst, count as u64 * elem as u64)?;
-        if count == 0 {
-            return Ok(());
-        }
-        let op = Op::Memset {
-            dst,
-            value,
-            elem_size: elem,
-            count: count as u64,
-        };
-        let Some(_) = g.graphs.record(st, op) else {
-            return Ok(());
-        };
-        crate::api::managed::to_device(g)?;
-        g.conn
-            .quiet(&Request::Memset {
-                dst,
-                value,
-                elem_size: elem,
-                count: count as u64,
-                stream: st,
-            })
+        g.memset(dst, value, elem, count as u64, st)
             .map_err(client_err)
     })
 }
@@ -588,7 +499,7 @@ fn memset2d(
             return Err(INVALID_VALUE);
         }
         check_device_range(g, dst, (pitch * (height - 1) + w) as u64)?;
-        if g.graphs.capturing(st).is_some() {
+        if g.is_capturing(st) {
             for row in 0..height {
                 let op = Op::Memset {
                     dst: dst + (row * pitch) as u64,
@@ -596,11 +507,10 @@ fn memset2d(
                     elem_size: elem,
                     count: width as u64,
                 };
-                g.graphs.record(st, op);
+                g.capture_op(st, op);
             }
             return Ok(());
         }
-        crate::api::managed::to_device(g)?;
         let req = Request::Memset2D {
             dst: Rect {
                 ptr: dst,
@@ -612,7 +522,7 @@ fn memset2d(
             height: height as u64,
             stream: st,
         };
-        g.conn.quiet(&req).map_err(client_err)
+        g.device_work(&req).map_err(client_err)
     })
 }
 

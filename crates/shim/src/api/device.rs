@@ -226,7 +226,8 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_char) -> CUresult {
     guard(|| {
-        let want = parse_pci_bus_id(cstr(id)?).ok_or(INVALID_VALUE)?;
+        // SAFETY: a NUL-terminated string argument, used during this call only.
+        let want = parse_pci_bus_id(unsafe { cstr(id) }?).ok_or(INVALID_VALUE)?;
         let s = session()?;
         for d in 0..s.devices.len() as c_int {
             if pci_location(d)? == want {

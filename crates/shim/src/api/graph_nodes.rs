@@ -34,13 +34,7 @@ fn add(
         return Err(INVALID_VALUE);
     }
     let gh = h(graph);
-    let graph_ops = g
-        .graphs
-        .graphs
-        .get_mut(&gh)
-        .ok_or(INVALID_HANDLE)?
-        .ops
-        .len();
+    let graph_ops = g.graph_mut(gh).ok_or(INVALID_HANDLE)?.ops.len();
     for i in 0..ndeps {
         let dep = read_at(deps, i)? as usize as u64;
         let index = dep & 0xffff;
@@ -48,7 +42,7 @@ fn add(
             return Err(INVALID_VALUE);
         }
     }
-    let graph_ref = g.graphs.graphs.get_mut(&gh).ok_or(INVALID_HANDLE)?;
+    let graph_ref = g.graph_mut(gh).ok_or(INVALID_HANDLE)?;
     graph_ref.ops.extend(ops);
     // An empty node stands at the last operation so far (the index is never replayed alone).
     let index = graph_ref.ops.len().max(1) as u64;
@@ -85,14 +79,10 @@ fn kernel_node(
     let s = session()?;
     let mut g = s.lock();
     let handle = if p.func.is_null() { p.kern } else { p.func };
-    let function = g
-        .resolve_function(handle as usize as u64)
-        .ok_or(INVALID_HANDLE)?;
-    let params = pack(
-        &g.functions[&function].info.params,
-        p.kernel_params,
-        p.extra,
-    )?;
+    let (function, layout) = g
+        .launch_layout(handle as usize as u64)
+        .map_err(|_| INVALID_HANDLE)?;
+    let params = pack(&layout, p.kernel_params, p.extra)?;
     let op = Op::Launch {
         function,
         grid: p.grid,
@@ -316,7 +306,9 @@ pub unsafe extern "C" fn cuGraphAddDependencies(
         let s = session()?;
         let g = s.lock();
         let gh = h(graph);
-        g.graphs.graphs.get(&gh).ok_or(INVALID_HANDLE)?;
+        if !g.has_graph(gh) {
+            return Err(INVALID_HANDLE);
+        }
         for i in 0..count {
             let (a, b) = (
                 read_at(from, i)? as usize as u64,
@@ -358,13 +350,7 @@ const LOCATION_TYPE_DEVICE: c_uint = 1;
 /// operation).
 fn node_op(g: &Inner, node: CUgraphNode) -> Result<Op, CUresult> {
     let n = node as usize as u64;
-    let graph = g
-        .graphs
-        .graphs
-        .iter()
-        .find(|(gh, _)| *gh & 0xffff_ffff == n >> 16)
-        .map(|(_, graph)| graph)
-        .ok_or(INVALID_HANDLE)?;
+    let graph = g.graph_of_node(n).ok_or(INVALID_HANDLE)?;
     let index = (n & 0xffff) as usize;
     index
         .checked_sub(1)
@@ -395,16 +381,20 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
         }
         let s = session()?;
         let mut g = s.lock();
-        g.graphs.graphs.get(&h(graph)).ok_or(INVALID_HANDLE)?;
+        if !g.has_graph(h(graph)) {
+            return Err(INVALID_HANDLE);
+        }
         let device = u32::try_from(p.location_id).map_err(|_| INVALID_VALUE)?;
         let pool = crate::api::memory::device_pool(device);
-        let ptr = crate::api::memory::graph_alloc_node(&mut g, p.bytesize, pool)?;
+        let ptr = g
+            .graph_alloc_node(p.bytesize as u64, pool)
+            .map_err(crate::global::client_err)?;
         let op = Op::MemAlloc {
             ptr,
             size: p.bytesize as u64,
         };
         if let Err(e) = add(&mut g, node, graph, deps, ndeps, vec![op]) {
-            g.graphs.allocations.remove(&ptr);
+            g.forget_graph_allocation(ptr);
             drop(g);
             crate::api::memory::free(ptr)?;
             return Err(e);
@@ -426,11 +416,10 @@ pub unsafe extern "C" fn cuGraphMemAllocNodeGetParams(
             return Err(INVALID_VALUE);
         };
         let device = g
-            .allocations
-            .get(&ptr)
-            .and_then(|a| a.pool)
-            .and_then(|p| g.pools.get(&p))
-            .map_or(0, |p| p.device);
+            .allocation(ptr)
+            .and_then(|a| a.pool())
+            .and_then(|p| g.pool_device(p).ok())
+            .unwrap_or(0);
         out(
             params,
             MemAllocNodeParams {
@@ -460,7 +449,7 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
     guard(|| {
         let s = session()?;
         let mut g = s.lock();
-        if !g.graphs.allocations.contains_key(&dptr) {
+        if !g.is_graph_allocation(dptr) {
             return Err(INVALID_VALUE);
         }
         add(
@@ -518,9 +507,7 @@ pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
         let s = session()?;
         s.attribute(device, 16).ok_or(INVALID_VALUE)?;
         let g = s.lock();
-        let all = g.graphs.allocations.values();
-        let reserved: u64 = all.clone().map(|a| a.size).sum();
-        let used: u64 = all.filter(|a| a.live).map(|a| a.size).sum();
+        let (reserved, used) = g.graph_memory();
         let mut high = GRAPH_MEM_HIGH.lock().unwrap_or_else(|e| e.into_inner());
         high.0 = high.0.max(used);
         high.1 = high.1.max(reserved);
@@ -705,13 +692,7 @@ fn kernel_node_attributes(
     node: CUgraphNode,
 ) -> Result<&mut Vec<(u32, [u64; 8])>, CUresult> {
     let n = node as usize as u64;
-    let graph = g
-        .graphs
-        .graphs
-        .iter_mut()
-        .find(|(gh, _)| *gh & 0xffff_ffff == n >> 16)
-        .map(|(_, graph)| graph)
-        .ok_or(INVALID_HANDLE)?;
+    let graph = g.graph_of_node_mut(n).ok_or(INVALID_HANDLE)?;
     let index = (n & 0xffff) as usize;
     match index.checked_sub(1).and_then(|i| graph.ops.get_mut(i)) {
         Some(Op::Launch { attributes, .. }) => Ok(attributes),

@@ -46,7 +46,8 @@ fn lookup(
     version: c_int,
     flags: u64,
 ) -> (CUresult, c_int) {
-    let Ok(name) = cstr(symbol) else {
+    // SAFETY: a NUL-terminated string argument, used during this call only.
+    let Ok(name) = (unsafe { cstr(symbol) }) else {
         return (INVALID_VALUE, SYMBOL_NOT_FOUND);
     };
     if pfn.is_null() {

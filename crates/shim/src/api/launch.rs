@@ -3,7 +3,8 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use gpufuse_proto::{Launch, Request};
+use gpufuse_client::launch::{pack_params, LaunchConfig as ClientLaunch, MAX_PARAM_BYTES};
+use gpufuse_client::ClientError;
 
 use crate::api::context::client_err;
 use crate::api::module::CUfunction;
@@ -11,15 +12,14 @@ use crate::api::stream::{stream_id, CUstream};
 use crate::ffi::{host_bytes, read, read_at};
 use crate::global::session;
 use crate::guard::guard;
-use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE};
+use crate::status::{CUresult, INVALID_VALUE};
 
 const PARAM_END: usize = 0;
 const PARAM_BUFFER_POINTER: usize = 1;
 const PARAM_BUFFER_SIZE: usize = 2;
-/// Largest parameter buffer a launch may carry (CUDA 12.1+: 32764 bytes).
-const MAX_PARAM_BYTES: usize = 32764;
 
-/// Packs `kernelParams` (one pointer per parameter) or `extra` (a pre-packed buffer).
+/// Reads `kernelParams` (one pointer per parameter) or `extra` (a pre-packed buffer) from the
+/// application; the client core packs them at the layout's offsets.
 pub(crate) fn pack(
     layout: &[gpufuse_proto::ParamSlot],
     params: *const *const c_void,
@@ -34,21 +34,13 @@ pub(crate) fn pack(
                 Err(INVALID_VALUE)
             }
         }
-        (false, true) => {
-            let len = layout
-                .iter()
-                .map(|p| (p.offset + p.size) as usize)
-                .max()
-                .unwrap_or(0);
-            let mut buf = vec![0u8; len];
-            for (i, slot) in layout.iter().enumerate() {
-                let arg = read_at(params, i)?;
-                let bytes = host_bytes(arg, slot.size as usize)?;
-                buf[slot.offset as usize..(slot.offset + slot.size) as usize]
-                    .copy_from_slice(bytes);
-            }
-            Ok(buf)
-        }
+        (false, true) => pack_params(layout, |i, size| {
+            let arg = read_at(params, i).map_err(ClientError::Cuda)?;
+            // SAFETY: `kernelParams[i]` points at the parameter's value, `size` bytes as the
+            // kernel declares it; read during this call only.
+            unsafe { host_bytes(arg, size) }.map_err(ClientError::Cuda)
+        })
+        .map_err(client_err),
         (true, false) => {
             let (mut buffer, mut size) = (std::ptr::null::<c_void>(), None::<usize>);
             for i in (0..64).step_by(2) {
@@ -63,7 +55,8 @@ pub(crate) fn pack(
             if size > MAX_PARAM_BYTES {
                 return Err(INVALID_VALUE);
             }
-            Ok(host_bytes(buffer, size)?.to_vec())
+            // SAFETY: `extra` says the buffer holds `size` bytes; copied during this call.
+            Ok(unsafe { host_bytes(buffer, size) }?.to_vec())
         }
     }
 }
@@ -102,66 +95,16 @@ fn launch(
     let s = session()?;
     let mut g = s.lock();
     let st = stream_id(&g, stream)?;
-    let function = g
-        .resolve_function(f as usize as u64)
-        .ok_or(INVALID_HANDLE)?;
-    let packed = pack(&g.functions[&function].info.params, params, extra)?;
-    send_launch(
-        &mut g,
-        function,
-        dims.grid,
-        dims.block,
-        dims.shared_mem,
-        st,
-        packed,
-        attributes,
-    )
-}
-
-/// Sends a launch, or records it if `stream` is capturing.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn send_launch(
-    g: &mut gpufuse_client::state::Inner,
-    function: u64,
-    grid: [u32; 3],
-    block: [u32; 3],
-    shared_mem: u32,
-    st: u64,
-    packed: Vec<u8>,
-    attributes: Vec<(u32, [u64; 8])>,
-) -> Result<(), CUresult> {
-    let op = gpufuse_client::graph::Op::Launch {
-        function,
-        grid,
-        block,
-        shared_mem,
-        params: packed,
-        attributes,
-    };
-    let Some(gpufuse_client::graph::Op::Launch {
-        params: packed,
-        attributes,
-        ..
-    }) = g.graphs.record(st, op)
-    else {
-        return Ok(());
-    };
-    let dims = Dims {
-        grid,
-        block,
-        shared_mem,
-    };
-    crate::api::managed::to_device(g)?;
-    let req = Request::LaunchKernel(Launch {
-        function,
+    let (function, layout) = g.launch_layout(f as usize as u64).map_err(client_err)?;
+    let packed = pack(&layout, params, extra)?;
+    let config = ClientLaunch {
         grid: dims.grid,
         block: dims.block,
         shared_mem: dims.shared_mem,
         stream: st,
-        params: &packed,
         attributes,
-    });
-    g.conn.quiet(&req).map_err(client_err)
+    };
+    g.launch(function, config, packed).map_err(client_err)
 }
 
 macro_rules! launch_kernel {

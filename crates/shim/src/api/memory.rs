@@ -1,61 +1,21 @@
 //! Device and host allocations, memory info, pointer attributes, stream-ordered allocation.
 
-use std::alloc::Layout;
 use std::ffi::{c_int, c_uint, c_void};
 
-use gpufuse_client::graph::{GraphAlloc, Op};
-use gpufuse_client::state::{Allocation, HostAllocation, Inner, PoolStats};
-use gpufuse_proto::{ReplyBody, Request};
+use gpufuse_client::pools::default_pool;
+use gpufuse_client::state::Inner;
 
-use crate::api::context::{client_err, current, CUcontext};
-use crate::api::stream::stream_id;
+use crate::api::context::{client_err, CUcontext};
 use crate::ffi::{out, out_opt, read, read_at};
-use crate::global::session;
+use crate::global::{session, with_core};
 use crate::guard::guard;
-use crate::status::{CUresult, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY};
+use crate::status::{CUresult, INVALID_VALUE, NOT_SUPPORTED};
 
 pub type CUdeviceptr = u64;
 
-const HOST_ALIGN: usize = 4096;
-/// `CU_MEMHOSTALLOC_DEVICEMAP`.
-const HOST_ALLOC_DEVICEMAP: u32 = 0x02;
-
-pub(crate) fn alloc(g: &mut Inner, size: usize) -> Result<u64, CUresult> {
-    if size == 0 {
-        return Err(INVALID_VALUE);
-    }
-    let (_, device) = current(g)?;
-    let body = g
-        .conn
-        .call(&Request::MemAlloc {
-            device,
-            size: size as u64,
-        })
-        .map_err(client_err)?;
-    let ReplyBody::Ptr(p) = body else {
-        return Err(crate::status::UNKNOWN);
-    };
-    g.allocations.insert(
-        p,
-        Allocation {
-            size: size as u64,
-            device,
-            pool: None,
-            managed: false,
-            mapped: false,
-            offset: 0,
-        },
-    );
-    Ok(p)
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let p = alloc(&mut s.lock(), size)?;
-        out(dptr, p)
-    })
+    guard(|| out(dptr, with_core(|g| g.alloc(size as u64))?))
 }
 
 #[no_mangle]
@@ -67,90 +27,19 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     elem_size: c_uint,
 ) -> CUresult {
     guard(|| {
-        if width == 0 || height == 0 || !matches!(elem_size, 4 | 8 | 16) {
-            return Err(INVALID_VALUE);
-        }
-        let s = session()?;
-        let mut g = s.lock();
-        let (_, device) = current(&g)?;
-        let req = Request::MemAllocPitch {
-            device,
-            width: width as u64,
-            height: height as u64,
-            elem_size,
-        };
-        let ReplyBody::Pitch { ptr, pitch: p } = g.conn.call(&req).map_err(client_err)? else {
-            return Err(crate::status::UNKNOWN);
-        };
-        g.allocations.insert(
-            ptr,
-            Allocation {
-                size: p * height as u64,
-                device,
-                pool: None,
-                managed: false,
-                mapped: false,
-                offset: 0,
-            },
-        );
+        let (ptr, p) = with_core(|g| g.alloc_pitch(width as u64, height as u64, elem_size))?;
         out(dptr, ptr)?;
         out(pitch, p as usize)
     })
 }
 
 pub(crate) fn free(ptr: u64) -> Result<(), CUresult> {
-    // Freeing NULL does nothing, as the driver does (the runtime forwards cudaFree(NULL)).
-    if ptr == 0 {
-        return Ok(());
-    }
-    let s = session()?;
-    let mut g = s.lock();
-    match g.allocations.get(&ptr) {
-        // A graph's allocation is freed with the graph (`cuGraphDestroy`).
-        Some(a) if !a.mapped && !g.graphs.allocations.contains_key(&ptr) => {}
-        _ => return Err(INVALID_VALUE),
-    }
-    let a = g.allocations.remove(&ptr).ok_or(INVALID_VALUE)?;
-    if a.managed {
-        crate::api::managed::unmap(ptr, a.size);
-        g.managed_count -= 1;
-    }
-    if let Some(pool) = a.pool.and_then(|h| g.pools.get_mut(&h)) {
-        pool.used = pool.used.saturating_sub(a.size);
-    }
-    g.conn
-        .quiet(&Request::MemFree {
-            ptr: ptr - a.offset,
-        })
-        .map_err(client_err)
+    with_core(|g| g.free(ptr))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     guard(|| free(ptr))
-}
-
-/// Allocates `size` bytes from `pool` (a handle) and charges the pool.
-fn alloc_from_pool(g: &mut Inner, size: usize, pool: u64) -> Result<u64, CUresult> {
-    let device = pool_device(g, pool)?;
-    let (_, current) = current(g)?;
-    if device != current {
-        return Err(INVALID_VALUE);
-    }
-    let stats = pool_stats(g, pool)?;
-    if stats.max_size != 0 && stats.used.saturating_add(size as u64) > stats.max_size {
-        return Err(OUT_OF_MEMORY);
-    }
-    let p = alloc(g, size)?;
-    if let Some(a) = g.allocations.get_mut(&p) {
-        a.pool = Some(pool);
-        let size = a.size;
-        let stats = pool_stats(g, pool)?;
-        stats.used += size;
-        stats.high = stats.high.max(stats.used);
-        stats.reserved_high = stats.reserved_high.max(stats.used);
-    }
-    Ok(p)
 }
 
 #[no_mangle]
@@ -160,16 +49,12 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     stream: *mut c_void,
 ) -> CUresult {
     guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let st = stream_id(&g, stream)?;
-        let (_, device) = current(&g)?;
-        let pool = g
-            .current_pools
-            .get(&device)
-            .copied()
-            .unwrap_or_else(|| default_pool(device));
-        let p = alloc_async(&mut g, size, pool, st)?;
+        let p = with_core(|g| {
+            let st = g.stream_id(stream as usize as u64)?;
+            let (_, device) = g.current()?;
+            let pool = g.current_pool(device);
+            g.alloc_async(size as u64, pool, st)
+        })?;
         out(dptr, p)
     })
 }
@@ -182,48 +67,12 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     stream: *mut c_void,
 ) -> CUresult {
     guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let st = stream_id(&g, stream)?;
-        let p = alloc_async(&mut g, size, pool as usize as u64, st)?;
+        let p = with_core(|g| {
+            let st = g.stream_id(stream as usize as u64)?;
+            g.alloc_async(size as u64, pool as usize as u64, st)
+        })?;
         out(dptr, p)
     })
-}
-
-/// `cuMemAllocAsync` on stream `st`: at once, or, under stream capture, as a graph allocation
-/// node whose address is fixed now (its memory is reserved until the graph goes).
-fn alloc_async(g: &mut Inner, size: usize, pool: u64, st: u64) -> Result<u64, CUresult> {
-    let p = alloc_from_pool(g, size, pool)?;
-    if g.graphs.capturing(st).is_some() {
-        graph_allocation(g, p, size as u64);
-        g.graphs.record(
-            st,
-            Op::MemAlloc {
-                ptr: p,
-                size: size as u64,
-            },
-        );
-    }
-    Ok(p)
-}
-
-/// Marks `ptr` (just allocated) as a graph allocation held by the graph being built.
-pub(crate) fn graph_allocation(g: &mut Inner, ptr: u64, size: u64) {
-    g.graphs.allocations.insert(
-        ptr,
-        GraphAlloc {
-            size,
-            refs: 1,
-            live: false,
-        },
-    );
-}
-
-/// A graph allocation node for `size` bytes in `pool`: the address.
-pub(crate) fn graph_alloc_node(g: &mut Inner, size: usize, pool: u64) -> Result<u64, CUresult> {
-    let p = alloc_from_pool(g, size, pool)?;
-    graph_allocation(g, p, size as u64);
-    Ok(p)
 }
 
 /// The default pool of `device` (graph allocation nodes name a device, not a pool).
@@ -231,68 +80,14 @@ pub(crate) fn device_pool(device: u32) -> u64 {
     default_pool(device)
 }
 
-/// Frees graph allocations no graph holds any more.
-pub(crate) fn free_graph_memory(ptrs: Vec<u64>) -> Result<(), CUresult> {
-    ptrs.into_iter().try_for_each(free)
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeAsync(ptr: CUdeviceptr, stream: *mut c_void) -> CUresult {
     guard(|| {
-        {
-            let s = session()?;
-            let mut g = s.lock();
-            let st = stream_id(&g, stream)?;
-            if g.graphs.capturing(st).is_some() {
-                // A free node: only of a graph allocation.
-                if !g.graphs.allocations.contains_key(&ptr) {
-                    return Err(INVALID_VALUE);
-                }
-                g.graphs.record(st, Op::MemFree { ptr });
-                return Ok(());
-            }
-            if let Some(a) = g.graphs.allocations.get_mut(&ptr) {
-                // A graph allocation freed outside the graph: its life ends, the memory stays
-                // reserved for the graph's next launch.
-                if !a.live {
-                    return Err(INVALID_VALUE);
-                }
-                a.live = false;
-                return Ok(());
-            }
-        }
-        free(ptr)
+        with_core(|g| {
+            let st = g.stream_id(stream as usize as u64)?;
+            g.free_async(ptr, st)
+        })
     })
-}
-
-/// Default pools are `DEFAULT_POOLS + device`; created pools count up from `CREATED_POOLS`.
-/// Both are opaque, non-NULL handles.
-const DEFAULT_POOLS: u64 = 0x9000_0000;
-const CREATED_POOLS: u64 = 0xa000_0000;
-
-fn default_pool(dev: u32) -> u64 {
-    DEFAULT_POOLS + u64::from(dev)
-}
-
-/// The device `pool` allocates on: a created pool's, or a valid device's default pool.
-fn pool_device(g: &Inner, pool: u64) -> Result<u32, CUresult> {
-    if let Some(stats) = g.pools.get(&pool) {
-        return Ok(stats.device);
-    }
-    let dev = pool
-        .checked_sub(DEFAULT_POOLS)
-        .filter(|&d| pool < CREATED_POOLS && (d as usize) < g.primary.len())
-        .ok_or(INVALID_VALUE)?;
-    Ok(dev as u32)
-}
-
-/// A pool's books (a default pool's made on first use).
-fn pool_stats(g: &mut Inner, pool: u64) -> Result<&mut PoolStats, CUresult> {
-    let device = pool_device(g, pool)?;
-    Ok(g.pools.entry(pool).or_insert(PoolStats {
-        device,
-        ..PoolStats::default()
-    }))
 }
 
 #[no_mangle]
@@ -310,13 +105,7 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut *mut c_void, dev: c_int) 
     guard(|| {
         let s = session()?;
         s.device(dev).ok_or(crate::status::INVALID_DEVICE)?;
-        let d = dev as u32;
-        let h = s
-            .lock()
-            .current_pools
-            .get(&d)
-            .copied()
-            .unwrap_or_else(|| default_pool(d));
+        let h = s.lock().current_pool(dev as u32);
         out(pool, h as usize as *mut c_void)
     })
 }
@@ -327,12 +116,8 @@ pub unsafe extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: *mut c_void) -> CU
         let s = session()?;
         s.device(dev).ok_or(crate::status::INVALID_DEVICE)?;
         let mut g = s.lock();
-        let h = pool as usize as u64;
-        if pool_device(&g, h)? != dev as u32 {
-            return Err(INVALID_VALUE);
-        }
-        g.current_pools.insert(dev as u32, h);
-        Ok(())
+        g.set_current_pool(dev as u32, pool as usize as u64)
+            .map_err(client_err)
     })
 }
 
@@ -362,36 +147,14 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut *mut c_void, props: *const c
         }
         let s = session()?;
         s.device(device).ok_or(crate::status::INVALID_DEVICE)?;
-        let mut g = s.lock();
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let h = CREATED_POOLS + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        g.pools.insert(
-            h,
-            PoolStats {
-                device: device as u32,
-                max_size,
-                ..PoolStats::default()
-            },
-        );
+        let h = s.lock().create_pool(device as u32, max_size);
         out(pool, h as usize as *mut c_void)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: *mut c_void) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let h = pool as usize as u64;
-        if h < CREATED_POOLS || !g.pools.contains_key(&h) {
-            return Err(INVALID_VALUE);
-        }
-        // Allocations still out keep working and are freed as usual; the device falls back
-        // to its default pool if this one was current.
-        g.pools.remove(&h);
-        g.current_pools.retain(|_, &mut p| p != h);
-        Ok(())
-    })
+    guard(|| with_core(|g| g.destroy_pool(pool as usize as u64)))
 }
 
 // CUmemPool_attribute.
@@ -412,7 +175,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     guard(|| {
         let s = session()?;
         let mut g = s.lock();
-        let stats = pool_stats(&mut g, pool as usize as u64)?;
+        let stats = g.pool_stats(pool as usize as u64).map_err(client_err)?;
         match attr {
             POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES..=POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
                 read(value.cast::<c_int>())?;
@@ -443,7 +206,10 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 ) -> CUresult {
     guard(|| {
         let s = session()?;
-        let stats = *pool_stats(&mut s.lock(), pool as usize as u64)?;
+        let stats = *s
+            .lock()
+            .pool_stats(pool as usize as u64)
+            .map_err(client_err)?;
         match attr {
             // Reuse policies: all enabled.
             POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES..=POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
@@ -463,26 +229,13 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: *mut c_void, _keep: usize) -> CUresult {
     // Freed pool memory goes back to the device at once: nothing is cached to trim.
-    guard(|| {
-        let s = session()?;
-        let g = s.lock();
-        pool_device(&g, pool as usize as u64).map(|_| ())
-    })
+    guard(|| with_core(|g| g.pool_device(pool as usize as u64).map(|_| ())))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let (_, device) = current(&g)?;
-        let ReplyBody::MemInfo { free: f, total: t } = g
-            .conn
-            .call(&Request::MemGetInfo { device })
-            .map_err(client_err)?
-        else {
-            return Err(crate::status::UNKNOWN);
-        };
+        let (f, t) = with_core(|g| g.mem_info())?;
         out_opt(free, f as usize);
         out_opt(total, t as usize);
         Ok(())
@@ -511,39 +264,7 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CUres
     if pp.is_null() {
         return Err(INVALID_VALUE);
     }
-    let s = session()?;
-    if flags & HOST_ALLOC_DEVICEMAP != 0 {
-        // Kernels reach it through the same pointer (unified addressing): a device allocation
-        // with host pages at its address, moved like managed memory.
-        let mut g = s.lock();
-        let p = crate::api::managed::alloc_mirrored(&mut g, size.max(1))?;
-        g.host.insert(
-            p as usize,
-            HostAllocation {
-                size: size.max(1),
-                flags,
-                registered: false,
-                device_mapped: true,
-            },
-        );
-        return out(pp, p as usize as *mut c_void);
-    }
-    let layout = Layout::from_size_align(size.max(1), HOST_ALIGN).map_err(|_| OUT_OF_MEMORY)?;
-    // SAFETY: the layout has a non-zero size.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) };
-    if p.is_null() {
-        return Err(OUT_OF_MEMORY);
-    }
-    s.lock().host.insert(
-        p as usize,
-        HostAllocation {
-            size: size.max(1),
-            flags,
-            registered: false,
-            device_mapped: false,
-        },
-    );
-    out(pp, p.cast())
+    out(pp, with_core(|g| g.host_alloc(size, flags))?.cast())
 }
 
 #[no_mangle]
@@ -562,28 +283,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        if g.host.get(&(p as usize)).is_some_and(|h| h.device_mapped) {
-            g.host.remove(&(p as usize));
-            drop(g);
-            return free(p as usize as u64);
-        }
-        match g.host.get(&(p as usize)) {
-            Some(h) if !h.registered => {
-                let h = *h;
-                g.host.remove(&(p as usize));
-                let layout =
-                    Layout::from_size_align(h.size, HOST_ALIGN).map_err(|_| INVALID_VALUE)?;
-                // SAFETY: `p` was returned by `alloc_zeroed` with this layout in `host_alloc` and
-                // is removed from the table, so it is freed once.
-                unsafe { std::alloc::dealloc(p.cast(), layout) };
-                Ok(())
-            }
-            _ => Err(INVALID_VALUE),
-        }
-    })
+    guard(|| with_core(|g| g.host_free(p as usize)))
 }
 
 #[no_mangle]
@@ -592,41 +292,12 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
     size: usize,
     flags: c_uint,
 ) -> CUresult {
-    guard(|| {
-        if p.is_null() || size == 0 {
-            return Err(INVALID_VALUE);
-        }
-        let s = session()?;
-        let mut g = s.lock();
-        if g.find_host(p as usize).is_some() {
-            return Err(crate::status::HOST_MEMORY_ALREADY_REGISTERED);
-        }
-        g.host.insert(
-            p as usize,
-            HostAllocation {
-                size,
-                flags,
-                registered: true,
-                device_mapped: false,
-            },
-        );
-        Ok(())
-    })
+    guard(|| with_core(|g| g.host_register(p as usize, size, flags)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        match g.host.get(&(p as usize)) {
-            Some(h) if h.registered => {
-                g.host.remove(&(p as usize));
-                Ok(())
-            }
-            _ => Err(crate::status::HOST_MEMORY_NOT_REGISTERED),
-        }
-    })
+    guard(|| with_core(|g| g.host_unregister(p as usize)))
 }
 
 #[no_mangle]
@@ -716,8 +387,7 @@ fn write_attribute(
     unknown_ok: bool,
 ) -> Result<(), CUresult> {
     let kind = classify(g, ptr);
-    let primary =
-        |d: u32| g.primary.get(d as usize).map(|p| p.handle).unwrap_or(0) as usize as CUcontext;
+    let primary = |d: u32| g.primary_handle(d).unwrap_or(0) as usize as CUcontext;
     let (base, size, device, mem_type) = match kind {
         PointerKind::Device { base, size, device } => {
             (base, size, device as c_int, MEMORYTYPE_DEVICE)
@@ -754,7 +424,8 @@ fn write_attribute(
         P_IS_MANAGED => out(
             data.cast::<u32>(),
             (mem_type == MEMORYTYPE_DEVICE
-                && g.find_allocation(ptr, 1).is_some_and(|(_, a)| a.managed)) as u32,
+                && g.find_allocation(ptr, 1)
+                    .is_some_and(|(_, a)| a.is_managed())) as u32,
         ),
         P_SYNC_MEMOPS | P_IS_LEGACY_IPC | P_GDR_CAPABLE => out(data.cast::<u32>(), 0),
         P_MAPPED => out(data.cast::<u32>(), 1),

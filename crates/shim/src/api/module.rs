@@ -5,20 +5,14 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::sync::Mutex;
 
-use gpufuse_client::handles::{self, Kind};
-use gpufuse_client::state::{Function, Inner, Kernel, Library, Module};
-use gpufuse_proto::{ReplyBody, Request};
-use sha2::{Digest, Sha256};
+use gpufuse_client::state::Function;
 
-use crate::api::context::{client_err, current, ensure_primary};
 use crate::api::memory::CUdeviceptr;
 use crate::ffi::{cstr, out, out_opt};
-use crate::global::session;
+use crate::global::{client_err, session, with_core};
 use crate::guard::guard;
 use crate::image::image_bytes;
-use crate::status::{
-    CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_FOUND, NO_BINARY_FOR_GPU, UNKNOWN,
-};
+use crate::status::{CUresult, INVALID_VALUE, NOT_FOUND};
 
 pub type CUmodule = *mut c_void;
 pub type CUfunction = *mut c_void;
@@ -34,74 +28,13 @@ fn p(h: u64) -> *mut c_void {
     h as usize as *mut c_void
 }
 
-/// Images above this size travel in parts (a frame carries at most 64 MiB and change).
-const IMAGE_PART: usize = 32 << 20;
-
-/// Loads `image` on `device` as module `module`.
-fn load(g: &mut Inner, device: u32, image: &[u8], library: Option<u64>) -> Result<u64, CUresult> {
-    let hash: [u8; 32] = Sha256::digest(image).into();
-    let module = handles::mint(Kind::Module);
-    let mut send = !g.images_sent.contains(&hash);
-    loop {
-        // An image larger than a frame goes ahead in parts; the load then names it by hash.
-        let parts = send && image.len() > IMAGE_PART;
-        if parts {
-            for (i, data) in image.chunks(IMAGE_PART).enumerate() {
-                let part = Request::ModuleImagePart {
-                    hash,
-                    total: image.len() as u64,
-                    offset: (i * IMAGE_PART) as u64,
-                    data,
-                };
-                g.conn.quiet(&part).map_err(client_err)?;
-            }
-        }
-        let req = Request::ModuleLoad {
-            module,
-            device,
-            hash,
-            image: (send && !parts).then_some(image),
-        };
-        match g.conn.call(&req).map_err(client_err)? {
-            ReplyBody::NeedImage if !send => send = true,
-            ReplyBody::NeedImage => return Err(crate::status::INVALID_IMAGE),
-            ReplyBody::None => break,
-            _ => return Err(UNKNOWN),
-        }
-    }
-    g.images_sent.insert(hash);
-    g.modules.insert(
-        module,
-        Module {
-            device,
-            functions: HashMap::new(),
-            library,
-        },
-    );
-    Ok(module)
-}
-
-/// The device modules load on: the current context's, or device 0's primary context.
-fn load_device(g: &mut Inner) -> Result<u32, CUresult> {
-    match current(g) {
-        Ok((_, d)) => Ok(d),
-        Err(_) => {
-            ensure_primary(g, 0)?;
-            Ok(0)
-        }
-    }
-}
-
 fn module_load(pmod: *mut CUmodule, image: *const c_void) -> Result<(), CUresult> {
     if pmod.is_null() {
         return Err(INVALID_VALUE);
     }
-    let bytes = image_bytes(image)?;
-    let s = session()?;
-    let mut g = s.lock();
-    let (_, device) = current(&g)?;
-    let m = load(&mut g, device, &bytes, None)?;
-    out(pmod, p(m))
+    // SAFETY: CUDA's contract for a module image argument, read during this call only.
+    let bytes = unsafe { image_bytes(image) }?;
+    out(pmod, p(with_core(|g| g.load_module(bytes.into_owned()))?))
 }
 
 #[no_mangle]
@@ -129,7 +62,8 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
 }
 
 fn read_file(path: *const c_char) -> Result<Vec<u8>, CUresult> {
-    let path = cstr(path)?;
+    // SAFETY: a NUL-terminated string argument, used during this call only.
+    let path = unsafe { cstr(path) }?;
     let mut bytes = std::fs::read(path).map_err(|_| crate::status::FILE_NOT_FOUND)?;
     // A PTX file is text without its terminating NUL.
     if !bytes.starts_with(&[0x7f, b'E', b'L', b'F'])
@@ -144,60 +78,13 @@ fn read_file(path: *const c_char) -> Result<Vec<u8>, CUresult> {
 pub unsafe extern "C" fn cuModuleLoad(pmod: *mut CUmodule, fname: *const c_char) -> CUresult {
     guard(|| {
         let bytes = read_file(fname)?;
-        let s = session()?;
-        let mut g = s.lock();
-        let (_, device) = current(&g)?;
-        let m = load(&mut g, device, &bytes, None)?;
-        out(pmod, p(m))
+        out(pmod, p(with_core(|g| g.load_module(bytes))?))
     })
-}
-
-fn unload_module(g: &mut Inner, m: u64) -> Result<(), CUresult> {
-    g.modules.remove(&m).ok_or(INVALID_HANDLE)?;
-    g.functions.retain(|_, f| f.module != m);
-    g.conn
-        .quiet(&Request::ModuleUnload { module: m })
-        .map_err(client_err)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        unload_module(&mut g, h(hmod))
-    })
-}
-
-/// The function `name` of module `m`, fetched from the worker once.
-fn function(g: &mut Inner, m: u64, name: &str) -> Result<u64, CUresult> {
-    let module = g.modules.get(&m).ok_or(INVALID_HANDLE)?;
-    if let Some(&f) = module.functions.get(name) {
-        return Ok(f);
-    }
-    let f = handles::mint(Kind::Function);
-    let req = Request::ModuleGetFunction {
-        module: m,
-        name,
-        function: f,
-    };
-    let info = match g.conn.call(&req) {
-        Ok(ReplyBody::Function(info)) => info,
-        Ok(_) => return Err(UNKNOWN),
-        Err(e) => return Err(e.status()),
-    };
-    g.functions.insert(
-        f,
-        Function {
-            module: m,
-            name: name.to_string(),
-            info,
-        },
-    );
-    if let Some(module) = g.modules.get_mut(&m) {
-        module.functions.insert(name.to_string(), f);
-    }
-    Ok(f)
+    guard(|| with_core(|g| g.unload_module(h(hmod))))
 }
 
 #[no_mangle]
@@ -207,33 +94,10 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     name: *const c_char,
 ) -> CUresult {
     guard(|| {
-        let name = cstr(name)?;
-        let s = session()?;
-        let f = function(&mut s.lock(), h(hmod), name)?;
-        out(pf, p(f))
+        // SAFETY: a NUL-terminated string argument, used during this call only.
+        let name = unsafe { cstr(name) }?;
+        out(pf, p(with_core(|g| g.function(h(hmod), name))?))
     })
-}
-
-fn global(g: &mut Inner, m: u64, name: &str) -> Result<(u64, u64), CUresult> {
-    g.modules.get(&m).ok_or(INVALID_HANDLE)?;
-    match g.conn.call(&Request::ModuleGetGlobal { module: m, name }) {
-        Ok(ReplyBody::Global { ptr, size }) => {
-            let device = g.modules[&m].device;
-            g.allocations
-                .entry(ptr)
-                .or_insert(gpufuse_client::state::Allocation {
-                    size,
-                    device,
-                    pool: None,
-                    managed: false,
-                    mapped: false,
-                    offset: 0,
-                });
-            Ok((ptr, size))
-        }
-        Ok(_) => Err(UNKNOWN),
-        Err(e) => Err(e.status()),
-    }
 }
 
 #[no_mangle]
@@ -244,9 +108,9 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     name: *const c_char,
 ) -> CUresult {
     guard(|| {
-        let name = cstr(name)?;
-        let s = session()?;
-        let (ptr, size) = global(&mut s.lock(), h(hmod), name)?;
+        // SAFETY: a NUL-terminated string argument, used during this call only.
+        let name = unsafe { cstr(name) }?;
+        let (ptr, size) = with_core(|g| g.global(h(hmod), name))?;
         out_opt(dptr, ptr);
         out_opt(bytes, size as usize);
         Ok(())
@@ -259,69 +123,11 @@ pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut c_int) -> CUresult {
     guard(|| out(mode, 1))
 }
 
-fn library_load(plib: *mut CUlibrary, bytes: &[u8]) -> Result<(), CUresult> {
+fn library_load(plib: *mut CUlibrary, bytes: Vec<u8>) -> Result<(), CUresult> {
     if plib.is_null() {
         return Err(INVALID_VALUE);
     }
-    let s = session()?;
-    let mut g = s.lock();
-    let device = load_device(&mut g)?;
-    let lib = handles::mint(Kind::Library);
-    // The driver loads a library's code into a context lazily (CUDA_MODULE_LOADING=LAZY, the
-    // default): an image with no code for this GPU loads, and only its use fails. cuBLAS loads
-    // such images (sm_6x SASS only) in cublasCreate.
-    let module = match load(&mut g, device, bytes, Some(lib)) {
-        Err(NO_BINARY_FOR_GPU) => Err(NO_BINARY_FOR_GPU),
-        r => Ok(r?),
-    };
-    g.libraries.insert(
-        lib,
-        Library {
-            module,
-            device,
-            image: bytes.into(),
-            kernels: HashMap::new(),
-        },
-    );
-    out(plib, p(lib))
-}
-
-/// After a device reset: libraries are context-independent, so each library on `device` is
-/// loaded again (fresh module variables, as in a new context) and its kernels point at the new
-/// module's functions. A library or kernel that fails to load again keeps the failure.
-pub(crate) fn reload_libraries(g: &mut Inner, device: u32) {
-    let libs: Vec<(u64, std::sync::Arc<[u8]>)> = g
-        .libraries
-        .iter()
-        .filter(|(_, l)| l.device == device)
-        .map(|(&h, l)| (h, l.image.clone()))
-        .collect();
-    for (lib, image) in libs {
-        let module = load(g, device, &image, Some(lib));
-        let names: Vec<(String, u64)> = g.libraries[&lib]
-            .kernels
-            .iter()
-            .map(|(n, &k)| (n.clone(), k))
-            .collect();
-        for (name, k) in names {
-            match module.and_then(|m| function(g, m, &name)) {
-                Ok(f) => {
-                    if let Some(kernel) = g.kernels.get_mut(&k) {
-                        kernel.function = f;
-                    }
-                }
-                Err(_) => {
-                    g.kernels.remove(&k);
-                    if let Some(l) = g.libraries.get_mut(&lib) {
-                        l.kernels.remove(&name);
-                    }
-                }
-            }
-        }
-        if let Some(l) = g.libraries.get_mut(&lib) {
-            l.module = module;
-        }
-    }
+    out(plib, p(with_core(|g| g.load_library(bytes))?))
 }
 
 #[no_mangle]
@@ -335,7 +141,11 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _lib_values: *mut *mut c_void,
     _num_lib: c_uint,
 ) -> CUresult {
-    guard(|| library_load(plib, &image_bytes(code)?))
+    guard(|| {
+        // SAFETY: CUDA's contract for a module image argument, read during this call only.
+        let image = unsafe { image_bytes(code) }?;
+        library_load(plib, image.into_owned())
+    })
 }
 
 #[no_mangle]
@@ -349,21 +159,12 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     _lib_values: *mut *mut c_void,
     _num_lib: c_uint,
 ) -> CUresult {
-    guard(|| library_load(plib, &read_file(fname)?))
+    guard(|| library_load(plib, read_file(fname)?))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let l = g.libraries.remove(&h(lib)).ok_or(INVALID_HANDLE)?;
-        g.kernels.retain(|_, k| k.library != h(lib));
-        match l.module {
-            Ok(m) => unload_module(&mut g, m),
-            Err(_) => Ok(()),
-        }
-    })
+    guard(|| with_core(|g| g.unload_library(h(lib))))
 }
 
 #[no_mangle]
@@ -373,42 +174,15 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     name: *const c_char,
 ) -> CUresult {
     guard(|| {
-        let name = cstr(name)?;
-        let s = session()?;
-        let mut g = s.lock();
-        let l = g.libraries.get(&h(lib)).ok_or(INVALID_HANDLE)?;
-        if let Some(&k) = l.kernels.get(name) {
-            return out(pk, p(k));
-        }
-        let module = l.module?;
-        let f = function(&mut g, module, name)?;
-        let k = handles::mint(Kind::Kernel);
-        g.kernels.insert(
-            k,
-            Kernel {
-                library: h(lib),
-                function: f,
-            },
-        );
-        if let Some(l) = g.libraries.get_mut(&h(lib)) {
-            l.kernels.insert(name.to_string(), k);
-        }
-        out(pk, p(k))
+        // SAFETY: a NUL-terminated string argument, used during this call only.
+        let name = unsafe { cstr(name) }?;
+        out(pk, p(with_core(|g| g.library_kernel(h(lib), name))?))
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuLibraryGetModule(pmod: *mut CUmodule, lib: CUlibrary) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let m = s
-            .lock()
-            .libraries
-            .get(&h(lib))
-            .ok_or(INVALID_HANDLE)?
-            .module?;
-        out(pmod, p(m))
-    })
+    guard(|| out(pmod, p(with_core(|g| g.library_module(h(lib)))?)))
 }
 
 #[no_mangle]
@@ -419,11 +193,12 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     name: *const c_char,
 ) -> CUresult {
     guard(|| {
-        let name = cstr(name)?;
-        let s = session()?;
-        let mut g = s.lock();
-        let m = g.libraries.get(&h(lib)).ok_or(INVALID_HANDLE)?.module?;
-        let (ptr, size) = global(&mut g, m, name)?;
+        // SAFETY: a NUL-terminated string argument, used during this call only.
+        let name = unsafe { cstr(name) }?;
+        let (ptr, size) = with_core(|g| {
+            let m = g.library_module(h(lib))?;
+            g.global(m, name)
+        })?;
         out_opt(dptr, ptr);
         out_opt(bytes, size as usize);
         Ok(())
@@ -432,40 +207,17 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuKernelGetFunction(pf: *mut CUfunction, kernel: CUkernel) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let f = s
-            .lock()
-            .kernels
-            .get(&h(kernel))
-            .ok_or(INVALID_HANDLE)?
-            .function;
-        out(pf, p(f))
-    })
+    guard(|| out(pf, p(with_core(|g| g.kernel(h(kernel)))?.function)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuKernelGetLibrary(plib: *mut CUlibrary, kernel: CUkernel) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let l = s
-            .lock()
-            .kernels
-            .get(&h(kernel))
-            .ok_or(INVALID_HANDLE)?
-            .library;
-        out(plib, p(l))
-    })
+    guard(|| out(plib, p(with_core(|g| g.kernel(h(kernel)))?.library)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncGetModule(pmod: *mut CUmodule, f: CUfunction) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let g = s.lock();
-        let f = g.resolve_function(h(f)).ok_or(INVALID_HANDLE)?;
-        out(pmod, p(g.functions[&f].module))
-    })
+    guard(|| out(pmod, p(with_core(|g| Ok(g.function_info(h(f))?.module))?)))
 }
 
 /// Runs `op` on the function a `CUfunction` or `CUkernel` names.
@@ -475,8 +227,7 @@ pub(crate) fn with_function<T>(
 ) -> Result<T, CUresult> {
     let s = session()?;
     let mut g = s.lock();
-    let id = g.resolve_function(h(f)).ok_or(INVALID_HANDLE)?;
-    op(g.functions.get_mut(&id).ok_or(INVALID_HANDLE)?)
+    op(g.function_info_mut(h(f)).map_err(client_err)?)
 }
 
 fn get_attribute(pi: *mut c_int, attrib: c_int, f: *mut c_void) -> Result<(), CUresult> {

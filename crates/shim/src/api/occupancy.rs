@@ -25,10 +25,9 @@ fn occupancy(f: *mut c_void, block: c_int, dyn_smem: usize) -> Result<c_int, CUr
     let s = session()?;
     let (device, attrs) = {
         let g = s.lock();
-        let id = g.resolve_function(h(f)).ok_or(INVALID_HANDLE)?;
-        let func = &g.functions[&id];
+        let func = g.function_info(h(f)).map_err(|_| INVALID_HANDLE)?;
         (
-            g.modules.get(&func.module).map_or(0, |m| m.device),
+            g.module_device(func.module).unwrap_or(0),
             func.info.attributes.clone(),
         )
     };
@@ -58,9 +57,8 @@ pub(crate) fn coresident(f: *mut c_void, block: c_int, dyn_smem: usize) -> Resul
     let s = session()?;
     let device = {
         let g = s.lock();
-        let id = g.resolve_function(h(f)).ok_or(INVALID_HANDLE)?;
-        let func = &g.functions[&id];
-        g.modules.get(&func.module).map_or(0, |m| m.device)
+        let func = g.function_info(h(f)).map_err(|_| INVALID_HANDLE)?;
+        g.module_device(func.module).unwrap_or(0)
     };
     let sms = s.attribute(device as c_int, 16).unwrap_or(1);
     Ok(per_sm.max(0) as u64 * sms.max(0) as u64)

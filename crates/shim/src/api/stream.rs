@@ -3,67 +3,32 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use gpufuse_client::handles::{self, Kind};
-use gpufuse_client::state::{Event, Inner, Stream};
-use gpufuse_proto::{ReplyBody, Request};
+use gpufuse_client::state::{Inner, Stream};
 
-use crate::api::context::{async_error, client_err, current, CUcontext};
+use crate::api::context::{current, CUcontext};
 use crate::ffi::{out, out_opt};
-use crate::global::session;
+use crate::global::{client_err, session, with_core};
 use crate::guard::guard;
-use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_READY};
+use crate::status::{CUresult, INVALID_VALUE};
 
 pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
 
-/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`: both name the default stream here.
-const STREAM_LEGACY: u64 = 1;
-const STREAM_PER_THREAD: u64 = 2;
+fn h(p: *mut c_void) -> u64 {
+    p as usize as u64
+}
 
 /// The id the worker knows for `stream` (0 = the default stream).
 pub fn stream_id(g: &Inner, stream: CUstream) -> Result<u64, CUresult> {
-    let h = stream as usize as u64;
-    match h {
-        0 | STREAM_LEGACY | STREAM_PER_THREAD => Ok(0),
-        h if g.streams.contains_key(&h) => Ok(h),
-        _ => Err(INVALID_HANDLE),
-    }
-}
-
-fn event_id(g: &Inner, event: CUevent) -> Result<u64, CUresult> {
-    let h = event as usize as u64;
-    if g.events.contains_key(&h) {
-        Ok(h)
-    } else {
-        Err(INVALID_HANDLE)
-    }
+    g.stream_id(h(stream)).map_err(client_err)
 }
 
 fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<(), CUresult> {
     if ph.is_null() {
         return Err(INVALID_VALUE);
     }
-    let s = session()?;
-    let mut g = s.lock();
-    let (ctx, _) = current(&g)?;
-    let h = handles::mint(Kind::Stream);
-    let priority = priority.clamp(-5, 0);
-    g.streams.insert(
-        h,
-        Stream {
-            ctx,
-            flags,
-            priority,
-        },
-    );
-    g.conn
-        .quiet(&Request::StreamCreate {
-            stream: h,
-            flags,
-            priority,
-        })
-        .map_err(client_err)?;
-    out(ph, h as usize as CUstream)
+    let st = with_core(|g| g.create_stream(flags, priority))?;
+    out(ph, st as usize as CUstream)
 }
 
 #[no_mangle]
@@ -82,32 +47,12 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let h = stream as usize as u64;
-        if g.streams.remove(&h).is_none() {
-            return Err(INVALID_HANDLE);
-        }
-        g.conn
-            .quiet(&Request::StreamDestroy { stream: h })
-            .map_err(client_err)
-    })
+    guard(|| with_core(|g| g.destroy_stream(h(stream))))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let id = stream_id(&g, stream)?;
-        crate::api::copy::not_capturing(&g, id)?;
-        g.conn
-            .call(&Request::StreamSynchronize { stream: id })
-            .map_err(client_err)?;
-        async_error(&mut g)?;
-        crate::api::managed::to_host(&mut g)
-    })
+    guard(|| with_core(|g| g.synchronize_stream(h(stream))))
 }
 
 /// `cuStreamAttachMemAsync`: managed memory is moved whole to the device before device work
@@ -151,16 +96,7 @@ pub unsafe extern "C" fn cuStreamAttachMemAsync_ptsz(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamQuery(stream: CUstream) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let id = stream_id(&g, stream)?;
-        crate::api::copy::not_capturing(&g, id)?;
-        g.conn
-            .call(&Request::StreamQuery { stream: id })
-            .map_err(client_err)?;
-        async_error(&mut g)
-    })
+    guard(|| with_core(|g| g.query_stream(h(stream))))
 }
 
 #[no_mangle]
@@ -169,28 +105,7 @@ pub unsafe extern "C" fn cuStreamWaitEvent(
     event: CUevent,
     _flags: c_uint,
 ) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let st = stream_id(&g, stream)?;
-        let ev = event_id(&g, event)?;
-        // Waiting on an event recorded during a capture joins that capture (fork/join).
-        if let Some(&graph) = g.graphs.captured_events.get(&ev) {
-            if g.graphs.graphs.contains_key(&graph) {
-                g.graphs.capturing.insert(st, graph);
-                return Ok(());
-            }
-        }
-        if g.graphs.capturing(st).is_some() {
-            return Ok(());
-        }
-        g.conn
-            .quiet(&Request::StreamWaitEvent {
-                stream: st,
-                event: ev,
-            })
-            .map_err(client_err)
-    })
+    guard(|| with_core(|g| g.stream_wait_event(h(stream), h(event))))
 }
 
 fn with_stream<T>(
@@ -199,8 +114,8 @@ fn with_stream<T>(
 ) -> Result<T, CUresult> {
     let s = session()?;
     let g = s.lock();
-    let id = stream_id(&g, stream)?;
-    f(&g, g.streams.get(&id))
+    let st = g.stream(h(stream)).map_err(client_err)?;
+    f(&g, st)
 }
 
 #[no_mangle]
@@ -283,21 +198,9 @@ fn run_host_fn(
     capture: Option<(usize, usize)>,
     f: impl FnOnce(),
 ) -> Result<(), CUresult> {
-    {
-        let s = session()?;
-        let mut g = s.lock();
-        let id = stream_id(&g, stream)?;
-        if g.graphs.capturing(id).is_some() {
-            let (func, user) = capture.ok_or(crate::status::STREAM_CAPTURE_UNSUPPORTED)?;
-            g.graphs
-                .record(id, gpufuse_client::graph::Op::HostFn { func, user });
-            return Ok(());
-        }
-        g.conn
-            .call(&Request::StreamSynchronize { stream: id })
-            .map_err(client_err)?;
+    if with_core(|g| g.host_fn_ready(h(stream), capture))? {
+        f();
     }
-    f();
     Ok(())
 }
 
@@ -341,58 +244,20 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
         if ph.is_null() {
             return Err(INVALID_VALUE);
         }
-        let s = session()?;
-        let mut g = s.lock();
-        current(&g)?;
-        let h = handles::mint(Kind::Event);
-        g.events.insert(
-            h,
-            Event {
-                flags,
-                recorded: false,
-            },
-        );
-        g.conn
-            .quiet(&Request::EventCreate { event: h, flags })
-            .map_err(client_err)?;
-        out(ph, h as usize as CUevent)
+        out(
+            ph,
+            with_core(|g| g.create_event(flags))? as usize as CUevent,
+        )
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventDestroy_v2(event: CUevent) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let h = event_id(&g, event)?;
-        g.events.remove(&h);
-        g.conn
-            .quiet(&Request::EventDestroy { event: h })
-            .map_err(client_err)
-    })
+    guard(|| with_core(|g| g.destroy_event(h(event))))
 }
 
 fn record(event: CUevent, stream: CUstream) -> Result<(), CUresult> {
-    let s = session()?;
-    let mut g = s.lock();
-    let ev = event_id(&g, event)?;
-    let st = stream_id(&g, stream)?;
-    if let Some(e) = g.events.get_mut(&ev) {
-        e.recorded = true;
-    }
-    if let Some(graph) = g.graphs.capturing(st) {
-        g.graphs.captured_events.insert(ev, graph);
-        g.graphs
-            .record(st, gpufuse_client::graph::Op::EventRecord { event: ev });
-        return Ok(());
-    }
-    g.graphs.captured_events.remove(&ev);
-    g.conn
-        .quiet(&Request::EventRecord {
-            event: ev,
-            stream: st,
-        })
-        .map_err(client_err)
+    with_core(|g| g.record_event(h(event), h(stream)))
 }
 
 #[no_mangle]
@@ -411,52 +276,16 @@ pub unsafe extern "C" fn cuEventRecordWithFlags(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventQuery(event: CUevent) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let ev = event_id(&g, event)?;
-        match g.conn.call(&Request::EventQuery { event: ev }) {
-            Ok(_) => async_error(&mut g),
-            Err(gpufuse_client::ClientError::Cuda(NOT_READY)) => Err(NOT_READY),
-            Err(e) => Err(e.status()),
-        }
-    })
+    guard(|| with_core(|g| g.query_event(h(event))))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventSynchronize(event: CUevent) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let ev = event_id(&g, event)?;
-        g.conn
-            .call(&Request::EventSynchronize { event: ev })
-            .map_err(client_err)?;
-        async_error(&mut g)?;
-        crate::api::managed::to_host(&mut g)
-    })
+    guard(|| with_core(|g| g.synchronize_event(h(event))))
 }
 
 fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Result<(), CUresult> {
-    let s = session()?;
-    let mut g = s.lock();
-    let a = event_id(&g, start)?;
-    let b = event_id(&g, end)?;
-    // CU_EVENT_DISABLE_TIMING events cannot be timed.
-    if [a, b]
-        .iter()
-        .any(|e| g.events.get(e).is_some_and(|ev| ev.flags & 0x2 != 0))
-    {
-        return Err(INVALID_HANDLE);
-    }
-    let ReplyBody::Elapsed(t) = g
-        .conn
-        .call(&Request::EventElapsedTime { start: a, end: b })
-        .map_err(client_err)?
-    else {
-        return Err(crate::status::UNKNOWN);
-    };
-    out(ms, t)
+    out(ms, with_core(|g| g.elapsed(h(start), h(end)))?)
 }
 
 #[no_mangle]

@@ -16,13 +16,13 @@
 use std::ffi::{c_int, c_uint};
 
 use gpufuse_client::handles::{self, Kind};
-use gpufuse_client::state::{ArrayInfo, Inner, TexObjectInfo};
-use gpufuse_proto::{Request, TexObjectDesc, TexSampler, TexShape};
+use gpufuse_client::state::{ArrayInfo, Inner};
+use gpufuse_proto::{TexObjectDesc, TexSampler, TexShape};
 
 use crate::api::array::CUarray;
 use crate::api::context::client_err;
 use crate::ffi::{out, read};
-use crate::global::session;
+use crate::global::{session, with_core};
 use crate::guard::guard;
 use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED};
 
@@ -319,33 +319,17 @@ fn create(
     if let Some(v) = view {
         check_view(v, &desc)?;
     }
-    let handle = handles::mint(kind);
-    g.conn
-        .call(&Request::TexObjectCreate { handle, desc })
-        .map_err(client_err)?;
-    g.textures.insert(
-        handle,
-        TexObjectInfo {
-            ptr: desc.ptr,
-            descriptors: std::sync::Arc::new(Descriptors {
-                resource: *r,
-                texture: t.copied(),
-                view: view.copied(),
-            }),
-        },
-    );
-    Ok(handle)
+    let descriptors = std::sync::Arc::new(Descriptors {
+        resource: *r,
+        texture: t.copied(),
+        view: view.copied(),
+    });
+    g.create_tex_object(kind, desc, descriptors)
+        .map_err(client_err)
 }
 
 fn destroy(kind: Kind, handle: u64) -> Result<(), CUresult> {
-    let s = session()?;
-    let mut g = s.lock();
-    if !handles::is(handle, kind) || g.textures.remove(&handle).is_none() {
-        return Err(INVALID_HANDLE);
-    }
-    g.conn
-        .quiet(&Request::TexObjectDestroy { handle })
-        .map_err(client_err)
+    with_core(|g| g.destroy_tex_object(kind, handle))
 }
 
 fn info(kind: Kind, handle: u64) -> Result<Descriptors, CUresult> {
@@ -354,7 +338,7 @@ fn info(kind: Kind, handle: u64) -> Result<Descriptors, CUresult> {
     if !handles::is(handle, kind) {
         return Err(INVALID_HANDLE);
     }
-    let i = g.textures.get(&handle).ok_or(INVALID_HANDLE)?;
+    let i = g.tex_object(handle).ok_or(INVALID_HANDLE)?;
     i.descriptors
         .downcast_ref::<Descriptors>()
         .copied()

@@ -6,16 +6,11 @@
 
 use std::ffi::{c_int, c_ulonglong, c_void};
 
-use gpufuse_client::handles::{self, Kind};
-use gpufuse_client::state::Allocation;
-use gpufuse_proto::{ReplyBody, Request};
-
-use crate::api::context::client_err;
 use crate::api::memory::CUdeviceptr;
 use crate::ffi::{out, read, read_at};
-use crate::global::session;
+use crate::global::{session, with_core};
 use crate::guard::guard;
-use crate::status::{CUresult, INVALID_DEVICE, INVALID_VALUE, NOT_SUPPORTED, UNKNOWN};
+use crate::status::{CUresult, INVALID_DEVICE, INVALID_VALUE};
 
 pub type CUmemGenericAllocationHandle = c_ulonglong;
 
@@ -93,31 +88,13 @@ pub unsafe extern "C" fn cuMemCreate(
         if flags != 0 || size == 0 || !size.is_multiple_of(GRANULARITY) || handle.is_null() {
             return Err(INVALID_VALUE);
         }
-        let h = handles::mint(Kind::Physical);
-        let s = session()?;
-        let mut g = s.lock();
-        g.conn
-            .call(&Request::MemCreate {
-                handle: h,
-                device,
-                size,
-            })
-            .map_err(client_err)?;
-        g.physical.insert(h, (size, device));
-        out(handle, h)
+        out(handle, with_core(|g| g.create_physical(device, size))?)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        g.physical.remove(&handle).ok_or(INVALID_VALUE)?;
-        g.conn
-            .quiet(&Request::MemRelease { handle })
-            .map_err(client_err)
-    })
+    guard(|| with_core(|g| g.release_physical(handle)))
 }
 
 #[no_mangle]
@@ -132,34 +109,16 @@ pub unsafe extern "C" fn cuMemAddressReserve(
         if ptr.is_null() || size == 0 || !(size as u64).is_multiple_of(GRANULARITY) {
             return Err(INVALID_VALUE);
         }
-        let s = session()?;
-        let mut g = s.lock();
-        let reply = g
-            .conn
-            .call(&Request::MemAddressReserve {
-                size: size as u64,
-                align: alignment as u64,
-            })
-            .map_err(client_err)?;
-        let ReplyBody::Ptr(p) = reply else {
-            return Err(UNKNOWN);
-        };
-        out(ptr, p)
+        out(
+            ptr,
+            with_core(|g| g.reserve_address(size as u64, alignment as u64))?,
+        )
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        g.conn
-            .quiet(&Request::MemAddressFree {
-                ptr,
-                size: size as u64,
-            })
-            .map_err(client_err)
-    })
+    guard(|| with_core(|g| g.free_address(ptr, size as u64)))
 }
 
 #[no_mangle]
@@ -171,80 +130,21 @@ pub unsafe extern "C" fn cuMemMap(
     flags: c_ulonglong,
 ) -> CUresult {
     guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let &(psize, device) = g.physical.get(&handle).ok_or(INVALID_VALUE)?;
         if flags != 0 {
             return Err(INVALID_VALUE);
         }
-        if offset != 0 || size as u64 != psize {
-            return Err(NOT_SUPPORTED);
-        }
-        g.conn
-            .call(&Request::MemMap {
-                ptr,
-                size: psize,
-                handle,
-            })
-            .map_err(client_err)?;
-        g.allocations.insert(
-            ptr,
-            Allocation {
-                size: psize,
-                device,
-                pool: None,
-                managed: false,
-                mapped: true,
-                offset: 0,
-            },
-        );
-        g.mappings.insert(ptr, handle);
-        Ok(())
+        with_core(|g| g.map(ptr, size as u64, offset as u64, handle))
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
-    guard(|| {
-        let s = session()?;
-        let mut g = s.lock();
-        let end = ptr.checked_add(size as u64).ok_or(INVALID_VALUE)?;
-        let inside: Vec<u64> = g
-            .allocations
-            .range(ptr..end)
-            .filter(|(_, a)| a.mapped)
-            .map(|(&p, _)| p)
-            .collect();
-        if inside.is_empty() {
-            return Err(INVALID_VALUE);
-        }
-        g.conn
-            .call(&Request::MemUnmap {
-                ptr,
-                size: size as u64,
-            })
-            .map_err(client_err)?;
-        for p in inside {
-            g.allocations.remove(&p);
-            g.mappings.remove(&p);
-        }
-        Ok(())
-    })
+    guard(|| with_core(|g| g.unmap(ptr, size as u64)))
 }
 
 /// Every byte of `[ptr, ptr+size)` lies in mapped memory.
 fn all_mapped(ptr: u64, size: u64) -> Result<(), CUresult> {
-    let s = session()?;
-    let g = s.lock();
-    let mut at = ptr;
-    let end = ptr.checked_add(size).ok_or(INVALID_VALUE)?;
-    while at < end {
-        match g.find_allocation(at, 1) {
-            Some((base, a)) if a.mapped => at = base + a.size,
-            _ => return Err(INVALID_VALUE),
-        }
-    }
-    Ok(())
+    with_core(|g| g.all_mapped(ptr, size))
 }
 
 #[no_mangle]
@@ -293,7 +193,7 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
 ) -> CUresult {
     guard(|| {
         let s = session()?;
-        let &(_, device) = s.lock().physical.get(&handle).ok_or(INVALID_VALUE)?;
+        let (_, device) = s.lock().physical(handle).ok_or(INVALID_VALUE)?;
         out(
             prop,
             AllocationProp {
@@ -324,10 +224,9 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
         let (base, a) = g
             .find_allocation(addr as usize as u64, 1)
             .ok_or(INVALID_VALUE)?;
-        let h = *g
-            .mappings
-            .get(&base)
-            .filter(|_| a.mapped)
+        let h = g
+            .mapping_handle(base)
+            .filter(|_| a.is_mapped())
             .ok_or(INVALID_VALUE)?;
         out(handle, h)
     })

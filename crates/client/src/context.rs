@@ -1,0 +1,217 @@
+//! Contexts: primary contexts (one per device, made on the worker on first use), created
+//! contexts, which device a context is on, and a device reset (everything the session holds on
+//! the device goes; libraries, which outlive contexts, are loaded again).
+
+use gpufuse_proto::Request;
+
+use crate::error::ClientError;
+use crate::handles::{self, Kind};
+use crate::state::{self, Context, Inner};
+use crate::status::{INVALID_CONTEXT, INVALID_DEVICE};
+
+impl Inner {
+    /// The device of `ctx`, or of the current context when `ctx` is 0.
+    pub fn context_device(&self, ctx: u64) -> Result<u32, ClientError> {
+        let ctx = if ctx == 0 {
+            state::current_context()
+        } else {
+            ctx
+        };
+        if ctx == 0 {
+            return Err(INVALID_CONTEXT.into());
+        }
+        match self.contexts.get(&ctx) {
+            Some(c) => Ok(c.device),
+            // A primary context's handle stays valid after a reset, as the driver's does: the
+            // runtime keeps it across cudaDeviceReset and uses it again.
+            None => self
+                .primary_device(ctx)
+                .ok_or(ClientError::Cuda(INVALID_CONTEXT)),
+        }
+    }
+
+    /// The device whose primary context `ctx` is.
+    pub fn primary_device(&self, ctx: u64) -> Option<u32> {
+        let d = self.primary.iter().position(|p| p.handle == ctx)?;
+        u32::try_from(d).ok()
+    }
+
+    /// Device `dev`'s primary context handle.
+    pub fn primary_handle(&self, dev: u32) -> Option<u64> {
+        self.primary.get(dev as usize).map(|p| p.handle)
+    }
+
+    /// The current context and its device.
+    pub fn current(&self) -> Result<(u64, u32), ClientError> {
+        let ctx = state::current_context();
+        Ok((ctx, self.context_device(ctx)?))
+    }
+
+    /// Makes sure the device's primary context exists on the worker; returns its handle.
+    pub fn ensure_primary(&mut self, dev: u32) -> Result<u64, ClientError> {
+        let p = self
+            .primary
+            .get_mut(dev as usize)
+            .ok_or(ClientError::Cuda(INVALID_DEVICE))?;
+        let h = p.handle;
+        if !p.created {
+            p.created = true;
+            let flags = p.flags;
+            self.contexts.insert(
+                h,
+                Context {
+                    device: dev,
+                    flags,
+                    primary: true,
+                },
+            );
+            self.conn.quiet(&Request::CtxCreate {
+                ctx: h,
+                device: dev,
+                flags,
+            })?;
+        }
+        Ok(h)
+    }
+
+    /// `cuDevicePrimaryCtxRetain`: the primary context's handle, its count raised.
+    pub fn retain_primary(&mut self, dev: u32) -> Result<u64, ClientError> {
+        let h = self.ensure_primary(dev)?;
+        self.primary[dev as usize].refcount += 1;
+        Ok(h)
+    }
+
+    /// `cuDevicePrimaryCtxRelease`.
+    pub fn release_primary(&mut self, dev: u32) -> Result<(), ClientError> {
+        let p = self
+            .primary
+            .get_mut(dev as usize)
+            .ok_or(ClientError::Cuda(INVALID_DEVICE))?;
+        if p.refcount == 0 {
+            return Err(INVALID_CONTEXT.into());
+        }
+        p.refcount -= 1;
+        Ok(())
+    }
+
+    /// `cuDevicePrimaryCtxGetState`: (flags, active).
+    pub fn primary_state(&self, dev: u32) -> Result<(u32, bool), ClientError> {
+        let p = self
+            .primary
+            .get(dev as usize)
+            .ok_or(ClientError::Cuda(INVALID_DEVICE))?;
+        Ok((p.flags, p.created && p.refcount > 0))
+    }
+
+    /// `cuDevicePrimaryCtxSetFlags`.
+    pub fn set_primary_flags(&mut self, dev: u32, flags: u32) -> Result<(), ClientError> {
+        self.primary
+            .get_mut(dev as usize)
+            .ok_or(ClientError::Cuda(INVALID_DEVICE))?
+            .flags = flags;
+        Ok(())
+    }
+
+    /// `cuCtxCreate`: a new context on `dev`, made current on the calling thread.
+    pub fn create_context(&mut self, dev: u32, flags: u32) -> Result<u64, ClientError> {
+        if dev as usize >= self.primary.len() {
+            return Err(INVALID_DEVICE.into());
+        }
+        let h = handles::mint(Kind::Context);
+        self.contexts.insert(
+            h,
+            Context {
+                device: dev,
+                flags,
+                primary: false,
+            },
+        );
+        self.conn.quiet(&Request::CtxCreate {
+            ctx: h,
+            device: dev,
+            flags,
+        })?;
+        state::push_context(h);
+        Ok(h)
+    }
+
+    /// `cuCtxDestroy` of a created context (a primary one is released, not destroyed); its
+    /// streams go with it.
+    pub fn destroy_context(&mut self, h: u64) -> Result<(), ClientError> {
+        match self.contexts.get(&h) {
+            Some(c) if !c.primary => {}
+            _ => return Err(INVALID_CONTEXT.into()),
+        }
+        self.contexts.remove(&h);
+        self.streams.retain(|_, st| st.ctx != h);
+        state::forget_context(h);
+        self.conn.quiet(&Request::CtxDestroy { ctx: h })
+    }
+
+    /// `cuCtxSetCurrent`: a reset primary context becomes active again when made current.
+    pub fn set_current(&mut self, h: u64) -> Result<(), ClientError> {
+        if h != 0 && !self.contexts.contains_key(&h) {
+            let d = self
+                .primary_device(h)
+                .ok_or(ClientError::Cuda(INVALID_CONTEXT))?;
+            self.ensure_primary(d)?;
+        }
+        state::set_current_context(h);
+        Ok(())
+    }
+
+    /// `cuCtxPushCurrent`.
+    pub fn push_current(&self, h: u64) -> Result<(), ClientError> {
+        if !self.contexts.contains_key(&h) {
+            return Err(INVALID_CONTEXT.into());
+        }
+        state::push_context(h);
+        Ok(())
+    }
+
+    /// The flags of the current context.
+    pub fn current_flags(&self) -> Result<u32, ClientError> {
+        let ctx = state::current_context();
+        Ok(self
+            .contexts
+            .get(&ctx)
+            .ok_or(ClientError::Cuda(INVALID_CONTEXT))?
+            .flags)
+    }
+
+    /// Sets the flags of the current context.
+    pub fn set_current_flags(&mut self, flags: u32) -> Result<(), ClientError> {
+        let ctx = state::current_context();
+        self.contexts
+            .get_mut(&ctx)
+            .ok_or(ClientError::Cuda(INVALID_CONTEXT))?
+            .flags = flags;
+        Ok(())
+    }
+
+    /// Frees everything the session holds on `dev` (`cuDevicePrimaryCtxReset`,
+    /// `cudaDeviceReset`) and returns the contexts that went, so the caller can forget what it
+    /// keeps per context. Libraries on the device are loaded again.
+    pub fn reset_device(&mut self, dev: u32) -> Result<Vec<u64>, ClientError> {
+        self.primary
+            .get(dev as usize)
+            .ok_or(ClientError::Cuda(INVALID_DEVICE))?;
+        self.conn.call(&Request::DeviceReset { device: dev })?;
+        let _ = self.conn.take_async_error();
+        self.forget_device_memory(dev);
+        self.forget_device_modules(dev);
+        self.reload_libraries(dev);
+        let ctxs: Vec<u64> = self
+            .contexts
+            .iter()
+            .filter(|(_, c)| c.device == dev)
+            .map(|(&k, _)| k)
+            .collect();
+        self.streams.retain(|_, st| !ctxs.contains(&st.ctx));
+        self.contexts.retain(|_, c| c.device != dev);
+        let p = &mut self.primary[dev as usize];
+        p.created = false;
+        p.refcount = 0;
+        Ok(ctxs)
+    }
+}

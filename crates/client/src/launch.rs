@@ -1,0 +1,118 @@
+//! Kernel launches: arguments packed at the device-side offsets the function's layout gives
+//! (the layout came back from the worker with the function), sent as one quiet request, or
+//! recorded when the stream is capturing a graph.
+
+use gpufuse_proto::{Launch, ParamSlot, Request};
+
+use crate::error::ClientError;
+use crate::graph::Op;
+use crate::state::Inner;
+use crate::status::{INVALID_HANDLE, INVALID_VALUE};
+
+/// Largest parameter buffer a launch may carry (CUDA 12.1+: 32764 bytes).
+pub const MAX_PARAM_BYTES: usize = 32764;
+
+/// A launch's shape and where it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub stream: u64,
+    /// `CUlaunchAttribute`s: id and value.
+    pub attributes: Vec<(u32, [u64; 8])>,
+}
+
+/// Packs one value per parameter (`arg(i, size)` gives parameter `i`'s `size` bytes, as
+/// `kernelParams` points at them) into the buffer the layout describes.
+pub fn pack_params<'a>(
+    layout: &[ParamSlot],
+    mut arg: impl FnMut(usize, usize) -> Result<&'a [u8], ClientError>,
+) -> Result<Vec<u8>, ClientError> {
+    let len = layout
+        .iter()
+        .map(|p| p.offset as usize + p.size as usize)
+        .max()
+        .unwrap_or(0);
+    if len > MAX_PARAM_BYTES {
+        return Err(INVALID_VALUE.into());
+    }
+    let mut buf = vec![0u8; len];
+    for (i, slot) in layout.iter().enumerate() {
+        let (at, size) = (slot.offset as usize, slot.size as usize);
+        let bytes = arg(i, size)?;
+        buf.get_mut(at..at + size)
+            .filter(|_| bytes.len() == size)
+            .ok_or(ClientError::Cuda(INVALID_VALUE))?
+            .copy_from_slice(bytes);
+    }
+    Ok(buf)
+}
+
+/// Checks a pre-packed parameter buffer (`extra`'s `CU_LAUNCH_PARAM_BUFFER_POINTER`).
+pub fn check_packed(buffer: &[u8]) -> Result<(), ClientError> {
+    if buffer.len() > MAX_PARAM_BYTES {
+        return Err(INVALID_VALUE.into());
+    }
+    Ok(())
+}
+
+impl LaunchConfig {
+    /// A launch with no grid or no block is invalid.
+    pub fn check(&self) -> Result<(), ClientError> {
+        if self.grid.contains(&0) || self.block.contains(&0) {
+            return Err(INVALID_VALUE.into());
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// The worker's id and the parameter layout of a `CUfunction` or `CUkernel`.
+    pub fn launch_layout(&self, f: u64) -> Result<(u64, Vec<ParamSlot>), ClientError> {
+        let function = self.resolve_function(f).ok_or(INVALID_HANDLE)?;
+        let info = &self.functions.get(&function).ok_or(INVALID_HANDLE)?.info;
+        Ok((function, info.params.clone()))
+    }
+
+    /// Launches `function` (the worker's id, from [`Inner::launch_layout`]) with packed
+    /// parameters, or records the launch if the stream is capturing.
+    pub fn launch(
+        &mut self,
+        function: u64,
+        config: LaunchConfig,
+        params: Vec<u8>,
+    ) -> Result<(), ClientError> {
+        let LaunchConfig {
+            grid,
+            block,
+            shared_mem,
+            stream,
+            attributes,
+        } = config;
+        let op = Op::Launch {
+            function,
+            grid,
+            block,
+            shared_mem,
+            params,
+            attributes,
+        };
+        let Some(Op::Launch {
+            params, attributes, ..
+        }) = self.graphs.record(stream, op)
+        else {
+            return Ok(());
+        };
+        let req = Request::LaunchKernel(Launch {
+            function,
+            grid,
+            block,
+            shared_mem,
+            stream,
+            params: &params,
+            attributes,
+        });
+        self.device_work(&req)
+    }
+}

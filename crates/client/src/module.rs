@@ -1,0 +1,301 @@
+//! Modules, libraries, kernels and functions. Images are hashed and sent once per connection
+//! (large ones in parts); a function's parameter layout comes back with it and is cached. Each
+//! module keeps its image, so that a library can be loaded again after a device reset and a
+//! reconnected session can load everything again on another worker.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gpufuse_proto::{ReplyBody, Request};
+use sha2::{Digest, Sha256};
+
+use crate::error::ClientError;
+use crate::handles::{self, Kind};
+use crate::state::{Function, Inner, Kernel, Library, Module};
+use crate::status::{INVALID_HANDLE, INVALID_IMAGE, NO_BINARY_FOR_GPU, UNKNOWN};
+
+/// Images above this size travel in parts (a frame carries at most 64 MiB and change).
+const IMAGE_PART: usize = 32 << 20;
+
+impl Inner {
+    /// Sends `image` (unless this connection already did) and loads it as module `module`.
+    pub(crate) fn send_module(
+        &mut self,
+        module: u64,
+        device: u32,
+        image: &[u8],
+    ) -> Result<(), ClientError> {
+        let hash: [u8; 32] = Sha256::digest(image).into();
+        let mut send = !self.images_sent.contains(&hash);
+        loop {
+            // An image larger than a frame goes ahead in parts; the load then names it by hash.
+            let parts = send && image.len() > IMAGE_PART;
+            if parts {
+                for (i, data) in image.chunks(IMAGE_PART).enumerate() {
+                    let part = Request::ModuleImagePart {
+                        hash,
+                        total: image.len() as u64,
+                        offset: (i * IMAGE_PART) as u64,
+                        data,
+                    };
+                    self.conn.quiet(&part)?;
+                }
+            }
+            let req = Request::ModuleLoad {
+                module,
+                device,
+                hash,
+                image: (send && !parts).then_some(image),
+            };
+            match self.conn.call(&req)? {
+                ReplyBody::NeedImage if !send => send = true,
+                ReplyBody::NeedImage => return Err(INVALID_IMAGE.into()),
+                ReplyBody::None => break,
+                _ => return Err(UNKNOWN.into()),
+            }
+        }
+        self.images_sent.insert(hash);
+        Ok(())
+    }
+
+    /// Loads `image` on `device`: a new module.
+    fn load(
+        &mut self,
+        device: u32,
+        image: Arc<[u8]>,
+        library: Option<u64>,
+    ) -> Result<u64, ClientError> {
+        let module = handles::mint(Kind::Module);
+        self.send_module(module, device, &image)?;
+        let order = self.next_order();
+        self.modules.insert(
+            module,
+            Module {
+                device,
+                functions: HashMap::new(),
+                library,
+                image,
+                globals: HashMap::new(),
+                order,
+            },
+        );
+        Ok(module)
+    }
+
+    /// `cuModuleLoadData`: loads `image` in the current context.
+    pub fn load_module(&mut self, image: Vec<u8>) -> Result<u64, ClientError> {
+        let (_, device) = self.current()?;
+        self.load(device, image.into(), None)
+    }
+
+    /// `cuModuleUnload`.
+    pub fn unload_module(&mut self, m: u64) -> Result<(), ClientError> {
+        self.modules.remove(&m).ok_or(INVALID_HANDLE)?;
+        self.functions.retain(|_, f| f.module != m);
+        self.conn.quiet(&Request::ModuleUnload { module: m })
+    }
+
+    /// The function `name` of module `m`, fetched from the worker once.
+    pub fn function(&mut self, m: u64, name: &str) -> Result<u64, ClientError> {
+        let module = self.modules.get(&m).ok_or(INVALID_HANDLE)?;
+        if let Some(&f) = module.functions.get(name) {
+            return Ok(f);
+        }
+        let f = handles::mint(Kind::Function);
+        let req = Request::ModuleGetFunction {
+            module: m,
+            name,
+            function: f,
+        };
+        let ReplyBody::Function(info) = self.conn.call(&req)? else {
+            return Err(UNKNOWN.into());
+        };
+        self.functions.insert(
+            f,
+            Function {
+                module: m,
+                name: name.to_string(),
+                info,
+            },
+        );
+        if let Some(module) = self.modules.get_mut(&m) {
+            module.functions.insert(name.to_string(), f);
+        }
+        Ok(f)
+    }
+
+    /// A module's global `name`: (address, size).
+    pub fn global(&mut self, m: u64, name: &str) -> Result<(u64, u64), ClientError> {
+        let device = self.modules.get(&m).ok_or(INVALID_HANDLE)?.device;
+        match self
+            .conn
+            .call(&Request::ModuleGetGlobal { module: m, name })?
+        {
+            ReplyBody::Global { ptr, size } => {
+                self.note_global(ptr, size, device, m);
+                if let Some(module) = self.modules.get_mut(&m) {
+                    module.globals.insert(name.to_string(), ptr);
+                }
+                Ok((ptr, size))
+            }
+            _ => Err(UNKNOWN.into()),
+        }
+    }
+
+    /// The device libraries load on: the current context's, or device 0's primary context.
+    fn library_device(&mut self) -> Result<u32, ClientError> {
+        match self.current() {
+            Ok((_, d)) => Ok(d),
+            Err(_) => {
+                self.ensure_primary(0)?;
+                Ok(0)
+            }
+        }
+    }
+
+    /// `cuLibraryLoadData`. The driver loads a library's code into a context lazily
+    /// (CUDA_MODULE_LOADING=LAZY, the default): an image with no code for this GPU loads, and
+    /// only its use fails. cuBLAS loads such images (sm_6x SASS only) in cublasCreate.
+    pub fn load_library(&mut self, image: Vec<u8>) -> Result<u64, ClientError> {
+        let device = self.library_device()?;
+        let lib = handles::mint(Kind::Library);
+        let image: Arc<[u8]> = image.into();
+        let module = match self.load(device, image.clone(), Some(lib)) {
+            Err(ClientError::Cuda(NO_BINARY_FOR_GPU)) => Err(NO_BINARY_FOR_GPU),
+            r => Ok(r?),
+        };
+        self.libraries.insert(
+            lib,
+            Library {
+                module,
+                device,
+                image,
+                kernels: HashMap::new(),
+            },
+        );
+        Ok(lib)
+    }
+
+    /// `cuLibraryUnload`.
+    pub fn unload_library(&mut self, lib: u64) -> Result<(), ClientError> {
+        let l = self.libraries.remove(&lib).ok_or(INVALID_HANDLE)?;
+        self.kernels.retain(|_, k| k.library != lib);
+        match l.module {
+            Ok(m) => self.unload_module(m),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// A library's module (or the status loading it gave).
+    pub fn library_module(&self, lib: u64) -> Result<u64, ClientError> {
+        Ok(self.libraries.get(&lib).ok_or(INVALID_HANDLE)?.module?)
+    }
+
+    /// `cuLibraryGetKernel`: the kernel `name` of library `lib`.
+    pub fn library_kernel(&mut self, lib: u64, name: &str) -> Result<u64, ClientError> {
+        let l = self.libraries.get(&lib).ok_or(INVALID_HANDLE)?;
+        if let Some(&k) = l.kernels.get(name) {
+            return Ok(k);
+        }
+        let module = l.module?;
+        let f = self.function(module, name)?;
+        let k = handles::mint(Kind::Kernel);
+        self.kernels.insert(
+            k,
+            Kernel {
+                library: lib,
+                function: f,
+            },
+        );
+        if let Some(l) = self.libraries.get_mut(&lib) {
+            l.kernels.insert(name.to_string(), k);
+        }
+        Ok(k)
+    }
+
+    /// A kernel's (library, function).
+    pub fn kernel(&self, k: u64) -> Result<Kernel, ClientError> {
+        Ok(self.kernels.get(&k).ok_or(INVALID_HANDLE)?.clone())
+    }
+
+    /// Resolves a `CUfunction` or `CUkernel` to the function id the worker knows.
+    pub fn resolve_function(&self, f: u64) -> Option<u64> {
+        if handles::is(f, Kind::Kernel) {
+            return self.kernels.get(&f).map(|k| k.function);
+        }
+        self.functions.contains_key(&f).then_some(f)
+    }
+
+    /// The device module `m` is loaded on.
+    pub fn module_device(&self, m: u64) -> Option<u32> {
+        self.modules.get(&m).map(|m| m.device)
+    }
+
+    /// The function a `CUfunction` or `CUkernel` names.
+    pub fn function_info(&self, f: u64) -> Result<&Function, ClientError> {
+        let id = self.resolve_function(f).ok_or(INVALID_HANDLE)?;
+        Ok(self.functions.get(&id).ok_or(INVALID_HANDLE)?)
+    }
+
+    /// The function a `CUfunction` or `CUkernel` names, to change its attributes.
+    pub fn function_info_mut(&mut self, f: u64) -> Result<&mut Function, ClientError> {
+        let id = self.resolve_function(f).ok_or(INVALID_HANDLE)?;
+        Ok(self.functions.get_mut(&id).ok_or(INVALID_HANDLE)?)
+    }
+
+    /// After a device reset: the modules on `device` are gone.
+    pub(crate) fn forget_device_modules(&mut self, device: u32) {
+        let modules: Vec<u64> = self
+            .modules
+            .iter()
+            .filter(|(_, m)| m.device == device)
+            .map(|(&k, _)| k)
+            .collect();
+        for m in modules {
+            self.modules.remove(&m);
+            self.functions.retain(|_, f| f.module != m);
+        }
+        self.images_sent.clear();
+    }
+
+    /// After a device reset: libraries are context-independent, so each library on `device` is
+    /// loaded again (fresh module variables, as in a new context) and its kernels point at the
+    /// new module's functions. A library or kernel that fails to load again keeps the failure.
+    pub(crate) fn reload_libraries(&mut self, device: u32) {
+        let libs: Vec<(u64, Arc<[u8]>)> = self
+            .libraries
+            .iter()
+            .filter(|(_, l)| l.device == device)
+            .map(|(&h, l)| (h, l.image.clone()))
+            .collect();
+        for (lib, image) in libs {
+            let module = self.load(device, image, Some(lib)).map_err(|e| e.status());
+            let names: Vec<(String, u64)> = self.libraries[&lib]
+                .kernels
+                .iter()
+                .map(|(n, &k)| (n.clone(), k))
+                .collect();
+            for (name, k) in names {
+                match module
+                    .map_err(ClientError::Cuda)
+                    .and_then(|m| self.function(m, &name))
+                {
+                    Ok(f) => {
+                        if let Some(kernel) = self.kernels.get_mut(&k) {
+                            kernel.function = f;
+                        }
+                    }
+                    Err(_) => {
+                        self.kernels.remove(&k);
+                        if let Some(l) = self.libraries.get_mut(&lib) {
+                            l.kernels.remove(&name);
+                        }
+                    }
+                }
+            }
+            if let Some(l) = self.libraries.get_mut(&lib) {
+                l.module = module;
+            }
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! Virtual memory management (`cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`): physical
+//! memory is charged when created; a mapping covers one whole physical allocation and is kept
+//! among the allocations as [`MemoryKind::Mapped`](crate::memory::MemoryKind::Mapped).
+
+use gpufuse_proto::{ReplyBody, Request};
+
+use crate::error::ClientError;
+use crate::handles::{self, Kind};
+use crate::state::Inner;
+use crate::status::{INVALID_VALUE, NOT_SUPPORTED, UNKNOWN};
+
+impl Inner {
+    /// `cuMemCreate`: physical memory of `size` bytes on `device`; its handle.
+    pub fn create_physical(&mut self, device: u32, size: u64) -> Result<u64, ClientError> {
+        let h = handles::mint(Kind::Physical);
+        self.conn.call(&Request::MemCreate {
+            handle: h,
+            device,
+            size,
+        })?;
+        self.physical.insert(h, (size, device));
+        Ok(h)
+    }
+
+    /// `cuMemRelease`.
+    pub fn release_physical(&mut self, handle: u64) -> Result<(), ClientError> {
+        self.physical.remove(&handle).ok_or(INVALID_VALUE)?;
+        self.conn.quiet(&Request::MemRelease { handle })
+    }
+
+    /// `cuMemAddressReserve`: the reserved range's start.
+    pub fn reserve_address(&mut self, size: u64, align: u64) -> Result<u64, ClientError> {
+        match self
+            .conn
+            .call(&Request::MemAddressReserve { size, align })?
+        {
+            ReplyBody::Ptr(p) => Ok(p),
+            _ => Err(UNKNOWN.into()),
+        }
+    }
+
+    /// `cuMemAddressFree`.
+    pub fn free_address(&mut self, ptr: u64, size: u64) -> Result<(), ClientError> {
+        self.conn.quiet(&Request::MemAddressFree { ptr, size })
+    }
+
+    /// `cuMemMap` of all of physical memory `handle` at `ptr` (`size` must be all of it, at
+    /// offset 0).
+    pub fn map(
+        &mut self,
+        ptr: u64,
+        size: u64,
+        offset: u64,
+        handle: u64,
+    ) -> Result<(), ClientError> {
+        let &(psize, device) = self.physical.get(&handle).ok_or(INVALID_VALUE)?;
+        if offset != 0 || size != psize {
+            return Err(NOT_SUPPORTED.into());
+        }
+        self.conn.call(&Request::MemMap {
+            ptr,
+            size: psize,
+            handle,
+        })?;
+        self.note_mapping(ptr, psize, device);
+        self.mappings.insert(ptr, handle);
+        Ok(())
+    }
+
+    /// `cuMemUnmap` of every mapping in `[ptr, ptr+size)`.
+    pub fn unmap(&mut self, ptr: u64, size: u64) -> Result<(), ClientError> {
+        let end = ptr.checked_add(size).ok_or(INVALID_VALUE)?;
+        let inside: Vec<u64> = self
+            .allocations
+            .range(ptr..end)
+            .filter(|(_, a)| a.is_mapped())
+            .map(|(&p, _)| p)
+            .collect();
+        if inside.is_empty() {
+            return Err(INVALID_VALUE.into());
+        }
+        self.conn.call(&Request::MemUnmap { ptr, size })?;
+        for p in inside {
+            self.forget_mapping(p);
+            self.mappings.remove(&p);
+        }
+        Ok(())
+    }
+
+    /// Physical memory `handle`: (size, device).
+    pub fn physical(&self, handle: u64) -> Option<(u64, u32)> {
+        self.physical.get(&handle).copied()
+    }
+
+    /// The physical memory mapped at `ptr` (a mapping's start).
+    pub fn mapping_handle(&self, ptr: u64) -> Option<u64> {
+        self.mappings.get(&ptr).copied()
+    }
+
+    /// Whether every byte of `[ptr, ptr+size)` lies in mapped memory.
+    pub fn all_mapped(&self, ptr: u64, size: u64) -> Result<(), ClientError> {
+        let mut at = ptr;
+        let end = ptr.checked_add(size).ok_or(INVALID_VALUE)?;
+        while at < end {
+            match self.find_allocation(at, 1) {
+                Some((base, a)) if a.is_mapped() => at = base + a.size,
+                _ => return Err(INVALID_VALUE.into()),
+            }
+        }
+        Ok(())
+    }
+}

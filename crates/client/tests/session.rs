@@ -1,0 +1,495 @@
+//! The client core against real workers: each test starts a small node (a unix listener whose
+//! connections are served by `gpufuse_worker::serve` on an emulated GPU, each in a thread) and
+//! drives a `Session` through the core's API, as the shim's exports do.
+
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use gpufuse_client::launch::{pack_params, LaunchConfig};
+use gpufuse_client::state::{self, Session, SessionConfig};
+use gpufuse_client::work::SyncScope;
+use gpufuse_client::ClientError;
+use gpufuse_device::emu::EmuDevice;
+use gpufuse_transport::{Address, Conn, Stream};
+use gpufuse_worker::LocalLedger;
+
+const INVALID_VALUE: i32 = 1;
+const INVALID_CONTEXT: i32 = 201;
+const INVALID_HANDLE: i32 = 400;
+const ILLEGAL_ADDRESS: i32 = 700;
+
+/// `fill(u32 *out, u32 base, u32 n)`: `out[i] = base + i` for every thread `i < n`.
+const FILL_PTX: &str = "\
+.version 7.0
+.target sm_80
+.address_size 64
+
+.visible .entry fill(
+\t.param .u64 fill_param_0,
+\t.param .u32 fill_param_1,
+\t.param .u32 fill_param_2
+)
+{
+\t.reg .pred %p<2>;
+\t.reg .b32 %r<8>;
+\t.reg .b64 %rd<5>;
+
+\tld.param.u64 %rd1, [fill_param_0];
+\tld.param.u32 %r1, [fill_param_1];
+\tld.param.u32 %r2, [fill_param_2];
+\tmov.u32 %r3, %ctaid.x;
+\tmov.u32 %r4, %ntid.x;
+\tmov.u32 %r5, %tid.x;
+\tmad.lo.s32 %r6, %r3, %r4, %r5;
+\tsetp.ge.u32 %p1, %r6, %r2;
+\t@%p1 bra $L__END;
+\tcvta.to.global.u64 %rd2, %rd1;
+\tmul.wide.u32 %rd3, %r6, 4;
+\tadd.s64 %rd4, %rd2, %rd3;
+\tadd.s32 %r7, %r1, %r6;
+\tst.global.u32 [%rd4], %r7;
+$L__END:
+\tret;
+}
+\0";
+
+/// A node on a unix socket: every connection gets a worker thread on its own emulated GPU
+/// (same address window, so a moved session finds its addresses free). Each worker reports the
+/// bytes its ledger still held when its session ended.
+struct Node {
+    address: Address,
+    ended: mpsc::Receiver<u64>,
+}
+
+impl Node {
+    fn start() -> Node {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "gpufuse-client-test-{}-{}.sock",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let (tx, ended) = mpsc::channel();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    let mut dev = EmuDevice::new(0, 1 << 30, 0x2000_0000_0000, 1 << 40);
+                    let mut ledger = LocalLedger {
+                        total: 1 << 30,
+                        used: 0,
+                    };
+                    let mut conn = Conn::new(Stream::Unix(stream));
+                    // The node reads the hello before it hands the connection to a worker.
+                    if conn.recv().is_err() {
+                        return;
+                    }
+                    let _ = gpufuse_worker::serve(conn, 1, &mut dev, &mut ledger, None);
+                    let _ = tx.send(ledger.used);
+                });
+            }
+        });
+        Node {
+            address: format!("unix:{}", path.display()).parse().unwrap(),
+            ended,
+        }
+    }
+
+    fn connect(&self) -> Session {
+        Session::connect(&SessionConfig {
+            address: self.address.clone(),
+            token: String::new(),
+            resources: Default::default(),
+        })
+        .unwrap()
+    }
+
+    /// The bytes the next session to end left in its ledger.
+    fn ended_with(&self) -> u64 {
+        self.ended.recv_timeout(Duration::from_secs(10)).unwrap()
+    }
+}
+
+fn status<T>(r: Result<T, ClientError>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.status(),
+    }
+}
+
+/// A session with device 0's primary context current on this thread.
+fn session(node: &Node) -> Session {
+    let s = node.connect();
+    let ctx = s.lock().retain_primary(0).unwrap();
+    s.lock().set_current(ctx).unwrap();
+    s
+}
+
+fn launch_fill(s: &Session, f: u64, out: u64, base: u32, n: u32, stream: u64) {
+    let mut g = s.lock();
+    let (function, layout) = g.launch_layout(f).unwrap();
+    let (ptr, base_b, n_b) = (out.to_le_bytes(), base.to_le_bytes(), n.to_le_bytes());
+    let args: [&[u8]; 3] = [&ptr, &base_b, &n_b];
+    let params = pack_params(&layout, |i, size| {
+        assert_eq!(args[i].len(), size);
+        Ok(args[i])
+    })
+    .unwrap();
+    let config = LaunchConfig {
+        grid: [n.div_ceil(64), 1, 1],
+        block: [64, 1, 1],
+        shared_mem: 0,
+        stream,
+        attributes: Vec::new(),
+    };
+    config.check().unwrap();
+    g.launch(function, config, params).unwrap();
+}
+
+fn read_u32s(s: &Session, ptr: u64, n: usize) -> Vec<u32> {
+    let mut bytes = vec![0u8; n * 4];
+    s.lock().copy_from_device(&mut bytes, ptr, 0).unwrap();
+    bytes
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn memory_round_trips_and_frees_everything_at_the_end() {
+    let node = Node::start();
+    let s = session(&node);
+    {
+        let mut g = s.lock();
+        let p = g.alloc(1 << 20).unwrap();
+        let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+        g.copy_to_device(p, &data, 0).unwrap();
+        let q = g.alloc(1 << 20).unwrap();
+        g.copy_on_device(q, p, 1 << 20, 0).unwrap();
+        g.memset(q, 7, 1, 16, 0).unwrap();
+        let mut back = vec![0u8; 1 << 20];
+        g.copy_from_device(&mut back, q, 0).unwrap();
+        assert_eq!(&back[..16], &[7; 16]);
+        assert_eq!(&back[16..], &data[16..]);
+        // Outside any allocation: refused locally, nothing sent.
+        assert_eq!(
+            status(g.copy_to_device(q + (1 << 20) - 2, &[0; 4], 0)),
+            INVALID_VALUE
+        );
+        assert_eq!(status(g.free(q + 1)), INVALID_VALUE);
+        assert_eq!(status(g.free(0)), 0);
+        g.free(p).unwrap();
+        assert_eq!(status(g.free(p)), INVALID_VALUE);
+        // q stays allocated: the worker frees it when the session ends.
+    }
+    drop(s);
+    assert_eq!(node.ended_with(), 0);
+}
+
+#[test]
+fn contexts_primary_created_current_and_stack() {
+    let node = Node::start();
+    let s = node.connect();
+    let mut g = s.lock();
+    // No context yet: work that needs one says so.
+    assert_eq!(status(g.alloc(64)), INVALID_CONTEXT);
+    assert_eq!(
+        status(g.synchronize(SyncScope::Context(0))),
+        INVALID_CONTEXT
+    );
+    let primary = g.retain_primary(0).unwrap();
+    assert_eq!(g.retain_primary(0).unwrap(), primary);
+    assert!(g.primary_state(0).unwrap().1);
+    assert_eq!(status(g.retain_primary(1)), 101);
+    g.set_current(primary).unwrap();
+    assert_eq!(g.current().unwrap(), (primary, 0));
+    let created = g.create_context(0, 0).unwrap();
+    assert_eq!(state::current_context(), created);
+    g.alloc(64).unwrap();
+    g.synchronize(SyncScope::Context(0)).unwrap();
+    assert_eq!(status(g.destroy_context(primary)), INVALID_CONTEXT);
+    g.destroy_context(created).unwrap();
+    assert_eq!(status(g.destroy_context(created)), INVALID_CONTEXT);
+    assert_eq!(state::current_context(), primary);
+    g.release_primary(0).unwrap();
+    g.release_primary(0).unwrap();
+    assert_eq!(status(g.release_primary(0)), INVALID_CONTEXT);
+}
+
+#[test]
+fn managed_memory_moves_at_device_work_and_synchronize() {
+    let node = Node::start();
+    let s = session(&node);
+    let p = s.lock().alloc_managed(4096).unwrap();
+    // SAFETY: `p` is the managed allocation's host mapping, 4096 bytes; no device work is
+    // outstanding while the host touches it.
+    let host = unsafe { std::slice::from_raw_parts_mut(p as usize as *mut u8, 4096) };
+    host.fill(3);
+    // Device work: the device gets the host's bytes first, then the memset runs.
+    s.lock().memset(p, 9, 1, 8, 0).unwrap();
+    s.lock().synchronize(SyncScope::Context(0)).unwrap();
+    assert_eq!(&host[..8], &[9; 8]);
+    assert!(host[8..].iter().all(|&b| b == 3));
+    // A synchronous copy from the device also brings managed memory back.
+    host[100] = 42;
+    let other = s.lock().alloc(16).unwrap();
+    s.lock().copy_on_device(other, p + 96, 16, 0).unwrap();
+    let mut back = [0u8; 16];
+    s.lock().copy_from_device(&mut back, other, 0).unwrap();
+    assert_eq!(back[4], 42);
+    assert!(s.lock().is_managed_range(p, 4096));
+    assert!(!s.lock().is_managed_range(other, 16));
+    s.lock().free(p).unwrap();
+    drop(s);
+    assert_eq!(node.ended_with(), 0);
+}
+
+#[test]
+fn launches_pack_parameters_and_report_faults_at_the_next_synchronize() {
+    let node = Node::start();
+    let s = session(&node);
+    let m = s.lock().load_module(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let f = s.lock().function(m, "fill").unwrap();
+    assert_eq!(s.lock().function(m, "fill").unwrap(), f, "cached");
+    assert_eq!(status(s.lock().function(m, "nope")), 500);
+    let out = s.lock().alloc(1000 * 4).unwrap();
+    launch_fill(&s, f, out, 100, 1000, 0);
+    let v = read_u32s(&s, out, 1000);
+    assert!(v.iter().enumerate().all(|(i, &x)| x == 100 + i as u32));
+    // A kernel writing outside the session's memory: the launch is quiet, the fault comes back
+    // with the next synchronizing call, once.
+    launch_fill(&s, f, 0x10, 0, 1, 0);
+    assert_eq!(
+        status(s.lock().synchronize(SyncScope::Context(0))),
+        ILLEGAL_ADDRESS
+    );
+    // Bad launch shapes and handles.
+    let zero = LaunchConfig {
+        grid: [0, 1, 1],
+        block: [1, 1, 1],
+        shared_mem: 0,
+        stream: 0,
+        attributes: Vec::new(),
+    };
+    assert_eq!(status(zero.check()), INVALID_VALUE);
+    assert_eq!(status(s.lock().launch_layout(12345)), INVALID_HANDLE);
+}
+
+#[test]
+fn streams_and_events_order_time_and_check_handles() {
+    let node = Node::start();
+    let s = session(&node);
+    let m = s.lock().load_module(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let f = s.lock().function(m, "fill").unwrap();
+    let out = s.lock().alloc(256 * 4).unwrap();
+    let (st, start, end) = {
+        let mut g = s.lock();
+        (
+            g.create_stream(0, -9).unwrap(),
+            g.create_event(0).unwrap(),
+            g.create_event(0).unwrap(),
+        )
+    };
+    assert_eq!(
+        s.lock().stream(st).unwrap().unwrap().priority,
+        -5,
+        "clamped"
+    );
+    s.lock().record_event(start, st).unwrap();
+    launch_fill(&s, f, out, 1, 256, st);
+    s.lock().record_event(end, st).unwrap();
+    s.lock().synchronize_event(end).unwrap();
+    s.lock().query_event(end).unwrap();
+    s.lock().query_stream(st).unwrap();
+    assert!(s.lock().elapsed(start, end).unwrap() >= 0.0);
+    // A stream waits for an event recorded on another.
+    let st2 = s.lock().create_stream(0, 0).unwrap();
+    s.lock().stream_wait_event(st2, end).unwrap();
+    s.lock().synchronize_stream(st2).unwrap();
+    assert_eq!(read_u32s(&s, out, 256)[255], 256);
+    // Pinned memory is filled by an asynchronous copy at the next synchronization.
+    let pinned = s.lock().host_alloc(1024, 0).unwrap();
+    // SAFETY: `pinned` stays allocated until the synchronize below has filled it.
+    unsafe { s.lock().copy_from_device_async(pinned, out, 1024, st) }.unwrap();
+    s.lock().synchronize_stream(st).unwrap();
+    // SAFETY: page-locked memory of 1024 bytes handed out above.
+    let got = unsafe { std::slice::from_raw_parts(pinned, 1024) };
+    assert_eq!(&got[..4], &1u32.to_le_bytes());
+    s.lock().host_free(pinned as usize).unwrap();
+    // Timing-disabled events, destroyed handles.
+    let untimed = s.lock().create_event(0x2).unwrap();
+    s.lock().record_event(untimed, 0).unwrap();
+    assert_eq!(status(s.lock().elapsed(start, untimed)), INVALID_HANDLE);
+    s.lock().destroy_stream(st).unwrap();
+    assert_eq!(status(s.lock().destroy_stream(st)), INVALID_HANDLE);
+    assert_eq!(status(s.lock().synchronize_stream(st)), INVALID_HANDLE);
+    s.lock().destroy_event(end).unwrap();
+    assert_eq!(status(s.lock().record_event(end, 0)), INVALID_HANDLE);
+}
+
+#[test]
+fn device_reset_frees_memory_and_loads_libraries_again() {
+    let node = Node::start();
+    let s = session(&node);
+    let lib = s.lock().load_library(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let k = s.lock().library_kernel(lib, "fill").unwrap();
+    let m = s.lock().load_module(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let p = s.lock().alloc(64).unwrap();
+    let gone = s.lock().reset_device(0).unwrap();
+    assert!(gone.contains(&state::current_context()));
+    // Memory and modules are gone; the library and its kernel work again once the primary
+    // context is current again.
+    assert_eq!(status(s.lock().free(p)), INVALID_VALUE);
+    assert_eq!(status(s.lock().function(m, "fill")), INVALID_HANDLE);
+    let ctx = state::current_context();
+    s.lock().set_current(ctx).unwrap();
+    let out = s.lock().alloc(64 * 4).unwrap();
+    launch_fill(&s, k, out, 5, 64, 0);
+    assert_eq!(read_u32s(&s, out, 64)[63], 68);
+    s.lock().unload_library(lib).unwrap();
+    assert_eq!(status(s.lock().launch_layout(k)), INVALID_HANDLE);
+}
+
+#[test]
+fn stream_ordered_allocation_charges_pools() {
+    let node = Node::start();
+    let s = session(&node);
+    let mut g = s.lock();
+    let pool = g.create_pool(0, 4096);
+    let a = g.alloc_async(4096, pool, 0).unwrap();
+    assert_eq!(g.pool_stats(pool).unwrap().used, 4096);
+    assert_eq!(status(g.alloc_async(1, pool, 0)), 2, "over the pool's size");
+    assert_eq!(g.allocation(a).unwrap().pool(), Some(pool));
+    g.free_async(a, 0).unwrap();
+    assert_eq!(g.pool_stats(pool).unwrap().used, 0);
+    assert_eq!(g.pool_stats(pool).unwrap().high, 4096);
+    let dflt = g.current_pool(0);
+    g.alloc_async(100, dflt, 0).unwrap();
+    g.destroy_pool(pool).unwrap();
+    assert_eq!(status(g.destroy_pool(pool)), INVALID_VALUE);
+}
+
+#[test]
+fn a_session_moves_to_another_worker_with_its_memory_modules_and_streams() {
+    let from = Node::start();
+    let to = Node::start();
+    let s = session(&from);
+    let m = s.lock().load_module(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let f = s.lock().function(m, "fill").unwrap();
+    let lib = s.lock().load_library(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let k = s.lock().library_kernel(lib, "fill").unwrap();
+    let out = s.lock().alloc(512 * 4).unwrap();
+    let managed = s.lock().alloc_managed(64).unwrap();
+    let st = s.lock().create_stream(0, 0).unwrap();
+    let ev = s.lock().create_event(0).unwrap();
+    launch_fill(&s, f, out, 1000, 512, st);
+    launch_fill(&s, f, managed, 7, 16, 0);
+    let old_id = s.session_id();
+
+    s.reconnect(&to.address).unwrap();
+    // The old worker's session ended and freed everything it held.
+    assert_eq!(from.ended_with(), 0);
+    let _ = old_id;
+    // Same addresses, same contents, same handles.
+    assert_eq!(read_u32s(&s, out, 512)[511], 1511);
+    // SAFETY: the managed allocation's host mapping, 64 bytes; no device work outstanding.
+    let host = unsafe { std::slice::from_raw_parts(managed as usize as *const u32, 16) };
+    assert_eq!(host[15], 22);
+    launch_fill(&s, f, out, 1, 512, st);
+    s.lock().record_event(ev, st).unwrap();
+    s.lock().synchronize_event(ev).unwrap();
+    assert_eq!(read_u32s(&s, out, 512)[0], 1);
+    launch_fill(&s, k, out, 50, 1, 0);
+    assert_eq!(read_u32s(&s, out, 1)[0], 50);
+    drop(s);
+    assert_eq!(to.ended_with(), 0);
+}
+
+#[test]
+fn a_reconnect_that_cannot_keep_addresses_leaves_the_session_where_it_was() {
+    let from = Node::start();
+    let to = Node::start();
+    let s = session(&from);
+    let a = s.lock().alloc(4096).unwrap();
+    let b = s.lock().alloc(4096).unwrap();
+    s.lock().copy_to_device(b, &[5; 4096], 0).unwrap();
+    // Freed in between: a fresh worker would place `b` where `a` was.
+    s.lock().free(a).unwrap();
+    let moved = s.reconnect(&to.address);
+    assert!(
+        matches!(moved, Err(ClientError::Reconnect(ref why)) if why.contains("placed at")),
+        "{moved:?}"
+    );
+    // The new worker's half-made session is dropped; the old one goes on.
+    assert_eq!(to.ended_with(), 0);
+    let mut back = [0u8; 16];
+    s.lock().copy_from_device(&mut back, b, 0).unwrap();
+    assert_eq!(back, [5; 16]);
+}
+
+#[test]
+fn captured_work_replays_on_each_graph_launch() {
+    let node = Node::start();
+    let s = session(&node);
+    let m = s.lock().load_module(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let f = s.lock().function(m, "fill").unwrap();
+    let out = s.lock().alloc(64 * 4).unwrap();
+    let st = s.lock().create_stream(0, 0).unwrap();
+    s.lock().begin_capture(st).unwrap();
+    assert_eq!(status(s.lock().begin_capture(st)), 900, "already capturing");
+    assert!(s.lock().capture_info(st).unwrap().is_some());
+    // Captured, not run: the memory stays zero; synchronous work is refused.
+    s.lock().memset(out, 0, 4, 64, st).unwrap();
+    launch_fill(&s, f, out, 10, 64, st);
+    let mut probe = [0u8; 4];
+    assert_eq!(status(s.lock().copy_from_device(&mut probe, out, st)), 900);
+    let graph = s.lock().end_capture(st).unwrap();
+    assert_eq!(s.lock().graph_len(graph).unwrap(), 2);
+    assert_eq!(read_u32s(&s, out, 1)[0], 0);
+    let exec = s.lock().instantiate(graph).unwrap();
+    for _ in 0..2 {
+        s.lock().memset(out, 0, 4, 64, 0).unwrap();
+        // SAFETY: the graph names no host memory or host functions.
+        unsafe { s.lock().launch_graph(exec, st) }.unwrap();
+        s.lock().synchronize_stream(st).unwrap();
+        assert_eq!(read_u32s(&s, out, 64)[63], 73);
+    }
+    s.lock().destroy_graph(graph).unwrap();
+    s.lock().destroy_exec(exec).unwrap();
+    // SAFETY: as above.
+    assert_eq!(status(unsafe { s.lock().launch_graph(exec, st) }), INVALID_HANDLE);
+}
+
+#[test]
+fn virtual_memory_maps_physical_memory_and_a_reconnect_refuses_it() {
+    let from = Node::start();
+    let to = Node::start();
+    let s = session(&from);
+    let granule = 2 << 20;
+    let h = s.lock().create_physical(0, granule).unwrap();
+    let va = s.lock().reserve_address(granule, 0).unwrap();
+    assert_eq!(status(s.lock().map(va, granule / 2, 0, h)), 801, "part of it");
+    s.lock().map(va, granule, 0, h).unwrap();
+    s.lock().all_mapped(va, granule).unwrap();
+    assert_eq!(s.lock().mapping_handle(va), Some(h));
+    s.lock().copy_to_device(va + 8, &[1, 2, 3], 0).unwrap();
+    let mut back = [0u8; 3];
+    s.lock().copy_from_device(&mut back, va + 8, 0).unwrap();
+    assert_eq!(back, [1, 2, 3]);
+    // Mapped memory is not freed with cuMemFree.
+    assert_eq!(status(s.lock().free(va)), INVALID_VALUE);
+    let moved = s.reconnect(&to.address);
+    assert!(matches!(moved, Err(ClientError::Reconnect(_))), "{moved:?}");
+    assert_eq!(to.ended_with(), 0);
+    s.lock().unmap(va, granule).unwrap();
+    assert_eq!(status(s.lock().all_mapped(va, 1)), INVALID_VALUE);
+    s.lock().release_physical(h).unwrap();
+    s.lock().free_address(va, granule).unwrap();
+    drop(s);
+    assert_eq!(from.ended_with(), 0);
+}
