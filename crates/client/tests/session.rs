@@ -462,7 +462,10 @@ fn captured_work_replays_on_each_graph_launch() {
     s.lock().destroy_graph(graph).unwrap();
     s.lock().destroy_exec(exec).unwrap();
     // SAFETY: as above.
-    assert_eq!(status(unsafe { s.lock().launch_graph(exec, st) }), INVALID_HANDLE);
+    assert_eq!(
+        status(unsafe { s.lock().launch_graph(exec, st) }),
+        INVALID_HANDLE
+    );
 }
 
 #[test]
@@ -473,7 +476,11 @@ fn virtual_memory_maps_physical_memory_and_a_reconnect_refuses_it() {
     let granule = 2 << 20;
     let h = s.lock().create_physical(0, granule).unwrap();
     let va = s.lock().reserve_address(granule, 0).unwrap();
-    assert_eq!(status(s.lock().map(va, granule / 2, 0, h)), 801, "part of it");
+    assert_eq!(
+        status(s.lock().map(va, granule / 2, 0, h)),
+        801,
+        "part of it"
+    );
     s.lock().map(va, granule, 0, h).unwrap();
     s.lock().all_mapped(va, granule).unwrap();
     assert_eq!(s.lock().mapping_handle(va), Some(h));
@@ -492,4 +499,71 @@ fn virtual_memory_maps_physical_memory_and_a_reconnect_refuses_it() {
     s.lock().free_address(va, granule).unwrap();
     drop(s);
     assert_eq!(from.ended_with(), 0);
+}
+
+/// `probe(u64, f32, .align 8 .b8[24], u8)`: parameters at offsets 0, 8, 16 and 40.
+const PROBE_PTX: &str = "\
+.version 8.0
+.target sm_80
+.address_size 64
+
+.visible .entry probe(
+\t.param .u64 probe_param_0,
+\t.param .f32 probe_param_1,
+\t.param .align 8 .b8 probe_param_2[24],
+\t.param .u8 probe_param_3
+)
+{
+\tret;
+}
+\0";
+
+#[test]
+fn the_worker_receives_the_exact_packed_parameters() {
+    let node = Node::start();
+    let s = session(&node);
+    assert_eq!(s.devices.len(), 1);
+    assert_eq!(status(s.lock().alloc(1 << 50)), 2, "impossible allocation");
+    let m = s.lock().load_module(PROBE_PTX.as_bytes().to_vec()).unwrap();
+    let f = s.lock().function(m, "probe").unwrap();
+    let (function, layout) = s.lock().launch_layout(f).unwrap();
+    let slots: Vec<(u32, u32)> = layout.iter().map(|p| (p.offset, p.size)).collect();
+    assert_eq!(slots, [(0, 8), (8, 4), (16, 24), (40, 1)]);
+    let (p0, p1, p2, p3) = (
+        0x1122_3344_5566_7788u64.to_le_bytes(),
+        1.5f32.to_le_bytes(),
+        std::array::from_fn::<u8, 24, _>(|i| i as u8 + 1),
+        [0xABu8],
+    );
+    let args: [&[u8]; 4] = [&p0, &p1, &p2, &p3];
+    let params = pack_params(&layout, |i, _| Ok(args[i])).unwrap();
+    let mut expected = vec![0u8; 41];
+    expected[0..8].copy_from_slice(&p0);
+    expected[8..12].copy_from_slice(&p1);
+    expected[16..40].copy_from_slice(&p2);
+    expected[40] = 0xAB;
+    assert_eq!(params, expected);
+    // A value of the wrong size is refused, not packed.
+    assert_eq!(
+        status(pack_params(&layout, |i, _| Ok(if i == 1 {
+            &p0[..]
+        } else {
+            args[i]
+        }))),
+        INVALID_VALUE
+    );
+    let config = LaunchConfig {
+        grid: [2, 1, 1],
+        block: [32, 1, 1],
+        shared_mem: 0,
+        stream: 0,
+        attributes: Vec::new(),
+    };
+    s.lock().launch(function, config, params).unwrap();
+    s.lock().synchronize(SyncScope::Context(0)).unwrap();
+    let log = s.lock().launch_log(16).unwrap();
+    let last = log.last().unwrap();
+    assert_eq!(last.function_name, "probe");
+    assert_eq!((last.grid, last.block), ([2, 1, 1], [32, 1, 1]));
+    assert_eq!(last.params, expected);
 }
