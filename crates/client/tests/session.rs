@@ -462,10 +462,8 @@ fn captured_work_replays_on_each_graph_launch() {
     s.lock().destroy_graph(graph).unwrap();
     s.lock().destroy_exec(exec).unwrap();
     // SAFETY: as above.
-    assert_eq!(
-        status(unsafe { s.lock().launch_graph(exec, st) }),
-        INVALID_HANDLE
-    );
+    let gone = unsafe { s.lock().launch_graph(exec, st) };
+    assert_eq!(status(gone), INVALID_HANDLE);
 }
 
 #[test]
