@@ -79,20 +79,41 @@ pub fn simulate(a: SimulateArgs) -> anyhow::Result<()> {
         a.gpu_memory >> 30,
         a.seed
     );
-    let reports = sim::compare(&trace, pool);
+    let reports = sim::compare(&trace, pool, thread_cpu_time);
     print!("{}", sim::table(&reports));
-    if let Some(base) = reports.last().filter(|b| b.gpus_in_use_peak > 0) {
-        println!();
+    println!("\nLatency and scheduler time are this thread's CPU time (other processes on the machine do not count).");
+    if let Some(base) = reports.last() {
+        // One GPU per session needs as many GPUs as sessions are there at once, whether
+        // the pool has them or not.
+        let need = base.sessions_peak.max(1);
         for r in &reports[..reports.len() - 1] {
             println!(
-                "{}: {:.2}x fewer GPUs at peak than one GPU per session ({} vs {}; the baseline left {} waiting)",
+                "{}: {} GPUs at peak for {} sessions; one GPU per session needs {need}: {:.2}x fewer{}",
                 r.name,
-                base.gpus_in_use_peak as f64 / r.gpus_in_use_peak.max(1) as f64,
                 r.gpus_in_use_peak,
-                base.gpus_in_use_peak,
-                base.never_placed
+                r.sessions_peak,
+                need as f64 / r.gpus_in_use_peak.max(1) as f64,
+                if r.never_placed > 0 {
+                    format!(" ({} never placed)", r.never_placed)
+                } else {
+                    String::new()
+                }
             );
         }
     }
     Ok(())
+}
+
+/// This thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return gpufuse_scheduler::sim::wall_clock();
+    }
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
