@@ -33,7 +33,7 @@ class Pool:
         self.procs = []
         log = open(self.dir / "controller.log", "w")
         c = subprocess.Popen([str(GPUFUSE), "controller", "--listen", self.ctrl,
-                              "--heartbeat-ms", "100", "--node-timeout-ms", "600"],
+                              "--heartbeat-ms", "100", "--node-timeout-ms", "1500"],
                              stderr=log)
         self.procs.append(c)
         _wait_socket(self.dir / "c.sock", c)

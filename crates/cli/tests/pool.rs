@@ -2,7 +2,7 @@
 //! on unix sockets, with clients that ask the controller and are redirected to their node
 //! (the client core the shim runs, in this process). Placement per policy, quotas, the
 //! pending queue, preemption, node loss and return, controller restart. Heartbeats are fast
-//! (100 ms, nodes lost after 600 ms) so each test takes seconds.
+//! (100 ms, nodes lost after 1.5 s) so each test takes seconds.
 
 use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
@@ -60,7 +60,7 @@ impl Pool {
             "--heartbeat-ms".into(),
             "100".into(),
             "--node-timeout-ms".into(),
-            "600".into(),
+            "1500".into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut p = Pool {
