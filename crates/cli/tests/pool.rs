@@ -532,4 +532,15 @@ fn a_controller_restart_loses_no_session() {
     let _more = open(&pool, "", Some(GIB), Qos::Medium, 0).unwrap();
     let r = running(&pool, 2);
     assert!(r.iter().any(|x| x.2 == id) && r.iter().any(|x| x.2 != id));
+    // `gpufuse kill` at the controller ends a pool session through its node.
+    let o = gpufuse(&["kill", "--server", &pool.ctrl(), &id.to_string()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(held
+        .call(&Request::MemAlloc {
+            device: 0,
+            size: 1 << 20
+        })
+        .is_err());
+    let s = pool.status();
+    assert!(session(&s, id).is_none(), "{s:#}");
 }

@@ -13,7 +13,8 @@
 //!   until capacity frees, its wait ends or its client hangs up. A `high`/`critical` session
 //!   may preempt `low` ones: the controller ends them through their node, as `gpufuse kill`
 //!   does, before it redirects.
-//! - A `Status` hello gets the pool view ([`Controller::snapshot`]).
+//! - A `Status` hello gets the pool view ([`Controller::snapshot`]); an `End` hello (`gpufuse
+//!   kill --server CONTROLLER ID`) ends pool session `ID` through its node.
 //!
 //! A controller outage stops new placements only: running sessions talk to their nodes.
 
@@ -255,14 +256,10 @@ impl Controller {
                 let reply = place::check(self, &hello);
                 answer(&mut conn, &reply);
             }
-            SessionKind::End { .. } => answer(
-                &mut conn,
-                &refused(
-                    "this is a gpufuse controller: end a session at its node (`gpufuse status \
-                     --server CONTROLLER` shows the node's address and the node's session id)"
-                        .into(),
-                ),
-            ),
+            SessionKind::End { session } => {
+                let reply = place::end(self, &hello, session);
+                answer(&mut conn, &reply);
+            }
         }
     }
 

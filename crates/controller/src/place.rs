@@ -181,11 +181,59 @@ fn wait_for(c: &Controller, conn: &Conn, id: u64, wait: Duration) -> Result<Plac
     }
 }
 
+/// An `End` hello (`gpufuse kill --server CONTROLLER ID`): ends pool session `id` through its
+/// node. On a controller that checks tokens, only a token of the session's tenant may.
+pub(crate) fn end(c: &Controller, hello: &ClientHello, id: u64) -> ServerHello {
+    let token = PlacementAsk::parse(&hello.token).map_or(hello.token.clone(), |a| a.token);
+    let claims = match c.authenticate(&token) {
+        Ok(cl) => cl,
+        Err(reason) => return refused(reason),
+    };
+    let victim = {
+        let b = c.books();
+        let Some(s) = b.pool.session(id) else {
+            return refused(format!("there is no session {id} in the pool"));
+        };
+        if let Some(cl) = &claims {
+            if cl.subject != s.tenant {
+                return refused(format!(
+                    "session {id} belongs to another tenant; a token for {:?} may end only its own sessions",
+                    cl.subject
+                ));
+            }
+        }
+        let Some(node_session) = s.node_session else {
+            return refused(format!(
+                "session {id} has not started on its node yet; try again"
+            ));
+        };
+        Victim {
+            session: id,
+            node: s.node.clone(),
+            address: b
+                .pool
+                .node(&s.node)
+                .map(|n| n.spec.address.clone())
+                .unwrap_or_default(),
+            node_session,
+        }
+    };
+    match end_victims(c, std::slice::from_ref(&victim)) {
+        Ok(()) => {
+            let mut b = c.books();
+            b.pool.end_session(id);
+            c.reschedule(&mut b);
+            ServerHello::Ended { session: id }
+        }
+        Err(reason) => refused(reason),
+    }
+}
+
 /// Ends each victim through its node (as `gpufuse kill` does), with a signed order.
 fn end_victims(c: &Controller, victims: &[Victim]) -> Result<(), String> {
     for v in victims {
         tracing::info!(
-            "preempting session {} (node {} session {})",
+            "ending session {} (node {} session {})",
             v.session,
             v.node,
             v.node_session
