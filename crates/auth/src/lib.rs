@@ -62,14 +62,35 @@ pub fn new_secret() -> [u8; 32] {
 
 /// Issues a token for `claims`.
 pub fn issue(secret: &[u8], claims: &Claims) -> Result<String, AuthError> {
-    let body = B64.encode(serde_json::to_vec(claims).map_err(|_| AuthError::Malformed)?);
-    let signed = format!("{PREFIX}.{body}");
-    let tag = B64.encode(mac(secret, &signed)?.finalize().into_bytes());
-    Ok(format!("{signed}.{tag}"))
+    seal(secret, PREFIX, claims)
 }
 
 /// Verifies `token` at time `now` (unix seconds) and returns its claims.
 pub fn verify(secret: &[u8], token: &str, now: u64) -> Result<Claims, AuthError> {
+    let claims: Claims = open(secret, PREFIX, token)?;
+    if claims.expires.is_some_and(|e| now >= e) {
+        return Err(AuthError::Expired);
+    }
+    Ok(claims)
+}
+
+/// Signs `value` as a token of `kind` (`kind.<json, base64url>.<mac>`): the pool's grants and
+/// end orders, which the controller issues and a node verifies with the key the controller
+/// gave it. `kind` keeps one kind of token from being accepted as another.
+pub fn seal<T: Serialize>(secret: &[u8], kind: &str, value: &T) -> Result<String, AuthError> {
+    let body = B64.encode(serde_json::to_vec(value).map_err(|_| AuthError::Malformed)?);
+    let signed = format!("{kind}.{body}");
+    let tag = B64.encode(mac(secret, &signed)?.finalize().into_bytes());
+    Ok(format!("{signed}.{tag}"))
+}
+
+/// Verifies a token made by [`seal`] with the same `kind` and returns its value (expiry is
+/// the value's business).
+pub fn open<T: serde::de::DeserializeOwned>(
+    secret: &[u8],
+    kind: &str,
+    token: &str,
+) -> Result<T, AuthError> {
     if token.is_empty() {
         return Err(AuthError::Missing);
     }
@@ -78,20 +99,15 @@ pub fn verify(secret: &[u8], token: &str, now: u64) -> Result<Claims, AuthError>
     }
     let (signed, tag) = token.rsplit_once('.').ok_or(AuthError::Malformed)?;
     let (prefix, body) = signed.split_once('.').ok_or(AuthError::Malformed)?;
-    if prefix != PREFIX {
+    if prefix != kind {
         return Err(AuthError::Malformed);
     }
     let tag = B64.decode(tag).map_err(|_| AuthError::Malformed)?;
     mac(secret, signed)?
         .verify_slice(&tag)
         .map_err(|_| AuthError::BadSignature)?;
-    let claims: Claims =
-        serde_json::from_slice(&B64.decode(body).map_err(|_| AuthError::Malformed)?)
-            .map_err(|_| AuthError::Malformed)?;
-    if claims.expires.is_some_and(|e| now >= e) {
-        return Err(AuthError::Expired);
-    }
-    Ok(claims)
+    serde_json::from_slice(&B64.decode(body).map_err(|_| AuthError::Malformed)?)
+        .map_err(|_| AuthError::Malformed)
 }
 
 #[cfg(test)]
@@ -138,6 +154,26 @@ mod tests {
         );
         assert_eq!(verify(SECRET, "gf1.nodot", 0), Err(AuthError::Malformed));
         assert_eq!(verify(SECRET, &t, 2_000), Err(AuthError::Expired));
+    }
+
+    #[test]
+    fn sealed_values_open_only_with_their_kind_and_key() {
+        let t = seal(SECRET, "gfg1", &claims()).unwrap();
+        assert_eq!(open::<Claims>(SECRET, "gfg1", &t).unwrap(), claims());
+        assert_eq!(
+            open::<Claims>(SECRET, "gfe1", &t),
+            Err(AuthError::Malformed)
+        );
+        assert_eq!(
+            open::<Claims>(b"another-secret-of-32-bytes-long!", "gfg1", &t),
+            Err(AuthError::BadSignature)
+        );
+        // A session token is not a grant.
+        let token = issue(SECRET, &claims()).unwrap();
+        assert_eq!(
+            open::<Claims>(SECRET, "gfg1", &token),
+            Err(AuthError::Malformed)
+        );
     }
 
     #[test]

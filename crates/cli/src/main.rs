@@ -1,7 +1,11 @@
 //! The `gpufuse` command. Thin: each subcommand is a module over the library crates.
 
 mod admin;
+mod controller;
+mod node;
+mod pool_status;
 mod run;
+mod simulate;
 mod status;
 mod tls;
 mod token;
@@ -47,7 +51,7 @@ enum Command {
     Serve(ServeArgs),
     /// Run a program with gpufuse's libcuda.so.1 in place of NVIDIA's.
     Run(run::RunArgs),
-    /// Show a node's devices and sessions.
+    /// Show a node's devices and sessions, or a pool's nodes, devices, sessions and queue.
     Status(status::StatusArgs),
     /// Create a token secret or issue session tokens.
     Token(token::TokenArgs),
@@ -63,13 +67,24 @@ enum Command {
     /// Print gpufuse's man page (roff) to stdout: `gpufuse man | man -l -`; `gpufuse man serve`
     /// prints gpufuse-serve(1).
     Man(admin::ManArgs),
+    /// Run a pool's controller: nodes register with it, clients ask it for a GPU and are sent
+    /// to the node that serves them. Holds no GPU.
+    #[command(after_help = LOGGING_HELP)]
+    Controller(controller::ControllerArgs),
+    /// Run a pool node: serve sessions on this machine's GPUs as `serve` does, placed by the
+    /// controller this node registers with.
+    #[command(after_help = LOGGING_HELP)]
+    Node(node::NodeArgs),
+    /// Replay a synthetic cluster trace against a simulated pool, per placement policy and
+    /// with one whole GPU per session, and print the table.
+    Simulate(simulate::SimulateArgs),
     /// (internal) Serve one session; started by `gpufuse serve`.
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
 }
 
 #[derive(clap::Args)]
-struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// unix:PATH, tcp:HOST:PORT or tcp+tls:HOST:PORT (with --tls-cert and --tls-key); may be
     /// given several times.
     #[arg(long, required = true)]
@@ -86,6 +101,30 @@ struct ServeArgs {
     compute_policy: gpufuse_proto::ComputePolicy,
     #[command(flatten)]
     tls: tls::ServerTlsArgs,
+}
+
+impl ServeArgs {
+    pub(crate) fn first_listen(&self) -> Option<gpufuse_transport::Address> {
+        self.listen.first().cloned()
+    }
+
+    /// What `gpufuse serve` (and `gpufuse node`, with its pool link) runs.
+    pub(crate) fn node_config(self) -> anyhow::Result<gpufuse_node::NodeConfig> {
+        let tokens = match &self.token_secret_file {
+            Some(p) => gpufuse_node::TokenPolicy::Verify(token::read_secret(p)?),
+            None => gpufuse_node::TokenPolicy::Open,
+        };
+        Ok(gpufuse_node::NodeConfig {
+            tls: self.tls.load()?,
+            client_certs: self.tls.requires_client_certs(),
+            listen: self.listen,
+            devices: self.devices,
+            tokens,
+            worker_exe: std::env::current_exe()?,
+            compute_policy: self.compute_policy,
+            pool: None,
+        })
+    }
 }
 
 /// Logs go to stderr, coloured only on a terminal and without `NO_COLOR` (no escape codes in
@@ -125,22 +164,18 @@ fn run_cli() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(a) => {
             init_logs();
-            let tokens = match a.token_secret_file {
-                Some(p) => gpufuse_node::TokenPolicy::Verify(token::read_secret(&p)?),
-                None => gpufuse_node::TokenPolicy::Open,
-            };
-            let config = gpufuse_node::NodeConfig {
-                listen: a.listen,
-                devices: a.devices,
-                tokens,
-                worker_exe: std::env::current_exe()?,
-                compute_policy: a.compute_policy,
-                tls: a.tls.load()?,
-                client_certs: a.tls.requires_client_certs(),
-            };
-            gpufuse_node::serve(config)?;
+            gpufuse_node::serve(a.node_config()?)?;
             Ok(())
         }
+        Command::Controller(a) => {
+            init_logs();
+            controller::controller(a)
+        }
+        Command::Node(a) => {
+            init_logs();
+            node::node(a)
+        }
+        Command::Simulate(a) => simulate::simulate(a),
         Command::Run(a) => {
             a.tls.export()?;
             run::run(a)

@@ -37,6 +37,20 @@ pub struct RunArgs {
     /// Start the program without asking the node first whether it would admit the session.
     #[arg(long)]
     no_check: bool,
+    /// Pool: the tenant charged (its quota); on a controller that checks tokens, the
+    /// token's subject (which this must match, if given).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Pool: only nodes with this label (KEY=VALUE; may be given several times).
+    #[arg(long, value_name = "KEY=VALUE", value_parser = crate::node::label)]
+    selector: Vec<(String, String)>,
+    /// Pool: only GPUs whose model name contains this (case-insensitive), e.g. B200.
+    #[arg(long)]
+    gpu_model: Option<String>,
+    /// Pool: seconds to wait for capacity when no GPU has room now (the controller's
+    /// default is 8 s).
+    #[arg(long, value_name = "SECONDS")]
+    wait: Option<u64>,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -98,12 +112,8 @@ fn prepend(var: &str, dir: &Path) -> String {
 /// Asks the node whether a session with these resources would be admitted now, so a refusal
 /// is reported with the node's reason before the program starts (a refused program would only
 /// see "no CUDA-capable device").
-fn check_admission(a: &RunArgs, resources: &ResourceRequest) -> anyhow::Result<()> {
-    let mut hello = Connection::hello(
-        SessionKind::Check,
-        a.token.clone().unwrap_or_default(),
-        resources.clone(),
-    );
+fn check_admission(a: &RunArgs, token: &str, resources: &ResourceRequest) -> anyhow::Result<()> {
+    let mut hello = Connection::hello(SessionKind::Check, token.to_string(), resources.clone());
     // This process becomes the program (exec), so the pid is the program's.
     hello.program = a.command[0].clone();
     let not_started = || format!("{} was not started", a.command[0]);
@@ -131,8 +141,17 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         tflops: a.tflops,
         qos: a.qos.unwrap_or_default(),
     };
+    // A pool's placement options travel in the token (gpufuse_controller::ask).
+    let ask = gpufuse_controller::PlacementAsk {
+        tenant: a.tenant.clone(),
+        selector: a.selector.iter().cloned().collect(),
+        gpu_model: a.gpu_model.clone(),
+        wait_s: a.wait,
+        token: a.token.clone().unwrap_or_default(),
+    };
+    let token = ask.encode().map_err(|e| anyhow::anyhow!("{e}"))?;
     if !a.no_check {
-        check_admission(&a, &resources)?;
+        check_admission(&a, &token, &resources)?;
     }
     let mut cmd = std::process::Command::new(&a.command[0]);
     cmd.args(&a.command[1..])
@@ -150,8 +169,18 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
     if let Some(q) = a.qos {
         cmd.env("GPUFUSE_QOS", q.name());
     }
-    if let Some(t) = &a.token {
-        cmd.env("GPUFUSE_TOKEN", t);
+    if a.token.is_some() || !ask.is_plain() {
+        cmd.env("GPUFUSE_TOKEN", &token);
+    }
+    if let Some(w) = a.wait {
+        // The client waits for the controller's answer longer than the controller waits for
+        // capacity.
+        let timeout = std::env::var("GPUFUSE_HELLO_TIMEOUT")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(10.0)
+            .max(w as f64 + 10.0);
+        cmd.env("GPUFUSE_HELLO_TIMEOUT", timeout.to_string());
     }
     // exec: the program's exit status, stdout and stderr are its own.
     let err = cmd.exec();

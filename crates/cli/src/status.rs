@@ -23,7 +23,20 @@ fn kind(k: DeviceKind) -> &'static str {
 }
 
 pub fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let s = gpufuse_client::Connection::query_status(&a.server, a.token)?;
+    use gpufuse_client::{ClientError, Connection};
+    let hello = Connection::hello(
+        gpufuse_proto::SessionKind::Status,
+        a.token.clone(),
+        Default::default(),
+    );
+    let s = match Connection::one_shot(&a.server, &hello)? {
+        gpufuse_proto::ServerHello::Status(s) => s,
+        gpufuse_proto::ServerHello::PoolStatus(p) => return crate::pool_status::print(&p, a.json),
+        gpufuse_proto::ServerHello::Refused { reason } => {
+            return Err(ClientError::Refused(reason).into())
+        }
+        _ => return Err(ClientError::UnexpectedReply.into()),
+    };
     if a.json {
         let v = serde_json::json!({
             "compute_policy": s.compute_policy.name(),

@@ -152,8 +152,30 @@ impl Connection {
                 },
             )),
             ServerHello::Refused { reason } => Err(ClientError::Refused(reason)),
+            ServerHello::Redirect { address, grant } => Self::redirected(&address, grant, hello),
             _ => Err(ClientError::UnexpectedReply),
         }
+    }
+
+    /// A pool controller placed the session on the node at `address`: the same hello goes
+    /// there with the controller's grant as its token. One hop only: a redirect answering a
+    /// hello that already carries a grant is an error, not a loop.
+    fn redirected(
+        address: &str,
+        grant: String,
+        hello: &ClientHello,
+    ) -> Result<(Self, Accepted), ClientError> {
+        if hello.token.starts_with(gpufuse_proto::GRANT_KIND) {
+            return Err(ClientError::Refused(format!(
+                "redirected again, to {address}, by the node the controller chose"
+            )));
+        }
+        let addr: Address = address.parse().map_err(ClientError::BadAddress)?;
+        let hello = ClientHello {
+            token: grant,
+            ..hello.clone()
+        };
+        Self::open(&addr, &hello)
     }
 
     /// Asks the node at `addr` for its status (a one-shot `Status` session).

@@ -52,6 +52,16 @@ impl NodeState {
     /// others, then the fewest sessions, then the lowest index. A refusal says why (for the
     /// first device, when none can).
     pub fn admit(&mut self, hello: &ClientHello, limit: Option<u64>) -> Result<Admitted, String> {
+        self.admit_where(hello, limit, |_| true)
+    }
+
+    /// [`NodeState::admit`] among the devices `allowed` accepts (a pool's grant names one).
+    pub fn admit_where(
+        &mut self,
+        hello: &ClientHello,
+        limit: Option<u64>,
+        allowed: impl Fn(u32) -> bool,
+    ) -> Result<Admitted, String> {
         if self.devices.is_empty() || self.queues.len() != self.devices.len() {
             return Err("the server has no device".into());
         }
@@ -68,6 +78,9 @@ impl NodeState {
         for index in 0..self.devices.len() {
             let d = &self.devices[index];
             let device = index as u32;
+            if !allowed(device) {
+                continue;
+            }
             // A TFLOPS request is a share of this device's peak.
             let compute = match tflops {
                 Some(t) => {

@@ -9,6 +9,7 @@
 //! worker itself crashed) everything its session held is released. Other sessions never notice.
 
 pub mod admin;
+pub mod agent;
 mod devices;
 mod ledger;
 pub mod lifecycle;
@@ -56,6 +57,8 @@ pub struct NodeConfig {
     pub tls: Option<gpufuse_transport::ServerTls>,
     /// Whether `tls` requires client certificates.
     pub client_certs: bool,
+    /// A pool node's link to its controller (`gpufuse node`); `None` for `gpufuse serve`.
+    pub pool: Option<Arc<agent::PoolLink>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -227,6 +230,9 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
         source,
     })?;
     shutdown_on_signals(&listeners, &state)?;
+    if let Some(link) = &config.pool {
+        agent::start(link.clone(), state.clone());
+    }
     let config = Arc::new(config);
     let handshakes = Arc::new(AtomicUsize::new(0));
     let mut threads = Vec::new();
@@ -416,6 +422,9 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
     if !SUPPORTED_VERSIONS.contains(&hello.protocol_version) {
         return refuse_version(&mut conn, hello.protocol_version);
     }
+    if let Some(link) = config.pool.as_ref().filter(|_| agent::intercepts(&hello)) {
+        return agent::serve_hello(link, conn, hello, tcp, state, config);
+    }
     let claims = match &config.tokens {
         TokenPolicy::Open => None,
         TokenPolicy::Verify(secret) => {
@@ -444,6 +453,10 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
             let reply = admin::end(state, config, session, claims.as_ref(), &hello);
             answer(&mut conn, &reply);
         }
+        SessionKind::NodeAgent => refuse(
+            &mut conn,
+            "this is a gpufuse node, not a controller (gpufuse node --controller ADDR)".into(),
+        ),
         SessionKind::Cuda => {
             let limit = match admin::slice_limit(&hello, claims.as_ref()) {
                 Ok(l) => l,

@@ -29,6 +29,10 @@
 //! receivers read it straight into its destination; the message's bulk field is sent empty
 //! and [`decode_request`]/[`decode_reply`] put the tail there.
 //!
+//! # The pool
+//! A controller (`gpufuse controller`) speaks the same frames: see [`pool`] for node
+//! registration, heartbeats, redirects and grants.
+//!
 //! # Compatibility
 //! Every header's protocol version must be in [`SUPPORTED_VERSIONS`]; any change to the header
 //! or to a message bumps [`PROTOCOL_VERSION`]. A node answers a hello of another version with
@@ -42,9 +46,11 @@
 
 mod frame;
 mod messages;
+pub mod pool;
 
 pub use frame::*;
 pub use messages::*;
+pub use pool::*;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 

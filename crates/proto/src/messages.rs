@@ -20,6 +20,9 @@ pub enum SessionKind {
     /// A one-shot request to end session `session` (`gpufuse kill`): the node kills its worker
     /// and answers `Ended` once everything the session held is released.
     End { session: u64 },
+    /// A node's agent opens its link to the controller (`gpufuse node --controller`); a
+    /// node answers it with a refusal.
+    NodeAgent,
 }
 
 /// Quality-of-service level of a session.
@@ -160,6 +163,20 @@ pub enum ServerHello {
     /// An `End` hello's session is gone and its memory released.
     Ended {
         session: u64,
+    },
+    /// From a controller: this session is served by the node at `address`; say hello there
+    /// again with `grant` as the token (`crate::pool`).
+    Redirect {
+        address: String,
+        grant: String,
+    },
+    /// From a controller: the pool's view (a `Status` hello).
+    PoolStatus(crate::PoolStatus),
+    /// From a controller to a node's agent: its registration may follow. `grant_key` verifies
+    /// the grants clients bring; reports are due every `heartbeat_ms`.
+    PoolAgent {
+        grant_key: Vec<u8>,
+        heartbeat_ms: u32,
     },
 }
 

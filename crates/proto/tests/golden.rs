@@ -561,6 +561,58 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
     );
     header.tail = 0x0a0b;
     out.push(("FrameHeader", header.encode().to_vec()));
+    // The pool's messages (gpufuse_proto::pool).
+    out.push(("SessionKind::NodeAgent", body(&SessionKind::NodeAgent)));
+    out.push((
+        "ServerHello::Redirect",
+        body(&ServerHello::Redirect {
+            address: "unix:/n".into(),
+            grant: "g".into(),
+        }),
+    ));
+    out.push((
+        "ServerHello::PoolStatus",
+        body(&ServerHello::PoolStatus(gpufuse_proto::PoolStatus {
+            policy: "binpack".into(),
+            ..Default::default()
+        })),
+    ));
+    out.push((
+        "ServerHello::PoolAgent",
+        body(&ServerHello::PoolAgent {
+            grant_key: vec![1, 2],
+            heartbeat_ms: 1000,
+        }),
+    ));
+    out.push((
+        "NodeReport",
+        body(&gpufuse_proto::NodeReport {
+            name: "a".into(),
+            address: "unix:/a".into(),
+            labels: [("zone".to_string(), "x".to_string())].into(),
+            devices: vec![gpufuse_proto::PoolDeviceReport {
+                index: 0,
+                model: "m".into(),
+                memory_total_bytes: 1 << 30,
+                memory_used_bytes: 1 << 20,
+                memory_promised_bytes: 1 << 29,
+                compute_capability: (10, 0),
+                capacity_mtflops: 80_000,
+                utilization_percent: 5,
+            }],
+            sessions: vec![gpufuse_proto::PoolSessionReport {
+                pool_session: Some(7),
+                node_session: 3,
+                tenant: Some("t".into()),
+                device: 0,
+                vram_limit_bytes: Some(1 << 29),
+                compute_percent: Some(25),
+                qos: Qos::High,
+                memory_used_bytes: 1 << 20,
+            }],
+        }),
+    ));
+    out.push(("AgentAnswer::Ack", body(&gpufuse_proto::AgentAnswer::Ack)));
     out
 }
 
@@ -593,6 +645,12 @@ const OTHERS: &[(&str, &str)] = &[
     ("ControlRequest::Renew", "05dc0b"),
     ("ControlAnswer", "01e807"),
     ("FrameHeader", "4746555306000401040302010b0a00008877665544332211"),
+    ("SessionKind::NodeAgent", "04"),
+    ("ServerHello::Redirect", "0507756e69783a2f6e0167"),
+    ("ServerHello::PoolStatus", "060762696e7061636b000000"),
+    ("ServerHello::PoolAgent", "07020102e807"),
+    ("NodeReport", "016107756e69783a2f6101047a6f6e6501780100016d808080800480804080808080020a0080f104050101070301017400018080808002011902808040"),
+    ("AgentAnswer::Ack", "00"),
 ];
 
 #[test]

@@ -1,0 +1,57 @@
+//! `gpufuse controller`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+
+#[derive(clap::Args)]
+pub struct ControllerArgs {
+    /// unix:PATH, tcp:HOST:PORT or tcp+tls:HOST:PORT (with --tls-cert and --tls-key); may be
+    /// given several times. Nodes and clients both connect here.
+    #[arg(long, required = true)]
+    listen: Vec<gpufuse_transport::Address>,
+    /// binpack: fill the fullest GPU that fits (frees whole GPUs); spread: the emptiest, least
+    /// busy GPU (least interference); balanced: the fullest node, the emptiest GPU on it.
+    #[arg(long, default_value = "balanced")]
+    policy: gpufuse_scheduler::Policy,
+    /// Tenant quotas (TOML: see docs/pool.md).
+    #[arg(long, value_name = "FILE")]
+    quota_file: Option<PathBuf>,
+    /// Require tokens signed with the secret in this file from clients and nodes (`gpufuse
+    /// token`); a session's tenant is its token's subject.
+    #[arg(long, value_name = "FILE")]
+    token_secret_file: Option<PathBuf>,
+    /// How often nodes report, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    heartbeat_ms: u64,
+    /// Silence after which a node is lost (nothing is placed there), in milliseconds.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(20..=600_000))]
+    node_timeout_ms: u64,
+    /// How long a session waits for capacity when its client names no wait (`gpufuse run
+    /// --wait`), in seconds; keep it under the clients' hello timeout (10 s by default).
+    #[arg(long, default_value_t = 8)]
+    default_wait: u64,
+    #[command(flatten)]
+    tls: crate::tls::ServerTlsArgs,
+}
+
+pub fn controller(a: ControllerArgs) -> anyhow::Result<()> {
+    let mut config = gpufuse_controller::ControllerConfig::new(a.listen);
+    config.policy = a.policy;
+    if let Some(p) = &a.quota_file {
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+        config.quotas = gpufuse_scheduler::QuotaFile::parse(&text)
+            .with_context(|| format!("quota file {}", p.display()))?;
+    }
+    if let Some(p) = &a.token_secret_file {
+        config.token_secret = Some(crate::token::read_secret(p)?);
+    }
+    config.heartbeat = Duration::from_millis(a.heartbeat_ms);
+    config.node_timeout = Duration::from_millis(a.node_timeout_ms);
+    config.default_wait = Duration::from_secs(a.default_wait);
+    config.tls = a.tls.load()?;
+    gpufuse_controller::Controller::new(config).serve()?;
+    Ok(())
+}

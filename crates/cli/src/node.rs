@@ -1,0 +1,85 @@
+//! `gpufuse node`: `gpufuse serve` plus the agent that registers with a controller.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+/// `K=V`.
+pub fn label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() && !k.contains(';') && !v.contains(';') => {
+            Ok((k.to_string(), v.to_string()))
+        }
+        _ => Err(format!("expected KEY=VALUE, not {s:?}")),
+    }
+}
+
+#[derive(clap::Args)]
+pub struct NodeArgs {
+    /// The controller's address.
+    #[arg(long)]
+    controller: gpufuse_transport::Address,
+    /// The node's name in the pool (the host name by default).
+    #[arg(long)]
+    name: Option<String>,
+    /// A label sessions may select (`gpufuse run --selector K=V`); may be given several times.
+    #[arg(long, value_parser = label)]
+    label: Vec<(String, String)>,
+    /// The address clients are sent to (the first --listen by default).
+    #[arg(long)]
+    advertise: Option<gpufuse_transport::Address>,
+    /// The token this node presents to a controller that checks tokens.
+    #[arg(
+        long,
+        env = "GPUFUSE_TOKEN",
+        default_value = "",
+        hide_env_values = true
+    )]
+    token: String,
+    #[command(flatten)]
+    serve: crate::ServeArgs,
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "node".into())
+}
+
+pub fn node(a: NodeArgs) -> anyhow::Result<()> {
+    let advertise = match a.advertise {
+        Some(addr) => addr,
+        None => {
+            let first = a.serve_first_listen().context("--listen is required")?;
+            if let gpufuse_transport::Address::Tcp(hp) | gpufuse_transport::Address::TcpTls(hp) =
+                &first
+            {
+                anyhow::ensure!(
+                    !(hp.starts_with("0.0.0.0:") || hp.starts_with("[::]:") || hp.ends_with(":0")),
+                    "--listen {first} is not an address clients can be sent to: give --advertise"
+                );
+            }
+            first
+        }
+    };
+    let link = gpufuse_node::agent::PoolLink::new(
+        a.controller,
+        a.name.unwrap_or_else(host_name),
+        advertise.to_string(),
+        a.label.into_iter().collect::<BTreeMap<_, _>>(),
+        a.token,
+    );
+    let mut config = a.serve.node_config()?;
+    config.pool = Some(Arc::new(link));
+    gpufuse_node::serve(config)?;
+    Ok(())
+}
+
+impl NodeArgs {
+    fn serve_first_listen(&self) -> Option<gpufuse_transport::Address> {
+        self.serve.first_listen()
+    }
+}

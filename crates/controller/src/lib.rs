@@ -1,0 +1,299 @@
+//! `gpufuse controller`: the pool's control plane. It holds no GPU and never carries a
+//! session's data.
+//!
+//! - Nodes (`gpufuse node --controller ADDR`) open a link, register their devices, labels and
+//!   sessions, and report every heartbeat ([`link`]). A node silent for the node timeout (5 s
+//!   by default) or whose link closes is lost: nothing is placed there and its sessions show
+//!   as lost until it reports again. The node is the truth for its own sessions, so a
+//!   restarted controller learns every running session from the nodes' registrations.
+//! - A client's `Cuda` hello is placed by the scheduler (`gpufuse-scheduler`: quotas,
+//!   filters, policy) and answered with a redirect to the node and a signed grant
+//!   ([`place`]); the client says hello again there and from then on talks to the node
+//!   only. A session that fits nowhere waits in the pending queue (visible in the status)
+//!   until capacity frees, its wait ends or its client hangs up. A `high`/`critical` session
+//!   may preempt `low` ones: the controller ends them through their node, as `gpufuse kill`
+//!   does, before it redirects.
+//! - A `Status` hello gets the pool view ([`Controller::snapshot`]); an `End` hello (`gpufuse
+//!   kill --server CONTROLLER ID`) ends pool session `ID` through its node.
+//!
+//! A controller outage stops new placements only: running sessions talk to their nodes.
+
+#![forbid(unsafe_code)]
+
+pub mod ask;
+mod link;
+mod place;
+mod view;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gpufuse_proto::{
+    decode_owned, encode_frame, ClientHello, FrameKind, PoolStatus, ProtoError, ServerHello,
+    SessionKind, SUPPORTED_VERSIONS,
+};
+use gpufuse_scheduler::{Millis, Placement, Policy, Pool, QuotaFile, SessionId};
+use gpufuse_transport::{Address, Conn, Stream, TransportError};
+
+pub use ask::PlacementAsk;
+
+/// What `gpufuse controller` was asked for.
+#[derive(Clone)]
+pub struct ControllerConfig {
+    pub listen: Vec<Address>,
+    pub policy: Policy,
+    pub quotas: QuotaFile,
+    /// Clients and nodes must present tokens signed with this secret (`gpufuse token`).
+    pub token_secret: Option<Vec<u8>>,
+    /// How often nodes report.
+    pub heartbeat: Duration,
+    /// Silence after which a node is lost (5 s).
+    pub node_timeout: Duration,
+    /// How long a session may wait for capacity when its client names no wait
+    /// (`gpufuse run --wait`): a little under the client's default hello timeout (10 s).
+    pub default_wait: Duration,
+    pub tls: Option<gpufuse_transport::ServerTls>,
+}
+
+impl ControllerConfig {
+    /// A controller on `listen` with the defaults: balanced, no quotas, open, 1 s
+    /// heartbeats, nodes lost after 5 s, 8 s waits.
+    pub fn new(listen: Vec<Address>) -> Self {
+        Self {
+            listen,
+            policy: Policy::default(),
+            quotas: QuotaFile::default(),
+            token_secret: None,
+            heartbeat: Duration::from_secs(1),
+            node_timeout: Duration::from_secs(5),
+            default_wait: Duration::from_secs(8),
+            tls: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The pool and what waits on it.
+struct Books {
+    pool: Pool,
+    /// Pending requests the queue has since placed (or preempted for), by id, until their
+    /// waiting client takes them.
+    placed: HashMap<SessionId, Placement>,
+    /// Which link speaks for each node (a newer link replaces an older one).
+    links: HashMap<String, u64>,
+}
+
+struct Inner {
+    config: ControllerConfig,
+    books: Mutex<Books>,
+    /// Signalled whenever placements may have changed.
+    changed: Condvar,
+    epoch: Instant,
+    /// Signs grants and end orders; nodes learn it when they register.
+    grant_key: [u8; 32],
+    next_link: AtomicU64,
+}
+
+/// A running controller (cheap to clone).
+#[derive(Clone)]
+pub struct Controller(Arc<Inner>);
+
+/// Most connections the controller serves at once (waiting clients hold one each).
+const MAX_CONNECTIONS: usize = 1024;
+/// How long a connection has to send its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Controller {
+    pub fn new(config: ControllerConfig) -> Self {
+        let pool = Pool::new(config.policy, config.quotas.clone());
+        Controller(Arc::new(Inner {
+            config,
+            books: Mutex::new(Books {
+                pool,
+                placed: HashMap::new(),
+                links: HashMap::new(),
+            }),
+            changed: Condvar::new(),
+            epoch: Instant::now(),
+            grant_key: gpufuse_auth::new_secret(),
+            next_link: AtomicU64::new(1),
+        }))
+    }
+
+    fn books(&self) -> MutexGuard<'_, Books> {
+        self.0.books.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> Millis {
+        self.0.epoch.elapsed().as_millis() as Millis
+    }
+
+    /// The pool as `gpufuse status` shows it: a serde value (postcard on the wire, JSON for
+    /// `--json`, and what metrics exporters read).
+    pub fn snapshot(&self) -> PoolStatus {
+        let now = self.now();
+        view::snapshot(&self.books().pool, now)
+    }
+
+    /// Places what the queue now fits, marks silent nodes lost and forgets sessions that never
+    /// started, then wakes the waiting clients.
+    fn reschedule(&self, books: &mut Books) {
+        let now = self.now();
+        let timeout = self.0.config.node_timeout.as_millis() as Millis;
+        for n in books.pool.expire(now, timeout) {
+            tracing::warn!("node {n} is lost: no report for {timeout} ms; nothing is placed there until it reports again");
+        }
+        for p in books.pool.retry_pending(now) {
+            books.placed.insert(p.session, p);
+        }
+        self.0.changed.notify_all();
+    }
+
+    /// Binds every address, then serves until the process ends.
+    pub fn serve(&self) -> Result<(), ControllerError> {
+        let cfg = &self.0.config;
+        let mut listeners = Vec::new();
+        for addr in &cfg.listen {
+            let l = addr
+                .bind_with(cfg.tls.as_ref())
+                .map_err(|source| ControllerError::Listen {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            tracing::info!(
+                "controller listening on {} (policy {})",
+                l.local_address().map(|a| a.to_string()).unwrap_or_default(),
+                cfg.policy.name()
+            );
+            listeners.push(l);
+        }
+        // The ticker: lost nodes, expired starts, the queue.
+        let ticker = self.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let mut b = ticker.books();
+            ticker.reschedule(&mut b);
+        });
+        let open = Arc::new(AtomicUsize::new(0));
+        let mut threads = Vec::new();
+        for l in listeners {
+            let (me, open) = (self.clone(), open.clone());
+            threads.push(std::thread::spawn(move || loop {
+                match l.accept() {
+                    Ok(stream) => {
+                        if open.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+                            open.fetch_sub(1, Ordering::AcqRel);
+                            tracing::warn!(
+                                "{MAX_CONNECTIONS} connections are open; closing a new one"
+                            );
+                            continue;
+                        }
+                        let (me, open) = (me.clone(), open.clone());
+                        std::thread::spawn(move || {
+                            me.handle(stream);
+                            open.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            }));
+        }
+        for t in threads {
+            let _ = t.join();
+        }
+        Ok(())
+    }
+
+    fn handle(&self, stream: Stream) {
+        let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+        let mut conn = Conn::new(stream);
+        let hello: ClientHello = match conn.recv() {
+            Ok((h, body)) if h.kind == FrameKind::Hello => match decode_owned(body) {
+                Ok(hello) => hello,
+                Err(e) => return tracing::warn!("malformed hello: {e}"),
+            },
+            Ok((h, _)) => {
+                return answer(
+                    &mut conn,
+                    &refused(format!("expected a hello, got a {:?} frame", h.kind)),
+                )
+            }
+            Err(TransportError::Proto(ProtoError::VersionMismatch { theirs, .. })) => {
+                return answer(&mut conn, &refused(version_mismatch(theirs)));
+            }
+            Err(e) => return tracing::debug!("connection closed before its hello: {e}"),
+        };
+        if !SUPPORTED_VERSIONS.contains(&hello.protocol_version) {
+            return answer(
+                &mut conn,
+                &refused(version_mismatch(hello.protocol_version)),
+            );
+        }
+        match hello.kind {
+            SessionKind::Status => {
+                if let Err(reason) = self.authenticate(&hello.token) {
+                    return answer(&mut conn, &refused(reason));
+                }
+                answer(&mut conn, &ServerHello::PoolStatus(self.snapshot()));
+            }
+            SessionKind::NodeAgent => link::serve(self, conn, &hello),
+            SessionKind::Cuda => place::serve(self, conn, &hello),
+            SessionKind::Check => {
+                let reply = place::check(self, &hello);
+                answer(&mut conn, &reply);
+            }
+            SessionKind::End { session } => {
+                let reply = place::end(self, &hello, session);
+                answer(&mut conn, &reply);
+            }
+        }
+    }
+
+    /// Verifies a token when the controller requires them; the token's claims.
+    fn authenticate(&self, token: &str) -> Result<Option<gpufuse_auth::Claims>, String> {
+        let Some(secret) = &self.0.config.token_secret else {
+            return Ok(None);
+        };
+        gpufuse_auth::verify(secret, token, unix_now())
+            .map(Some)
+            .map_err(|e| format!("authentication failed: {e}"))
+    }
+}
+
+fn version_mismatch(theirs: u16) -> String {
+    format!(
+        "protocol version mismatch: the client speaks {theirs}, this controller speaks {}..={}",
+        SUPPORTED_VERSIONS.start(),
+        SUPPORTED_VERSIONS.end()
+    )
+}
+
+fn refused(reason: String) -> ServerHello {
+    ServerHello::Refused { reason }
+}
+
+fn answer(conn: &mut Conn, hello: &ServerHello) {
+    let mut out = Vec::new();
+    encode_frame(&mut out, FrameKind::HelloReply, 0, 0, hello);
+    let _ = conn.send(&out);
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

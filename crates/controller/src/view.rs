@@ -1,0 +1,80 @@
+//! The pool view (`gpufuse status --server CONTROLLER`), from the scheduler's books.
+
+use gpufuse_proto::{PoolDeviceView, PoolNodeView, PoolPendingView, PoolSessionView, PoolStatus};
+use gpufuse_scheduler::{Millis, Pool};
+
+pub(crate) fn snapshot(pool: &Pool, now: Millis) -> PoolStatus {
+    let nodes = pool
+        .nodes()
+        .iter()
+        .map(|n| PoolNodeView {
+            name: n.spec.name.clone(),
+            address: n.spec.address.clone(),
+            state: n.state.name().into(),
+            labels: n.spec.labels.clone(),
+            last_heard_ms: now.saturating_sub(n.last_heard),
+            devices: n
+                .devices
+                .iter()
+                .map(|d| PoolDeviceView {
+                    index: d.spec.index,
+                    model: d.spec.model.clone(),
+                    compute_capability: d.spec.compute_capability,
+                    memory_total_bytes: d.spec.memory_total,
+                    memory_promised_bytes: d.charged_memory,
+                    memory_used_bytes: d.load.memory_used,
+                    compute_promised_percent: d.charged_compute,
+                    utilization_percent: d.load.utilization_percent,
+                    sessions: d.sessions.len() as u32,
+                })
+                .collect(),
+        })
+        .collect();
+    let mut sessions: Vec<PoolSessionView> = pool
+        .sessions()
+        .map(|s| PoolSessionView {
+            id: s.id,
+            tenant: s.tenant.clone(),
+            node: Some(s.node.clone()),
+            device: Some(s.device),
+            state: s.state.name().into(),
+            vram_limit_bytes: s.vram_limit,
+            compute_percent: s.compute_percent,
+            qos: s.qos.name().into(),
+            memory_used_bytes: s.memory_used,
+            node_session: s.node_session,
+        })
+        .collect();
+    let pending: Vec<PoolPendingView> = pool
+        .pending()
+        .iter()
+        .map(|p| PoolPendingView {
+            id: p.id,
+            tenant: p.request.tenant.clone(),
+            vram_bytes: p.request.vram_bytes,
+            compute_percent: p.request.compute_percent,
+            qos: p.request.qos.name().into(),
+            reason: p.reason.clone(),
+            waiting_ms: now.saturating_sub(p.since),
+        })
+        .collect();
+    sessions.extend(pending.iter().map(|p| PoolSessionView {
+        id: p.id,
+        tenant: p.tenant.clone(),
+        node: None,
+        device: None,
+        state: "pending".into(),
+        vram_limit_bytes: p.vram_bytes,
+        compute_percent: p.compute_percent,
+        qos: p.qos.clone(),
+        memory_used_bytes: 0,
+        node_session: None,
+    }));
+    sessions.sort_by_key(|s| s.id);
+    PoolStatus {
+        policy: pool.policy().name().into(),
+        nodes,
+        sessions,
+        pending,
+    }
+}

@@ -1,0 +1,367 @@
+//! A pool node's agent (`gpufuse node --controller ADDR`): it registers the node with the
+//! controller, reports its devices and sessions every heartbeat (and at once when a session
+//! starts or ends), reconnects and registers again whenever the link breaks (a restarted
+//! controller learns every running session this way), and admits only the sessions the
+//! controller granted: a `Cuda` hello must carry a grant signed with the key the controller
+//! gave at registration, naming this node; the session gets the device and slice the grant
+//! names. The controller ends preempted sessions with a signed end order.
+//!
+//! Sessions never depend on the link: a controller outage stops new placements only.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gpufuse_proto::{
+    decode_owned, encode_frame, AgentAnswer, ClientHello, EndOrder, FrameKind, Grant, NodeReport,
+    PoolDeviceReport, PoolSessionReport, ServerHello, SessionKind, END_ORDER_KIND, GRANT_KIND,
+    PROTOCOL_VERSION,
+};
+use gpufuse_transport::{Address, Conn};
+
+use crate::{answer, lock, refuse, NodeConfig, Shared};
+
+/// How the node reaches its controller and how it describes itself.
+#[derive(Debug)]
+pub struct PoolLink {
+    pub controller: Address,
+    pub name: String,
+    /// Where clients reach this node (given to the controller).
+    pub address: String,
+    pub labels: BTreeMap<String, String>,
+    /// The token the agent presents to a controller that checks tokens.
+    pub token: String,
+    books: Mutex<AgentBooks>,
+}
+
+#[derive(Debug, Default)]
+struct AgentBooks {
+    /// The key grants are signed with (from the controller's answer to the agent's hello).
+    grant_key: Option<Vec<u8>>,
+    /// The node's sessions that a grant admitted: node id -> (pool id, tenant).
+    granted: HashMap<u64, (u64, String)>,
+    /// Grants already used (pool id -> their expiry): a grant starts one session.
+    used: HashMap<u64, u64>,
+}
+
+/// Longest wait between connection attempts to the controller.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How often the agent looks whether the node's sessions changed.
+const WATCH: Duration = Duration::from_millis(25);
+
+impl PoolLink {
+    pub fn new(
+        controller: Address,
+        name: String,
+        address: String,
+        labels: BTreeMap<String, String>,
+        token: String,
+    ) -> Self {
+        Self {
+            controller,
+            name,
+            address,
+            labels,
+            token,
+            books: Mutex::new(AgentBooks::default()),
+        }
+    }
+
+    fn books(&self) -> MutexGuard<'_, AgentBooks> {
+        self.books.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Starts the agent's thread.
+pub fn start(link: Arc<PoolLink>, state: Shared) {
+    std::thread::spawn(move || {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match run_link(&link, &state) {
+                Ok(()) => {}
+                Err(e) => tracing::warn!(
+                    "controller {}: {e}; retrying in {} ms",
+                    link.controller,
+                    backoff.as_millis()
+                ),
+            }
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    });
+}
+
+/// One link: hello, registration, heartbeats until it breaks.
+fn run_link(link: &PoolLink, state: &Shared) -> Result<(), String> {
+    let stream = link
+        .controller
+        .connect()
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+    let mut conn = Conn::new(stream);
+    let hello = ClientHello {
+        protocol_version: PROTOCOL_VERSION,
+        kind: SessionKind::NodeAgent,
+        token: link.token.clone(),
+        pid: std::process::id(),
+        program: format!("gpufuse node {}", link.name),
+        resources: Default::default(),
+    };
+    let mut out = Vec::new();
+    encode_frame(&mut out, FrameKind::Hello, 0, 0, &hello);
+    conn.send(&out).map_err(|e| format!("hello: {e}"))?;
+    let (_, body) = conn
+        .recv()
+        .map_err(|e| format!("no answer to the hello: {e}"))?;
+    let heartbeat = match decode_owned::<ServerHello>(body).map_err(|e| e.to_string())? {
+        ServerHello::PoolAgent {
+            grant_key,
+            heartbeat_ms,
+        } => {
+            link.books().grant_key = Some(grant_key);
+            Duration::from_millis(u64::from(heartbeat_ms.max(10)))
+        }
+        ServerHello::Refused { reason } => return Err(format!("refused: {reason}")),
+        other => {
+            return Err(format!(
+                "unexpected answer {other:?} (is it a gpufuse controller?)"
+            ))
+        }
+    };
+    let mut first = true;
+    loop {
+        let (report, shape) = report(link, state);
+        let mut out = Vec::new();
+        encode_frame(&mut out, FrameKind::Control, 0, 0, &report);
+        conn.send(&out).map_err(|e| format!("report: {e}"))?;
+        let (h, body) = conn
+            .recv()
+            .map_err(|e| format!("no answer to a report: {e}"))?;
+        if h.kind != FrameKind::ControlReply {
+            return Err(format!(
+                "expected an answer to the report, got a {:?} frame",
+                h.kind
+            ));
+        }
+        match decode_owned::<AgentAnswer>(body).map_err(|e| e.to_string())? {
+            AgentAnswer::Ack => {}
+            AgentAnswer::Refused { reason } => return Err(format!("report refused: {reason}")),
+        }
+        if first {
+            tracing::info!(
+                "registered with the controller at {} as {} ({} session(s))",
+                link.controller,
+                link.name,
+                report.sessions.len()
+            );
+            first = false;
+        }
+        // Until the next heartbeat, or sooner when the sessions change.
+        let due = Instant::now() + heartbeat;
+        while Instant::now() < due {
+            std::thread::sleep(WATCH.min(heartbeat));
+            if session_shape(state) != shape {
+                break;
+            }
+        }
+    }
+}
+
+/// The set of sessions (with their workers): a change is reported at once.
+fn session_shape(state: &Shared) -> Vec<(u64, u32)> {
+    let s = lock(state);
+    let mut v: Vec<(u64, u32)> = s
+        .sessions
+        .iter()
+        .map(|(&id, r)| (id, r.worker_pid))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+fn report(link: &PoolLink, state: &Shared) -> (NodeReport, Vec<(u64, u32)>) {
+    let (status, promised, capacity, shape) = {
+        let s = lock(state);
+        let promised: Vec<u64> = s.devices.iter().map(|d| d.promised).collect();
+        let capacity: Vec<u64> = s
+            .devices
+            .iter()
+            .map(|d| (d.peak_tflops * 1000.0) as u64)
+            .collect();
+        let mut shape: Vec<(u64, u32)> = s
+            .sessions
+            .iter()
+            .map(|(&id, r)| (id, r.worker_pid))
+            .collect();
+        shape.sort_unstable();
+        (s.status(), promised, capacity, shape)
+    };
+    let mut books = link.books();
+    books
+        .granted
+        .retain(|id, _| status.sessions.iter().any(|s| s.id == *id));
+    let now = unix_now();
+    books.used.retain(|_, &mut expires| expires > now);
+    let report = NodeReport {
+        name: link.name.clone(),
+        address: link.address.clone(),
+        labels: link.labels.clone(),
+        devices: status
+            .devices
+            .iter()
+            .map(|d| PoolDeviceReport {
+                index: d.index,
+                model: model_name(d),
+                memory_total_bytes: d.total_bytes,
+                memory_used_bytes: d.used_bytes,
+                memory_promised_bytes: promised.get(d.index as usize).copied().unwrap_or(0),
+                compute_capability: d.compute_capability,
+                capacity_mtflops: capacity.get(d.index as usize).copied().unwrap_or(0),
+                utilization_percent: d.utilization_percent,
+            })
+            .collect(),
+        sessions: status
+            .sessions
+            .iter()
+            .map(|s| {
+                let granted = books.granted.get(&s.id);
+                PoolSessionReport {
+                    pool_session: granted.map(|g| g.0),
+                    node_session: s.id,
+                    tenant: granted.map(|g| g.1.clone()).or_else(|| s.subject.clone()),
+                    device: s.device,
+                    vram_limit_bytes: s.limit_bytes,
+                    compute_percent: s.compute_percent,
+                    qos: s.qos,
+                    memory_used_bytes: s.used_bytes,
+                }
+            })
+            .collect(),
+    };
+    (report, shape)
+}
+
+/// The model a `--gpu-model` request matches: an emulated device also names the GPU its
+/// model is after (`gpufuse emulated GPU (B200-like, sm_100)`).
+fn model_name(d: &gpufuse_proto::DeviceStatus) -> String {
+    let (major, minor) = d.compute_capability;
+    match (d.kind, gpufuse_device::model::by_arch(major * 10 + minor)) {
+        (gpufuse_proto::DeviceKind::Emulated, Some(m)) => {
+            format!("{} ({}-like, sm_{}{})", d.name, m.like, major, minor)
+        }
+        _ => d.name.clone(),
+    }
+}
+
+/// Whether a pool node answers this hello itself (sessions need a grant; a signed end
+/// order ends a session); other hellos (status, an operator's `gpufuse kill`) take the
+/// node's usual path.
+pub fn intercepts(hello: &ClientHello) -> bool {
+    match hello.kind {
+        SessionKind::Cuda => true,
+        SessionKind::End { .. } => hello.token.starts_with(END_ORDER_KIND),
+        _ => false,
+    }
+}
+
+/// Serves a hello [`intercepts`] took.
+pub fn serve_hello(
+    link: &PoolLink,
+    mut conn: Conn,
+    hello: ClientHello,
+    tcp: bool,
+    state: &Shared,
+    config: &NodeConfig,
+) {
+    let Some(key) = link.books().grant_key.clone() else {
+        return refuse(
+            &mut conn,
+            format!(
+                "this node has not registered with its controller at {} yet",
+                link.controller
+            ),
+        );
+    };
+    match hello.kind {
+        SessionKind::End { session } => {
+            let order: EndOrder = match gpufuse_auth::open(&key, END_ORDER_KIND, &hello.token) {
+                Ok(o) => o,
+                Err(e) => return refuse(&mut conn, format!("bad end order: {e}")),
+            };
+            if order.node != link.name
+                || order.node_session != session
+                || order.expires <= unix_now()
+            {
+                return refuse(
+                    &mut conn,
+                    "the end order is for another session or expired".into(),
+                );
+            }
+            tracing::info!("the controller ends session {session} (preempted)");
+            let reply = crate::admin::end(state, config, session, None, &hello);
+            answer(&mut conn, &reply);
+        }
+        _ => {
+            let grant: Grant = match gpufuse_auth::open(&key, GRANT_KIND, &hello.token) {
+                Ok(g) => g,
+                Err(e) => {
+                    return refuse(
+                        &mut conn,
+                        format!(
+                            "this node serves sessions its controller places ({e}): set \
+                             GPUFUSE_SERVER to the controller, {}",
+                            link.controller
+                        ),
+                    )
+                }
+            };
+            if grant.node != link.name {
+                return refuse(&mut conn, format!("the grant is for node {}", grant.node));
+            }
+            let now = unix_now();
+            if grant.expires <= now {
+                return refuse(&mut conn, "the grant expired".into());
+            }
+            {
+                let mut b = link.books();
+                if b.used.insert(grant.session, grant.expires).is_some() {
+                    return refuse(&mut conn, "the grant was used already".into());
+                }
+            }
+            let mut hello = hello;
+            hello.resources.vram_bytes = grant.vram_bytes;
+            hello.resources.compute_percent = grant.compute_percent;
+            hello.resources.tflops = None;
+            hello.resources.qos = grant.qos;
+            let admitted = {
+                let mut s = lock(state);
+                if grant.device as usize >= s.devices.len() {
+                    Err(format!("this node has no device {}", grant.device))
+                } else {
+                    s.admit_where(&hello, grant.vram_bytes, |d| d == grant.device)
+                        .inspect(|a| {
+                            if let Some(r) = s.sessions.get_mut(&a.id) {
+                                r.subject = Some(grant.tenant.clone());
+                            }
+                        })
+                }
+            };
+            let a = match admitted {
+                Ok(a) => a,
+                Err(reason) => return refuse(&mut conn, reason),
+            };
+            link.books()
+                .granted
+                .insert(a.id, (grant.session, grant.tenant.clone()));
+            let _ = conn.stream().set_read_timeout(None);
+            crate::spawn::run_worker(conn, tcp, a, grant.vram_bytes, state, config);
+        }
+    }
+}

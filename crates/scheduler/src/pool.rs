@@ -1,0 +1,949 @@
+//! The pool's ledger and its placement decisions.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::quota::{human, QuotaError, QuotaFile, TenantUsage};
+use crate::{Millis, NodeSpec, NodeState, Policy, Qos, Request, SessionId, DEFAULT_TENANT};
+
+/// What a node last measured on a device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceLoad {
+    /// Percent of the last second the device ran kernels.
+    pub utilization_percent: u32,
+    /// Bytes its sessions hold.
+    pub memory_used: u64,
+}
+
+/// One GPU and its ledger.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolDevice {
+    pub spec: crate::DeviceSpec,
+    /// Memory charged to sessions: their slices, or what a session without a slice was
+    /// measured using.
+    pub charged_memory: u64,
+    /// Compute shares promised to sessions, in percent.
+    pub charged_compute: u32,
+    pub load: DeviceLoad,
+    /// The sessions placed here (starting, running or lost).
+    pub sessions: Vec<SessionId>,
+}
+
+impl PoolDevice {
+    /// Memory not charged to any session.
+    pub fn free_memory(&self) -> u64 {
+        self.spec.memory_total.saturating_sub(self.charged_memory)
+    }
+    /// Compute share not promised to any session, in percent.
+    pub fn free_compute(&self) -> u32 {
+        100u32.saturating_sub(self.charged_compute)
+    }
+}
+
+/// One node: what it registered, whether it is heard from, its devices' ledgers.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolNode {
+    pub spec: NodeSpec,
+    pub state: NodeState,
+    /// When the node last reported (the caller's clock).
+    pub last_heard: Millis,
+    /// Same order as `spec.devices`.
+    pub devices: Vec<PoolDevice>,
+}
+
+impl PoolNode {
+    fn free_memory(&self) -> u64 {
+        self.devices.iter().map(PoolDevice::free_memory).sum()
+    }
+    fn position(&self, device_index: u32) -> Option<usize> {
+        self.devices
+            .iter()
+            .position(|d| d.spec.index == device_index)
+    }
+}
+
+/// Where a session is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionState {
+    /// Placed; its client has not reached the node yet (or the node has not reported it).
+    /// Forgotten at `expires` if the node never reports it.
+    Starting { expires: Millis },
+    /// Reported by its node.
+    Running,
+    /// Its node is lost; it may still run there.
+    Lost,
+}
+
+impl SessionState {
+    pub fn name(self) -> &'static str {
+        match self {
+            SessionState::Starting { .. } => "starting",
+            SessionState::Running => "running",
+            SessionState::Lost => "lost",
+        }
+    }
+}
+
+/// A placed session.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Session {
+    pub id: SessionId,
+    pub tenant: String,
+    pub node: String,
+    /// The device's index on its node.
+    pub device: u32,
+    pub vram_limit: Option<u64>,
+    pub compute_percent: Option<u32>,
+    pub qos: Qos,
+    pub state: SessionState,
+    /// Bytes the node last measured it holding.
+    pub memory_used: u64,
+    /// The node's own id of the session (what `gpufuse kill` on that node takes), once
+    /// reported.
+    pub node_session: Option<u64>,
+}
+
+impl Session {
+    fn memory_charge(&self) -> u64 {
+        self.vram_limit.unwrap_or(self.memory_used)
+    }
+    fn usage(&self) -> TenantUsage {
+        TenantUsage {
+            vram: self.vram_limit.unwrap_or(0),
+            compute: self.compute_percent.unwrap_or(0),
+            sessions: 1,
+        }
+    }
+}
+
+/// A session a node reports (registration or heartbeat).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SessionReport {
+    /// The pool's id, from the grant the session was admitted with (`None` for a session
+    /// the node admitted on its own).
+    pub pool_session: Option<SessionId>,
+    pub node_session: u64,
+    pub tenant: Option<String>,
+    pub device: u32,
+    pub vram_limit: Option<u64>,
+    pub compute_percent: Option<u32>,
+    pub qos: Qos,
+    pub memory_used: u64,
+}
+
+/// A request waiting for capacity.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Pending {
+    pub id: SessionId,
+    /// The request as it will be charged (quota defaults applied).
+    pub request: Request,
+    /// Why it does not fit now.
+    pub reason: String,
+    pub since: Millis,
+}
+
+/// Where a session goes.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Placement {
+    pub session: SessionId,
+    pub tenant: String,
+    pub node: String,
+    /// Where its client reaches the node.
+    pub address: String,
+    /// The device's index on the node.
+    pub device: u32,
+    pub vram_bytes: Option<u64>,
+    pub compute_percent: Option<u32>,
+    pub qos: Qos,
+}
+
+/// A `low` session to end so that a `high` or `critical` one fits.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Victim {
+    pub session: SessionId,
+    pub node: String,
+    pub address: String,
+    pub node_session: u64,
+}
+
+/// A placement that needs victims ended first (they are already out of the ledger).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PreemptionPlan {
+    pub victims: Vec<Victim>,
+    pub placement: Placement,
+}
+
+/// What [`Pool::submit`] decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Placed(Placement),
+    /// Waiting in the pending queue (its id is the session's id once placed).
+    Pending {
+        id: SessionId,
+        reason: String,
+    },
+    Preempt(PreemptionPlan),
+}
+
+/// A request that can never be placed as asked.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Rejected {
+    #[error(transparent)]
+    Quota(#[from] QuotaError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A device (node, position) and the sessions to end there.
+pub type Victims = (u32, usize, Vec<SessionId>);
+
+/// Index key of a device on a ready node: free memory, its node's free memory, node, device
+/// position.
+type DeviceKey = (u64, u64, u32, u32);
+
+/// How long a placed session may take to show up in its node's reports.
+pub const START_TIMEOUT_MS: Millis = 30_000;
+
+/// The pool: nodes, devices, sessions, pending requests, quotas and the policy.
+#[derive(Clone, Debug)]
+pub struct Pool {
+    policy: Policy,
+    quotas: QuotaFile,
+    nodes: Vec<PoolNode>,
+    by_name: HashMap<String, u32>,
+    sessions: BTreeMap<SessionId, Session>,
+    pending: Vec<Pending>,
+    usage: HashMap<String, TenantUsage>,
+    next_id: SessionId,
+    devices_by_free: BTreeSet<DeviceKey>,
+    nodes_by_free: BTreeSet<(u64, u32)>,
+}
+
+impl Pool {
+    pub fn new(policy: Policy, quotas: QuotaFile) -> Self {
+        Self {
+            policy,
+            quotas,
+            nodes: Vec::new(),
+            by_name: HashMap::new(),
+            sessions: BTreeMap::new(),
+            pending: Vec::new(),
+            usage: HashMap::new(),
+            next_id: 1,
+            devices_by_free: BTreeSet::new(),
+            nodes_by_free: BTreeSet::new(),
+        }
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+    }
+    pub fn quotas(&self) -> &QuotaFile {
+        &self.quotas
+    }
+    /// Replaces the quotas; sessions already placed keep running.
+    pub fn set_quotas(&mut self, quotas: QuotaFile) {
+        self.quotas = quotas;
+    }
+    pub fn nodes(&self) -> &[PoolNode] {
+        &self.nodes
+    }
+    pub fn node(&self, name: &str) -> Option<&PoolNode> {
+        self.by_name.get(name).map(|&i| &self.nodes[i as usize])
+    }
+    pub fn sessions(&self) -> impl Iterator<Item = &Session> {
+        self.sessions.values()
+    }
+    pub fn session(&self, id: SessionId) -> Option<&Session> {
+        self.sessions.get(&id)
+    }
+    /// Requests waiting for capacity, in the order they will be tried.
+    pub fn pending(&self) -> &[Pending] {
+        &self.pending
+    }
+    /// What `tenant`'s sessions hold.
+    pub fn tenant_usage(&self, tenant: &str) -> TenantUsage {
+        self.usage.get(tenant).copied().unwrap_or_default()
+    }
+
+    // ---- the indexes -------------------------------------------------------------------
+
+    fn unindex(&mut self, n: u32) {
+        let node = &self.nodes[n as usize];
+        if node.state != NodeState::Ready {
+            return;
+        }
+        let nf = node.free_memory();
+        self.nodes_by_free.remove(&(nf, n));
+        for (p, d) in node.devices.iter().enumerate() {
+            self.devices_by_free
+                .remove(&(d.free_memory(), nf, n, p as u32));
+        }
+    }
+
+    fn index(&mut self, n: u32) {
+        let node = &self.nodes[n as usize];
+        if node.state != NodeState::Ready {
+            return;
+        }
+        let nf = node.free_memory();
+        self.nodes_by_free.insert((nf, n));
+        for (p, d) in node.devices.iter().enumerate() {
+            self.devices_by_free
+                .insert((d.free_memory(), nf, n, p as u32));
+        }
+    }
+
+    /// Runs `f` on node `n` with the indexes kept right.
+    fn with_node<R>(&mut self, n: u32, f: impl FnOnce(&mut PoolNode) -> R) -> R {
+        self.unindex(n);
+        let r = f(&mut self.nodes[n as usize]);
+        self.index(n);
+        r
+    }
+
+    // ---- sessions in and out of the ledger ---------------------------------------------
+
+    fn add_session(&mut self, s: Session) {
+        let Some(&n) = self.by_name.get(&s.node) else {
+            return;
+        };
+        let Some(p) = self.nodes[n as usize].position(s.device) else {
+            return;
+        };
+        let (mem, comp, id) = (s.memory_charge(), s.compute_percent.unwrap_or(0), s.id);
+        self.with_node(n, |node| {
+            let d = &mut node.devices[p];
+            d.charged_memory += mem;
+            d.charged_compute += comp;
+            d.sessions.push(id);
+        });
+        let u = self.usage.entry(s.tenant.clone()).or_default();
+        let add = s.usage();
+        u.vram += add.vram;
+        u.compute += add.compute;
+        u.sessions += 1;
+        self.next_id = self.next_id.max(id + 1);
+        self.sessions.insert(id, s);
+    }
+
+    fn remove_session(&mut self, id: SessionId) -> Option<Session> {
+        let s = self.sessions.remove(&id)?;
+        if let Some(&n) = self.by_name.get(&s.node) {
+            if let Some(p) = self.nodes[n as usize].position(s.device) {
+                let (mem, comp) = (s.memory_charge(), s.compute_percent.unwrap_or(0));
+                self.with_node(n, |node| {
+                    let d = &mut node.devices[p];
+                    d.charged_memory = d.charged_memory.saturating_sub(mem);
+                    d.charged_compute = d.charged_compute.saturating_sub(comp);
+                    d.sessions.retain(|&x| x != id);
+                });
+            }
+        }
+        if let Some(u) = self.usage.get_mut(&s.tenant) {
+            let sub = s.usage();
+            u.vram = u.vram.saturating_sub(sub.vram);
+            u.compute = u.compute.saturating_sub(sub.compute);
+            u.sessions = u.sessions.saturating_sub(1);
+            if u.sessions == 0 {
+                self.usage.remove(&s.tenant);
+            }
+        }
+        Some(s)
+    }
+
+    /// A session ended (its client left, it was killed): its charges go back.
+    pub fn end_session(&mut self, id: SessionId) -> Option<Session> {
+        self.remove_session(id)
+    }
+
+    /// A waiting client gave up: its request leaves the queue.
+    pub fn cancel_pending(&mut self, id: SessionId) -> bool {
+        let before = self.pending.len();
+        self.pending.retain(|p| p.id != id);
+        before != self.pending.len()
+    }
+
+    // ---- nodes -------------------------------------------------------------------------
+
+    /// A node registers (first time, after it was lost, or after the controller restarted):
+    /// its description replaces what the pool knew, it is ready, and its sessions are
+    /// reconciled with its report ([`Pool::report`]).
+    pub fn register_node(
+        &mut self,
+        spec: NodeSpec,
+        sessions: &[SessionReport],
+        loads: &[DeviceLoad],
+        now: Millis,
+    ) {
+        let mut spec = spec;
+        spec.devices.sort_by_key(|d| d.index);
+        let n = match self.by_name.get(&spec.name) {
+            Some(&n) => {
+                // Sessions keep their records; the devices' ledgers are rebuilt below.
+                let ids: Vec<SessionId> = self
+                    .sessions
+                    .values()
+                    .filter(|s| s.node == spec.name)
+                    .map(|s| s.id)
+                    .collect();
+                let kept: Vec<Session> = ids
+                    .iter()
+                    .filter_map(|&id| self.remove_session(id))
+                    .collect();
+                self.unindex(n);
+                let node = &mut self.nodes[n as usize];
+                node.devices = fresh_devices(&spec);
+                node.spec = spec;
+                node.state = NodeState::Ready;
+                node.last_heard = now;
+                self.index(n);
+                for s in kept {
+                    self.add_session(s);
+                }
+                n
+            }
+            None => {
+                let n = self.nodes.len() as u32;
+                self.by_name.insert(spec.name.clone(), n);
+                self.nodes.push(PoolNode {
+                    devices: fresh_devices(&spec),
+                    spec,
+                    state: NodeState::Ready,
+                    last_heard: now,
+                });
+                self.index(n);
+                n
+            }
+        };
+        let name = self.nodes[n as usize].spec.name.clone();
+        self.report(&name, sessions, loads, now);
+    }
+
+    /// A node's heartbeat: what it measures and the sessions it has. The node is the truth
+    /// for its own sessions: a reported session is running there (whatever the pool thought),
+    /// a running session it no longer reports has ended; a session placed but not reported
+    /// yet is kept until it starts or its start times out. Returns false for a node that
+    /// has not registered (it must register first).
+    pub fn report(
+        &mut self,
+        node: &str,
+        sessions: &[SessionReport],
+        loads: &[DeviceLoad],
+        now: Millis,
+    ) -> bool {
+        let Some(&n) = self.by_name.get(node) else {
+            return false;
+        };
+        self.with_node(n, |nd| {
+            nd.state = NodeState::Ready;
+            nd.last_heard = now;
+            for (d, l) in nd.devices.iter_mut().zip(loads) {
+                d.load = *l;
+            }
+        });
+        let mut seen = Vec::with_capacity(sessions.len());
+        for r in sessions {
+            let id = match r.pool_session {
+                Some(id) => id,
+                None => self
+                    .sessions
+                    .values()
+                    .find(|s| s.node == node && s.node_session == Some(r.node_session))
+                    .map_or(self.next_id, |s| s.id),
+            };
+            seen.push(id);
+            let tenant = r
+                .tenant
+                .clone()
+                .or_else(|| self.sessions.get(&id).map(|s| s.tenant.clone()))
+                .unwrap_or_else(|| DEFAULT_TENANT.to_string());
+            let fresh = Session {
+                id,
+                tenant,
+                node: node.to_string(),
+                device: r.device,
+                vram_limit: r.vram_limit,
+                compute_percent: r.compute_percent,
+                qos: r.qos,
+                state: SessionState::Running,
+                memory_used: r.memory_used,
+                node_session: Some(r.node_session),
+            };
+            if self.sessions.get(&id) != Some(&fresh) {
+                self.remove_session(id);
+                self.add_session(fresh);
+            }
+        }
+        let gone: Vec<SessionId> = self
+            .sessions
+            .values()
+            .filter(|s| s.node == node && !seen.contains(&s.id))
+            .filter(|s| !matches!(s.state, SessionState::Starting { expires } if expires > now))
+            .map(|s| s.id)
+            .collect();
+        for id in gone {
+            self.remove_session(id);
+        }
+        true
+    }
+
+    /// Marks lost every node not heard from for `timeout` and its sessions; forgets placed
+    /// sessions that never started. Returns the nodes newly lost.
+    pub fn expire(&mut self, now: Millis, timeout: Millis) -> Vec<String> {
+        let mut lost = Vec::new();
+        for n in 0..self.nodes.len() as u32 {
+            let node = &self.nodes[n as usize];
+            if node.state == NodeState::Ready && now.saturating_sub(node.last_heard) > timeout {
+                lost.push(node.spec.name.clone());
+                self.mark_lost_at(n);
+            }
+        }
+        let stale: Vec<SessionId> = self
+            .sessions
+            .values()
+            .filter(|s| matches!(s.state, SessionState::Starting { expires } if expires <= now))
+            .map(|s| s.id)
+            .collect();
+        for id in stale {
+            self.remove_session(id);
+        }
+        lost
+    }
+
+    /// The node's link closed: it is lost now, not after the timeout.
+    pub fn mark_lost(&mut self, node: &str) -> bool {
+        match self.by_name.get(node) {
+            Some(&n) if self.nodes[n as usize].state == NodeState::Ready => {
+                self.mark_lost_at(n);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn mark_lost_at(&mut self, n: u32) {
+        self.unindex(n);
+        self.nodes[n as usize].state = NodeState::Lost;
+        let name = self.nodes[n as usize].spec.name.clone();
+        for s in self.sessions.values_mut().filter(|s| s.node == name) {
+            s.state = SessionState::Lost;
+        }
+    }
+
+    // ---- placement ---------------------------------------------------------------------
+
+    /// Places a new session, queues it, or plans a preemption. Quota and malformed requests
+    /// are errors; a request that does not fit now is never refused: it waits.
+    pub fn submit(&mut self, req: &Request, now: Millis) -> Result<Decision, Rejected> {
+        let req = self.shape(req)?;
+        self.quotas.admit(&req, self.tenant_usage(&req.tenant))?;
+        let id = self.next_id;
+        self.next_id += 1;
+        match self.choose(&req) {
+            Ok((n, p)) => Ok(Decision::Placed(self.place(id, &req, n, p, now))),
+            Err(reason) => {
+                if req.qos.rank() >= Qos::High.rank() {
+                    if let Some(plan) = self.preempt(id, &req, now) {
+                        return Ok(Decision::Preempt(plan));
+                    }
+                }
+                self.pending.push(Pending {
+                    id,
+                    request: req,
+                    reason: reason.clone(),
+                    since: now,
+                });
+                self.sort_pending();
+                Ok(Decision::Pending { id, reason })
+            }
+        }
+    }
+
+    /// Whether `req` would be accepted (placed now or queued): quota and shape checks only.
+    pub fn check(&self, req: &Request) -> Result<Request, Rejected> {
+        let req = self.shape(req)?;
+        self.quotas.admit(&req, self.tenant_usage(&req.tenant))?;
+        Ok(req)
+    }
+
+    fn shape(&self, req: &Request) -> Result<Request, Rejected> {
+        let mut req = req.clone();
+        if req.tenant.is_empty() {
+            req.tenant = DEFAULT_TENANT.to_string();
+        }
+        if let Some(c) = req.compute_percent.filter(|c| !(1..=100).contains(c)) {
+            return Err(Rejected::Invalid(format!(
+                "a compute share is a percentage (1-100), not {c}"
+            )));
+        }
+        if req.vram_bytes == Some(0) {
+            return Err(Rejected::Invalid("a VRAM slice of 0 bytes".into()));
+        }
+        Ok(self.quotas.shape(&req)?)
+    }
+
+    fn sort_pending(&mut self) {
+        self.pending
+            .sort_by_key(|p| (std::cmp::Reverse(p.request.qos.rank()), p.since, p.id));
+    }
+
+    /// Places what now fits of the pending queue, highest QoS first, then oldest; a request
+    /// that does not fit does not hold back smaller ones behind it. Quotas are checked again
+    /// (the tenant's other sessions may have started meanwhile): a request now over quota
+    /// stays queued with that reason.
+    pub fn retry_pending(&mut self, now: Millis) -> Vec<Placement> {
+        let mut placed = Vec::new();
+        let mut i = 0;
+        while i < self.pending.len() {
+            let req = self.pending[i].request.clone();
+            if let Err(e) = self.quotas.admit(&req, self.tenant_usage(&req.tenant)) {
+                self.pending[i].reason = e.to_string();
+                i += 1;
+                continue;
+            }
+            match self.choose(&req) {
+                Ok((n, p)) => {
+                    let pend = self.pending.remove(i);
+                    placed.push(self.place(pend.id, &req, n, p, now));
+                }
+                Err(reason) => {
+                    self.pending[i].reason = reason;
+                    i += 1;
+                }
+            }
+        }
+        placed
+    }
+
+    fn place(&mut self, id: SessionId, req: &Request, n: u32, p: usize, now: Millis) -> Placement {
+        let node = &self.nodes[n as usize];
+        let device = node.devices[p].spec.index;
+        let placement = Placement {
+            session: id,
+            tenant: req.tenant.clone(),
+            node: node.spec.name.clone(),
+            address: node.spec.address.clone(),
+            device,
+            vram_bytes: req.vram_bytes,
+            compute_percent: req.compute_percent,
+            qos: req.qos,
+        };
+        self.add_session(Session {
+            id,
+            tenant: req.tenant.clone(),
+            node: placement.node.clone(),
+            device,
+            vram_limit: req.vram_bytes,
+            compute_percent: req.compute_percent,
+            qos: req.qos,
+            state: SessionState::Starting {
+                expires: now + START_TIMEOUT_MS,
+            },
+            memory_used: 0,
+            node_session: None,
+        });
+        placement
+    }
+
+    fn node_matches(node: &PoolNode, req: &Request) -> bool {
+        req.selector
+            .iter()
+            .all(|(k, v)| node.spec.labels.get(k) == Some(v))
+    }
+
+    fn device_matches(d: &PoolDevice, req: &Request) -> bool {
+        req.gpu_model.as_ref().is_none_or(|m| {
+            d.spec
+                .model
+                .to_ascii_lowercase()
+                .contains(&m.to_ascii_lowercase())
+        })
+    }
+
+    fn fits(d: &PoolDevice, req: &Request) -> bool {
+        d.free_memory() >= req.vram_bytes.unwrap_or(1)
+            && d.free_compute() >= req.compute_percent.unwrap_or(0)
+            && Self::device_matches(d, req)
+    }
+
+    /// The device the policy picks for `req` (node, device position), or why none fits.
+    fn choose(&self, req: &Request) -> Result<(u32, usize), String> {
+        let need = req.vram_bytes.unwrap_or(1);
+        let feasible = |&(_, _, n, p): &DeviceKey| {
+            let node = &self.nodes[n as usize];
+            Self::fits(&node.devices[p as usize], req) && Self::node_matches(node, req)
+        };
+        let found = match self.policy {
+            Policy::Binpack => self
+                .devices_by_free
+                .range((need, 0, 0, 0)..)
+                .find(|k| feasible(k))
+                .map(|&(_, _, n, p)| (n, p as usize)),
+            Policy::Spread => {
+                let mut best: Option<(DeviceKey, (u32, usize))> = None;
+                let mut seen = 0;
+                for k in self.devices_by_free.iter().rev() {
+                    if k.0 < need || best.as_ref().is_some_and(|(b, _)| k.0 < b.0) || seen >= 16 {
+                        break;
+                    }
+                    if !feasible(k) {
+                        continue;
+                    }
+                    seen += 1;
+                    let d = &self.nodes[k.2 as usize].devices[k.3 as usize];
+                    let load = (d.load.utilization_percent, d.sessions.len());
+                    let better = best.as_ref().is_none_or(|(b, _)| {
+                        let bd = &self.nodes[b.2 as usize].devices[b.3 as usize];
+                        load < (bd.load.utilization_percent, bd.sessions.len())
+                    });
+                    if better {
+                        best = Some((*k, (k.2, k.3 as usize)));
+                    }
+                }
+                best.map(|(_, at)| at)
+            }
+            Policy::Balanced => self.nodes_by_free.range((need, 0)..).find_map(|&(_, n)| {
+                let node = &self.nodes[n as usize];
+                if !Self::node_matches(node, req) {
+                    return None;
+                }
+                node.devices
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, d)| Self::fits(d, req))
+                    .max_by_key(|(p, d)| {
+                        (
+                            d.free_memory(),
+                            std::cmp::Reverse(d.load.utilization_percent),
+                            std::cmp::Reverse(*p),
+                        )
+                    })
+                    .map(|(p, _)| (n, p))
+            }),
+        };
+        found.ok_or_else(|| self.why_not(req))
+    }
+
+    /// Why `req` fits on no device now: the first filter that leaves nothing.
+    fn why_not(&self, req: &Request) -> String {
+        let ready: Vec<&PoolNode> = self
+            .nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Ready)
+            .collect();
+        if ready.is_empty() {
+            return "no node is ready".into();
+        }
+        let labelled: Vec<&PoolNode> = ready
+            .into_iter()
+            .filter(|n| Self::node_matches(n, req))
+            .collect();
+        if labelled.is_empty() {
+            let sel: Vec<String> = req
+                .selector
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            return format!("no ready node has the labels {}", sel.join(","));
+        }
+        let devices: Vec<&PoolDevice> = labelled
+            .iter()
+            .flat_map(|n| n.devices.iter())
+            .filter(|d| Self::device_matches(d, req))
+            .collect();
+        if devices.is_empty() {
+            return format!(
+                "no ready device is a {:?}",
+                req.gpu_model.as_deref().unwrap_or_default()
+            );
+        }
+        let need = req.vram_bytes.unwrap_or(1);
+        let largest = devices.iter().map(|d| d.free_memory()).max().unwrap_or(0);
+        if largest < need {
+            return format!(
+                "no device has {} of VRAM free (the most free on one device is {})",
+                human(need),
+                human(largest)
+            );
+        }
+        let c = req.compute_percent.unwrap_or(0);
+        let most = devices
+            .iter()
+            .filter(|d| d.free_memory() >= need)
+            .map(|d| d.free_compute())
+            .max()
+            .unwrap_or(0);
+        format!(
+            "no device with {} of VRAM free has {c}% compute free (at most {most}%)",
+            human(need)
+        )
+    }
+
+    // ---- preemption --------------------------------------------------------------------
+
+    /// The device where ending the fewest `low` sessions lets `req` fit (fewest bytes
+    /// released among equals), found by simulating their release largest first; `None` when
+    /// no such device exists. Pure: nothing changes.
+    pub fn plan_preemption(&self, req: &Request) -> Option<Victims> {
+        let need = req.vram_bytes.unwrap_or(1);
+        let comp = req.compute_percent.unwrap_or(0);
+        let mut best: Option<((usize, u64), Victims)> = None;
+        for (n, node) in self.nodes.iter().enumerate() {
+            if node.state != NodeState::Ready || !Self::node_matches(node, req) {
+                continue;
+            }
+            for (p, d) in node.devices.iter().enumerate() {
+                if !Self::device_matches(d, req) || d.spec.memory_total < need {
+                    continue;
+                }
+                let mut low: Vec<&Session> = d
+                    .sessions
+                    .iter()
+                    .filter_map(|id| self.sessions.get(id))
+                    .filter(|s| {
+                        s.qos == Qos::Low
+                            && s.state == SessionState::Running
+                            && s.node_session.is_some()
+                    })
+                    .collect();
+                low.sort_by_key(|s| {
+                    (
+                        std::cmp::Reverse(s.memory_charge()),
+                        std::cmp::Reverse(s.compute_percent.unwrap_or(0)),
+                        s.id,
+                    )
+                });
+                let (mut free, mut free_c) = (d.free_memory(), d.free_compute());
+                let mut victims = Vec::new();
+                let mut released = 0u64;
+                for s in low {
+                    if free >= need && free_c >= comp {
+                        break;
+                    }
+                    free += s.memory_charge();
+                    free_c += s.compute_percent.unwrap_or(0);
+                    released += s.memory_charge();
+                    victims.push(s.id);
+                }
+                if victims.is_empty() || free < need || free_c < comp {
+                    continue;
+                }
+                let key = (victims.len(), released);
+                if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                    best = Some((key, (n as u32, p, victims)));
+                }
+            }
+        }
+        best.map(|(_, b)| b)
+    }
+
+    fn preempt(&mut self, id: SessionId, req: &Request, now: Millis) -> Option<PreemptionPlan> {
+        let (n, p, ids) = self.plan_preemption(req)?;
+        let node = &self.nodes[n as usize];
+        let victims = ids
+            .iter()
+            .filter_map(|v| self.sessions.get(v))
+            .map(|s| Victim {
+                session: s.id,
+                node: node.spec.name.clone(),
+                address: node.spec.address.clone(),
+                node_session: s.node_session.unwrap_or_default(),
+            })
+            .collect();
+        for v in &ids {
+            self.remove_session(*v);
+        }
+        let placement = self.place(id, req, n, p, now);
+        Some(PreemptionPlan { victims, placement })
+    }
+
+    // ---- checks ------------------------------------------------------------------------
+
+    /// Recomputes every ledger, index and tenant total from the sessions and compares: the
+    /// invariants the property tests hold the pool to.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut devices_by_free = BTreeSet::new();
+        let mut nodes_by_free = BTreeSet::new();
+        let mut usage: HashMap<String, TenantUsage> = HashMap::new();
+        for s in self.sessions.values() {
+            let u = usage.entry(s.tenant.clone()).or_default();
+            u.vram += s.vram_limit.unwrap_or(0);
+            u.compute += s.compute_percent.unwrap_or(0);
+            u.sessions += 1;
+            let node = self
+                .node(&s.node)
+                .ok_or_else(|| format!("session {} on unknown node {}", s.id, s.node))?;
+            if (node.state == NodeState::Lost) != (s.state == SessionState::Lost) {
+                return Err(format!(
+                    "session {} is {} on a {} node",
+                    s.id,
+                    s.state.name(),
+                    node.state.name()
+                ));
+            }
+        }
+        if usage != self.usage {
+            return Err(format!("tenant usage {:?} != {:?}", self.usage, usage));
+        }
+        for (n, node) in self.nodes.iter().enumerate() {
+            for d in &node.devices {
+                let on: Vec<&Session> = self
+                    .sessions
+                    .values()
+                    .filter(|s| s.node == node.spec.name && s.device == d.spec.index)
+                    .collect();
+                let mem: u64 = on.iter().map(|s| s.memory_charge()).sum();
+                let comp: u32 = on.iter().map(|s| s.compute_percent.unwrap_or(0)).sum();
+                if mem != d.charged_memory || comp != d.charged_compute {
+                    return Err(format!(
+                        "device {}/{}: charged {} B {}% but sessions hold {mem} B {comp}%",
+                        node.spec.name, d.spec.index, d.charged_memory, d.charged_compute
+                    ));
+                }
+                let mut ids: Vec<SessionId> = on.iter().map(|s| s.id).collect();
+                let mut listed = d.sessions.clone();
+                ids.sort_unstable();
+                listed.sort_unstable();
+                if ids != listed {
+                    return Err(format!(
+                        "device {}/{} lists {listed:?}, sessions are {ids:?}",
+                        node.spec.name, d.spec.index
+                    ));
+                }
+            }
+            if node.state == NodeState::Ready {
+                let nf = node.free_memory();
+                nodes_by_free.insert((nf, n as u32));
+                for (p, d) in node.devices.iter().enumerate() {
+                    devices_by_free.insert((d.free_memory(), nf, n as u32, p as u32));
+                }
+            }
+        }
+        if devices_by_free != self.devices_by_free || nodes_by_free != self.nodes_by_free {
+            return Err("the free-memory indexes are stale".into());
+        }
+        for p in &self.pending {
+            if self.sessions.contains_key(&p.id) {
+                return Err(format!("request {} is both pending and placed", p.id));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn fresh_devices(spec: &NodeSpec) -> Vec<PoolDevice> {
+    spec.devices
+        .iter()
+        .map(|d| PoolDevice {
+            spec: d.clone(),
+            charged_memory: 0,
+            charged_compute: 0,
+            load: DeviceLoad::default(),
+            sessions: Vec::new(),
+        })
+        .collect()
+}
