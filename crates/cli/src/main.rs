@@ -1,6 +1,7 @@
 //! The `gpufuse` command. Thin: each subcommand is a module over the library crates.
 
 mod admin;
+mod observe;
 mod run;
 mod status;
 mod tls;
@@ -86,6 +87,8 @@ struct ServeArgs {
     compute_policy: gpufuse_proto::ComputePolicy,
     #[command(flatten)]
     tls: tls::ServerTlsArgs,
+    #[command(flatten)]
+    observe: observe::HttpArgs,
 }
 
 /// Logs go to stderr, coloured only on a terminal and without `NO_COLOR` (no escape codes in
@@ -137,6 +140,7 @@ fn run_cli() -> anyhow::Result<()> {
                 compute_policy: a.compute_policy,
                 tls: a.tls.load()?,
                 client_certs: a.tls.requires_client_certs(),
+                http: a.observe.config()?,
             };
             gpufuse_node::serve(config)?;
             Ok(())
