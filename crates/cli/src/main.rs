@@ -2,10 +2,12 @@
 
 mod admin;
 mod observe;
+mod report;
 mod run;
 mod status;
 mod tls;
 mod token;
+mod top;
 mod worker;
 
 use clap::{Parser, Subcommand};
@@ -64,6 +66,10 @@ enum Command {
     /// Print gpufuse's man page (roff) to stdout: `gpufuse man | man -l -`; `gpufuse man serve`
     /// prints gpufuse-serve(1).
     Man(admin::ManArgs),
+    /// Watch a node's devices and sessions in the terminal, refreshed each second.
+    Top(top::TopArgs),
+    /// Per-tenant usage and cost over a period, against the same sessions on whole GPUs.
+    Report(report::ReportArgs),
     /// (internal) Serve one session; started by `gpufuse serve`.
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
@@ -165,6 +171,11 @@ fn run_cli() -> anyhow::Result<()> {
         Command::Completions(a) => admin::completions(a),
         Command::Certs(a) => tls::certs(a),
         Command::Man(a) => admin::man(a),
+        Command::Top(a) => {
+            a.tls.export()?;
+            top::top(a)
+        }
+        Command::Report(a) => report::report(a),
         Command::Worker(a) => {
             init_logs();
             worker::worker(a)

@@ -21,8 +21,10 @@
 pub mod history;
 pub mod metrics;
 pub mod prices;
+pub mod report;
 mod server;
 pub mod snapshot;
+pub mod top;
 
 pub use history::{Point, Report, TenantReport};
 pub use prices::{Prices, PricesError};
