@@ -24,6 +24,8 @@ const LOGGING_HELP: &str = "\
 Logging: `gpufuse serve` and its workers log to stderr at level info. Set GPUFUSE_LOG to change
 it: GPUFUSE_LOG=debug, GPUFUSE_LOG=warn, or per module, e.g. GPUFUSE_LOG=info,gpufuse_node=debug
 (tracing's EnvFilter syntax). Colour is used only when stderr is a terminal and NO_COLOR is unset.
+GPUFUSE_LOG_FORMAT=json (or `gpufuse serve --log-format json`): one JSON object a line, each
+with its session's span (id, tenant, node, device).
 
 Environment: GPUFUSE_SERVER (--server), GPUFUSE_TOKEN (--token), GPUFUSE_LOG (log level),
 GPUFUSE_HELLO_TIMEOUT (seconds a client waits for the server's answer to its hello; 10),
@@ -95,20 +97,49 @@ struct ServeArgs {
     tls: tls::ServerTlsArgs,
     #[command(flatten)]
     observe: observe::HttpArgs,
+    /// text (the default) or json: one JSON object a line, with the session's span (id,
+    /// tenant, node, device). Also GPUFUSE_LOG_FORMAT.
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
 }
 
 /// Logs go to stderr, coloured only on a terminal and without `NO_COLOR` (no escape codes in
-/// log files).
-fn init_logs() {
+/// log files); one JSON object a line with `--log-format json` or `GPUFUSE_LOG_FORMAT=json`
+/// (which the node's workers inherit), each carrying its session span (id, tenant, node,
+/// device).
+fn init_logs(format: Option<LogFormat>) -> anyhow::Result<()> {
     use std::io::IsTerminal;
+    let format = match format {
+        Some(f) => f,
+        None => match std::env::var("GPUFUSE_LOG_FORMAT") {
+            Ok(v) => <LogFormat as clap::ValueEnum>::from_str(&v, true)
+                .map_err(|_| anyhow::anyhow!("GPUFUSE_LOG_FORMAT={v:?}: expected text or json"))?,
+            Err(_) => LogFormat::Text,
+        },
+    };
+    if format == LogFormat::Json {
+        // Workers are started by this process: they log the same way.
+        std::env::set_var("GPUFUSE_LOG_FORMAT", "json");
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUFUSE_LOG")
         .unwrap_or_else(|_| "info".into());
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal() && !no_color)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => logs.json().with_current_span(true).init(),
+        LogFormat::Text => logs
+            .with_ansi(std::io::stderr().is_terminal() && !no_color)
+            .init(),
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 /// Errors are printed once, as a chain of causes on one line, without a backtrace.
@@ -133,7 +164,7 @@ fn run_cli() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(a) => {
-            init_logs();
+            init_logs(a.log_format)?;
             let tokens = match a.token_secret_file {
                 Some(p) => gpufuse_node::TokenPolicy::Verify(token::read_secret(&p)?),
                 None => gpufuse_node::TokenPolicy::Open,
@@ -177,7 +208,7 @@ fn run_cli() -> anyhow::Result<()> {
         }
         Command::Report(a) => report::report(a),
         Command::Worker(a) => {
-            init_logs();
+            init_logs(None)?;
             worker::worker(a)
         }
     }

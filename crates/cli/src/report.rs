@@ -41,7 +41,8 @@ pub fn get_json<T: serde::de::DeserializeOwned>(addr: &str, path: &str) -> anyho
 }
 
 pub fn report(a: ReportArgs) -> anyhow::Result<()> {
-    let r: gpufuse_observe::Report = get_json(&a.http, &format!("/api/v1/report?since={}", a.since))?;
+    let r: gpufuse_observe::Report =
+        get_json(&a.http, &format!("/api/v1/report?since={}", a.since))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else if a.csv {

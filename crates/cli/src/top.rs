@@ -111,9 +111,10 @@ pub fn top(a: TopArgs) -> anyhow::Result<()> {
     let result = (|| -> anyhow::Result<()> {
         let mut view = View::default();
         let mut next = Instant::now() + interval;
-        let where_ = a.http.clone().unwrap_or_else(|| {
-            a.server.as_ref().map(|s| s.to_string()).unwrap_or_default()
-        });
+        let where_ = a
+            .http
+            .clone()
+            .unwrap_or_else(|| a.server.as_ref().map(|s| s.to_string()).unwrap_or_default());
         loop {
             terminal.draw(|f| draw(f, &where_, &snap, &view))?;
             let wait = next.saturating_duration_since(Instant::now());
@@ -146,12 +147,7 @@ pub fn top(a: TopArgs) -> anyhow::Result<()> {
     result
 }
 
-fn draw(
-    f: &mut ratatui::Frame,
-    where_: &str,
-    snap: &anyhow::Result<PoolSnapshot>,
-    view: &View,
-) {
+fn draw(f: &mut ratatui::Frame, where_: &str, snap: &anyhow::Result<PoolSnapshot>, view: &View) {
     let bold = Style::default().add_modifier(Modifier::BOLD);
     let s = match snap {
         Ok(s) => s,
@@ -200,7 +196,11 @@ fn draw(
                     bytes(d.memory_used_bytes),
                     bytes(d.memory_total_bytes)
                 )),
-                Cell::from(format!("{} {:>3.0}%", bar(d.busy_ratio, 10), 100.0 * d.busy_ratio)),
+                Cell::from(format!(
+                    "{} {:>3.0}%",
+                    bar(d.busy_ratio, 10),
+                    100.0 * d.busy_ratio
+                )),
                 Cell::from(d.sessions.to_string()),
             ])
         }),
@@ -264,8 +264,17 @@ fn draw(
     )
     .header(
         Row::new([
-            "id", "tenant", "program", "gpu", "qos", "share", "memory", "busy", "dev time",
-            "queue p50/p99", "state",
+            "id",
+            "tenant",
+            "program",
+            "gpu",
+            "qos",
+            "share",
+            "memory",
+            "busy",
+            "dev time",
+            "queue p50/p99",
+            "state",
         ])
         .style(bold),
     )
@@ -277,7 +286,11 @@ fn draw(
         if view.filter.is_empty() && !view.editing {
             String::new()
         } else {
-            format!(", filter /{}{}", view.filter, if view.editing { "_" } else { "" })
+            format!(
+                ", filter /{}{}",
+                view.filter,
+                if view.editing { "_" } else { "" }
+            )
         }
     )));
     f.render_widget(sessions, rows[2]);

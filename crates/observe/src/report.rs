@@ -17,11 +17,7 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
         "m" => 60,
         "h" => 3600,
         "d" => 86_400,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {s:?} (s, m, h or d)"
-            ))
-        }
+        other => return Err(format!("unknown unit {other:?} in {s:?} (s, m, h or d)")),
     };
     n.checked_mul(scale)
         .filter(|&v| v > 0)
@@ -83,7 +79,14 @@ pub fn to_text(r: &Report) -> String {
     let _ = writeln!(
         out,
         "{:<20} {:>8} {:>12} {:>12} {:>12} {:>10} {:>12} {:>12}",
-        "tenant", "sessions", "dev-h prom.", "dev-h used", "VRAM GiB-h", "cost", "whole GPU-h", "whole cost"
+        "tenant",
+        "sessions",
+        "dev-h prom.",
+        "dev-h used",
+        "VRAM GiB-h",
+        "cost",
+        "whole GPU-h",
+        "whole cost"
     );
     for t in &r.tenants {
         let _ = writeln!(
