@@ -80,6 +80,7 @@ function render(snap, history, report) {
   chart("chart-mem", history, (p) => p.memory_total_bytes ? p.memory_used_bytes / p.memory_total_bytes : 0, 1);
   chart("chart-sessions", history, (p) => p.sessions, 0);
   document.body.dataset.ready = "1";
+  document.body.dataset.renders = String(Number(document.body.dataset.renders || 0) + 1);
 }
 
 async function tick() {
