@@ -149,9 +149,9 @@ def test_top_shows_the_live_session_under_tmux_and_obeys_its_keys(observed, tmp_
         dev_time = lambda s: re.search(rf"#{sid} .*?(\d+\.\d+m?s) ", s)
         t0 = dev_time(first).group(1)
         _screen_until(name, lambda s: dev_time(s) and dev_time(s).group(1) != t0)
-        for _ in range(3):
+        for key in ("tenant", "memory (desc)", "busy (desc)"):
             _tmux("send-keys", "-t", name, "s")
-        _screen_until(name, lambda s: "sorted by memory" in s)
+            _screen_until(name, lambda s: f"sorted by {key}" in s)
         _tmux("send-keys", "-t", name, "/", "n", "o", "b", "o", "d", "y", "Enter")
         _screen_until(name, lambda s: "0 shown" in s and "filter /nobody" in s)
         _tmux("send-keys", "-t", name, "Escape")

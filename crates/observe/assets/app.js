@@ -42,7 +42,7 @@ function render(snap, history, report) {
   document.getElementById("summary").innerHTML = [
     ["nodes", nodes.length], ["devices", snap.devices.length], ["sessions", snap.sessions.length],
     ["pending", pending], ["busy", pct(busy)], ["memory", `${fmtBytes(used)} / ${fmtBytes(total)}`],
-    ["cost, last hour", `${report.cost.toFixed(2)} ${esc(report.currency)}`],
+    ["cost, last hour", `${report.cost.toFixed(report.cost < 1 ? 4 : 2)} ${esc(report.currency)}`],
   ].map(([k, v]) => `<div class="card"><span class="muted">${k}</span><b id="card-${k.split(",")[0]}">${v}</b></div>`).join("");
 
   rows("nodes", nodes, (n) => `<tr><td>${esc(n.name)}</td><td>${esc(n.state)}</td><td>${esc(n.address)}</td></tr>`, "no nodes");
@@ -55,7 +55,7 @@ function render(snap, history, report) {
   rows("sessions", snap.sessions, (s) => {
     const limit = s.memory_limit_bytes;
     return `<tr data-session="${s.id}">
-    <td>#${s.id}</td><td>${esc(s.tenant)}</td><td>${esc(s.program)} <span class="muted">pid ${s.pid}</span></td>
+    <td>#${s.id}</td><td>${esc(s.tenant)}</td><td class="prog">${esc(s.program)} <span class="muted">pid ${s.pid}</span></td>
     <td>${esc(s.node)}/${s.device}</td><td>${esc(s.qos)}</td>
     <td class="num">${s.compute_share == null ? "-" : pct(s.compute_share)}</td>
     <td>${limit ? bar(s.memory_used_bytes / limit) : ""}${fmtBytes(s.memory_used_bytes)}${limit ? " / " + fmtBytes(limit) : ""}</td>
