@@ -85,13 +85,10 @@ fn from_status(s: &gpufuse_proto::NodeStatus, node: &str) -> PoolSnapshot {
                 busy_ratio: f64::from(x.utilization_percent) / 100.0,
                 queue_p50_seconds: x.queue_p50_us as f64 / 1e6,
                 queue_p99_seconds: x.queue_p99_us as f64 / 1e6,
-                state: if x.on_device {
-                    "running"
-                } else if x.utilization_percent > 0 {
-                    "active"
-                } else {
-                    "idle"
-                }
+                state: gpufuse_observe::snapshot::session_state(
+                    x.on_device,
+                    x.utilization_percent > 0,
+                )
                 .into(),
                 ..Default::default()
             })

@@ -131,14 +131,7 @@ pub fn snapshot(state: &Shared, pool_of_one: bool) -> PoolSnapshot {
                 queue_p50_seconds: usage.queue_p50_us as f64 / 1e6,
                 queue_p99_seconds: usage.queue_p99_us as f64 / 1e6,
                 throttled_seconds: usage.throttled_us as f64 / 1e6,
-                state: if on_device {
-                    "running"
-                } else if recent {
-                    "active"
-                } else {
-                    "idle"
-                }
-                .into(),
+                state: gpufuse_observe::snapshot::session_state(on_device, recent).into(),
                 swapped_bytes: None,
                 resident_bytes: None,
                 age_seconds: s

@@ -148,6 +148,18 @@ pub struct PoolSnapshot {
     pub controller: Option<ControllerSnapshot>,
 }
 
+/// A session's state from what a node knows: `running` (holds the device now), `active` (ran
+/// kernels in the last second) or `idle`.
+pub fn session_state(on_device: bool, ran_last_second: bool) -> &'static str {
+    if on_device {
+        "running"
+    } else if ran_last_second {
+        "active"
+    } else {
+        "idle"
+    }
+}
+
 /// `GPU-` and the UUID's canonical form, as `nvidia-smi -L` prints it.
 pub fn uuid_string(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
