@@ -7,7 +7,8 @@
 #                  about 3 GB to download, 5.4 GB installed), for the PyTorch tier; its own stamp
 #   .deps/env.sh   exports where nvcc, the include dirs and the libcudart/libnvrtc dirs are;
 #                  other scripts `source` it.
-# Also installs missing apt packages (C/C++ compilers, python venv support) when it can.
+# Also installs missing apt packages (C/C++ compilers, python venv support, tmux and chromium for
+# the observability tests) when it can.
 #
 # Idempotent: a stamp keyed on the package list (and this script) makes a second run a no-op.
 # Needs: Debian (or similar) with Python >= 3.10 and pip, Rust; no GPU.
@@ -78,7 +79,26 @@ ensure_torch() {
   echo "$tkey" >"$torch_venv/stamp"
 }
 
+# tmux and Chromium: test_observe.py reads `gpufuse top` off a tmux screen and renders the web
+# dashboard in headless Chromium. Checked on every run (also when .deps/ is up to date).
+observe_tools() {
+  command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 ||
+    missing+=(chromium)
+}
+apt_install_missing() {
+  [ ${#missing[@]} -gt 0 ] || return 0
+  echo "setup-test-deps: installing apt packages: ${missing[*]}"
+  local sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}"
+}
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -x "$venv/bin/python" ] && [ -f "$deps/env.sh" ]; then
+  missing=()
+  observe_tools
+  apt_install_missing
   ensure_torch
   print_env
   exit 0
@@ -90,13 +110,8 @@ command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v make >/dev/null 2>&1 || missing+=(make)
 "$python" -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup-test-deps: installing apt packages: ${missing[*]}"
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get update -q
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}"
-fi
+observe_tools
+apt_install_missing
 
 # --- the venv ---------------------------------------------------------------------------------
 mkdir -p "$deps"

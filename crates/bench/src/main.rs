@@ -13,7 +13,11 @@
 //!
 //! `gpufuse-bench shares` measures compute shares and QoS instead (see `shares.rs`).
 //!
-//! Usage: `cargo run --release -p gpufuse-bench [-- [shares] [--quick]]`.
+//! `--http`: the node also serves `--http` (metrics, dashboard, its once-a-second history
+//! sampler) and a thread scrapes `/metrics` every 100 ms throughout (a Prometheus scrape is
+//! every 15 s or so): the figures must not move.
+//!
+//! Usage: `cargo run --release -p gpufuse-bench [-- [shares] [--quick] [--http]]`.
 
 #![forbid(unsafe_code)]
 
@@ -96,7 +100,23 @@ impl Server {
     }
 }
 
-fn start_server() -> Result<(Server, Address, Address, Address)> {
+/// Scrapes `http://addr/metrics` every 100 ms until the process ends; counts the scrapes.
+fn scrape_forever(addr: String, count: std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    std::thread::spawn(move || loop {
+        if let Ok(mut r) = agent.get(&format!("http://{addr}/metrics")).call() {
+            if r.body_mut().read_to_string().is_ok() {
+                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    });
+}
+
+fn start_server(http: Option<&str>) -> Result<(Server, Address, Address, Address)> {
     let dir = std::env::temp_dir().join(format!("gpufuse-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let unix = Address::Unix(dir.join("gpufuse.sock"));
@@ -129,6 +149,7 @@ fn start_server() -> Result<(Server, Address, Address, Address)> {
         .arg(pki.join("server.pem"))
         .arg("--tls-key")
         .arg(pki.join("server-key.pem"))
+        .args(http.map(|a| ["--http", a]).into_iter().flatten())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
@@ -153,10 +174,30 @@ fn main() -> Result<()> {
     }
     let quick = args.iter().any(|a| a == "--quick");
     let scale = if quick { 10 } else { 1 };
-    let (_server, unix, tcp, tls) = start_server()?;
+    let http = args
+        .iter()
+        .any(|a| a == "--http")
+        .then(|| free_tcp_port().map(|p| format!("127.0.0.1:{p}")))
+        .transpose()?;
+    if let Some(a) = args
+        .iter()
+        .find(|a| !["--quick", "--http"].contains(&a.as_str()))
+    {
+        bail!("unknown option {a} (expected shares, --quick or --http)");
+    }
+    let (_server, unix, tcp, tls) = start_server(http.as_deref())?;
+    let scrapes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    if let Some(a) = &http {
+        scrape_forever(a.clone(), scrapes.clone());
+    }
     println!(
-        "gpufuse remoting benchmark ({})",
-        if quick { "quick" } else { "full" }
+        "gpufuse remoting benchmark ({}{})",
+        if quick { "quick" } else { "full" },
+        if http.is_some() {
+            ", --http on, /metrics scraped every 100 ms"
+        } else {
+            ""
+        }
     );
     let memcpy = baseline::memcpy_gib_s(64 << 20);
     println!("in-process memcpy of 64 MiB: {memcpy:.2} GiB/s\n");
@@ -190,6 +231,13 @@ fn main() -> Result<()> {
             100.0 * d2h / raw_bw,
             100.0 * d2h / memcpy
         );
+    }
+    if http.is_some() {
+        let n = scrapes.load(std::sync::atomic::Ordering::Relaxed);
+        println!("/metrics scraped {n} times during the run");
+        if n == 0 {
+            bail!("--http: no scrape succeeded");
+        }
     }
     Ok(())
 }

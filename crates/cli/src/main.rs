@@ -4,11 +4,14 @@ mod admin;
 mod controller;
 mod node;
 mod pool_status;
+mod observe;
+mod report;
 mod run;
 mod simulate;
 mod status;
 mod tls;
 mod token;
+mod top;
 mod worker;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +28,8 @@ const LOGGING_HELP: &str = "\
 Logging: `gpufuse serve` and its workers log to stderr at level info. Set GPUFUSE_LOG to change
 it: GPUFUSE_LOG=debug, GPUFUSE_LOG=warn, or per module, e.g. GPUFUSE_LOG=info,gpufuse_node=debug
 (tracing's EnvFilter syntax). Colour is used only when stderr is a terminal and NO_COLOR is unset.
+GPUFUSE_LOG_FORMAT=json (or `gpufuse serve --log-format json`): one JSON object a line, each
+with its session's span (id, tenant, node, device).
 
 Environment: GPUFUSE_SERVER (--server), GPUFUSE_TOKEN (--token), GPUFUSE_LOG (log level),
 GPUFUSE_HELLO_TIMEOUT (seconds a client waits for the server's answer to its hello; 10),
@@ -78,6 +83,10 @@ enum Command {
     /// Replay a synthetic cluster trace against a simulated pool, per placement policy and
     /// with one whole GPU per session, and print the table.
     Simulate(simulate::SimulateArgs),
+    /// Watch a node's devices and sessions in the terminal, refreshed each second.
+    Top(top::TopArgs),
+    /// Per-tenant usage and cost over a period, against the same sessions on whole GPUs.
+    Report(report::ReportArgs),
     /// (internal) Serve one session; started by `gpufuse serve`.
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
@@ -101,6 +110,12 @@ pub(crate) struct ServeArgs {
     compute_policy: gpufuse_proto::ComputePolicy,
     #[command(flatten)]
     tls: tls::ServerTlsArgs,
+    #[command(flatten)]
+    observe: observe::HttpArgs,
+    /// text (the default) or json: one JSON object a line, with the session's span (id,
+    /// tenant, node, device). Also GPUFUSE_LOG_FORMAT.
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
 }
 
 impl ServeArgs {
@@ -123,22 +138,48 @@ impl ServeArgs {
             worker_exe: std::env::current_exe()?,
             compute_policy: self.compute_policy,
             pool: None,
+            http: self.observe.config()?,
         })
     }
 }
 
 /// Logs go to stderr, coloured only on a terminal and without `NO_COLOR` (no escape codes in
-/// log files).
-fn init_logs() {
+/// log files); one JSON object a line with `--log-format json` or `GPUFUSE_LOG_FORMAT=json`
+/// (which the node's workers inherit), each carrying its session span (id, tenant, node,
+/// device).
+fn init_logs(format: Option<LogFormat>) -> anyhow::Result<()> {
     use std::io::IsTerminal;
+    let format = match format {
+        Some(f) => f,
+        None => match std::env::var("GPUFUSE_LOG_FORMAT") {
+            Ok(v) => <LogFormat as clap::ValueEnum>::from_str(&v, true)
+                .map_err(|_| anyhow::anyhow!("GPUFUSE_LOG_FORMAT={v:?}: expected text or json"))?,
+            Err(_) => LogFormat::Text,
+        },
+    };
+    if format == LogFormat::Json {
+        // Workers are started by this process: they log the same way.
+        std::env::set_var("GPUFUSE_LOG_FORMAT", "json");
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUFUSE_LOG")
         .unwrap_or_else(|_| "info".into());
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal() && !no_color)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => logs.json().with_current_span(true).init(),
+        LogFormat::Text => logs
+            .with_ansi(std::io::stderr().is_terminal() && !no_color)
+            .init(),
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 /// Errors are printed once, as a chain of causes on one line, without a backtrace.
@@ -163,16 +204,16 @@ fn run_cli() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(a) => {
-            init_logs();
+            init_logs(a.log_format)?;
             gpufuse_node::serve(a.node_config()?)?;
             Ok(())
         }
         Command::Controller(a) => {
-            init_logs();
+            init_logs(None)?;
             controller::controller(a)
         }
         Command::Node(a) => {
-            init_logs();
+            init_logs(a.log_format())?;
             node::node(a)
         }
         Command::Simulate(a) => simulate::simulate(a),
@@ -196,8 +237,13 @@ fn run_cli() -> anyhow::Result<()> {
         Command::Completions(a) => admin::completions(a),
         Command::Certs(a) => tls::certs(a),
         Command::Man(a) => admin::man(a),
+        Command::Top(a) => {
+            a.tls.export()?;
+            top::top(a)
+        }
+        Command::Report(a) => report::report(a),
         Command::Worker(a) => {
-            init_logs();
+            init_logs(None)?;
             worker::worker(a)
         }
     }

@@ -79,6 +79,10 @@ pub fn node(a: NodeArgs) -> anyhow::Result<()> {
 }
 
 impl NodeArgs {
+    pub(crate) fn log_format(&self) -> Option<crate::LogFormat> {
+        self.serve.log_format
+    }
+
     fn serve_first_listen(&self) -> Option<gpufuse_transport::Address> {
         self.serve.first_listen()
     }

@@ -33,9 +33,22 @@ pub struct WorkerArgs {
     /// The emulated device's model by compute capability (`120` for sm_120).
     #[arg(long, default_value_t = 100)]
     arch: u32,
+    /// The session's tenant (its token's subject), for the logs' session span.
+    #[arg(long, default_value = "-")]
+    tenant: String,
 }
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
+    // Every line this thread logs carries the session: one session's story can be followed
+    // across the node's log and its worker's.
+    let _span = tracing::info_span!(
+        "session",
+        id = a.session,
+        tenant = %a.tenant,
+        node = %gpufuse_observe::snapshot::host_name(),
+        device = a.device_index
+    )
+    .entered();
     let client = std::io::stdin().as_fd().try_clone_to_owned()?;
     let control = std::io::stdout().as_fd().try_clone_to_owned()?;
     let conn = Conn::new(Stream::from_fd(client, a.tcp));

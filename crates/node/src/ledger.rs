@@ -44,6 +44,7 @@ impl NodeState {
             compute_policy: policy,
             next_session: 1,
             sessions: Default::default(),
+            observed: Default::default(),
         }
     }
 

@@ -13,6 +13,7 @@ pub mod agent;
 mod devices;
 mod ledger;
 pub mod lifecycle;
+pub mod observed;
 pub mod queue;
 mod relay;
 pub mod scheduler;
@@ -59,6 +60,8 @@ pub struct NodeConfig {
     pub client_certs: bool,
     /// A pool node's link to its controller (`gpufuse node`); `None` for `gpufuse serve`.
     pub pool: Option<Arc<agent::PoolLink>>,
+    /// Serve metrics, health checks and the dashboard over HTTP here (`--http`).
+    pub http: Option<gpufuse_observe::HttpConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +74,8 @@ pub enum NodeError {
     },
     #[error(transparent)]
     Devices(#[from] DeviceSpecError),
+    #[error(transparent)]
+    Http(#[from] gpufuse_observe::ObserveError),
 }
 
 /// One device's ledger.
@@ -116,6 +121,8 @@ pub struct NodeState {
     pub sessions: HashMap<u64, SessionRecord>,
     pub next_session: u64,
     pub notes: Vec<String>,
+    /// Placement times, refusals and session start times, for `--http`.
+    pub observed: observed::Observed,
 }
 
 impl NodeState {
@@ -212,6 +219,13 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
         listeners.push(l);
     }
     admin::warn_if_open_tcp(&config.tokens, config.client_certs, &listeners);
+    if let Some(http) = &config.http {
+        let source = observed::NodeSource {
+            state: state.clone(),
+            pool_of_one: true,
+        };
+        gpufuse_observe::serve(http.addr, Arc::new(source), http.options.clone())?;
+    }
     // After binding (which refuses a live socket and anything that is not a socket): no
     // worker of an earlier node on these sockets may still be running.
     let sockets: Vec<std::path::PathBuf> = listeners
@@ -462,7 +476,21 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
                 Ok(l) => l,
                 Err(reason) => return refuse(&mut conn, reason),
             };
-            let admitted = lock(state).admit(&hello, limit);
+            let admitted = {
+                let mut s = lock(state);
+                let started = std::time::Instant::now();
+                let admitted = s.admit(&hello, limit);
+                let tenant = claims.as_ref().map(|c| c.subject.as_str());
+                let outcome = admitted.as_ref().map(|a| a.id).map_err(|r| r.as_str());
+                s.observed.placed(
+                    started.elapsed(),
+                    outcome,
+                    &hello.program,
+                    hello.pid,
+                    tenant,
+                );
+                admitted
+            };
             let a = match admitted {
                 Ok(a) => a,
                 Err(reason) => return refuse(&mut conn, reason),

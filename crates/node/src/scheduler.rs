@@ -68,6 +68,10 @@ pub const HOLD_LEASES: u64 = 2;
 const ACTIVE_US: u64 = 100_000;
 /// Queueing delays kept per session for percentiles.
 const WAIT_SAMPLES: usize = 1024;
+/// Upper bounds of the queue-wait histogram's buckets, in microseconds (`/metrics`).
+pub const WAIT_BOUNDS_US: [u64; 13] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+];
 /// Usage buckets of 100 ms, ten of them: "the last second".
 const BUCKET_US: u64 = 100_000;
 const BUCKETS: usize = 10;
@@ -128,6 +132,26 @@ struct Entry {
     think: Option<(u64, u64)>,
     /// Moving average of its leases' charged time.
     lease_us: u64,
+    /// Every wait for a lease, by [`WAIT_BOUNDS_US`] bucket.
+    wait_hist: WaitHistogram,
+    /// Time waited while its hard share was used up.
+    throttled_us: u64,
+}
+
+/// Lease waits counted by bucket of [`WAIT_BOUNDS_US`] (the last bucket: longer), and their
+/// sum: a Prometheus histogram's figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitHistogram {
+    pub counts: [u64; WAIT_BOUNDS_US.len() + 1],
+    pub sum_us: u64,
+}
+
+impl WaitHistogram {
+    fn observe(&mut self, wait_us: u64) {
+        let i = WAIT_BOUNDS_US.partition_point(|&b| b < wait_us);
+        self.counts[i] += 1;
+        self.sum_us += wait_us;
+    }
 }
 
 /// What a session asking for the device is told.
@@ -147,6 +171,10 @@ pub struct Usage {
     pub last_second_us: u64,
     pub queue_p50_us: u64,
     pub queue_p99_us: u64,
+    /// Every lease wait since the session started.
+    pub queue_wait: WaitHistogram,
+    /// Time it waited because its hard share was used up (hard policy only).
+    pub throttled_us: u64,
 }
 
 /// One device's launch queue.
@@ -204,6 +232,8 @@ impl Scheduler {
                 last_done: None,
                 think: None,
                 lease_us: 0,
+                wait_hist: WaitHistogram::default(),
+                throttled_us: 0,
             },
         );
     }
@@ -328,6 +358,10 @@ impl Scheduler {
         };
         if let State::Waiting { since } = e.state {
             let wait = now.saturating_sub(since);
+            e.wait_hist.observe(wait);
+            if self.policy == ComputePolicy::Hard && e.limit.is_some() {
+                e.throttled_us += e.eligible_at.min(now).saturating_sub(since);
+            }
             if e.waits.len() < WAIT_SAMPLES {
                 e.waits.push(wait);
             } else {
@@ -448,6 +482,8 @@ impl Scheduler {
             last_second_us: e.window.last_second(now),
             queue_p50_us: pct(50).unwrap_or(0),
             queue_p99_us: pct(99).unwrap_or(0),
+            queue_wait: e.wait_hist,
+            throttled_us: e.throttled_us,
         }
     }
 
@@ -950,6 +986,51 @@ mod tests {
         // Reports from a session that no longer holds the device change nothing.
         s.done(1, 1_000, 10);
         assert_eq!(s.usage(1, 10), Usage::default());
+    }
+
+    #[test]
+    fn every_lease_wait_lands_in_its_histogram_bucket() {
+        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        s.add(1, Qos::Medium, None);
+        s.add(2, Qos::Medium, None);
+        assert!(matches!(s.poll(1, 0), Poll::Granted { .. }));
+        assert!(matches!(s.poll(2, 0), Poll::Wait { .. }));
+        s.done(1, 3_000, 3_000);
+        // Session 2 waited 3 ms (the 5 ms bucket); session 1 comes back and waits 0 (first).
+        let _ = s.poll(1, 3_000);
+        let _ = s.poll(2, 3_000);
+        let granted = s.running().unwrap();
+        let u = s.usage(granted, 3_000).queue_wait;
+        assert_eq!(
+            u.counts.iter().sum::<u64>(),
+            if granted == 1 { 2 } else { 1 }
+        );
+        let u2 = s.usage(2, 3_000).queue_wait;
+        if granted == 2 {
+            let i = WAIT_BOUNDS_US.iter().position(|&b| b == 5_000).unwrap();
+            assert_eq!(u2.counts[i], 1, "{u2:?}");
+            assert_eq!(u2.sum_us, 3_000);
+        }
+        assert_eq!(s.usage(1, 3_000).throttled_us, 0, "elastic never throttles");
+    }
+
+    #[test]
+    fn a_hard_share_counts_the_wait_past_its_cap_as_throttled() {
+        let mut s = Scheduler::new(ComputePolicy::Hard);
+        s.add(1, Qos::Medium, Some(10));
+        // A lease of 10 ms at 10%: the next may start no earlier than 100 ms after the first
+        // (the burst allowance is empty at the start of the clock).
+        assert!(matches!(s.poll(1, 0), Poll::Granted { .. }));
+        s.done(1, 10_000, 10_000);
+        let until = match s.poll(1, 10_000) {
+            Poll::Wait { until } => until.unwrap(),
+            p => panic!("a capped session ran at once: {p:?}"),
+        };
+        assert_eq!(until, 100_000);
+        assert!(matches!(s.poll(1, until + 5), Poll::Granted { .. }));
+        let u = s.usage(1, until + 5);
+        assert_eq!(u.throttled_us, until - 10_000, "{u:?}");
+        assert_eq!(u.queue_wait.sum_us, until + 5 - 10_000);
     }
 
     #[test]

@@ -20,16 +20,24 @@ pub fn run_worker(
     config: &NodeConfig,
 ) {
     let Admitted { id, device, base } = admitted;
-    let (total, kind, cc, queue) = {
+    let (total, kind, cc, queue, tenant, host) = {
         let s = lock(state);
+        let tenant = s.sessions.get(&id).and_then(|r| r.subject.clone());
+        let host = s.observed.host().to_string();
         let d = s.devices.get(device as usize);
         (
             d.map_or(0, |d| d.total),
             d.map_or(gpufuse_proto::DeviceKind::Emulated, |d| d.kind),
             d.map_or((10, 0), |d| d.compute_capability),
             s.queues.get(device as usize).cloned(),
+            tenant.unwrap_or_else(|| "-".into()),
+            host,
         )
     };
+    // Everything logged about the session on this thread (started, ended, control-socket
+    // trouble) carries its span; the worker opens the same span (`--tenant`).
+    let _span =
+        tracing::info_span!("session", id, tenant = %tenant, node = %host, device).entered();
     let Some(queue) = queue else {
         release(state, id);
         return refuse(&mut conn, format!("device {device} has no launch queue"));
@@ -60,6 +68,7 @@ pub fn run_worker(
             },
         ])
         .args(["--arch", &(cc.0 * 10 + cc.1).to_string()])
+        .args(["--tenant", &tenant])
         .stdin(Stdio::from(client_fd))
         .stdout(Stdio::from(OwnedFd::from(child_end)))
         .stderr(Stdio::inherit());

@@ -1,0 +1,406 @@
+//! `gpufuse serve --http` as a process: its metrics agree with `gpufuse status`, every query
+//! of the Grafana dashboard names a series it exposes, a refused session is shown with its
+//! reason, `gpufuse report` bills the session, and JSON logs carry the session's span.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpufuse_client::Connection;
+use gpufuse_proto::{Qos, ReplyBody, Request, ResourceRequest, SessionKind};
+use gpufuse_transport::Address;
+
+struct Server {
+    child: Child,
+    dir: std::path::PathBuf,
+    addr: Address,
+    http: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start(name: &str, extra: &[&str], stderr: Stdio) -> Server {
+    let dir = std::env::temp_dir().join(format!("gpufuse-observe-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("s.sock");
+    let http = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
+        .args(["serve", "--listen", &format!("unix:{}", sock.display())])
+        .args(["--devices", "emu:1:1GiB", "--http", &http])
+        .args(extra)
+        .env_remove("GPUFUSE_LOG_FORMAT")
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while UnixStream::connect(&sock).is_err() || std::net::TcpStream::connect(&http).is_err() {
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Server {
+        child,
+        dir,
+        addr: Address::Unix(sock),
+        http,
+    }
+}
+
+fn get(s: &Server, path: &str) -> (u16, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut r = agent
+        .get(&format!("http://{}{path}", s.http))
+        .call()
+        .unwrap();
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+}
+
+/// One thread spinning `n` times.
+const SPIN_PTX: &str = ".version 7.0\n.target sm_80\n.address_size 64\n\n.visible .entry spin(\n\t.param .u32 spin_param_0\n)\n{\n\t.reg .pred %p<2>;\n\t.reg .b32 %r<4>;\n\n\tld.param.u32 %r1, [spin_param_0];\n\tmov.u32 %r2, 0;\n$L__BB0_1:\n\tsetp.ge.u32 %p1, %r2, %r1;\n\t@%p1 bra $L__BB0_2;\n\tadd.s32 %r2, %r2, 1;\n\tbra.uni $L__BB0_1;\n$L__BB0_2:\n\tret;\n}\n\0";
+
+fn session(s: &Server, compute: Option<u32>, vram: Option<u64>) -> Result<Connection, String> {
+    let hello = Connection::hello(
+        SessionKind::Cuda,
+        String::new(),
+        ResourceRequest {
+            compute_percent: compute,
+            vram_bytes: vram,
+            qos: Qos::High,
+            ..Default::default()
+        },
+    );
+    let (mut c, _) = Connection::open(&s.addr, &hello).map_err(|e| e.to_string())?;
+    c.quiet(&Request::CtxCreate {
+        ctx: 1,
+        device: 0,
+        flags: 0,
+    })
+    .unwrap();
+    let image = SPIN_PTX.as_bytes();
+    let hash: [u8; 32] =
+        sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
+    c.call(&Request::ModuleLoad {
+        module: 2,
+        device: 0,
+        hash,
+        image: Some(image),
+    })
+    .unwrap();
+    c.call(&Request::ModuleGetFunction {
+        module: 2,
+        name: "spin",
+        function: 3,
+    })
+    .unwrap();
+    Ok(c)
+}
+
+fn spin(c: &mut Connection, n: u32) {
+    let params = n.to_le_bytes();
+    c.quiet(&Request::LaunchKernel(gpufuse_proto::Launch {
+        function: 3,
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_mem: 0,
+        stream: 0,
+        params: &params,
+        attributes: Vec::new(),
+    }))
+    .unwrap();
+    c.call(&Request::CtxSynchronize { ctx: 1 }).unwrap();
+}
+
+/// The value of the first sample `name{...}` whose line contains every one of `with`.
+fn sample(text: &str, name: &str, with: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.split(['{', ' ']).next() == Some(name) && with.iter().all(|w| l.contains(w)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} with {with:?}:\n{text}"))
+}
+
+/// The families a scrape declares (`# TYPE name kind`), with their kinds.
+fn families(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, k)| (n.to_string(), k.to_string()))
+        .collect()
+}
+
+/// Whether series `name` (as a query writes it) is exposed by one of `families`.
+fn exposed(name: &str, families: &[(String, String)]) -> bool {
+    families.iter().any(|(f, kind)| match kind.as_str() {
+        "counter" => name == format!("{f}_total"),
+        "histogram" => ["_bucket", "_sum", "_count"]
+            .iter()
+            .any(|s| name == format!("{f}{s}")),
+        _ => name == f,
+    })
+}
+
+/// Every `gpufuse_*` identifier in a PromQL expression.
+fn series_in(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("gpufuse_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        out.push(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// Every query string in a Grafana dashboard: panel targets' `expr` and templating queries.
+fn queries(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x) {
+                    ("expr" | "definition", serde_json::Value::String(s)) => out.push(s.clone()),
+                    _ => queries(x, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| queries(x, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn metrics_agree_with_status_and_every_dashboard_query_names_an_exposed_series() {
+    let s = start("metrics", &[], Stdio::null());
+    let mut c = session(&s, Some(40), Some(256 << 20)).unwrap();
+    match c
+        .call(&Request::MemAlloc {
+            device: 0,
+            size: 16 << 20,
+        })
+        .unwrap()
+    {
+        ReplyBody::Ptr(_) => {}
+        other => panic!("{other:?}"),
+    }
+    for _ in 0..20 {
+        spin(&mut c, 20_000);
+    }
+    // A session asking for more compute than is left is refused, and shown with its reason.
+    let refused = session(&s, Some(80), None).unwrap_err();
+    assert!(refused.contains("cannot grant 80%"), "{refused}");
+
+    let before = Connection::query_status(&s.addr, String::new()).unwrap();
+    let (code, text) = get(&s, "/metrics");
+    let after = Connection::query_status(&s.addr, String::new()).unwrap();
+    assert_eq!(code, 200);
+    let d = &before.devices[0];
+    let x = &before.sessions[0];
+    let id = format!("session=\"{}\"", x.id);
+    assert_eq!(
+        sample(&text, "gpufuse_device_memory_total_bytes", &["gpu=\"0\""]),
+        d.total_bytes as f64
+    );
+    assert_eq!(
+        sample(&text, "gpufuse_device_memory_used_bytes", &["gpu=\"0\""]),
+        d.used_bytes as f64
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "gpufuse_device_memory_promised_bytes",
+            &["gpu=\"0\""]
+        ),
+        (256u64 << 20) as f64
+    );
+    assert_eq!(
+        sample(&text, "gpufuse_device_sessions", &["gpu=\"0\""]),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "gpufuse_session_memory_used_bytes", &[&id]),
+        x.used_bytes as f64
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "gpufuse_session_memory_limit_bytes",
+            &[&id, "qos=\"high\"", "tenant=\"-\""]
+        ),
+        x.limit_bytes.unwrap() as f64
+    );
+    assert_eq!(
+        sample(&text, "gpufuse_session_compute_share_ratio", &[&id]),
+        0.4
+    );
+    let secs = sample(&text, "gpufuse_session_device_seconds_total", &[&id]);
+    assert!(secs > 0.0, "{text}");
+    assert!(
+        secs >= x.device_time_us as f64 / 1e6
+            && secs <= after.sessions[0].device_time_us as f64 / 1e6,
+        "{secs} s not between two status answers: {} and {} us",
+        x.device_time_us,
+        after.sessions[0].device_time_us
+    );
+    assert!(sample(&text, "gpufuse_session_queue_wait_seconds_count", &[&id]) >= 20.0);
+    assert_eq!(
+        sample(&text, "gpufuse_session_throttled_seconds_total", &[&id]),
+        0.0,
+        "elastic policy never throttles"
+    );
+    assert_eq!(
+        sample(&text, "gpufuse_pool_sessions", &["state=\"running\""]),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "gpufuse_pool_placement_seconds_count", &[]),
+        2.0
+    );
+    assert_eq!(sample(&text, "gpufuse_nodes", &["state=\"ready\""]), 1.0);
+
+    // The Grafana dashboard asks only for series this server exposes.
+    let fams = families(&text);
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/grafana/gpufuse-dashboard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut qs = Vec::new();
+    queries(&dashboard, &mut qs);
+    assert!(qs.len() >= 20, "{qs:?}");
+    let mut checked = 0;
+    for q in &qs {
+        let names = series_in(q);
+        assert!(!names.is_empty(), "a query without a gpufuse series: {q}");
+        for n in names {
+            assert!(
+                exposed(&n, &fams),
+                "{q}: {n} is not exposed; families: {fams:?}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= qs.len());
+
+    let (_, snap) = get(&s, "/api/v1/snapshot");
+    let snap: serde_json::Value = serde_json::from_str(&snap).unwrap();
+    let pending = &snap["pending"][0];
+    assert_eq!(pending["state"], "refused", "{snap}");
+    assert!(
+        pending["reason"]
+            .as_str()
+            .unwrap()
+            .contains("cannot grant 80%"),
+        "{snap}"
+    );
+    assert_eq!(get(&s, "/readyz").0, 200);
+
+    // The ledger is sampled once a second: the report bills the session's device time.
+    std::thread::sleep(Duration::from_millis(2200));
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
+        .args(["report", "--http", &s.http, "--since", "5m", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let t = &r["tenants"][0];
+    assert_eq!(t["tenant"], "-", "{r}");
+    assert_eq!(t["sessions"], 1, "{r}");
+    let used = t["device_hours_used"].as_f64().unwrap() * 3600.0;
+    assert!(
+        (used - secs).abs() < 0.05 * secs + 1e-3,
+        "{used} s billed, {secs} s run: {r}"
+    );
+    assert!(t["device_hours_promised"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(t["cost"].as_f64().unwrap() > 0.0, "{r}");
+    let csv = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
+        .args(["report", "--http", &s.http, "--csv"])
+        .output()
+        .unwrap();
+    let csv = String::from_utf8(csv.stdout).unwrap();
+    assert!(
+        csv.lines().nth(1).is_some_and(|l| l.starts_with("-,1,")),
+        "{csv}"
+    );
+}
+
+#[test]
+fn json_logs_carry_the_session_span_in_node_and_worker() {
+    let mut s = start("logs", &["--log-format", "json"], Stdio::piped());
+    let stderr = s.child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut c = session(&s, None, None).unwrap();
+    spin(&mut c, 10);
+    let id = Connection::query_status(&s.addr, String::new())
+        .unwrap()
+        .sessions[0]
+        .id;
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut lines = Vec::new();
+    let mut ended = false;
+    while Instant::now() < deadline && !ended {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(100)) {
+            ended = l.contains("ended");
+            lines.push(l);
+        }
+    }
+    let with_span: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"))
+        })
+        .filter(|v| v["span"]["name"] == "session")
+        .collect();
+    assert!(
+        !with_span.is_empty(),
+        "no line in a session span: {lines:#?}"
+    );
+    for v in &with_span {
+        assert_eq!(v["span"]["id"], id, "{v}");
+        assert_eq!(v["span"]["tenant"], "-", "{v}");
+        assert_eq!(v["span"]["device"], 0, "{v}");
+        assert!(
+            v["span"]["node"].as_str().is_some_and(|n| !n.is_empty()),
+            "{v}"
+        );
+    }
+    assert!(
+        with_span.iter().any(|v| v["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("ended"))),
+        "{lines:#?}"
+    );
+}
