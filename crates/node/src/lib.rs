@@ -222,7 +222,8 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
     if let Some(http) = &config.http {
         let source = observed::NodeSource {
             state: state.clone(),
-            pool_of_one: true,
+            // A node under a controller leaves the pool's series to the controller.
+            pool_of_one: config.pool.is_none(),
         };
         gpufuse_observe::serve(http.addr, Arc::new(source), http.options.clone())?;
     }
