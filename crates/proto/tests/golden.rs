@@ -488,6 +488,8 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
             queue_p50_us: 10,
             queue_p99_us: 100,
             on_device: true,
+            swapped_host_bytes: 4096,
+            swapped_disk_bytes: 0,
         }],
         notes: vec!["n".into()],
     };
@@ -543,8 +545,27 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
             "ControlRequest::Renew",
             ControlRequest::Renew { micros: 1500 },
         ),
+        (
+            "ControlRequest::Swapped",
+            ControlRequest::Swapped {
+                host: 4096,
+                disk: 1500,
+            },
+        ),
     ] {
         out.push((n, body(&r)));
+    }
+    for (n, c) in [
+        (
+            "NodeCommand::Evict",
+            NodeCommand::Evict {
+                bytes: 4096,
+                to_disk: true,
+            },
+        ),
+        ("NodeCommand::Migrate", NodeCommand::Migrate { device: 1 }),
+    ] {
+        out.push((n, body(&c)));
     }
     out.push((
         "ControlAnswer",
@@ -582,7 +603,7 @@ const OTHERS: &[(&str, &str)] = &[
         ("SessionKind::End", "0303"),
         ("ServerHello::Accepted", "00010100036770750007070707070707070707070707070707808080800401028010"),
         ("ServerHello::Refused", "01026e6f"),
-        ("ServerHello::Status", "02000100036770750180808080048080400707070707070707070707070707070709000040003201012a01700105616c6963652b008080400180808080043200011ee8070a640101016e"),
+        ("ServerHello::Status", "02000100036770750180808080048080400707070707070707070707070707070709000040003201012a01700105616c6963652b008080400180808080043200011ee8070a640180200001016e"),
         ("ServerHello::Admissible", "0301"),
         ("ServerHello::Ended", "0403"),
         ("ControlRequest::Reserve", "008020"),
@@ -591,6 +612,9 @@ const OTHERS: &[(&str, &str)] = &[
     ("ControlRequest::Acquire", "03"),
     ("ControlRequest::Done", "04dc0b"),
     ("ControlRequest::Renew", "05dc0b"),
+    ("ControlRequest::Swapped", "068020dc0b"),
+    ("NodeCommand::Evict", "00802001"),
+    ("NodeCommand::Migrate", "0101"),
     ("ControlAnswer", "01e807"),
     ("FrameHeader", "4746555306000401040302010b0a00008877665544332211"),
 ];

@@ -27,6 +27,8 @@ pub trait Ledger {
         self.done(micros);
         self.acquire()
     }
+    /// Reports how much of the session's memory is in host memory and on disk.
+    fn swapped(&mut self, _host: u64, _disk: u64) {}
 }
 
 /// The ledger in the node, reached over the control socket.
@@ -82,6 +84,9 @@ impl Ledger for ControlLedger {
     fn renew(&mut self, micros: u64) -> u64 {
         self.ask(ControlRequest::Renew { micros })
             .map_or(u64::MAX, |a| a.value)
+    }
+    fn swapped(&mut self, host: u64, disk: u64) {
+        let _ = self.ask(ControlRequest::Swapped { host, disk });
     }
 }
 

@@ -20,7 +20,9 @@ pub mod control;
 pub mod heartbeat;
 mod launch;
 mod memory;
+mod migrate;
 mod modules;
+mod residency;
 mod serve;
 mod streams;
 mod textures;
@@ -32,7 +34,9 @@ use gpufuse_proto::{Reply, ReplyBody, Request, StagedCopy, Status};
 use gpufuse_transport::TransportError;
 
 pub use control::{ControlLedger, Ledger, LocalLedger};
-pub use serve::{refuse, serve};
+pub use migrate::DeviceOpener;
+pub use residency::ElasticConfig;
+pub use serve::{refuse, serve, serve_elastic, Elastic};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -46,14 +50,41 @@ pub enum WorkerError {
 
 type R<T> = Result<T, Status>;
 
+/// The device a session runs on: the one it was given, or one it moved to (migration).
+enum DeviceSlot<'a> {
+    Given(&'a mut dyn Device),
+    Moved(Box<dyn Device>),
+}
+
+impl<'a> std::ops::Deref for DeviceSlot<'a> {
+    type Target = dyn Device + 'a;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            DeviceSlot::Given(d) => &**d,
+            DeviceSlot::Moved(d) => d.as_ref(),
+        }
+    }
+}
+
+impl<'a> std::ops::DerefMut for DeviceSlot<'a> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match self {
+            DeviceSlot::Given(d) => &mut **d,
+            DeviceSlot::Moved(d) => d.as_mut(),
+        }
+    }
+}
+
 /// The session's view of its device and what it holds.
 pub struct Session<'a> {
-    device: &'a mut dyn Device,
+    device: DeviceSlot<'a>,
     ledger: &'a mut dyn Ledger,
     memory: memory::MemoryBooks,
     modules: modules::ModuleBooks,
     sync: streams::SyncBooks,
     launch: launch::LaunchBooks,
+    /// Where the session's memory is (resident, host, disk) and the idle clock.
+    residency: residency::Residency,
     /// Live texture and surface objects and what they describe.
     textures: HashMap<u64, gpufuse_proto::TexObjectDesc>,
     deferred: Option<Status>,
@@ -65,14 +96,17 @@ pub struct Session<'a> {
     /// A fault (illegal or misaligned address, trap, failed device assert) that poisoned the
     /// session until a device reset.
     sticky: Option<Status>,
+    /// Device-side printf output the device the session left had not handed over.
+    carried_output: Vec<u8>,
 }
 
 impl<'a> Session<'a> {
     pub fn new(device: &'a mut dyn Device, ledger: &'a mut dyn Ledger, limit: Option<u64>) -> Self {
         Self {
-            device,
+            device: DeviceSlot::Given(device),
             ledger,
             memory: memory::MemoryBooks::new(limit),
+            residency: residency::Residency::new(ElasticConfig::default(), 0),
             modules: Default::default(),
             sync: Default::default(),
             launch: Default::default(),
@@ -82,7 +116,15 @@ impl<'a> Session<'a> {
             scratch: Vec::new(),
             view: None,
             sticky: None,
+            carried_output: Vec::new(),
         }
+    }
+
+    /// The same session, whose memory may leave the device as `config` says (`session` names
+    /// its swap files).
+    pub fn with_elastic(mut self, config: ElasticConfig, session: u64) -> Self {
+        self.residency = residency::Residency::new(config, session);
+        self
     }
 
     /// Bytes this session holds.
@@ -93,6 +135,7 @@ impl<'a> Session<'a> {
     /// Frees everything: at reset and when the session ends.
     pub fn release_all(&mut self) {
         self.end_lease();
+        self.residency.forget_away();
         self.release_memory();
         self.release_modules();
         self.release_textures();
@@ -251,8 +294,11 @@ impl<'a> Session<'a> {
         // As `dispatch` runs a quiet request: a poisoned session fails it, else `handle`'s checks.
         let checked = match self.sticky {
             Some(e) => Err(e),
-            None => self.check_htod(dst, stream, len),
+            None => self
+                .ensure_resident()
+                .and_then(|()| self.check_htod(dst, stream, len)),
         };
+        self.residency.last_active = std::time::Instant::now();
         if let Err(e) = checked {
             self.deferred.get_or_insert(e);
             return HtodTarget::Discard;
@@ -280,8 +326,12 @@ impl<'a> Session<'a> {
                 self.handle(req).map_err(|_| e)
             }
             (Some(e), _) => Err(e),
+            (None, _) if residency::touches_memory(&req) => {
+                self.ensure_resident().and_then(|()| self.handle(req))
+            }
             (None, _) => self.handle(req),
         };
+        self.residency.last_active = std::time::Instant::now();
         if quiet {
             if let Err(e) = result {
                 tracing::debug!(
@@ -300,6 +350,11 @@ impl<'a> Session<'a> {
         reply.staged = std::mem::take(&mut self.staged);
         // Device-side printf of the launches so far: the client prints it on this reply.
         reply.output = self.device.take_output();
+        if !self.carried_output.is_empty() {
+            let mut out = std::mem::take(&mut self.carried_output);
+            out.append(&mut reply.output);
+            reply.output = out;
+        }
         Some(reply)
     }
 }

@@ -74,7 +74,10 @@ impl Session<'_> {
 
     pub(crate) fn uncharge(&mut self, size: u64) {
         self.memory.used -= size;
-        self.ledger.release(size);
+        // Bytes an eviction released from the ledger are not released twice: what it released
+        // beyond what the session still holds was part of this size.
+        let already = self.residency.unreleased(self.memory.used).min(size);
+        self.ledger.release(size - already);
     }
 
     pub(crate) fn alloc(&mut self, size: u64) -> R<u64> {

@@ -9,7 +9,16 @@ use gpufuse_proto::{
 };
 use gpufuse_transport::{Conn, TransportError};
 
-use crate::{heartbeat, HtodTarget, Ledger, Session, WorkerError};
+use crate::{heartbeat, DeviceOpener, ElasticConfig, HtodTarget, Ledger, Session, WorkerError};
+
+/// What an elastic session has beyond a plain one: its TTLs and swap directory, the node's
+/// command socket (evict, migrate) and a way to open another device of the node.
+#[derive(Default)]
+pub struct Elastic {
+    pub config: ElasticConfig,
+    pub commands: Option<std::os::unix::net::UnixStream>,
+    pub open_device: Option<DeviceOpener>,
+}
 
 /// Copies at least this large are received straight into device memory.
 const DIRECT_HTOD: u32 = 1 << 20;
@@ -19,11 +28,23 @@ const MAX_DIRECT_HEAD: u32 = 256;
 /// Serves one session on `conn` until the client leaves, then frees everything it held.
 /// Sends the hello answer first.
 pub fn serve(
+    conn: Conn,
+    session_id: u64,
+    device: &mut dyn Device,
+    ledger: &mut dyn Ledger,
+    limit: Option<u64>,
+) -> Result<(), WorkerError> {
+    serve_elastic(conn, session_id, device, ledger, limit, Elastic::default())
+}
+
+/// [`serve`], for a session whose memory may leave the device and that may move.
+pub fn serve_elastic(
     mut conn: Conn,
     session_id: u64,
     device: &mut dyn Device,
     ledger: &mut dyn Ledger,
     limit: Option<u64>,
+    elastic: Elastic,
 ) -> Result<(), WorkerError> {
     let info = device.info(limit);
     let mut out = Vec::new();
@@ -41,8 +62,15 @@ pub fn serve(
     let beat =
         heartbeat::Heartbeat::start(conn.stream().try_clone().map_err(TransportError::from)?)
             .map_err(TransportError::from)?;
-    let mut session = Session::new(device, ledger, limit);
-    let result = run(&mut conn, &mut session, &mut out, &beat);
+    let mut session = Session::new(device, ledger, limit).with_elastic(elastic.config, session_id);
+    let mut node = Commands {
+        conn: elastic
+            .commands
+            .map(|s| Conn::new(gpufuse_transport::Stream::Unix(s))),
+        open_device: elastic.open_device,
+        out: Vec::new(),
+    };
+    let result = run(&mut conn, &mut session, &mut out, &beat, &mut node);
     session.release_all();
     match result {
         Err(WorkerError::Transport(TransportError::Closed)) => Ok(()),
@@ -72,9 +100,14 @@ fn run(
     session: &mut Session,
     out: &mut Vec<u8>,
     beat: &heartbeat::Heartbeat,
+    node: &mut Commands,
 ) -> Result<(), WorkerError> {
     let mut last_check = std::time::Instant::now();
     loop {
+        if !conn.has_frame() {
+            beat.busy(false);
+            node.wait_for_client(conn, session)?;
+        }
         // A client that died with launches still queued in the socket: its work is dropped at
         // once instead of holding the device for the others (CUDA abandons a dead process's
         // work too). Looked at once a millisecond at most, so request rates do not pay for it.
@@ -166,5 +199,131 @@ fn run(
                 *out = Vec::new();
             }
         }
+    }
+}
+
+/// The node's side of an elastic session: its command socket and the device opener.
+struct Commands {
+    conn: Option<Conn>,
+    open_device: Option<DeviceOpener>,
+    out: Vec<u8>,
+}
+
+/// What woke a worker waiting for its client.
+enum Woken {
+    Client,
+    Command,
+    Timeout,
+}
+
+impl Commands {
+    /// Waits until the client sends something, answering the node's commands and running the
+    /// idle steps (scale to zero) meanwhile. Without commands or TTLs it returns at once: the
+    /// caller's read waits.
+    fn wait_for_client(
+        &mut self,
+        client: &mut Conn,
+        session: &mut Session,
+    ) -> Result<(), WorkerError> {
+        loop {
+            let timeout = session.idle_tick();
+            if self.conn.is_none() && timeout.is_none() {
+                return Ok(());
+            }
+            if self.conn.as_ref().is_some_and(|c| c.has_frame()) {
+                self.answer(session);
+                continue;
+            }
+            match wait(client, self.conn.as_ref(), timeout) {
+                Woken::Client => return Ok(()),
+                Woken::Command => self.answer(session),
+                Woken::Timeout => {}
+            }
+        }
+    }
+
+    /// Reads one command and answers it; a node that hung up or sent nonsense is dropped (the
+    /// session goes on; the worker's own watch ends it if the node is gone).
+    fn answer(&mut self, session: &mut Session) {
+        use gpufuse_proto::{ControlAnswer, NodeCommand};
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        let (id, cmd) = match conn.recv() {
+            Ok((h, body)) if h.kind == FrameKind::Control => {
+                match gpufuse_proto::decode_owned::<NodeCommand>(body) {
+                    Ok(c) => (h.request_id, c),
+                    Err(e) => {
+                        tracing::warn!("malformed node command: {e}");
+                        self.conn = None;
+                        return;
+                    }
+                }
+            }
+            _ => {
+                self.conn = None;
+                return;
+            }
+        };
+        let answer = match cmd {
+            NodeCommand::Evict { bytes, to_disk } => ControlAnswer {
+                ok: true,
+                value: session.evict(bytes, to_disk),
+            },
+            NodeCommand::Migrate { device } => {
+                let moved = match self.open_device.as_mut() {
+                    None => Err("this worker cannot open another device".to_string()),
+                    Some(open) => open(device).and_then(|d| session.migrate_to(d)),
+                };
+                match moved {
+                    Ok(stop) => ControlAnswer {
+                        ok: true,
+                        value: u64::try_from(stop.as_micros()).unwrap_or(u64::MAX),
+                    },
+                    Err(why) => {
+                        tracing::warn!(device, "the session cannot move: {why}");
+                        ControlAnswer {
+                            ok: false,
+                            value: 0,
+                        }
+                    }
+                }
+            }
+        };
+        self.out.clear();
+        encode_frame(&mut self.out, FrameKind::ControlReply, 0, id, &answer);
+        if conn.send(&self.out).is_err() {
+            self.conn = None;
+        }
+    }
+}
+
+/// `poll` on the client and the node's command socket, for at most `timeout` (ever without).
+fn wait(client: &Conn, commands: Option<&Conn>, timeout: Option<std::time::Duration>) -> Woken {
+    use std::os::fd::AsRawFd;
+    let mut fds = vec![libc::pollfd {
+        fd: client.stream().as_fd().as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    if let Some(c) = commands {
+        fds.push(libc::pollfd {
+            fd: c.stream().as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+    let ms = timeout.map_or(-1, |t| {
+        i32::try_from(t.as_millis().saturating_add(1)).unwrap_or(i32::MAX)
+    });
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the call's duration.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n <= 0 {
+        return Woken::Timeout;
+    }
+    if fds[0].revents != 0 {
+        Woken::Client
+    } else {
+        Woken::Command
     }
 }

@@ -89,7 +89,12 @@ pub(super) fn rebuild(d: &mut EmuDevice, image: &DeviceImage) -> Result<(), Capt
             ),
         ));
     }
-    let oom = || refused(status::OUT_OF_MEMORY, "the host has no room for the session");
+    let oom = || {
+        refused(
+            status::OUT_OF_MEMORY,
+            "the host has no room for the session",
+        )
+    };
     for a in &image.allocations {
         if a.contents.len() as u64 != a.size || a.addr < base || a.addr + a.size > end {
             return Err(refused(
@@ -221,7 +226,10 @@ mod tests {
         let mut got = vec![0u8; GRANULARITY as usize];
         b.read(range, &mut got).unwrap();
         assert_eq!(got, pattern(GRANULARITY as usize, 2));
-        assert_eq!(b.global(m, "counter").unwrap(), a.global(m, "counter").unwrap());
+        assert_eq!(
+            b.global(m, "counter").unwrap(),
+            a.global(m, "counter").unwrap()
+        );
         assert_eq!(bump(&mut b, m, out), 9, "the variable kept its value");
         // The parked physical memory maps again with its data; the texture handle exists.
         b.map(range + 2 * GRANULARITY, parked).unwrap();

@@ -211,6 +211,9 @@ impl Device for EmuDevice {
     }
 
     fn free(&mut self, ptr: u64) -> Result<u64, Status> {
+        if let Some(len) = self.evicted.remove(&ptr) {
+            return Ok(len);
+        }
         if self.vmm.is_mapped(ptr) {
             return Err(INVALID_VALUE);
         }

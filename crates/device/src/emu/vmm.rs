@@ -165,7 +165,11 @@ impl Vmm {
                 size: p.size,
                 mapped_at: p.mapped_at,
                 released: p.released,
-                contents: p.words.as_ref().map(|w| w.bytes().to_vec()).unwrap_or_default(),
+                contents: p
+                    .words
+                    .as_ref()
+                    .map(|w| w.bytes().to_vec())
+                    .unwrap_or_default(),
             })
             .collect();
         physical.sort_by_key(|p| p.id);
