@@ -226,10 +226,12 @@ def free_tcp_port() -> int:
 class Server:
     """`gpufuse serve` on a fresh unix socket and a TCP port; logs to a file."""
 
-    def __init__(self, devices: str | None = None, tls_args: list[str] | None = None) -> None:
+    def __init__(self, devices: str | None = None, tls_args: list[str] | None = None,
+                 extra_args: list[str] | None = None) -> None:
         """tls_args: also listen on a tcp+tls: port (`self.tls`) with these serve options
-        (--tls-cert, --tls-key, --tls-client-ca)."""
+        (--tls-cert, --tls-key, --tls-client-ca); extra_args: more serve options."""
         self.devices = devices or DEVICES
+        self.extra_args = extra_args or []
         self.tls_args = tls_args
         self.tls = ""
         self.dir = Path(tempfile.mkdtemp(prefix="gpufuse-real-clients-"))
@@ -256,6 +258,7 @@ class Server:
         if self.tls_args is not None:
             self.tls = f"tcp+tls:127.0.0.1:{free_tcp_port()}"
             argv += ["--listen", self.tls, *self.tls_args]
+        argv += self.extra_args
         self.proc = subprocess.Popen(
             argv,
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -10,6 +10,7 @@
 
 pub mod admin;
 mod devices;
+pub mod elastic;
 mod ledger;
 pub mod lifecycle;
 pub mod queue;
@@ -29,6 +30,7 @@ use gpufuse_proto::{
 use gpufuse_transport::{Address, Conn, Stream, TransportError};
 
 pub use devices::{parse_size, DeviceSpec, DeviceSpecError, SIZE_FORMS};
+pub use elastic::ElasticOptions;
 pub use ledger::{Admitted, WINDOW};
 pub use queue::DeviceQueue;
 
@@ -56,6 +58,8 @@ pub struct NodeConfig {
     pub tls: Option<gpufuse_transport::ServerTls>,
     /// Whether `tls` requires client certificates.
     pub client_certs: bool,
+    /// Oversubscription, swap and idle TTLs (`elastic.rs`).
+    pub elastic: ElasticOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +105,8 @@ pub struct SessionRecord {
     pub compute: Option<u32>,
     /// The subject of the session's token (its tenant), on a node that checks tokens.
     pub subject: Option<String>,
+    /// Swapped bytes, command socket, activity (`elastic.rs`).
+    pub elastic: elastic::SessionElastic,
 }
 
 /// The node's shared state. Lock order: this state, then a device queue; never the reverse.
@@ -113,6 +119,8 @@ pub struct NodeState {
     pub sessions: HashMap<u64, SessionRecord>,
     pub next_session: u64,
     pub notes: Vec<String>,
+    /// Oversubscription and swap settings (`elastic.rs`).
+    pub elastic: ElasticOptions,
 }
 
 impl NodeState {
@@ -165,6 +173,8 @@ impl NodeState {
                             queue_p50_us: usage.queue_p50_us,
                             queue_p99_us: usage.queue_p99_us,
                             on_device,
+                            swapped_host_bytes: s.elastic.swapped_host,
+                            swapped_disk_bytes: s.elastic.swapped_disk,
                         }
                     })
                     .collect();
@@ -189,11 +199,9 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
         tracing::info!("{n}");
     }
     tracing::info!("compute policy: {}", config.compute_policy.name());
-    let state: Shared = Arc::new(Mutex::new(NodeState::new(
-        devices,
-        notes,
-        config.compute_policy,
-    )));
+    let mut node = NodeState::new(devices, notes, config.compute_policy);
+    node.elastic = config.elastic.clone();
+    let state: Shared = Arc::new(Mutex::new(node));
     let mut listeners = Vec::new();
     for addr in &config.listen {
         let l = addr
@@ -442,6 +450,13 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
         }
         SessionKind::End { session } => {
             let reply = admin::end(state, config, session, claims.as_ref(), &hello);
+            answer(&mut conn, &reply);
+        }
+        SessionKind::Migrate { session, device } => {
+            let reply = match elastic::may_manage(state, config, session, claims.as_ref()) {
+                Ok(()) => elastic::migrate(state, session, device),
+                Err(reason) => ServerHello::Refused { reason },
+            };
             answer(&mut conn, &reply);
         }
         SessionKind::Cuda => {

@@ -20,6 +20,10 @@ pub enum SessionKind {
     /// A one-shot request to end session `session` (`gpufuse kill`): the node kills its worker
     /// and answers `Ended` once everything the session held is released.
     End { session: u64 },
+    /// A one-shot request to move session `session` to the node's device `device`
+    /// (`gpufuse migrate`): the node answers `Migrated` once the session runs there, or
+    /// `Refused` with the session untouched.
+    Migrate { session: u64, device: u32 },
 }
 
 /// Quality-of-service level of a session.
@@ -160,6 +164,14 @@ pub enum ServerHello {
     /// An `End` hello's session is gone and its memory released.
     Ended {
         session: u64,
+    },
+    /// A `Migrate` hello's session runs on `device` now; it was stopped for `stop_us` of the
+    /// move's `total_us` (microseconds).
+    Migrated {
+        session: u64,
+        device: u32,
+        stop_us: u64,
+        total_us: u64,
     },
 }
 

@@ -501,6 +501,13 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
         ("SessionKind::Status", SessionKind::Status),
         ("SessionKind::Check", SessionKind::Check),
         ("SessionKind::End", SessionKind::End { session: 3 }),
+        (
+            "SessionKind::Migrate",
+            SessionKind::Migrate {
+                session: 3,
+                device: 1,
+            },
+        ),
     ] {
         out.push((n, body(&k)));
     }
@@ -525,6 +532,15 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
     out.push((
         "ServerHello::Ended",
         body(&ServerHello::Ended { session: 3 }),
+    ));
+    out.push((
+        "ServerHello::Migrated",
+        body(&ServerHello::Migrated {
+            session: 3,
+            device: 1,
+            stop_us: 1500,
+            total_us: 4096,
+        }),
     ));
     for (n, r) in [
         (
@@ -601,11 +617,13 @@ const OTHERS: &[(&str, &str)] = &[
         ("SessionKind::Status", "01"),
         ("SessionKind::Check", "02"),
         ("SessionKind::End", "0303"),
+        ("SessionKind::Migrate", "040301"),
         ("ServerHello::Accepted", "00010100036770750007070707070707070707070707070707808080800401028010"),
         ("ServerHello::Refused", "01026e6f"),
         ("ServerHello::Status", "02000100036770750180808080048080400707070707070707070707070707070709000040003201012a01700105616c6963652b008080400180808080043200011ee8070a640180200001016e"),
         ("ServerHello::Admissible", "0301"),
         ("ServerHello::Ended", "0403"),
+        ("ServerHello::Migrated", "050301dc0b8020"),
         ("ControlRequest::Reserve", "008020"),
     ("ControlRequest::Release", "018020"),
     ("ControlRequest::DeviceUsed", "02"),

@@ -86,7 +86,7 @@ impl Residency {
 
     /// Writes what is in host memory to disk; false if there is no swap directory or a write
     /// failed (the contents then stay in host memory).
-    pub(crate) fn to_disk(&mut self) -> bool {
+    pub(crate) fn move_to_disk(&mut self) -> bool {
         let ptrs: Vec<u64> = self
             .away
             .iter()
@@ -158,7 +158,7 @@ impl Session<'_> {
             }
         }
         if to_disk {
-            self.residency.to_disk();
+            self.residency.move_to_disk();
         }
         // The ledger holds what the session was charged; ranges the device made for itself
         // (heap, workspace) were never charged, so never release more than that.
@@ -261,7 +261,7 @@ impl Session<'_> {
             if resident {
                 self.evict(u64::MAX, true);
             } else if self.residency.host > 0 {
-                self.residency.to_disk();
+                self.residency.move_to_disk();
                 self.report_swapped();
             }
         } else if to_host && resident {

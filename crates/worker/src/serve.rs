@@ -106,7 +106,7 @@ fn run(
     loop {
         if !conn.has_frame() {
             beat.busy(false);
-            node.wait_for_client(conn, session)?;
+            node.wait_for_client(conn, session, beat)?;
         }
         // A client that died with launches still queued in the socket: its work is dropped at
         // once instead of holding the device for the others (CUDA abandons a dead process's
@@ -224,20 +224,24 @@ impl Commands {
         &mut self,
         client: &mut Conn,
         session: &mut Session,
+        beat: &heartbeat::Heartbeat,
     ) -> Result<(), WorkerError> {
         loop {
             let timeout = session.idle_tick();
             if self.conn.is_none() && timeout.is_none() {
                 return Ok(());
             }
-            if self.conn.as_ref().is_some_and(|c| c.has_frame()) {
+            let command = self.conn.as_ref().is_some_and(|c| c.has_frame())
+                || match wait(client, self.conn.as_ref(), timeout) {
+                    Woken::Client => return Ok(()),
+                    Woken::Command => true,
+                    Woken::Timeout => false,
+                };
+            if command {
+                // A client that sends a request meanwhile hears heartbeats, not silence.
+                beat.busy(true);
                 self.answer(session);
-                continue;
-            }
-            match wait(client, self.conn.as_ref(), timeout) {
-                Woken::Client => return Ok(()),
-                Woken::Command => self.answer(session),
-                Woken::Timeout => {}
+                beat.busy(false);
             }
         }
     }
