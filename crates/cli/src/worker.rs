@@ -44,6 +44,9 @@ pub struct WorkerArgs {
     idle_disk_ttl_ms: Option<u64>,
     #[arg(long)]
     swap_dir: Option<std::path::PathBuf>,
+    /// The node promises more device memory than it has (`--vram-oversubscribe`).
+    #[arg(long)]
+    oversubscribed: bool,
 }
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
@@ -91,8 +94,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
     };
     tracing::debug!(session = a.session, backend = %a.backend, "worker serving");
     if let Some(fd) = a.commands_fd {
-        // SAFETY: fcntl(F_GETFD) only reads the descriptor table.
-        if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+        if fd < 3 || !std::path::Path::new(&format!("/proc/self/fd/{fd}")).exists() {
             anyhow::bail!("--commands-fd {fd} is not an open descriptor of this process");
         }
     }
@@ -131,6 +133,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
             idle_ttl: a.idle_ttl_ms.map(std::time::Duration::from_millis),
             idle_disk_ttl: a.idle_disk_ttl_ms.map(std::time::Duration::from_millis),
             swap_dir: a.swap_dir,
+            oversubscribed: a.oversubscribed,
         },
         commands,
         open_device: Some(open_device),

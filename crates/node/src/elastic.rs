@@ -186,14 +186,19 @@ pub fn may_manage(
 
 /// How long the node waits for one victim to answer an eviction.
 const EVICT_WAIT: Duration = Duration::from_secs(10);
+/// How long a session that holds nothing waits for room.
+const ROOM_WAIT: Duration = Duration::from_secs(60);
 /// How long a move may take before the node gives up on its answer.
 const MIGRATE_WAIT: Duration = Duration::from_secs(300);
 
 /// Session `id` needs `bytes` more on its device than is free: asks other sessions of the
 /// device, least recently active first and never one running a kernel, to move memory out.
-/// Returns when there is room or no session can give any.
-pub fn make_room(state: &Shared, id: u64, bytes: u64) {
+/// Returns when there is room, or when no session can give any: at once, or with `wait` (the
+/// session holds no device memory itself) after other sessions had [`ROOM_WAIT`] to finish
+/// what they are doing.
+pub fn make_room(state: &Shared, id: u64, bytes: u64, wait: bool) {
     let mut asked: Vec<u64> = Vec::new();
+    let deadline = Instant::now() + ROOM_WAIT;
     let Some(device) = lock(state).sessions.get(&id).map(|r| r.device) else {
         return;
     };
@@ -225,6 +230,14 @@ pub fn make_room(state: &Shared, id: u64, bytes: u64) {
                 .min_by_key(|(_, r)| r.elastic.last_active)
                 .map(|(&v, r)| (v, r.elastic.commands.clone()));
             let Some((victim, Some(line))) = victim else {
+                if wait && Instant::now() < deadline {
+                    // Others are busy or waiting themselves: they answer, or give their memory
+                    // up, when their request ends.
+                    drop(s);
+                    std::thread::sleep(Duration::from_millis(10));
+                    asked.clear();
+                    continue;
+                }
                 break;
             };
             // Host memory first, up to its budget; then disk.

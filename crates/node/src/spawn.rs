@@ -95,6 +95,9 @@ pub fn run_worker(
     if let Some(d) = &e.swap_dir {
         cmd.arg("--swap-dir").arg(d);
     }
+    if e.oversubscribes() {
+        cmd.arg("--oversubscribed");
+    }
     // The worker dies with the node: a node killed by any signal (SIGKILL included) must not
     // leave workers holding device memory that no ledger shows. PR_SET_PDEATHSIG fires when
     // the thread that spawned the child exits; this thread serves the worker's control socket
@@ -223,13 +226,14 @@ fn serve_control(control: UnixStream, id: u64, state: &Shared, mut queue: Arc<De
             }
         }
         let (ok, value) = match req {
-            ControlRequest::Reserve { bytes } => {
+            ControlRequest::Reserve { bytes } | ControlRequest::ReserveWaiting { bytes } => {
                 let granted = lock(state).reserve(id, bytes);
                 let oversubscribed = lock(state).elastic.oversubscribes();
                 if granted.0 || !oversubscribed {
                     granted
                 } else {
-                    crate::elastic::make_room(state, id, bytes);
+                    let wait = matches!(req, ControlRequest::ReserveWaiting { .. });
+                    crate::elastic::make_room(state, id, bytes, wait);
                     lock(state).reserve(id, bytes)
                 }
             }

@@ -702,6 +702,10 @@ pub enum ControlRequest {
     /// How much of the session's memory is away from the device now: in host memory and on
     /// disk (a report after it changed; the ledger's releases and reserves are separate).
     Swapped { host: u64, disk: u64 },
+    /// `Reserve`, from a session that holds no device memory now (it moved its own out): the
+    /// node waits for other sessions to make room as long as they can (oversubscription),
+    /// instead of refusing at once.
+    ReserveWaiting { bytes: u64 },
 }
 
 /// The node's command to a worker, on the worker's command socket (frames of kind

@@ -568,6 +568,10 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
                 disk: 1500,
             },
         ),
+        (
+            "ControlRequest::ReserveWaiting",
+            ControlRequest::ReserveWaiting { bytes: 4096 },
+        ),
     ] {
         out.push((n, body(&r)));
     }
@@ -631,6 +635,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("ControlRequest::Done", "04dc0b"),
     ("ControlRequest::Renew", "05dc0b"),
     ("ControlRequest::Swapped", "068020dc0b"),
+    ("ControlRequest::ReserveWaiting", "078020"),
     ("NodeCommand::Evict", "00802001"),
     ("NodeCommand::Migrate", "0101"),
     ("ControlAnswer", "01e807"),

@@ -64,7 +64,7 @@ impl Session<'_> {
         let m = &self.memory;
         if m.limit
             .is_some_and(|l| m.used.checked_add(size).is_none_or(|u| u > l))
-            || !self.ledger.reserve(size)
+            || !self.reserve_room(size, false)
         {
             return Err(st::OUT_OF_MEMORY);
         }

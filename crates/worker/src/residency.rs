@@ -24,6 +24,10 @@ pub struct ElasticConfig {
     pub idle_disk_ttl: Option<Duration>,
     /// Where evicted contents go on disk; without one, contents stay in host memory.
     pub swap_dir: Option<PathBuf>,
+    /// The node oversubscribes its device: a session that finds no room moves its own memory
+    /// out and waits for room, holding nothing (so that two waiting sessions never hold what
+    /// the other needs).
+    pub oversubscribed: bool,
 }
 
 /// Contents away from the device.
@@ -184,6 +188,27 @@ impl Session<'_> {
         self.ledger.swapped(host, disk);
     }
 
+    /// Reserves `bytes` on the device's ledger. On an oversubscribed node a session that finds
+    /// no room moves its own resident memory out first and then waits for room holding
+    /// nothing; what it moved out comes back before its next device work. Returns whether
+    /// the bytes were reserved (what was moved out is then included when it comes back).
+    pub(crate) fn reserve_room(&mut self, bytes: u64, bringing_back: bool) -> bool {
+        if self.ledger.reserve(bytes) {
+            return true;
+        }
+        if !self.residency.config.oversubscribed {
+            return false;
+        }
+        self.evict(u64::MAX, false);
+        // Bringing back: what is away now, including what just left.
+        let want = if bringing_back {
+            self.residency.released
+        } else {
+            bytes
+        };
+        self.ledger.reserve_waiting(want)
+    }
+
     /// Brings every evicted range back to the device at its address: before device work.
     /// Fails with `CUDA_ERROR_OUT_OF_MEMORY` only if the device cannot make room.
     pub fn ensure_resident(&mut self) -> R<()> {
@@ -191,7 +216,7 @@ impl Session<'_> {
             return Ok(());
         }
         let need = self.residency.released;
-        if need > 0 && !self.ledger.reserve(need) {
+        if need > 0 && !self.reserve_room(need, true) {
             tracing::warn!(need, "no room on the device to bring the session back");
             return Err(st::OUT_OF_MEMORY);
         }
