@@ -384,3 +384,33 @@ pub fn migrate(state: &Shared, id: u64, target: u32) -> ServerHello {
         total_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_bound_what_a_device_promises() {
+        let mut o = ElasticOptions::default();
+        assert!(!o.oversubscribes());
+        assert_eq!(o.capacity(1000), 1000);
+        o.parse_oversubscribe("host=50,disk=100").unwrap();
+        assert!(o.oversubscribes());
+        assert_eq!((o.host_percent, o.disk_percent), (50, 100));
+        assert_eq!(o.capacity(1000), 2500);
+        assert_eq!(o.host_budget(1000), 500);
+        o.parse_oversubscribe("host=20%").unwrap();
+        assert_eq!(o.host_percent, 20);
+        for bad in ["", "host", "host=x", "swap=10", "host=10,disk", "host=100000"] {
+            assert!(o.parse_oversubscribe(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        for bad in ["", "ms", "5d", "-1s", "1.5s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -282,6 +282,7 @@ fn an_idle_session_scales_to_zero_and_warms_up_on_its_next_call() {
             idle_ttl: Some(Duration::from_millis(100)),
             idle_disk_ttl: Some(Duration::from_millis(400)),
             swap_dir: Some(dir.clone()),
+            oversubscribed: false,
         },
         false,
     );
