@@ -401,7 +401,14 @@ mod tests {
         assert_eq!(o.host_budget(1000), 500);
         o.parse_oversubscribe("host=20%").unwrap();
         assert_eq!(o.host_percent, 20);
-        for bad in ["", "host", "host=x", "swap=10", "host=10,disk", "host=100000"] {
+        for bad in [
+            "",
+            "host",
+            "host=x",
+            "swap=10",
+            "host=10,disk",
+            "host=100000",
+        ] {
             assert!(o.parse_oversubscribe(bad).is_err(), "{bad:?}");
         }
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));

@@ -281,6 +281,9 @@ impl Session<'_> {
         };
         let to_host = host_ttl.is_some_and(&mut due);
         let to_disk = disk_ttl.is_some_and(&mut due);
+        if !to_host && !to_disk {
+            return next;
+        }
         let resident = !self.device.resident().is_empty();
         if to_disk {
             if resident {
