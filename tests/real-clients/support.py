@@ -231,6 +231,7 @@ class Server:
         """tls_args: also listen on a tcp+tls: port (`self.tls`) with these serve options
         (--tls-cert, --tls-key, --tls-client-ca). extra_args: more `gpufuse serve` options."""
         self.devices = devices or DEVICES
+        self.extra_args = extra_args or []
         self.tls_args = tls_args
         self.extra_args = extra_args or []
         self.tls = ""

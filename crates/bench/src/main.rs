@@ -11,7 +11,8 @@
 //! TLS is measured against the same raw TCP baselines as plain TCP, so its rows show what
 //! encryption and the node's TLS relay add.
 //!
-//! `gpufuse-bench shares` measures compute shares and QoS instead (see `shares.rs`).
+//! `gpufuse-bench shares` measures compute shares and QoS instead (see `shares.rs`);
+//! `gpufuse-bench elastic` scale-to-zero warm-up and migration (see `elastic.rs`).
 //!
 //! `--http`: the node also serves `--http` (metrics, dashboard, its once-a-second history
 //! sampler) and a thread scrapes `/metrics` every 100 ms throughout (a Prometheus scrape is
@@ -22,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 mod baseline;
+mod elastic;
 mod remote;
 mod shares;
 
@@ -80,7 +82,11 @@ impl Server {
         let unix = Address::Unix(dir.join("gpufuse.sock"));
         let child = Command::new(gpufuse_binary()?)
             .args(["serve", "--listen", &unix.to_string()])
-            .args(["--devices", "emu:1:16GiB"])
+            .args(if args.contains(&"--devices") {
+                &[][..]
+            } else {
+                &["--devices", "emu:1:16GiB"][..]
+            })
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -171,6 +177,9 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().is_some_and(|a| a == "shares") {
         return shares::run(&shares::Options::parse(&args[1..])?);
+    }
+    if args.first().is_some_and(|a| a == "elastic") {
+        return elastic::run(&args[1..]);
     }
     let quick = args.iter().any(|a| a == "--quick");
     let scale = if quick { 10 } else { 1 };

@@ -6,6 +6,7 @@ mod node;
 mod pool_status;
 mod observe;
 mod report;
+mod migrate;
 mod run;
 mod simulate;
 mod status;
@@ -87,6 +88,8 @@ enum Command {
     Top(top::TopArgs),
     /// Per-tenant usage and cost over a period, against the same sessions on whole GPUs.
     Report(report::ReportArgs),
+    /// Move a session to another device of its node while its program runs.
+    Migrate(migrate::MigrateArgs),
     /// (internal) Serve one session; started by `gpufuse serve`.
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
@@ -110,6 +113,22 @@ pub(crate) struct ServeArgs {
     compute_policy: gpufuse_proto::ComputePolicy,
     #[command(flatten)]
     tls: tls::ServerTlsArgs,
+    /// Promise more device memory than there is: host=PCT[,disk=PCT] of each device's memory
+    /// may wait in host memory (and on disk, with --swap-dir). When a device runs short,
+    /// sessions not running kernels move memory out, least recently active first; it comes
+    /// back before their next device work. Off by default.
+    #[arg(long, value_name = "host=PCT[,disk=PCT]")]
+    vram_oversubscribe: Option<String>,
+    /// Where evicted device memory goes on disk.
+    #[arg(long)]
+    swap_dir: Option<std::path::PathBuf>,
+    /// Scale to zero: a session idle this long (500ms, 30s, 5m) gives its device memory back
+    /// (to host memory); its next call brings it back.
+    #[arg(long, value_parser = gpufuse_node::elastic::parse_duration)]
+    idle_ttl: Option<std::time::Duration>,
+    /// A session idle this long moves its memory on to disk (needs --swap-dir).
+    #[arg(long, value_parser = gpufuse_node::elastic::parse_duration)]
+    idle_disk_ttl: Option<std::time::Duration>,
     #[command(flatten)]
     observe: observe::HttpArgs,
     /// text (the default) or json: one JSON object a line, with the session's span (id,
@@ -129,7 +148,27 @@ impl ServeArgs {
             Some(p) => gpufuse_node::TokenPolicy::Verify(token::read_secret(p)?),
             None => gpufuse_node::TokenPolicy::Open,
         };
+        let mut elastic = gpufuse_node::ElasticOptions {
+            swap_dir: self.swap_dir,
+            idle_ttl: self.idle_ttl,
+            idle_disk_ttl: self.idle_disk_ttl,
+            ..Default::default()
+        };
+        if let Some(o) = &self.vram_oversubscribe {
+            elastic.parse_oversubscribe(o).map_err(anyhow::Error::msg)?;
+        }
+        if elastic.disk_percent > 0 && elastic.swap_dir.is_none() {
+            anyhow::bail!("--vram-oversubscribe disk=PCT needs --swap-dir");
+        }
+        if elastic.idle_disk_ttl.is_some() && elastic.swap_dir.is_none() {
+            anyhow::bail!("--idle-disk-ttl needs --swap-dir");
+        }
+        if let Some(d) = &elastic.swap_dir {
+            std::fs::create_dir_all(d)
+                .map_err(|e| anyhow::anyhow!("--swap-dir {}: {e}", d.display()))?;
+        }
         Ok(gpufuse_node::NodeConfig {
+            elastic,
             tls: self.tls.load()?,
             client_certs: self.tls.requires_client_certs(),
             listen: self.listen,
@@ -233,6 +272,10 @@ fn run_cli() -> anyhow::Result<()> {
         Command::Kill(a) => {
             a.tls.export()?;
             admin::kill(a)
+        }
+        Command::Migrate(a) => {
+            a.tls.export()?;
+            migrate::migrate(a)
         }
         Command::Completions(a) => admin::completions(a),
         Command::Certs(a) => tls::certs(a),

@@ -54,6 +54,9 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
                 "utilization_percent": x.utilization_percent,
                 "queue_p50_us": x.queue_p50_us, "queue_p99_us": x.queue_p99_us,
                 "on_device": x.on_device,
+                "resident_bytes": x.used_bytes,
+                "swapped_host_bytes": x.swapped_host_bytes,
+                "swapped_disk_bytes": x.swapped_disk_bytes,
             })).collect::<Vec<_>>(),
             "notes": s.notes,
         });
@@ -103,6 +106,14 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
             x.queue_p99_us,
             if x.on_device { ", on the device now" } else { "" }
         );
+        if x.swapped_host_bytes + x.swapped_disk_bytes > 0 {
+            println!(
+                "        resident {:.1} MiB, swapped {:.1} MiB to host memory, {:.1} MiB to disk",
+                mib(x.used_bytes),
+                mib(x.swapped_host_bytes),
+                mib(x.swapped_disk_bytes)
+            );
+        }
     }
     for n in &s.notes {
         println!("note: {n}");

@@ -1,7 +1,7 @@
 //! `gpufuse worker`: one session, in its own process. Its stdin is the client's connection and
 //! its stdout the control socket to the node; it logs to stderr only.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use gpufuse_device::cuda::CudaDevice;
@@ -36,6 +36,20 @@ pub struct WorkerArgs {
     /// The session's tenant (its token's subject), for the logs' session span.
     #[arg(long, default_value = "-")]
     tenant: String,
+    /// The node's command socket (evict, migrate), an inherited descriptor.
+    #[arg(long)]
+    commands_fd: Option<i32>,
+    /// Idle this long, the session's memory moves to host memory.
+    #[arg(long)]
+    idle_ttl_ms: Option<u64>,
+    /// Idle this long, it moves on to disk (with --swap-dir).
+    #[arg(long)]
+    idle_disk_ttl_ms: Option<u64>,
+    #[arg(long)]
+    swap_dir: Option<std::path::PathBuf>,
+    /// The node promises more device memory than it has (`--vram-oversubscribe`).
+    #[arg(long)]
+    oversubscribed: bool,
 }
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
@@ -92,7 +106,59 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
         }
     };
     tracing::debug!(session = a.session, backend = %a.backend, "worker serving");
-    let result = gpufuse_worker::serve(conn, a.session, device.as_mut(), &mut ledger, a.limit);
+    if let Some(fd) = a.commands_fd {
+        if fd < 3 || !std::path::Path::new(&format!("/proc/self/fd/{fd}")).exists() {
+            anyhow::bail!("--commands-fd {fd} is not an open descriptor of this process");
+        }
+    }
+    let commands = a.commands_fd.map(|fd| {
+        // SAFETY: the node passed this descriptor (a socket it made for this worker, checked
+        // open above) and nothing else in this process owns it.
+        let owned = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        UnixStream::from(owned)
+    });
+    let (backend, total, base, size, arch) = (
+        a.backend.clone(),
+        a.device_total,
+        a.window_base,
+        a.window_size,
+        a.arch,
+    );
+    let open_device: gpufuse_worker::DeviceOpener = Box::new(move |index| {
+        // A device of the same kind, window and model: where the session moves.
+        match backend.as_str() {
+            "cuda" => {
+                let driver = gpufuse_cuda_driver::Driver::load().map_err(|e| e.to_string())?;
+                let d = CudaDevice::new(driver, index, base, size).map_err(|e| e.to_string())?;
+                Ok(Box::new(d) as Box<dyn Device>)
+            }
+            _ => {
+                let model = gpufuse_device::model::by_arch(arch)
+                    .ok_or_else(|| format!("no emulated model sm_{arch}"))?;
+                Ok(Box::new(
+                    EmuDevice::new(index, total, base, size).with_model(model),
+                ))
+            }
+        }
+    });
+    let elastic = gpufuse_worker::Elastic {
+        config: gpufuse_worker::ElasticConfig {
+            idle_ttl: a.idle_ttl_ms.map(std::time::Duration::from_millis),
+            idle_disk_ttl: a.idle_disk_ttl_ms.map(std::time::Duration::from_millis),
+            swap_dir: a.swap_dir,
+            oversubscribed: a.oversubscribed,
+        },
+        commands,
+        open_device: Some(open_device),
+    };
+    let result = gpufuse_worker::serve_elastic(
+        conn,
+        a.session,
+        device.as_mut(),
+        &mut ledger,
+        a.limit,
+        elastic,
+    );
     if let Err(e) = &result {
         tracing::warn!(session = a.session, "session ended: {e}");
     }

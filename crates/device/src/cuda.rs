@@ -130,6 +130,9 @@ impl Drop for CudaDevice {
             let _ = self.driver.unload_module(l.module);
         }
         for (addr, m) in std::mem::take(&mut self.mappings) {
+            if m.handle == EVICTED {
+                continue;
+            }
             let _ = self.driver.unmap_release(addr, m.mapped as usize, m.handle);
         }
         let _ = self
@@ -177,6 +180,9 @@ impl Device for CudaDevice {
 
     fn free(&mut self, ptr: u64) -> Result<u64, Status> {
         let m = self.mappings.remove(&ptr).ok_or(INVALID_VALUE)?;
+        if m.handle == EVICTED {
+            return Ok(m.size);
+        }
         // The GPU may still be using the memory: free is ordered after earlier work.
         self.driver.synchronize().map_err(|e| self.fail(e))?;
         self.driver
@@ -291,4 +297,57 @@ impl Device for CudaDevice {
             .take()
             .map(|e| format!("GPU {}: {e}", self.index))
     }
+
+    // Eviction keeps the address (the window stays reserved) and gives back the physical
+    // memory: its contents are copied out (`cuMemcpyDtoH`), then `cuMemUnmap` + `cuMemRelease`;
+    // bringing it back is `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` at the same address and
+    // a copy in. Untested on hardware (no GPU was available when this was written).
+
+    fn resident(&self) -> Vec<(u64, u64)> {
+        self.mappings
+            .iter()
+            .filter(|(_, m)| m.handle != EVICTED)
+            .map(|(&a, m)| (a, m.size))
+            .collect()
+    }
+
+    fn evict(&mut self, ptr: u64) -> Result<Vec<u8>, Status> {
+        let (size, mapped, handle) = match self.mappings.get(&ptr) {
+            Some(m) if m.handle != EVICTED => (m.size, m.mapped, m.handle),
+            _ => return Err(INVALID_VALUE),
+        };
+        let mut contents = vec![0u8; size as usize];
+        self.driver.synchronize().map_err(|e| self.fail(e))?;
+        self.driver
+            .dtoh(&mut contents, ptr)
+            .map_err(|e| self.fail(e))?;
+        self.driver
+            .unmap_release(ptr, mapped as usize, handle)
+            .map_err(|e| self.fail(e))?;
+        if let Some(m) = self.mappings.get_mut(&ptr) {
+            m.handle = EVICTED;
+        }
+        Ok(contents)
+    }
+
+    fn bring_back(&mut self, ptr: u64, contents: &[u8]) -> Result<(), Status> {
+        let mapped = match self.mappings.get(&ptr) {
+            Some(m) if m.handle == EVICTED && m.size == contents.len() as u64 => m.mapped,
+            _ => return Err(INVALID_VALUE),
+        };
+        let handle = self
+            .driver
+            .map_new(self.dev, ptr, mapped as usize)
+            .map_err(|e| match status_of(&e) {
+                OUT_OF_MEMORY => OUT_OF_MEMORY,
+                _ => self.fail(e),
+            })?;
+        if let Some(m) = self.mappings.get_mut(&ptr) {
+            m.handle = handle;
+        }
+        self.driver.htod(ptr, contents).map_err(|e| self.fail(e))
+    }
 }
+
+/// The physical handle of a mapping whose contents are evicted (no physical memory).
+const EVICTED: u64 = 0;

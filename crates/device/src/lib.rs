@@ -12,6 +12,7 @@
 
 #![deny(unsafe_code)] // allowed only in emu/words.rs, the word views of device memory
 
+pub mod capture;
 pub mod cuda;
 pub mod emu;
 pub mod model;
@@ -20,6 +21,7 @@ pub mod status;
 
 use gpufuse_proto::{DeviceInfo, FunctionInfo};
 
+pub use capture::{CaptureRefused, DeviceImage};
 pub use status::Status;
 
 /// A loaded module, as the device knows it.
@@ -109,6 +111,38 @@ pub trait Device: Send {
     /// Forgets a texture or surface object.
     fn destroy_texture(&mut self, _handle: u64) -> Result<(), Status> {
         Err(status::NOT_SUPPORTED)
+    }
+    /// Every range of device memory the session holds now, resident: its allocations, mapped
+    /// VMM memory, module variables and what the device made for itself (the device heap, the
+    /// cooperative workspace), as (address, size).
+    fn resident(&self) -> Vec<(u64, u64)> {
+        Vec::new()
+    }
+    /// Moves the contents of the range at `ptr` (one of [`Device::resident`]'s) out of device
+    /// memory and gives its device memory back; the address stays the session's. Until
+    /// [`Device::bring_back`], nothing may touch it.
+    fn evict(&mut self, _ptr: u64) -> Result<Vec<u8>, Status> {
+        Err(status::NOT_SUPPORTED)
+    }
+    /// Makes an evicted range resident again at the same address with `contents`.
+    fn bring_back(&mut self, _ptr: u64, _contents: &[u8]) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
+    /// The session's whole device state (every range resident), for [`Device::rebuild`] on
+    /// this or another device. What cannot be captured is refused with the reason, and the
+    /// device is left as it was.
+    fn capture(&mut self) -> Result<DeviceImage, CaptureRefused> {
+        Err(CaptureRefused::not_supported(
+            "this backend cannot capture a session's state",
+        ))
+    }
+    /// Rebuilds a captured state on this device, which must be fresh (nothing allocated or
+    /// loaded) and serve the same address window: the same addresses, module ids, VMM ids and
+    /// texture handles as where it was captured.
+    fn rebuild(&mut self, _image: &DeviceImage) -> Result<(), CaptureRefused> {
+        Err(CaptureRefused::not_supported(
+            "this backend cannot rebuild a session's state",
+        ))
     }
 }
 

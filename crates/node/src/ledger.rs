@@ -45,6 +45,7 @@ impl NodeState {
             next_session: 1,
             sessions: Default::default(),
             observed: Default::default(),
+            elastic: Default::default(),
         }
     }
 
@@ -106,7 +107,9 @@ impl NodeState {
                     continue;
                 }
             }
-            let unpromised = d.total.saturating_sub(d.promised);
+            // With oversubscription a device promises more than it holds: what is not resident
+            // waits in host memory or on disk.
+            let unpromised = self.elastic.capacity(d.total).saturating_sub(d.promised);
             if let Some(l) = limit {
                 if l > unpromised {
                     first_refusal.get_or_insert(format!(
@@ -151,6 +154,7 @@ impl NodeState {
                 qos: hello.resources.qos,
                 compute,
                 subject: None,
+                elastic: Default::default(),
             },
         );
         Ok(Admitted {

@@ -11,6 +11,7 @@
 pub mod admin;
 pub mod agent;
 mod devices;
+pub mod elastic;
 mod ledger;
 pub mod lifecycle;
 pub mod observed;
@@ -31,6 +32,7 @@ use gpufuse_proto::{
 use gpufuse_transport::{Address, Conn, Stream, TransportError};
 
 pub use devices::{parse_size, DeviceSpec, DeviceSpecError, SIZE_FORMS};
+pub use elastic::ElasticOptions;
 pub use ledger::{Admitted, WINDOW};
 pub use queue::DeviceQueue;
 
@@ -62,6 +64,8 @@ pub struct NodeConfig {
     pub pool: Option<Arc<agent::PoolLink>>,
     /// Serve metrics, health checks and the dashboard over HTTP here (`--http`).
     pub http: Option<gpufuse_observe::HttpConfig>,
+    /// Oversubscription, swap and idle TTLs (`elastic.rs`).
+    pub elastic: ElasticOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +113,8 @@ pub struct SessionRecord {
     pub compute: Option<u32>,
     /// The subject of the session's token (its tenant), on a node that checks tokens.
     pub subject: Option<String>,
+    /// Swapped bytes, command socket, activity (`elastic.rs`).
+    pub elastic: elastic::SessionElastic,
 }
 
 /// The node's shared state. Lock order: this state, then a device queue; never the reverse.
@@ -123,6 +129,8 @@ pub struct NodeState {
     pub notes: Vec<String>,
     /// Placement times, refusals and session start times, for `--http`.
     pub observed: observed::Observed,
+    /// Oversubscription and swap settings (`elastic.rs`).
+    pub elastic: ElasticOptions,
 }
 
 impl NodeState {
@@ -175,6 +183,8 @@ impl NodeState {
                             queue_p50_us: usage.queue_p50_us,
                             queue_p99_us: usage.queue_p99_us,
                             on_device,
+                            swapped_host_bytes: s.elastic.swapped_host,
+                            swapped_disk_bytes: s.elastic.swapped_disk,
                         }
                     })
                     .collect();
@@ -199,11 +209,9 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
         tracing::info!("{n}");
     }
     tracing::info!("compute policy: {}", config.compute_policy.name());
-    let state: Shared = Arc::new(Mutex::new(NodeState::new(
-        devices,
-        notes,
-        config.compute_policy,
-    )));
+    let mut node = NodeState::new(devices, notes, config.compute_policy);
+    node.elastic = config.elastic.clone();
+    let state: Shared = Arc::new(Mutex::new(node));
     let mut listeners = Vec::new();
     for addr in &config.listen {
         let l = addr
@@ -472,6 +480,13 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
             &mut conn,
             "this is a gpufuse node, not a controller (gpufuse node --controller ADDR)".into(),
         ),
+        SessionKind::Migrate { session, device } => {
+            let reply = match elastic::may_manage(state, config, session, claims.as_ref()) {
+                Ok(()) => elastic::migrate(state, session, device),
+                Err(reason) => ServerHello::Refused { reason },
+            };
+            answer(&mut conn, &reply);
+        }
         SessionKind::Cuda => {
             let limit = match admin::slice_limit(&hello, claims.as_ref()) {
                 Ok(l) => l,

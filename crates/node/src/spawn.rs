@@ -6,6 +6,8 @@ use std::process::{Command, Stdio};
 
 use gpufuse_transport::Conn;
 
+use std::sync::Arc;
+
 use crate::{lock, refuse, Admitted, DeviceQueue, NodeConfig, Shared, WINDOW};
 
 /// Starts `gpufuse worker` for session `id` with the client connection as its stdin and a
@@ -49,6 +51,15 @@ pub fn run_worker(
             return refuse(&mut conn, format!("cannot start a worker: {e}"));
         }
     };
+    // The node's commands to the worker (evict, migrate): a second socket pair, whose
+    // worker end the worker inherits (`--commands-fd`).
+    let (commands, commands_child) = match UnixStream::pair() {
+        Ok(p) => p,
+        Err(e) => {
+            release(state, id);
+            return refuse(&mut conn, format!("cannot start a worker: {e}"));
+        }
+    };
     let client_fd: OwnedFd = match conn_into_fd(conn, id) {
         Some(fd) => fd,
         None => return release(state, id),
@@ -78,6 +89,24 @@ pub fn run_worker(
     if let Some(l) = limit {
         cmd.args(["--limit", &l.to_string()]);
     }
+    let commands_fd = {
+        use std::os::fd::AsRawFd;
+        commands_child.as_raw_fd()
+    };
+    cmd.args(["--commands-fd", &commands_fd.to_string()]);
+    let e = &config.elastic;
+    if let Some(t) = e.idle_ttl {
+        cmd.args(["--idle-ttl-ms", &t.as_millis().to_string()]);
+    }
+    if let Some(t) = e.idle_disk_ttl {
+        cmd.args(["--idle-disk-ttl-ms", &t.as_millis().to_string()]);
+    }
+    if let Some(d) = &e.swap_dir {
+        cmd.arg("--swap-dir").arg(d);
+    }
+    if e.oversubscribes() {
+        cmd.arg("--oversubscribed");
+    }
     // The worker dies with the node: a node killed by any signal (SIGKILL included) must not
     // leave workers holding device memory that no ledger shows. PR_SET_PDEATHSIG fires when
     // the thread that spawned the child exits; this thread serves the worker's control socket
@@ -91,7 +120,7 @@ pub fn run_worker(
         use std::os::unix::process::CommandExt;
         let parent = libc::getpid();
         cmd.pre_exec(move || {
-            for &fd in &inherited {
+            for &fd in inherited.iter().chain([&commands_fd]) {
                 if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -111,6 +140,7 @@ pub fn run_worker(
     // control socket: close them now, or neither the client's exit nor the worker's would be
     // seen.
     drop(cmd);
+    drop(commands_child);
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
@@ -120,12 +150,16 @@ pub fn run_worker(
     };
     if let Some(s) = lock(state).sessions.get_mut(&id) {
         s.worker_pid = child.id();
+        s.elastic.commands = Some(crate::elastic::CommandLine::new(commands));
     }
     crate::admin::log_started(state, id);
-    serve_control(control, id, state, &queue);
+    serve_control(control, id, state, queue);
     // The worker is gone or going: its place in the launch queue goes first, so that nobody
-    // waits on a dead session.
-    queue.remove(id);
+    // waits on a dead session (on the device it runs on now: it may have moved).
+    let device = lock(state).sessions.get(&id).map_or(device, |s| s.device);
+    if let Some(q) = lock(state).queues.get(device as usize).cloned() {
+        q.remove(id);
+    }
     let status = child.wait();
     crate::admin::log_ended(state, id, &status);
     release(state, id);
@@ -160,7 +194,7 @@ fn conn_into_fd(conn: Conn, id: u64) -> Option<OwnedFd> {
 
 /// Answers ledger and launch-queue requests until the worker closes the socket (exit, crash
 /// or kill).
-fn serve_control(control: UnixStream, id: u64, state: &Shared, queue: &DeviceQueue) {
+fn serve_control(control: UnixStream, id: u64, state: &Shared, mut queue: Arc<DeviceQueue>) {
     use gpufuse_proto::{ControlAnswer, ControlRequest, FrameKind};
     let mut conn = gpufuse_transport::Conn::new(gpufuse_transport::Stream::Unix(control));
     let mut out = Vec::with_capacity(64);
@@ -186,8 +220,39 @@ fn serve_control(control: UnixStream, id: u64, state: &Shared, queue: &DeviceQue
             // The worker exited (or sent bytes that are not a frame).
             Err(_) => break,
         };
+        // The session's launch queue is its device's: a session that moved asks the new one.
+        // Activity is noted for oversubscription (least recently active sessions go first).
+        {
+            let mut s = lock(state);
+            let device = s.sessions.get_mut(&id).map(|r| {
+                r.elastic.last_active = std::time::Instant::now();
+                r.device
+            });
+            if let Some(q) = device.and_then(|d| s.queues.get(d as usize)) {
+                if !Arc::ptr_eq(q, &queue) {
+                    queue = q.clone();
+                }
+            }
+        }
         let (ok, value) = match req {
-            ControlRequest::Reserve { bytes } => lock(state).reserve(id, bytes),
+            ControlRequest::Reserve { bytes } | ControlRequest::ReserveWaiting { bytes } => {
+                let granted = lock(state).reserve(id, bytes);
+                let oversubscribed = lock(state).elastic.oversubscribes();
+                if granted.0 || !oversubscribed {
+                    granted
+                } else {
+                    let wait = matches!(req, ControlRequest::ReserveWaiting { .. });
+                    crate::elastic::make_room(state, id, bytes, wait);
+                    lock(state).reserve(id, bytes)
+                }
+            }
+            ControlRequest::Swapped { host, disk } => {
+                if let Some(r) = lock(state).sessions.get_mut(&id) {
+                    r.elastic.swapped_host = host;
+                    r.elastic.swapped_disk = disk;
+                }
+                (true, 0)
+            }
             ControlRequest::Release { bytes } => (true, lock(state).release(id, bytes)),
             ControlRequest::DeviceUsed => (true, lock(state).device_used(id)),
             ControlRequest::Acquire => (true, queue.acquire(id)),

@@ -23,6 +23,10 @@ pub enum SessionKind {
     /// A node's agent opens its link to the controller (`gpufuse node --controller`); a
     /// node answers it with a refusal.
     NodeAgent,
+    /// A one-shot request to move session `session` to the node's device `device`
+    /// (`gpufuse migrate`): the node answers `Migrated` once the session runs there, or
+    /// `Refused` with the session untouched.
+    Migrate { session: u64, device: u32 },
 }
 
 /// Quality-of-service level of a session.
@@ -178,6 +182,14 @@ pub enum ServerHello {
         grant_key: Vec<u8>,
         heartbeat_ms: u32,
     },
+    /// A `Migrate` hello's session runs on `device` now; it was stopped for `stop_us` of the
+    /// move's `total_us` (microseconds).
+    Migrated {
+        session: u64,
+        device: u32,
+        stop_us: u64,
+        total_us: u64,
+    },
 }
 
 /// A node's state as `gpufuse status` shows it.
@@ -230,6 +242,10 @@ pub struct SessionStatus {
     pub queue_p99_us: u64,
     /// The session holds the device now (its kernels are running).
     pub on_device: bool,
+    /// Of `used_bytes`, what is away from device memory: in host memory and on disk
+    /// (oversubscription, scale to zero); the rest is resident.
+    pub swapped_host_bytes: u64,
+    pub swapped_disk_bytes: u64,
 }
 
 /// One parameter of a kernel: where its bytes go in the packed parameter buffer.
@@ -700,6 +716,28 @@ pub enum ControlRequest {
     /// `Done`, then `Acquire`, as one request: the session has more launches waiting, so it
     /// never looks idle between two leases.
     Renew { micros: u64 },
+    /// How much of the session's memory is away from the device now: in host memory and on
+    /// disk (a report after it changed; the ledger's releases and reserves are separate).
+    Swapped { host: u64, disk: u64 },
+    /// `Reserve`, from a session that holds no device memory now (it moved its own out): the
+    /// node waits for other sessions to make room as long as they can (oversubscription),
+    /// instead of refusing at once.
+    ReserveWaiting { bytes: u64 },
+}
+
+/// The node's command to a worker, on the worker's command socket (frames of kind
+/// [`crate::FrameKind::Control`], answered by a [`ControlAnswer`] of kind
+/// [`crate::FrameKind::ControlReply`]). A worker reads commands only between requests, so a
+/// session running a kernel answers when the kernel ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeCommand {
+    /// Move at least `bytes` of the session's device memory out (to disk if `to_disk`, else
+    /// to host memory), releasing them from the ledger; `value` is the bytes released.
+    Evict { bytes: u64, to_disk: bool },
+    /// Move the session to the node's device `device` (its address window unchanged): capture,
+    /// rebuild on the target, switch. `ok` false with nothing changed if it cannot move;
+    /// `value` is the stop time in microseconds.
+    Migrate { device: u32 },
 }
 
 /// The node's answer to a [`ControlRequest`] (frames of kind

@@ -488,6 +488,8 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
             queue_p50_us: 10,
             queue_p99_us: 100,
             on_device: true,
+            swapped_host_bytes: 4096,
+            swapped_disk_bytes: 0,
         }],
         notes: vec!["n".into()],
     };
@@ -499,6 +501,13 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
         ("SessionKind::Status", SessionKind::Status),
         ("SessionKind::Check", SessionKind::Check),
         ("SessionKind::End", SessionKind::End { session: 3 }),
+        (
+            "SessionKind::Migrate",
+            SessionKind::Migrate {
+                session: 3,
+                device: 1,
+            },
+        ),
     ] {
         out.push((n, body(&k)));
     }
@@ -524,6 +533,15 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
         "ServerHello::Ended",
         body(&ServerHello::Ended { session: 3 }),
     ));
+    out.push((
+        "ServerHello::Migrated",
+        body(&ServerHello::Migrated {
+            session: 3,
+            device: 1,
+            stop_us: 1500,
+            total_us: 4096,
+        }),
+    ));
     for (n, r) in [
         (
             "ControlRequest::Reserve",
@@ -543,8 +561,31 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
             "ControlRequest::Renew",
             ControlRequest::Renew { micros: 1500 },
         ),
+        (
+            "ControlRequest::Swapped",
+            ControlRequest::Swapped {
+                host: 4096,
+                disk: 1500,
+            },
+        ),
+        (
+            "ControlRequest::ReserveWaiting",
+            ControlRequest::ReserveWaiting { bytes: 4096 },
+        ),
     ] {
         out.push((n, body(&r)));
+    }
+    for (n, c) in [
+        (
+            "NodeCommand::Evict",
+            NodeCommand::Evict {
+                bytes: 4096,
+                to_disk: true,
+            },
+        ),
+        ("NodeCommand::Migrate", NodeCommand::Migrate { device: 1 }),
+    ] {
+        out.push((n, body(&c)));
     }
     out.push((
         "ControlAnswer",
@@ -632,17 +673,23 @@ const OTHERS: &[(&str, &str)] = &[
         ("SessionKind::Status", "01"),
         ("SessionKind::Check", "02"),
         ("SessionKind::End", "0303"),
+        ("SessionKind::Migrate", "050301"),
         ("ServerHello::Accepted", "00010100036770750007070707070707070707070707070707808080800401028010"),
         ("ServerHello::Refused", "01026e6f"),
-        ("ServerHello::Status", "02000100036770750180808080048080400707070707070707070707070707070709000040003201012a01700105616c6963652b008080400180808080043200011ee8070a640101016e"),
+        ("ServerHello::Status", "02000100036770750180808080048080400707070707070707070707070707070709000040003201012a01700105616c6963652b008080400180808080043200011ee8070a640180200001016e"),
         ("ServerHello::Admissible", "0301"),
         ("ServerHello::Ended", "0403"),
+        ("ServerHello::Migrated", "080301dc0b8020"),
         ("ControlRequest::Reserve", "008020"),
     ("ControlRequest::Release", "018020"),
     ("ControlRequest::DeviceUsed", "02"),
     ("ControlRequest::Acquire", "03"),
     ("ControlRequest::Done", "04dc0b"),
     ("ControlRequest::Renew", "05dc0b"),
+    ("ControlRequest::Swapped", "068020dc0b"),
+    ("ControlRequest::ReserveWaiting", "078020"),
+    ("NodeCommand::Evict", "00802001"),
+    ("NodeCommand::Migrate", "0101"),
     ("ControlAnswer", "01e807"),
     ("FrameHeader", "4746555306000401040302010b0a00008877665544332211"),
     ("SessionKind::NodeAgent", "04"),

@@ -27,6 +27,13 @@ pub trait Ledger {
         self.done(micros);
         self.acquire()
     }
+    /// Reports how much of the session's memory is in host memory and on disk.
+    fn swapped(&mut self, _host: u64, _disk: u64) {}
+    /// Reserves `bytes` for a session that holds no device memory now: the node may wait for
+    /// others to make room (oversubscription).
+    fn reserve_waiting(&mut self, bytes: u64) -> bool {
+        self.reserve(bytes)
+    }
 }
 
 /// The ledger in the node, reached over the control socket.
@@ -82,6 +89,13 @@ impl Ledger for ControlLedger {
     fn renew(&mut self, micros: u64) -> u64 {
         self.ask(ControlRequest::Renew { micros })
             .map_or(u64::MAX, |a| a.value)
+    }
+    fn swapped(&mut self, host: u64, disk: u64) {
+        let _ = self.ask(ControlRequest::Swapped { host, disk });
+    }
+    fn reserve_waiting(&mut self, bytes: u64) -> bool {
+        self.ask(ControlRequest::ReserveWaiting { bytes })
+            .is_some_and(|a| a.ok)
     }
 }
 

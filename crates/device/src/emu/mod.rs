@@ -7,6 +7,7 @@
 //! races are never undefined behaviour in the host). Modules keep their PTX, its layout and the
 //! compiled program; kernels run on the interpreter (`gpufuse_ptx`).
 
+mod capture;
 mod vmm;
 mod words;
 
@@ -18,7 +19,7 @@ use gpufuse_proto::{DeviceInfo, DeviceKind, FunctionInfo};
 
 use crate::ptx_layout::{self, Layout};
 use crate::status::*;
-use crate::{model, Device, KernelLaunch, ModuleId};
+use crate::{model, CaptureRefused, Device, DeviceImage, KernelLaunch, ModuleId};
 
 /// Allocations start at multiples of the texture alignment the device reports (512, attribute
 /// 14), so memory from `cuMemAlloc` can back a texture object, as on a GPU.
@@ -37,6 +38,8 @@ struct Module {
     program: Result<gpufuse_ptx::Module, Unrunnable>,
     /// Device addresses of the module's variables.
     variables: HashMap<String, (u64, u64)>,
+    /// The image it was loaded from, kept so that a captured session can load it again.
+    image: std::sync::Arc<[u8]>,
 }
 
 /// One emulated GPU as one session sees it.
@@ -64,6 +67,12 @@ pub struct EmuDevice {
     /// it): 16 bytes of device memory the application's calls never name, allocated by the
     /// first cooperative launch and kept, as the CUDA driver keeps its own.
     workspace: Option<u64>,
+    /// What each texture or surface object was created from (for a capture).
+    texture_descs: HashMap<u64, gpufuse_proto::TexObjectDesc>,
+    /// Allocations whose contents are away (evicted): address -> size.
+    evicted: BTreeMap<u64, u64>,
+    /// The start of the session's address window.
+    window_base: u64,
 }
 
 /// Device-side `printf` output one launch may produce (CUDA's default printf FIFO); what
@@ -138,6 +147,9 @@ impl EmuDevice {
             heap: None,
             textures: HashMap::new(),
             workspace: None,
+            texture_descs: HashMap::new(),
+            evicted: BTreeMap::new(),
+            window_base: base,
             vmm: vmm::Vmm::default(),
             model: model::default_model(),
         }
@@ -199,6 +211,9 @@ impl Device for EmuDevice {
     }
 
     fn free(&mut self, ptr: u64) -> Result<u64, Status> {
+        if let Some(len) = self.evicted.remove(&ptr) {
+            return Ok(len);
+        }
         if self.vmm.is_mapped(ptr) {
             return Err(INVALID_VALUE);
         }
@@ -314,6 +329,7 @@ impl Device for EmuDevice {
                 layout,
                 program,
                 variables,
+                image: image.into(),
             },
         );
         Ok(id)
@@ -549,14 +565,49 @@ impl Device for EmuDevice {
             return Err(INVALID_VALUE);
         }
         self.textures.insert(handle, t);
+        self.texture_descs.insert(handle, *desc);
         Ok(())
     }
 
     fn destroy_texture(&mut self, handle: u64) -> Result<(), Status> {
+        self.texture_descs.remove(&handle);
         self.textures
             .remove(&handle)
             .map(|_| ())
             .ok_or(INVALID_HANDLE)
+    }
+
+    fn resident(&self) -> Vec<(u64, u64)> {
+        self.allocations
+            .iter()
+            .map(|(&a, w)| (a, w.len() as u64))
+            .collect()
+    }
+
+    fn evict(&mut self, ptr: u64) -> Result<Vec<u8>, Status> {
+        let words = self.allocations.remove(&ptr).ok_or(INVALID_VALUE)?;
+        // A copy, as a GPU's would be (device to host), and the device memory goes back.
+        let contents = words.bytes().to_vec();
+        self.evicted.insert(ptr, contents.len() as u64);
+        Ok(contents)
+    }
+
+    fn bring_back(&mut self, ptr: u64, contents: &[u8]) -> Result<(), Status> {
+        if self.evicted.get(&ptr) != Some(&(contents.len() as u64)) {
+            return Err(INVALID_VALUE);
+        }
+        let words = words::Words::from_bytes(contents).ok_or(OUT_OF_MEMORY)?;
+        self.evicted.remove(&ptr);
+        self.allocations.insert(ptr, words);
+        Ok(())
+    }
+
+    fn capture(&mut self) -> Result<DeviceImage, CaptureRefused> {
+        capture::capture(self)
+    }
+
+    fn rebuild(&mut self, image: &DeviceImage) -> Result<(), CaptureRefused> {
+        capture::rebuild(self, image)
     }
 }
 

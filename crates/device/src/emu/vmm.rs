@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::words::Words;
+use crate::capture::PhysicalImage;
 use crate::status::*;
 
 /// Granularity of reservations and physical sizes: 2 MiB, as GPUs report it.
@@ -150,6 +151,59 @@ impl Vmm {
                 self.physical.remove(&id);
             }
         }
+        Ok(())
+    }
+
+    /// The books as a captured image: physical memory (unmapped contents included) and
+    /// reservations; mapped contents are captured with the device's allocations.
+    pub fn capture(&self) -> (Vec<PhysicalImage>, u64, Vec<(u64, u64)>) {
+        let mut physical: Vec<PhysicalImage> = self
+            .physical
+            .iter()
+            .map(|(&id, p)| PhysicalImage {
+                id,
+                size: p.size,
+                mapped_at: p.mapped_at,
+                released: p.released,
+                contents: p
+                    .words
+                    .as_ref()
+                    .map(|w| w.bytes().to_vec())
+                    .unwrap_or_default(),
+            })
+            .collect();
+        physical.sort_by_key(|p| p.id);
+        let reserved = self.reserved.iter().map(|(&a, &s)| (a, s)).collect();
+        (physical, self.next_physical, reserved)
+    }
+
+    /// Rebuilds captured books (the mapped contents are already in the device's allocations).
+    pub fn rebuild(
+        &mut self,
+        physical: &[PhysicalImage],
+        next_physical: u64,
+        reserved: &[(u64, u64)],
+    ) -> Result<(), Status> {
+        for p in physical {
+            let words = match p.mapped_at {
+                Some(at) => {
+                    self.mapped.insert(at, p.id);
+                    None
+                }
+                None => Some(Words::from_bytes(&p.contents).ok_or(OUT_OF_MEMORY)?),
+            };
+            self.physical.insert(
+                p.id,
+                Physical {
+                    size: p.size,
+                    words,
+                    mapped_at: p.mapped_at,
+                    released: p.released,
+                },
+            );
+        }
+        self.next_physical = next_physical;
+        self.reserved = reserved.iter().copied().collect();
         Ok(())
     }
 

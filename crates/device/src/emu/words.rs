@@ -40,6 +40,34 @@ impl Words {
         })
     }
 
+    /// A copy of `bytes`, or `None` when the host has no room. The words come zeroed from the
+    /// allocator (fresh pages, not written twice), then the bytes are copied in once.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Words> {
+        let n = bytes.len().div_ceil(8);
+        let mut w = if n == 0 {
+            Words {
+                words: Box::new([]),
+                len: 0,
+            }
+        } else {
+            let layout = std::alloc::Layout::array::<u64>(n).ok()?;
+            // SAFETY: the layout has a nonzero size (n > 0); a null result is handled.
+            let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u64>();
+            if p.is_null() {
+                return None;
+            }
+            // SAFETY: `p` was allocated by the global allocator with the layout of `[u64; n]`,
+            // and its `n` words are initialized (zeroed); the box takes ownership of it.
+            let words = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) };
+            Words {
+                words,
+                len: bytes.len(),
+            }
+        };
+        w.bytes_mut().copy_from_slice(bytes);
+        Some(w)
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

@@ -1,0 +1,364 @@
+//! Device memory as one session holds it: what it is charged (its slice and the node's
+//! ledger), its allocations, copies and memsets checked against them, and its virtual-memory
+//! books (physical memory, reserved and mapped ranges).
+
+use std::collections::HashMap;
+
+use gpufuse_device::status as st;
+use gpufuse_proto::{Rect, ReplyBody};
+
+use crate::{Session, R};
+
+/// A session's virtual-memory books: client handle -> (device physical id, size), reserved
+/// ranges and mapped ranges (start -> size).
+#[derive(Default)]
+pub(crate) struct VmmBooks {
+    pub(crate) physical: HashMap<u64, (u64, u64)>,
+    pub(crate) reserved: HashMap<u64, u64>,
+    pub(crate) mapped: HashMap<u64, u64>,
+}
+
+/// What the session holds of its device's memory.
+pub(crate) struct MemoryBooks {
+    /// The session's slice, if it has one.
+    pub(crate) limit: Option<u64>,
+    /// Bytes charged: allocations, physical memory, module variables.
+    pub(crate) used: u64,
+    /// Allocations by address: their sizes.
+    pub(crate) allocations: HashMap<u64, u64>,
+    pub(crate) vmm: VmmBooks,
+}
+
+impl MemoryBooks {
+    pub(crate) fn new(limit: Option<u64>) -> Self {
+        Self {
+            limit,
+            used: 0,
+            allocations: HashMap::new(),
+            vmm: VmmBooks::default(),
+        }
+    }
+}
+
+impl Session<'_> {
+    /// What a host-to-device copy of `len` bytes to `dst` on `stream` must pass.
+    pub(crate) fn check_htod(&self, dst: u64, stream: u64, len: u64) -> R<()> {
+        self.check_stream(stream)?;
+        self.check_range(dst, len)
+    }
+
+    /// `[ptr, ptr+len)` must be inside one of this session's allocations.
+    pub(crate) fn check_range(&self, ptr: u64, len: u64) -> R<()> {
+        if len == 0 || self.device.contains(ptr, len) {
+            Ok(())
+        } else {
+            Err(st::INVALID_VALUE)
+        }
+    }
+
+    /// Counts `size` bytes against the session's limit and the device's ledger.
+    pub(crate) fn charge(&mut self, size: u64) -> R<()> {
+        if size == 0 {
+            return Ok(());
+        }
+        let m = &self.memory;
+        if m.limit
+            .is_some_and(|l| m.used.checked_add(size).is_none_or(|u| u > l))
+            || !self.reserve_room(size, false)
+        {
+            return Err(st::OUT_OF_MEMORY);
+        }
+        self.memory.used += size;
+        Ok(())
+    }
+
+    pub(crate) fn uncharge(&mut self, size: u64) {
+        self.memory.used -= size;
+        // Bytes an eviction released from the ledger are not released twice: what it released
+        // beyond what the session still holds was part of this size.
+        let already = self.residency.unreleased(self.memory.used).min(size);
+        self.ledger.release(size - already);
+    }
+
+    pub(crate) fn alloc(&mut self, size: u64) -> R<u64> {
+        if size == 0 {
+            return Err(st::INVALID_VALUE);
+        }
+        self.charge(size)?;
+        match self.device.alloc(size) {
+            Ok(p) => {
+                self.memory.allocations.insert(p, size);
+                Ok(p)
+            }
+            Err(e) => {
+                self.uncharge(size);
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn free(&mut self, ptr: u64) -> R<()> {
+        let size = self
+            .memory
+            .allocations
+            .remove(&ptr)
+            .ok_or(st::INVALID_VALUE)?;
+        self.device.free(ptr)?;
+        self.uncharge(size);
+        Ok(())
+    }
+
+    /// Frees every allocation and every piece of VMM memory (reset, end of session).
+    pub(crate) fn release_memory(&mut self) {
+        let ptrs: Vec<u64> = self.memory.allocations.keys().copied().collect();
+        for p in ptrs {
+            let _ = self.free(p);
+        }
+        let mapped: Vec<(u64, u64)> = self.memory.vmm.mapped.drain().collect();
+        for (ptr, size) in mapped {
+            let _ = self.device.unmap(ptr, size);
+        }
+        let physical: Vec<(u64, u64)> = self.memory.vmm.physical.drain().map(|(_, p)| p).collect();
+        for (id, size) in physical {
+            let _ = self.device.release_physical(id);
+            self.uncharge(size);
+        }
+        let reserved: Vec<(u64, u64)> = self.memory.vmm.reserved.drain().collect();
+        for (ptr, size) in reserved {
+            let _ = self.device.unreserve(ptr, size);
+        }
+    }
+
+    /// Checks `height` rows of `width` bytes at `r` against the session; returns the bytes
+    /// they hold (`width * height`, checked: both come from the wire).
+    pub(crate) fn rows(&mut self, r: Rect, width: u64, height: u64) -> R<u64> {
+        if width > r.pitch && height > 1 {
+            return Err(st::INVALID_VALUE);
+        }
+        let span = r
+            .pitch
+            .checked_mul(height.saturating_sub(1))
+            .and_then(|s| s.checked_add(width))
+            .ok_or(st::INVALID_VALUE)?;
+        self.check_range(r.ptr, span)?;
+        width.checked_mul(height).ok_or(st::INVALID_VALUE)
+    }
+
+    pub(crate) fn mem_alloc_pitch(
+        &mut self,
+        width: u64,
+        height: u64,
+        elem_size: u32,
+    ) -> R<ReplyBody> {
+        if width == 0 || height == 0 || !matches!(elem_size, 4 | 8 | 16) {
+            return Err(st::INVALID_VALUE);
+        }
+        let pitch = width.div_ceil(512) * 512;
+        let ptr = self.alloc(pitch.checked_mul(height).ok_or(st::OUT_OF_MEMORY)?)?;
+        Ok(ReplyBody::Pitch { ptr, pitch })
+    }
+
+    pub(crate) fn mem_get_info(&mut self) -> ReplyBody {
+        let total = self.device.info(self.memory.limit).total_mem;
+        let free = match self.memory.limit {
+            Some(_) => total.saturating_sub(self.memory.used),
+            None => total.saturating_sub(self.ledger.device_used()),
+        };
+        ReplyBody::MemInfo { free, total }
+    }
+
+    pub(crate) fn memcpy_dtoh(&mut self, src: u64, size: u64, stream: u64) -> R<ReplyBody> {
+        self.check_stream(stream)?;
+        self.check_range(src, size)?;
+        if size >= 64 * 1024 && self.device.view(src, size).is_some() {
+            // Sent straight from device memory by `run`.
+            self.view = Some((src, size));
+            return Ok(ReplyBody::Data(Vec::new()));
+        }
+        // The buffer of the last large reply is reused: no fresh pages per copy.
+        let mut out = std::mem::take(&mut self.scratch);
+        out.clear();
+        out.resize(size as usize, 0);
+        self.device.read(src, &mut out)?;
+        Ok(ReplyBody::Data(out))
+    }
+
+    pub(crate) fn memcpy_dtoh_async(
+        &mut self,
+        src: u64,
+        size: u64,
+        stream: u64,
+        tag: u64,
+    ) -> R<()> {
+        self.check_stream(stream)?;
+        self.check_range(src, size)?;
+        let mut data = vec![0u8; size as usize];
+        self.device.read(src, &mut data)?;
+        self.staged.push(gpufuse_proto::StagedCopy { tag, data });
+        Ok(())
+    }
+
+    pub(crate) fn memcpy_dtod(&mut self, dst: u64, src: u64, size: u64, stream: u64) -> R<()> {
+        self.check_stream(stream)?;
+        self.check_range(dst, size)?;
+        self.check_range(src, size)?;
+        self.device.copy(dst, src, size)
+    }
+
+    pub(crate) fn memcpy_2d_dtod(
+        &mut self,
+        dst: Rect,
+        src: Rect,
+        width: u64,
+        height: u64,
+        stream: u64,
+    ) -> R<()> {
+        self.check_stream(stream)?;
+        self.rows(dst, width, height)?;
+        self.rows(src, width, height)?;
+        for row in 0..height {
+            self.device
+                .copy(dst.ptr + row * dst.pitch, src.ptr + row * src.pitch, width)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn memcpy_2d_htod(
+        &mut self,
+        dst: Rect,
+        width: u64,
+        height: u64,
+        stream: u64,
+        data: &[u8],
+    ) -> R<()> {
+        self.check_stream(stream)?;
+        let total = self.rows(dst, width, height)?;
+        if data.len() as u64 != total {
+            return Err(st::INVALID_VALUE);
+        }
+        // Zero-width rows copy nothing (and `chunks(0)` would panic).
+        if total > 0 {
+            for (row, chunk) in data.chunks(width as usize).enumerate() {
+                self.device.write(dst.ptr + row as u64 * dst.pitch, chunk)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn memcpy_2d_dtoh(
+        &mut self,
+        src: Rect,
+        width: u64,
+        height: u64,
+        stream: u64,
+    ) -> R<ReplyBody> {
+        self.check_stream(stream)?;
+        let total = self.rows(src, width, height)?;
+        let mut out = vec![0u8; usize::try_from(total).map_err(|_| st::INVALID_VALUE)?];
+        if total > 0 {
+            for (row, chunk) in out.chunks_mut(width as usize).enumerate() {
+                self.device.read(src.ptr + row as u64 * src.pitch, chunk)?;
+            }
+        }
+        Ok(ReplyBody::Data(out))
+    }
+
+    pub(crate) fn memset(
+        &mut self,
+        dst: u64,
+        value: u32,
+        elem_size: u8,
+        count: u64,
+        stream: u64,
+    ) -> R<()> {
+        self.check_stream(stream)?;
+        self.check_range(dst, count.saturating_mul(elem_size as u64))?;
+        self.device.memset(dst, value, elem_size, count)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn memset_2d(
+        &mut self,
+        dst: Rect,
+        value: u32,
+        elem_size: u8,
+        width: u64,
+        height: u64,
+        stream: u64,
+    ) -> R<()> {
+        self.check_stream(stream)?;
+        let row_bytes = width
+            .checked_mul(elem_size as u64)
+            .ok_or(st::INVALID_VALUE)?;
+        self.rows(dst, row_bytes, height)?;
+        for row in 0..height {
+            self.device
+                .memset(dst.ptr + row * dst.pitch, value, elem_size, width)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn mem_create(&mut self, handle: u64, size: u64) -> R<()> {
+        if self.memory.vmm.physical.contains_key(&handle) {
+            return Err(st::INVALID_VALUE);
+        }
+        self.charge(size)?;
+        match self.device.create_physical(size) {
+            Ok(id) => {
+                self.memory.vmm.physical.insert(handle, (id, size));
+                Ok(())
+            }
+            Err(e) => {
+                self.uncharge(size);
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn mem_release(&mut self, handle: u64) -> R<()> {
+        let (id, size) = self
+            .memory
+            .vmm
+            .physical
+            .remove(&handle)
+            .ok_or(st::INVALID_VALUE)?;
+        self.device.release_physical(id)?;
+        self.uncharge(size);
+        Ok(())
+    }
+
+    pub(crate) fn mem_address_reserve(&mut self, size: u64, align: u64) -> R<ReplyBody> {
+        let ptr = self.device.reserve(size, align)?;
+        self.memory.vmm.reserved.insert(ptr, size);
+        Ok(ReplyBody::Ptr(ptr))
+    }
+
+    pub(crate) fn mem_address_free(&mut self, ptr: u64, size: u64) -> R<()> {
+        self.device.unreserve(ptr, size)?;
+        self.memory.vmm.reserved.remove(&ptr);
+        Ok(())
+    }
+
+    pub(crate) fn mem_map(&mut self, ptr: u64, size: u64, handle: u64) -> R<()> {
+        let &(id, psize) = self
+            .memory
+            .vmm
+            .physical
+            .get(&handle)
+            .ok_or(st::INVALID_VALUE)?;
+        if size != psize {
+            // Part of a physical allocation, or several: not supported yet.
+            return Err(st::NOT_SUPPORTED);
+        }
+        self.device.map(ptr, id)?;
+        self.memory.vmm.mapped.insert(ptr, size);
+        Ok(())
+    }
+
+    pub(crate) fn mem_unmap(&mut self, ptr: u64, size: u64) -> R<()> {
+        self.device.unmap(ptr, size)?;
+        let end = ptr.saturating_add(size);
+        self.memory.vmm.mapped.retain(|&p, _| p < ptr || p >= end);
+        Ok(())
+    }
+}

@@ -1,0 +1,333 @@
+//! The session's connection: the hello answer, then requests read, run and answered until the
+//! client leaves. Large host-to-device copies are received straight into device memory and
+//! large device-to-host replies sent from it in place.
+
+use gpufuse_device::Device;
+use gpufuse_proto::{
+    decode_borrowed, decode_request, encode_frame, encode_frame_head, FrameKind, ReplyBody,
+    Request, ServerHello,
+};
+use gpufuse_transport::{Conn, TransportError};
+
+use crate::{heartbeat, DeviceOpener, ElasticConfig, HtodTarget, Ledger, Session, WorkerError};
+
+/// What an elastic session has beyond a plain one: its TTLs and swap directory, the node's
+/// command socket (evict, migrate) and a way to open another device of the node.
+#[derive(Default)]
+pub struct Elastic {
+    pub config: ElasticConfig,
+    pub commands: Option<std::os::unix::net::UnixStream>,
+    pub open_device: Option<DeviceOpener>,
+}
+
+/// Copies at least this large are received straight into device memory.
+const DIRECT_HTOD: u32 = 1 << 20;
+/// A copy's message is a few dozen bytes; anything longer is not one to take the direct path.
+const MAX_DIRECT_HEAD: u32 = 256;
+
+/// Serves one session on `conn` until the client leaves, then frees everything it held.
+/// Sends the hello answer first.
+pub fn serve(
+    conn: Conn,
+    session_id: u64,
+    device: &mut dyn Device,
+    ledger: &mut dyn Ledger,
+    limit: Option<u64>,
+) -> Result<(), WorkerError> {
+    serve_elastic(conn, session_id, device, ledger, limit, Elastic::default())
+}
+
+/// [`serve`], for a session whose memory may leave the device and that may move.
+pub fn serve_elastic(
+    mut conn: Conn,
+    session_id: u64,
+    device: &mut dyn Device,
+    ledger: &mut dyn Ledger,
+    limit: Option<u64>,
+    elastic: Elastic,
+) -> Result<(), WorkerError> {
+    let info = device.info(limit);
+    let mut out = Vec::new();
+    encode_frame(
+        &mut out,
+        FrameKind::HelloReply,
+        0,
+        0,
+        &ServerHello::Accepted {
+            session_id,
+            devices: vec![info],
+        },
+    );
+    conn.send(&out).map_err(TransportError::from)?;
+    let beat =
+        heartbeat::Heartbeat::start(conn.stream().try_clone().map_err(TransportError::from)?)
+            .map_err(TransportError::from)?;
+    let mut session = Session::new(device, ledger, limit).with_elastic(elastic.config, session_id);
+    let mut node = Commands {
+        conn: elastic
+            .commands
+            .map(|s| Conn::new(gpufuse_transport::Stream::Unix(s))),
+        open_device: elastic.open_device,
+        out: Vec::new(),
+    };
+    let result = run(&mut conn, &mut session, &mut out, &beat, &mut node);
+    session.release_all();
+    match result {
+        Err(WorkerError::Transport(TransportError::Closed)) => Ok(()),
+        other => other,
+    }
+}
+
+/// Answers the hello with a refusal (the worker could not open its device).
+pub fn refuse(mut conn: Conn, reason: String) -> Result<(), WorkerError> {
+    let mut out = Vec::new();
+    encode_frame(
+        &mut out,
+        FrameKind::HelloReply,
+        0,
+        0,
+        &ServerHello::Refused { reason },
+    );
+    conn.send(&out).map_err(TransportError::from)?;
+    Ok(())
+}
+
+/// How often, at most, the worker looks whether its client is gone while launches arrive.
+const HANGUP_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
+
+fn run(
+    conn: &mut Conn,
+    session: &mut Session,
+    out: &mut Vec<u8>,
+    beat: &heartbeat::Heartbeat,
+    node: &mut Commands,
+) -> Result<(), WorkerError> {
+    let mut last_check = std::time::Instant::now();
+    loop {
+        if !conn.has_frame() {
+            beat.busy(false);
+            node.wait_for_client(conn, session, beat)?;
+        }
+        // A client that died with launches still queued in the socket: its work is dropped at
+        // once instead of holding the device for the others (CUDA abandons a dead process's
+        // work too). Looked at once a millisecond at most, so request rates do not pay for it.
+        if last_check.elapsed() >= HANGUP_CHECK {
+            last_check = std::time::Instant::now();
+            if conn.peer_hung_up() {
+                tracing::info!("the client is gone: dropping its queued work");
+                return Err(WorkerError::Transport(TransportError::Closed));
+            }
+        }
+        // Idle while waiting for the client (no heartbeats), busy from its next frame on.
+        beat.busy(conn.has_frame());
+        let header = conn.peek_header()?;
+        beat.busy(true);
+        // A large host-to-device copy: its data (the frame's tail) is received straight into
+        // device memory.
+        if header.kind == FrameKind::Request
+            && header.is_quiet()
+            && header.tail >= DIRECT_HTOD
+            && header.message_len() <= MAX_DIRECT_HEAD
+        {
+            let head = header.message_len() as usize;
+            if let Ok(Request::MemcpyHtoD { dst, stream, data }) =
+                decode_borrowed::<Request>(conn.peek_body(head)?)
+            {
+                if data.is_empty() {
+                    match session.htod_target(dst, stream, u64::from(header.tail)) {
+                        HtodTarget::Write(bytes) => {
+                            conn.recv_tail_into(head, bytes)?;
+                            continue;
+                        }
+                        HtodTarget::Discard => {
+                            conn.skip_frame()?;
+                            continue;
+                        }
+                        HtodTarget::Unsupported => {}
+                    }
+                }
+            }
+        }
+        let (header, body) = conn.recv()?;
+        if header.kind != FrameKind::Request {
+            return Err(WorkerError::UnexpectedFrame(header.kind));
+        }
+        let quiet = header.is_quiet();
+        let id = header.request_id;
+        let req: Request = decode_request(&header, body)?;
+
+        if tracing::enabled!(tracing::Level::TRACE) {
+            let mut text = format!("{req:?}");
+            text.truncate(200);
+            tracing::trace!(quiet, "request {text}");
+        }
+        let reply = session.dispatch(req, quiet);
+        if session.holds_lease() && !conn.poll_frame() {
+            // Nothing more has arrived: do not hold the device while waiting for the client.
+            session.end_lease();
+        }
+        if let Some(mut reply) = reply {
+            let _writing = beat.writing();
+            out.clear();
+            if let Some((src, size)) = session.view.take() {
+                if reply.status == 0 {
+                    encode_frame_head(out, FrameKind::Reply, 0, id, &reply, size as usize);
+                    conn.send(out).map_err(TransportError::from)?;
+                    let data = session
+                        .device
+                        .view(src, size)
+                        .expect("checked when the request ran");
+                    conn.send(data).map_err(TransportError::from)?;
+                    continue;
+                }
+            }
+            match &mut reply.body {
+                // Bulk data goes out from its own buffer, not copied into the frame.
+                ReplyBody::Data(d) if d.len() >= 64 * 1024 => {
+                    let data = std::mem::take(d);
+                    encode_frame_head(out, FrameKind::Reply, 0, id, &reply, data.len());
+                    conn.send(out).map_err(TransportError::from)?;
+                    conn.send(&data).map_err(TransportError::from)?;
+                    session.scratch = data;
+                }
+                _ => {
+                    encode_frame(out, FrameKind::Reply, 0, id, &reply);
+                    conn.send(out).map_err(TransportError::from)?;
+                }
+            }
+            if out.capacity() > 1 << 20 {
+                *out = Vec::new();
+            }
+        }
+    }
+}
+
+/// The node's side of an elastic session: its command socket and the device opener.
+struct Commands {
+    conn: Option<Conn>,
+    open_device: Option<DeviceOpener>,
+    out: Vec<u8>,
+}
+
+/// What woke a worker waiting for its client.
+enum Woken {
+    Client,
+    Command,
+    Timeout,
+}
+
+impl Commands {
+    /// Waits until the client sends something, answering the node's commands and running the
+    /// idle steps (scale to zero) meanwhile. Without commands or TTLs it returns at once: the
+    /// caller's read waits.
+    fn wait_for_client(
+        &mut self,
+        client: &mut Conn,
+        session: &mut Session,
+        beat: &heartbeat::Heartbeat,
+    ) -> Result<(), WorkerError> {
+        loop {
+            let timeout = session.idle_tick();
+            if self.conn.is_none() && timeout.is_none() {
+                return Ok(());
+            }
+            let command = self.conn.as_ref().is_some_and(|c| c.has_frame())
+                || match wait(client, self.conn.as_ref(), timeout) {
+                    Woken::Client => return Ok(()),
+                    Woken::Command => true,
+                    Woken::Timeout => false,
+                };
+            if command {
+                // A client that sends a request meanwhile hears heartbeats, not silence.
+                beat.busy(true);
+                self.answer(session);
+                beat.busy(false);
+            }
+        }
+    }
+
+    /// Reads one command and answers it; a node that hung up or sent nonsense is dropped (the
+    /// session goes on; the worker's own watch ends it if the node is gone).
+    fn answer(&mut self, session: &mut Session) {
+        use gpufuse_proto::{ControlAnswer, NodeCommand};
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        let (id, cmd) = match conn.recv() {
+            Ok((h, body)) if h.kind == FrameKind::Control => {
+                match gpufuse_proto::decode_owned::<NodeCommand>(body) {
+                    Ok(c) => (h.request_id, c),
+                    Err(e) => {
+                        tracing::warn!("malformed node command: {e}");
+                        self.conn = None;
+                        return;
+                    }
+                }
+            }
+            _ => {
+                self.conn = None;
+                return;
+            }
+        };
+        let answer = match cmd {
+            NodeCommand::Evict { bytes, to_disk } => ControlAnswer {
+                ok: true,
+                value: session.evict(bytes, to_disk),
+            },
+            NodeCommand::Migrate { device } => {
+                let moved = match self.open_device.as_mut() {
+                    None => Err("this worker cannot open another device".to_string()),
+                    Some(open) => open(device).and_then(|d| session.migrate_to(d)),
+                };
+                match moved {
+                    Ok(stop) => ControlAnswer {
+                        ok: true,
+                        value: u64::try_from(stop.as_micros()).unwrap_or(u64::MAX),
+                    },
+                    Err(why) => {
+                        tracing::warn!(device, "the session cannot move: {why}");
+                        ControlAnswer {
+                            ok: false,
+                            value: 0,
+                        }
+                    }
+                }
+            }
+        };
+        self.out.clear();
+        encode_frame(&mut self.out, FrameKind::ControlReply, 0, id, &answer);
+        if conn.send(&self.out).is_err() {
+            self.conn = None;
+        }
+    }
+}
+
+/// `poll` on the client and the node's command socket, for at most `timeout` (ever without).
+fn wait(client: &Conn, commands: Option<&Conn>, timeout: Option<std::time::Duration>) -> Woken {
+    use std::os::fd::AsRawFd;
+    let mut fds = vec![libc::pollfd {
+        fd: client.stream().as_fd().as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    if let Some(c) = commands {
+        fds.push(libc::pollfd {
+            fd: c.stream().as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+    let ms = timeout.map_or(-1, |t| {
+        i32::try_from(t.as_millis().saturating_add(1)).unwrap_or(i32::MAX)
+    });
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the call's duration.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n <= 0 {
+        return Woken::Timeout;
+    }
+    if fds[0].revents != 0 {
+        Woken::Client
+    } else {
+        Woken::Command
+    }
+}

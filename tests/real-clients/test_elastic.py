@@ -1,0 +1,134 @@
+"""Elastic sessions with a real CUDA client (CuPy through the shim; elastic_workload.py checks
+every byte): oversubscription, scale to zero and migration between the devices of a node."""
+import subprocess
+import time
+
+import pytest
+
+import support
+from support import HERE, assert_ok, client_argv
+
+PY = HERE / "python"
+ENV = {"CUPY_COMPILE_WITH_PTX": "1"}
+
+
+def start(programs, server, argv, vram=None):
+    e = dict(programs.env)
+    e.update(ENV)
+    return subprocess.Popen(client_argv(server.unix, argv, vram), env=e, cwd=HERE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, timeout=240):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"client timed out\n{out[-3000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def wait_until(what, cond, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def one_device_server(tmp_path):
+    """One device of 256 MiB that may promise 2.1 times that: 60% in host memory, then 50% on
+    disk."""
+    server = support.Server(
+        "emu:1:256MiB",
+        extra_args=["--vram-oversubscribe", "host=60,disk=50", "--swap-dir",
+                    str(tmp_path / "swap")])
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def elastic_server(tmp_path):
+    server = support.Server(
+        "emu:2:256MiB",
+        extra_args=["--vram-oversubscribe", "host=50,disk=50", "--swap-dir",
+                    str(tmp_path / "swap"), "--idle-ttl", "1500ms", "--idle-disk-ttl", "3s"])
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.kernel_results
+def test_three_sessions_oversubscribe_a_device_and_keep_every_byte(programs, one_device_server):
+    """Three sessions whose slices (170 MiB) add up to twice the device (256 MiB) each fill
+    150 MiB and run kernels in turns with pauses; every byte is intact, and memory went to
+    host memory and to disk meanwhile."""
+    elastic_server = one_device_server
+    procs = [start(programs, elastic_server,
+                   [programs.python, PY / "elastic_workload.py", "150", "6", "0.4", str(k)],
+                   vram="170MiB")
+             for k in range(3)]
+    seen_host = seen_disk = False
+    while any(p.poll() is None for p in procs):
+        st = elastic_server.status()
+        seen_host |= any(s["swapped_host_bytes"] > 0 for s in st["sessions"])
+        seen_disk |= any(s["swapped_disk_bytes"] > 0 for s in st["sessions"])
+        assert all(d["used_bytes"] <= d["total_bytes"] for d in st["devices"]), st
+        time.sleep(0.2)
+    for p in procs:
+        assert_ok(finish(p), ["FILLED", "PASS elastic_workload"])
+    assert seen_host and seen_disk, "sessions were not swapped to host memory and disk"
+
+
+@pytest.mark.kernel_results
+def test_an_idle_session_scales_to_zero_and_warms_up(programs, elastic_server, tmp_path):
+    flag = tmp_path / "go"
+    proc = start(programs, elastic_server,
+                 [programs.python, PY / "elastic_workload.py", "96", "4", "0.1", "9",
+                  "--wait-file", flag])
+    try:
+        def swapped(kind):
+            ss = elastic_server.status()["sessions"]
+            return ss and ss[0][kind] > 0 and ss[0]["used_bytes"] == 0
+        wait_until("the session's memory in host memory", lambda: swapped("swapped_host_bytes"))
+        wait_until("the session's memory on disk", lambda: swapped("swapped_disk_bytes"))
+        dev = elastic_server.status()["devices"]
+        assert sum(d["used_bytes"] for d in dev) == 0, dev
+    finally:
+        flag.touch()
+    assert_ok(finish(proc), ["PASS elastic_workload"])
+
+
+@pytest.mark.kernel_results
+def test_a_running_session_migrates_to_the_other_device(programs, elastic_server, tmp_path):
+    flag = tmp_path / "go"
+    proc = start(programs, elastic_server,
+                 [programs.python, PY / "elastic_workload.py", "64", "8", "0.05", "5",
+                  "--wait-file", flag])
+    try:
+        sess = wait_until("the session", lambda: elastic_server.status()["sessions"])[0]
+        wait_until("the workload's first steps",
+                   lambda: elastic_server.status()["sessions"][0]["device_time_us"] > 0)
+        target = 1 - sess["device"]
+        res = subprocess.run([str(support.GPUFUSE), "migrate", str(sess["id"]), "--to",
+                              str(target), "--server", elastic_server.unix],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert f"runs on device {target}" in res.stdout, res.stdout
+        st = elastic_server.status()
+        assert st["sessions"][0]["device"] == target
+        assert st["devices"][1 - target]["used_bytes"] == 0
+        # Moving to where it is already, or to no device: refused, nothing changes.
+        for bad in (str(target), "7"):
+            res = subprocess.run([str(support.GPUFUSE), "migrate", str(sess["id"]), "--to", bad,
+                                  "--server", elastic_server.unix],
+                                 capture_output=True, text=True, timeout=60)
+            assert res.returncode != 0 and "refused" in res.stderr, res.stderr
+    finally:
+        flag.touch()
+    assert_ok(finish(proc), ["PASS elastic_workload"])
