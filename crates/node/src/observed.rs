@@ -132,8 +132,10 @@ pub fn snapshot(state: &Shared, pool_of_one: bool) -> PoolSnapshot {
                 queue_p99_seconds: usage.queue_p99_us as f64 / 1e6,
                 throttled_seconds: usage.throttled_us as f64 / 1e6,
                 state: gpufuse_observe::snapshot::session_state(on_device, recent).into(),
-                swapped_bytes: None,
-                resident_bytes: None,
+                // Elastic sessions: what is on the device now, and what waits in host
+                // memory or on disk (`--vram-oversubscribe`, `--idle-ttl`).
+                swapped_bytes: Some(r.elastic.swapped_host + r.elastic.swapped_disk),
+                resident_bytes: Some(r.used),
                 age_seconds: s
                     .observed
                     .started
