@@ -19,7 +19,10 @@ mod units;
 use std::borrow::Cow;
 
 pub use cubin::{cubin_info, cubin_sm, CubinInfo, CubinKernel, CubinParam, CubinVariable};
-pub use units::{is_multi_unit, link_image, select_units, with_prelinked_ptx, MAX_UNITS, UNIT_TAG};
+pub use units::{
+    fatbins_in_object, is_multi_unit, link_image, select_units, with_prelinked_ptx, MAX_UNITS,
+    UNIT_TAG,
+};
 
 /// Reads bytes of an image at an offset from its start.
 pub trait ByteSource {

@@ -218,3 +218,59 @@ pub fn is_multi_unit(image: &[u8]) -> bool {
                 .any(|u| *seen.get_or_insert(u) != u)
         })
 }
+
+/// The fatbins in a host object file's `.nv_fatbin` section (what `nvcc -rdc=true -c` makes),
+/// or in each object of a static library (`nvcc -lib`): `(member, fatbin)`, the member being
+/// the library member's name or empty for an object file.
+pub fn fatbins_in_object(bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, FatbinError> {
+    use object::read::archive::ArchiveFile;
+    let mut out = Vec::new();
+    if let Ok(archive) = ArchiveFile::parse(bytes) {
+        for member in archive.members() {
+            let member = member.map_err(|_| FatbinError::Malformed("library member"))?;
+            let name = String::from_utf8_lossy(member.name()).into_owned();
+            let data = member
+                .data(bytes)
+                .map_err(|_| FatbinError::Malformed("library member"))?;
+            // Members that are not ELF objects (a symbol index) hold no device code.
+            if classify(data) != ImageKind::Cubin {
+                continue;
+            }
+            for f in object_fatbins(data)? {
+                out.push((name.clone(), f));
+            }
+        }
+        return Ok(out);
+    }
+    Ok(object_fatbins(bytes)?
+        .into_iter()
+        .map(|f| (String::new(), f))
+        .collect())
+}
+
+fn object_fatbins(elf: &[u8]) -> Result<Vec<Vec<u8>>, FatbinError> {
+    use object::{Object, ObjectSection};
+    let file = object::File::parse(elf).map_err(|_| FatbinError::Malformed("object file"))?;
+    let mut out = Vec::new();
+    for section in file.sections() {
+        if section.name() != Ok(".nv_fatbin") {
+            continue;
+        }
+        let data = section
+            .data()
+            .map_err(|_| FatbinError::Malformed("object file .nv_fatbin"))?;
+        // Fatbins back to back, each aligned to 8 bytes.
+        let mut off = 0usize;
+        while off + 16 <= data.len() && out.len() < MAX_UNITS {
+            let rest = &data[off..];
+            if classify(rest) != ImageKind::Fatbin {
+                off += 8;
+                continue;
+            }
+            let len = crate::measure_len(rest)?;
+            out.push(rest[..len].to_vec());
+            off += len.div_ceil(8).max(1) * 8;
+        }
+    }
+    Ok(out)
+}
