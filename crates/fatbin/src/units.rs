@@ -219,7 +219,8 @@ pub fn is_multi_unit(image: &[u8]) -> bool {
         })
 }
 
-/// The fatbins in a host object file's `.nv_fatbin` section (what `nvcc -rdc=true -c` makes),
+/// The fatbins in a host object file's `__nv_relfatbin` section (what `nvcc -rdc=true -c`
+/// makes; `.nv_fatbin` without `-rdc`),
 /// or in each object of a static library (`nvcc -lib`): `(member, fatbin)`, the member being
 /// the library member's name or empty for an object file.
 pub fn fatbins_in_object(bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, FatbinError> {
@@ -253,7 +254,9 @@ fn object_fatbins(elf: &[u8]) -> Result<Vec<Vec<u8>>, FatbinError> {
     let file = object::File::parse(elf).map_err(|_| FatbinError::Malformed("object file"))?;
     let mut out = Vec::new();
     for section in file.sections() {
-        if section.name() != Ok(".nv_fatbin") {
+        // `__nv_relfatbin` in objects built with relocatable device code, `.nv_fatbin` in
+        // others.
+        if !matches!(section.name(), Ok("__nv_relfatbin" | ".nv_fatbin")) {
             continue;
         }
         let data = section

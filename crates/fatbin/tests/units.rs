@@ -90,5 +90,22 @@ proptest! {
         let _ = is_multi_unit(&bytes);
         let _ = link_image(&[("x", &bytes)]);
         let _ = with_prelinked_ptx(&bytes, &[&bytes]);
+        let _ = gpufuse_fatbin::fatbins_in_object(&bytes);
     }
+}
+
+/// `nvcc -rdc=true -arch=sm_80 -c` of tests/real-clients/rdc/rdc_lib.cu (its fatbin in the
+/// `__nv_relfatbin` section) and `ar rcs` of it: the JIT linker's object and library inputs.
+#[test]
+fn fatbins_come_out_of_objects_and_libraries() {
+    for name in ["rdc_lib.o", "librdc.a"] {
+        let fatbins = gpufuse_fatbin::fatbins_in_object(&fixture(name)).unwrap();
+        assert_eq!(fatbins.len(), 1, "{name}");
+        let (member, f) = &fatbins[0];
+        assert_eq!(member, if name == "librdc.a" { "rdc_lib.o" } else { "" });
+        assert_eq!(measure_len(&f[..]), Ok(f.len()));
+        let units = select_units(&link_image(&[(name, f)]).unwrap(), 80).unwrap();
+        assert!(units[0].contains(".visible .global .align 4 .u32 bias = 5;"), "{}", units[0]);
+    }
+    assert!(gpufuse_fatbin::fatbins_in_object(b"not an object").is_err());
 }

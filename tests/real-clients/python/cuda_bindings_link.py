@@ -180,7 +180,7 @@ def main():
 
     # PTX that does not parse, and SASS the emulated GPU cannot link.
     lk = Linker()
-    bad = b".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k() { frobnicate; }\n\0"
+    bad = b".version 8.0\n.target sm_80\n.address_size 64\n.frobnicate 1;\n\0"
     err = lk.add(T.CU_JIT_INPUT_PTX, bad, "bad.ptx")
     expect(err == R.CUDA_ERROR_INVALID_PTX and "bad.ptx" in lk.error(),
            f"bad PTX: {err!r} {lk.error()!r}")

@@ -1,8 +1,8 @@
 //! The JIT linker: `cuLinkCreate`, `cuLinkAddData`, `cuLinkAddFile`, `cuLinkComplete`,
 //! `cuLinkDestroy` (and their `_v2` names).
 //!
-//! Inputs are PTX, fatbins that carry PTX, and host objects and libraries whose `.nv_fatbin`
-//! sections do (what `nvcc -rdc=true -c` and `nvcc -lib` make); a cubin is SASS, which the
+//! Inputs are PTX, fatbins that carry PTX, and host objects and libraries whose
+//! `__nv_relfatbin` (or `.nv_fatbin`) sections do (what `nvcc -rdc=true -c` and `nvcc -lib` make); a cubin is SASS, which the
 //! emulated GPU cannot run, and is refused naming the input. Each PTX input is parsed when it
 //! is added (a syntax error is `CUDA_ERROR_INVALID_PTX` then, as ptxas would find it);
 //! `cuLinkComplete` links the units in the client (`gpufuse_ptx::Module::link`), so a symbol
@@ -159,7 +159,7 @@ fn units_of_object(name: &str, bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, S
         .map_err(|e| format!("{name}: not an object file or library with device code: {e}"))?;
     if fatbins.is_empty() {
         return Err(format!(
-            "{name} holds no device code (no .nv_fatbin section)"
+            "{name} holds no device code (no __nv_relfatbin or .nv_fatbin section)"
         ));
     }
     Ok(fatbins
