@@ -31,6 +31,9 @@ use crate::status::{
 
 pub type CUlinkState = *mut c_void;
 
+/// An input's units: each one's name and bytes.
+type Units = Vec<(String, Vec<u8>)>;
+
 const CU_JIT_WALL_TIME: c_uint = 2;
 const CU_JIT_INFO_LOG_BUFFER: c_uint = 3;
 const CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: c_uint = 4;
@@ -154,7 +157,7 @@ fn link_create(
 }
 
 /// The units of an object file or a static library: its fatbins that carry PTX.
-fn units_of_object(name: &str, bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
+fn units_of_object(name: &str, bytes: &[u8]) -> Result<Units, String> {
     let fatbins = gpufuse_fatbin::fatbins_in_object(bytes)
         .map_err(|e| format!("{name}: not an object file or library with device code: {e}"))?;
     if fatbins.is_empty() {
@@ -170,11 +173,7 @@ fn units_of_object(name: &str, bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, S
 }
 
 /// Checks one input and returns its units, or the status and the error log's text.
-fn accept(
-    kind: c_uint,
-    name: &str,
-    bytes: &[u8],
-) -> Result<Vec<(String, Vec<u8>)>, (CUresult, String)> {
+fn accept(kind: c_uint, name: &str, bytes: &[u8]) -> Result<Units, (CUresult, String)> {
     let units = match kind {
         CU_JIT_INPUT_PTX => vec![(name.to_string(), bytes.to_vec())],
         CU_JIT_INPUT_CUBIN | CU_JIT_INPUT_FATBINARY => vec![(name.to_string(), bytes.to_vec())],
@@ -238,7 +237,7 @@ fn add(
     }
 }
 
-fn name_or<'a>(name: *const c_char, default: &'a str) -> Result<&'a str, CUresult> {
+fn name_or(name: *const c_char, default: &str) -> Result<&str, CUresult> {
     if name.is_null() {
         Ok(default)
     } else {
@@ -246,6 +245,7 @@ fn name_or<'a>(name: *const c_char, default: &'a str) -> Result<&'a str, CUresul
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn link_add_data(
     state: CUlinkState,
     kind: c_uint,
