@@ -50,7 +50,9 @@
 //!   samples its memory by the CUDA programming guide's texture fetching rules.
 //!
 //! Not yet: variable addresses in initializers (`generic(var)`), `sust.p`, `sured`,
-//! `wmma`/`wgmma`/`tcgen05`, TMA (`cp.async.bulk`), `mbarrier`.
+//! `wmma`/`wgmma`/`tcgen05`, TMA (`cp.async.bulk`, `mbarrier`'s transaction counts).
+//! `mbarrier` itself runs: a `.b64` word of pending count, expected count and phase, updated
+//! atomically (`exec.rs`).
 //! [`Module::link`] joins several translation units' PTX into one module (`link.rs`), as the
 //! driver's JIT linker does for `cuLink*` and for programs built with `nvcc -rdc=true`.
 //!
