@@ -105,7 +105,11 @@ fn fatbins_come_out_of_objects_and_libraries() {
         assert_eq!(member, if name == "librdc.a" { "rdc_lib.o" } else { "" });
         assert_eq!(measure_len(&f[..]), Ok(f.len()));
         let units = select_units(&link_image(&[(name, f)]).unwrap(), 80).unwrap();
-        assert!(units[0].contains(".visible .global .align 4 .u32 bias = 5;"), "{}", units[0]);
+        assert!(
+            units[0].contains(".visible .global .align 4 .u32 bias = 5;"),
+            "{}",
+            units[0]
+        );
     }
     assert!(gpufuse_fatbin::fatbins_in_object(b"not an object").is_err());
 }
