@@ -186,6 +186,12 @@ def build_programs() -> Programs:
     out = BUILD / "rdc_two_units"
     jobs.append(("rdc_two_units", out,
                  [nvcc, "-O2", "-rdc=true", "-arch=sm_80", "-o", str(out), *map(str, rdc)], rdc))
+    # rdc_lib.cu as inputs of the driver's JIT linker (cuLinkAddFile): a relocatable fatbin
+    # (PTX and SASS) and a host object file whose .nv_fatbin section holds it.
+    for name, flags in (("rdc_lib_fatbin", ["-fatbin"]), ("rdc_lib_object", ["-c"])):
+        out = BUILD / name
+        jobs.append((name, out, [nvcc, "-O2", "-rdc=true", "-arch=sm_80", *flags, "-o", str(out),
+                                 str(rdc[1])], [rdc[1]]))
     # nvcc runs single-threaded: one per core.
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         futures = {name: pool.submit(_build, out, cmd, inputs, env)

@@ -108,13 +108,12 @@ def test_device_printf_order(programs, server):
     assert lines == want, res.stdout
 
 
-def test_relocatable_code_of_two_units_is_refused_by_name_until_it_can_be_linked(programs, server):
-    """Its PTX calls into the other unit: running it needs the JIT linker. Until gpufuse has
-    one the launch fails as without SASS for the GPU (never a silent no-op), the rest of the
-    program works, and GPUFUSE_LOG names the reason."""
-    res = run_client(programs, server.unix, [programs.kernels["rdc_two_units"]],
-                     env={"GPUFUSE_LOG": "1"})
+def test_relocatable_code_of_two_units_is_linked_and_runs(programs, server):
+    """Its kernel calls a function and reads a variable of the other unit: the host code
+    registers the device-linked image (SASS only) with both units' PTX, which the device links
+    when it loads (the JIT linker, crates/ptx/src/link.rs). The kernel computes right and the
+    host reads the other unit's variable by its symbol."""
+    res = run_client(programs, server.unix, [programs.kernels["rdc_two_units"]])
     assert res.returncode == 0, res.stderr
-    launch = [l for l in res.stdout.splitlines() if l.startswith("LAUNCH")]
-    assert launch == ["LAUNCH cudaErrorNoKernelImageForDevice"], res.stdout
-    assert "needs the JIT linker" in res.stderr, res.stderr
+    lines = [l for l in res.stdout.splitlines() if l.startswith(("LAUNCH", "RESULT", "BIAS"))]
+    assert lines == ["LAUNCH cudaSuccess", "RESULT ok", "BIAS 5 cudaSuccess"], res.stdout

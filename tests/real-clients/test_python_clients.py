@@ -57,6 +57,16 @@ def test_cuda_bindings_textures(programs, server):
 
 
 @pytest.mark.kernel_results
+def test_cuda_bindings_jit_linker(programs, server):
+    """cuLink* over NVRTC's relocatable PTX, nvcc's relocatable fatbin and object file; link
+    errors name their symbols."""
+    res = run_client(programs, server.unix,
+                     [programs.python, PY / "cuda_bindings_link.py",
+                      programs.kernels["rdc_lib_fatbin"], programs.kernels["rdc_lib_object"]])
+    assert_ok(res, ["PASS ptx+ptx", "PASS ptx+fatbin", "PASS ptx+object", "PASS unresolved",
+                    "PASS duplicate", "PASS errors", "PASS cuda_bindings_link (results checked)"])
+
+
 def test_cuda_bindings_kernel_results(programs, server):
     res = run_client(programs, server.unix, [programs.python, PY / "cuda_bindings_driver.py"])
     assert_ok(res, ["PASS cuda_bindings_driver (results checked)"])

@@ -71,6 +71,23 @@ pub fn from_module(m: &gpufuse_ptx::Module) -> Layout {
     }
 }
 
+/// The module of one unit's PTX, or of several units' linked (`gpufuse_ptx::Module::link`),
+/// named `unit 0`, `unit 1`, ... in messages.
+pub fn load_units(units: &[String]) -> Result<gpufuse_ptx::Module, gpufuse_ptx::PtxError> {
+    match units {
+        [one] => gpufuse_ptx::Module::parse(one),
+        _ => {
+            let names: Vec<String> = (0..units.len()).map(|i| format!("unit {i}")).collect();
+            let list: Vec<(&str, &str)> = names
+                .iter()
+                .zip(units)
+                .map(|(n, u)| (n.as_str(), u.as_str()))
+                .collect();
+            gpufuse_ptx::Module::link(&list)
+        }
+    }
+}
+
 /// Parses a PTX module for its layout alone (the device parses with
 /// [`gpufuse_ptx::Module::parse`] and keeps the program: [`from_module`]).
 pub fn parse(src: &str) -> Result<Layout, LayoutError> {
@@ -170,5 +187,57 @@ mod tests {
         let m = gpufuse_ptx::Module::parse(ptx).unwrap();
         assert_eq!(m.globals()[0].init.as_deref(), Some(&want[..]));
         assert!(parse(".global .u64 t[1] = {nothing};").is_err());
+    }
+
+    /// A program built with `nvcc -rdc=true` from two units (crates/ptx/tests/fixtures/link):
+    /// the image its host code registers holds each unit's PTX, and loading it links them, so
+    /// the kernel of one unit calls the other's function and reads its variable.
+    #[test]
+    fn an_image_of_two_units_loads_linked_and_runs() {
+        use crate::{Device, KernelLaunch};
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fatbin/tests/fixtures/");
+        let read = |n: &str| std::fs::read(format!("{dir}{n}")).unwrap();
+        let (linked, a, b) = (
+            read("k.fatbin"),
+            read("link_a.fatbin"),
+            read("link_b.fatbin"),
+        );
+        let image = gpufuse_fatbin::with_prelinked_ptx(&linked, &[&a, &b]).unwrap();
+        let mut d = crate::emu::EmuDevice::new(0, 1 << 30, 0x1000_0000_0000, 1 << 40);
+        let m = d.load_module(&image).unwrap();
+        let (offset, _) = d.global(m, "offset").unwrap();
+        let mut v = [0u8; 4];
+        d.read(offset, &mut v).unwrap();
+        assert_eq!(u32::from_le_bytes(v), 7);
+        let n = 64u32;
+        let buf = d.alloc(4 * n as u64).unwrap();
+        let data: Vec<u8> = (0..n).flat_map(|i| i.to_le_bytes()).collect();
+        d.write(buf, &data).unwrap();
+        let mut params = buf.to_le_bytes().to_vec();
+        params.extend_from_slice(&n.to_le_bytes());
+        d.function(m, "_Z5applyPii").unwrap();
+        d.launch(&KernelLaunch {
+            module: m,
+            function: "_Z5applyPii",
+            grid: [2, 1, 1],
+            block: [32, 1, 1],
+            shared_mem: 0,
+            params: &params,
+            cooperative: false,
+        })
+        .unwrap();
+        let mut out = vec![0u8; 4 * n as usize];
+        d.read(buf, &mut out).unwrap();
+        let got: Vec<u32> = out
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let want: Vec<u32> = (0..n).map(|i| 3 * i + 2 + 7 + 1000 + i % 4 + 1).collect();
+        assert_eq!(got, want);
+        // Unit A alone cannot link: the load names what is missing.
+        let alone = gpufuse_fatbin::link_image(&[("a", &a), ("a2", &a)]).unwrap();
+        assert_eq!(d.load_module(&alone), Err(crate::status::INVALID_IMAGE));
+        let why = d.take_error_detail().unwrap_or_default();
+        assert!(why.contains("_Z5scalei"), "{why}");
     }
 }

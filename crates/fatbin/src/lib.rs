@@ -4,7 +4,9 @@
 //! wrapper, a fatbin, a cubin and PTX apart, and [`measure_len`] finds the length by reading
 //! only what the image's own headers say belongs to it. The emulated device takes the PTX out
 //! of a fatbin with [`select_ptx`] (decompressing Zstd or LZ4 entries), and what a cubin says
-//! about its kernels with [`cubin_info`].
+//! about its kernels with [`cubin_info`]. Images of several translation units' PTX (relocatable
+//! device code, the JIT linker's output) mark each PTX entry with its unit (`units.rs`), and
+//! [`select_units`] gives each unit's PTX for the device to link.
 //!
 //! Pure and bounded: every length is capped, truncated or garbage input is an error, never a
 //! panic.
@@ -12,10 +14,15 @@
 #![forbid(unsafe_code)]
 
 mod cubin;
+mod units;
 
 use std::borrow::Cow;
 
 pub use cubin::{cubin_info, cubin_sm, CubinInfo, CubinKernel, CubinParam, CubinVariable};
+pub use units::{
+    fatbins_in_object, is_multi_unit, link_image, select_units, with_prelinked_ptx, MAX_UNITS,
+    UNIT_TAG,
+};
 
 /// Reads bytes of an image at an offset from its start.
 pub trait ByteSource {
@@ -60,8 +67,13 @@ pub enum FatbinError {
     UnsupportedPtxVersion(u16, u16),
     #[error("entry cannot be decompressed")]
     Decompress,
-    #[error("relocatable device code of {0} translation units needs the JIT linker, which gpufuse does not have yet")]
+    /// No longer returned: the units of relocatable device code are linked when they load
+    /// ([`with_prelinked_ptx`], [`select_units`]).
+    #[error("relocatable device code of {0} translation units needs the JIT linker")]
     NeedsLinking(usize),
+    /// An input of the JIT linker that holds no PTX (a cubin, a fatbin of SASS only).
+    #[error("{0} holds no PTX (the emulated GPU links and runs PTX only)")]
+    NoPtx(String),
 }
 
 fn u16_at(b: &[u8], o: usize) -> u16 {
@@ -281,40 +293,6 @@ fn raw_entries(image: &[u8]) -> Result<Vec<(bool, &[u8])>, FatbinError> {
         let end = hsize.checked_add(psize).ok_or(FatbinError::TooLarge)?;
         out.push((kind == 1, e.get(..end).ok_or(FatbinError::Truncated)?));
         off += end;
-    }
-    Ok(out)
-}
-
-/// The fatbin of a program built with relocatable device code (`nvcc -rdc=true`): `linked` is
-/// the device-linked fatbin that the host code registers (SASS only: nvlink emits no PTX),
-/// `prelinked` the fatbins of the translation units it was linked from, which keep their PTX.
-/// The result holds `linked`'s entries and then the PTX entries of `prelinked`, so a GPU
-/// without matching SASS (the emulated one, a newer one) finds PTX in it.
-///
-/// PTX from one translation unit needs no linking. PTX from several would have to be linked
-/// (their `.extern` declarations resolved against each other); that is
-/// [`FatbinError::NeedsLinking`].
-pub fn with_prelinked_ptx(linked: &[u8], prelinked: &[&[u8]]) -> Result<Vec<u8>, FatbinError> {
-    let mut entries = raw_entries(linked)?;
-    let mut units_with_ptx = 0;
-    for fatbin in prelinked {
-        let ptx: Vec<(bool, &[u8])> = raw_entries(fatbin)?.into_iter().filter(|e| e.0).collect();
-        if !ptx.is_empty() {
-            units_with_ptx += 1;
-        }
-        entries.extend(ptx);
-    }
-    if units_with_ptx > 1 {
-        return Err(FatbinError::NeedsLinking(units_with_ptx));
-    }
-    let body: usize = entries.iter().map(|e| e.1.len()).sum();
-    let mut out = Vec::with_capacity(16 + body);
-    out.extend_from_slice(&FATBIN_MAGIC.to_le_bytes());
-    out.extend_from_slice(&u16_at(linked, 4).to_le_bytes());
-    out.extend_from_slice(&16u16.to_le_bytes());
-    out.extend_from_slice(&(body as u64).to_le_bytes());
-    for (_, raw) in entries {
-        out.extend_from_slice(raw);
     }
     Ok(out)
 }

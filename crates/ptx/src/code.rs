@@ -470,6 +470,9 @@ fn compile_inst(
         Op::St | Op::Red | Op::Prefetch => {
             ins.addr = mem_operand(args.next(), scope, syms, &mut used);
         }
+        Op::Mbarrier if !inst.mods.mbar.has_dst() => {
+            ins.addr = mem_operand(args.next(), scope, syms, &mut used);
+        }
         Op::CpAsync => {
             ins.addr = mem_operand(args.next(), scope, syms, &mut used);
             ins.addr2 = mem_operand(args.next(), scope, syms, &mut used);
@@ -486,7 +489,11 @@ fn compile_inst(
         }
         _ => {}
     }
-    if has_dst(inst.op) || (inst.op == Op::Bar && inst.mods.bar_red) {
+    let mbar_dst = inst.op == Op::Mbarrier && inst.mods.mbar.has_dst();
+    if (has_dst(inst.op) && inst.op != Op::Mbarrier)
+        || mbar_dst
+        || (inst.op == Op::Bar && inst.mods.bar_red)
+    {
         match args.next() {
             Some(Operand::Vector(v)) => {
                 if v.len() > MAX_DSTS {
@@ -548,7 +555,9 @@ fn compile_inst(
         code.symbols.extend(used);
         return Ok(ins);
     }
-    if matches!(inst.op, Op::Ld | Op::Ldu | Op::Atom | Op::Ldmatrix) {
+    if matches!(inst.op, Op::Ld | Op::Ldu | Op::Atom | Op::Ldmatrix)
+        || (mbar_dst && inst.mods.mbar != crate::inst::MbarOp::PendingCount)
+    {
         ins.addr = mem_operand(args.next(), scope, syms, &mut used);
     }
     let mut n = 0;
@@ -594,10 +603,11 @@ fn compile_inst(
         }
     }
     ins.ns = n as u8;
-    if matches!(
+    if (matches!(
         inst.op,
         Op::Ld | Op::Ldu | Op::St | Op::Atom | Op::Red | Op::Prefetch | Op::CpAsync
-    ) && ins.addr.is_none()
+    ) || (inst.op == Op::Mbarrier && inst.mods.mbar != crate::inst::MbarOp::PendingCount))
+        && ins.addr.is_none()
     {
         return Err(format!(
             "memory instruction without an address: {}",

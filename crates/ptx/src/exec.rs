@@ -552,6 +552,57 @@ pub fn exec(
             let r = map3(&c, &x, &y, run, |c, x, y| if c != 0 { x } else { y });
             put(w, g, d0, &r, run);
         }
+        Op::Mbarrier => {
+            use crate::inst::MbarOp;
+            let m = ins.m.mbar;
+            let b64 = crate::inst::Type {
+                kind: crate::inst::Ty::B,
+                size: 8,
+            };
+            if m == MbarOp::None {
+                return Err(unsupported());
+            }
+            if m == MbarOp::PendingCount {
+                let st = v!(w, env, 0, b64);
+                put(w, g, d0, &map1(&st, run, |s| s & 0xffff_ffff), run);
+                return Ok(Flow::Next);
+            }
+            let mut a = [0u64; 32];
+            addrs(w, env, g, ins, &mut a)?;
+            if let Some(l) = Bits(run).find(|&l| a[l] % 8 != 0) {
+                return Err(ExecError::MisalignedAddress(a[l]));
+            }
+            let x = if ins.ns > 0 {
+                v!(w, env, 0, b64)
+            } else {
+                [1; 32]
+            };
+            let mut r = [0u64; 32];
+            for l in Bits(run) {
+                let xl = x[l];
+                r[l] = match m {
+                    MbarOp::Init => {
+                        let n = xl & 0x7fff_ffff;
+                        crate::space::atomic(w, env, l, a[l], 8, |_| n | n << 32)?
+                    }
+                    MbarOp::Inval => crate::space::atomic(w, env, l, a[l], 8, |_| 0)?,
+                    MbarOp::Arrive | MbarOp::ArriveDrop => {
+                        let drop = m == MbarOp::ArriveDrop;
+                        let count = if ins.ns > 0 { xl & 0xffff_ffff } else { 1 };
+                        // The state token: the barrier before this arrival (its phase).
+                        crate::space::atomic(w, env, l, a[l], 8, |o| mbar_arrive(o, count, drop))?
+                    }
+                    _ => {
+                        let now = crate::space::atomic(w, env, l, a[l], 8, |o| o)?;
+                        let phase = if ins.m.parity { xl & 1 } else { xl >> 63 };
+                        (now >> 63 != phase) as u64
+                    }
+                };
+            }
+            if m.has_dst() {
+                put(w, g, d0, &r, run);
+            }
+        }
         Op::Atom | Op::Red => {
             let mut a = [0u64; 32];
             addrs(w, env, g, ins, &mut a)?;
@@ -861,4 +912,22 @@ fn low_bits(bits: u32) -> u64 {
     } else {
         (1u64 << bits) - 1
     }
+}
+
+/// An `mbarrier` word after `count` arrivals (`drop`: they also leave the barrier, lowering
+/// the expected count of later phases): when no arrival is pending, the phase completes: the
+/// phase bit flips and the pending count starts again at the expected count.
+fn mbar_arrive(o: u64, count: u64, drop: bool) -> u64 {
+    let mut expected = o >> 32 & 0x7fff_ffff;
+    let mut pending = o & 0xffff_ffff;
+    let mut phase = o >> 63;
+    if drop {
+        expected = expected.saturating_sub(count);
+    }
+    pending = pending.saturating_sub(count);
+    if pending == 0 {
+        phase ^= 1;
+        pending = expected;
+    }
+    phase << 63 | expected << 32 | pending
 }

@@ -142,6 +142,10 @@ pub enum Op {
     /// `griddepcontrol.wait` / `.launch_dependents`: the VM runs a grid only after the one
     /// before it has finished, so both are satisfied already.
     Griddep,
+    /// `mbarrier.{init,inval,arrive,arrive_drop,test_wait,try_wait,pending_count}`: the
+    /// sub-operation is [`Mods::mbar`]. A barrier is a `.b64` word: the pending count in
+    /// bits 0..32, the expected count in bits 32..63, the phase in bit 63.
+    Mbarrier,
     /// `cp.async.{ca,cg}.shared.global [dst], [src], size{, src-size}`: done at once (its
     /// completion is only promised by the waits below, which are then satisfied).
     CpAsync,
@@ -321,9 +325,33 @@ pub enum VoteMode {
     Uni,
 }
 
+/// What an `mbarrier` instruction does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MbarOp {
+    #[default]
+    None,
+    Init,
+    Inval,
+    Arrive,
+    ArriveDrop,
+    TestWait,
+    TryWait,
+    PendingCount,
+}
+
+impl MbarOp {
+    /// Whether the instruction writes a destination (and its address, if any, comes second).
+    pub fn has_dst(self) -> bool {
+        !matches!(self, MbarOp::Init | MbarOp::Inval)
+    }
+}
+
 /// Flags and sub-opcodes.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Mods {
+    /// `mbarrier`'s sub-operation, and `.parity` (the wait takes a phase parity, not a state).
+    pub mbar: MbarOp,
+    pub parity: bool,
     pub hi: bool,
     pub lo: bool,
     pub wide: bool,
@@ -772,6 +800,7 @@ pub fn decode(
         "redux" => Op::Redux,
         "call" => Op::Call,
         "bfind" => Op::Bfind,
+        "mbarrier" => Op::Mbarrier,
         "griddepcontrol" if matches!(mods_s.as_slice(), ["wait"] | ["launch_dependents"]) => {
             Op::Griddep
         }
@@ -922,6 +951,14 @@ pub fn decode(
             "clamp" if matches!(op, Op::Shf | Op::Szext | Op::Bmsk) => {}
             "wrap" if matches!(op, Op::Szext | Op::Bmsk) => mods.shf_wrap = true,
             "wait" | "launch_dependents" if op == Op::Griddep => {}
+            "init" if op == Op::Mbarrier => mods.mbar = MbarOp::Init,
+            "inval" if op == Op::Mbarrier => mods.mbar = MbarOp::Inval,
+            "arrive" if op == Op::Mbarrier => mods.mbar = MbarOp::Arrive,
+            "arrive_drop" if op == Op::Mbarrier => mods.mbar = MbarOp::ArriveDrop,
+            "test_wait" if op == Op::Mbarrier => mods.mbar = MbarOp::TestWait,
+            "try_wait" if op == Op::Mbarrier => mods.mbar = MbarOp::TryWait,
+            "pending_count" if op == Op::Mbarrier => mods.mbar = MbarOp::PendingCount,
+            "parity" if op == Op::Mbarrier => mods.parity = true,
             "async" | "commit_group" | "wait_group" | "wait_all"
                 if matches!(op, Op::CpAsync | Op::CpAsyncWait) => {}
             "fractional"

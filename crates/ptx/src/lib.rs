@@ -50,7 +50,12 @@
 //!   samples its memory by the CUDA programming guide's texture fetching rules.
 //!
 //! Not yet: variable addresses in initializers (`generic(var)`), `sust.p`, `sured`,
-//! `wmma`/`wgmma`/`tcgen05`, TMA (`cp.async.bulk`), `mbarrier`.
+//! `wmma`/`wgmma`/`tcgen05`, TMA (`cp.async.bulk`, `mbarrier`'s transaction counts).
+//! `mbarrier` itself runs: a `.b64` word of pending count, expected count and phase, updated
+//! atomically (`exec.rs`).
+//! [`Module::link`] joins several translation units' PTX into one module (`link.rs`), as the
+//! driver's JIT linker does for `cuLink*` and for programs built with `nvcc -rdc=true`.
+//!
 //! `cargo run -p gpufuse-ptx --example ptx_check -- FILE.ptx` lists what a module lacks;
 //! `cargo run --release -p gpufuse-ptx --example vm_bench` measures lane-instructions per
 //! second.
@@ -68,6 +73,7 @@ mod inst;
 mod lanes;
 mod launch;
 mod lex;
+mod link;
 mod memory;
 mod parse;
 mod printf;
@@ -94,6 +100,9 @@ pub enum PtxError {
     Syntax(String),
     #[error("PTX instruction `{opcode}` is not supported by the emulated GPU")]
     Unsupported { opcode: String },
+    /// Units that cannot be linked: symbols defined twice, declared and never defined.
+    #[error("PTX link error: {0}")]
+    Link(String),
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -227,7 +236,27 @@ pub fn default_threads() -> usize {
 
 impl Module {
     pub fn parse(src: &str) -> Result<Module, PtxError> {
-        let p = parse::parse(src)?;
+        Module::from_parsed(parse::parse(src)?)
+    }
+
+    /// Links several translation units' PTX into one module (`link.rs`), as nvlink and the
+    /// driver's JIT linker do: each unit's `.extern` functions and variables resolve to another
+    /// unit's definitions, `.weak` definitions give way, `.common` variables merge, and each
+    /// unit's internal names stay its own. A symbol defined twice or declared and defined by no
+    /// unit is [`PtxError::Link`] naming it. Units are `(name, text)`; the name is for messages.
+    pub fn link(units: &[(&str, &str)]) -> Result<Module, PtxError> {
+        let mut parsed = Vec::with_capacity(units.len());
+        for (name, src) in units {
+            let unit = parse::parse_unit(src).map_err(|e| match e {
+                PtxError::Syntax(m) => PtxError::Syntax(format!("{name}: {m}")),
+                e => e,
+            })?;
+            parsed.push((name.to_string(), unit));
+        }
+        Module::from_parsed(parse::finish(link::link(parsed)?)?)
+    }
+
+    fn from_parsed(p: parse::Parsed) -> Result<Module, PtxError> {
         let module_shared: u64 = p
             .globals
             .iter()

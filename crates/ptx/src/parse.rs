@@ -119,6 +119,39 @@ pub struct Parsed {
     pub globals: Vec<Var>,
 }
 
+/// How a module-scope definition or declaration is linked (`link.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Linkage {
+    /// No linkage directive: the name belongs to its own unit (`static` in CUDA C++).
+    Internal,
+    Visible,
+    Weak,
+    /// `.common`: every unit's declaration is one variable, the largest of them.
+    Common,
+    /// `.extern`: defined by another unit.
+    Extern,
+}
+
+/// A name a global's initializer holds (a function's address), resolved once every function
+/// of the module is known: (global, byte offset, name, the error if nothing defines it).
+pub type InitRef = (usize, usize, String, PtxError);
+
+/// One translation unit as parsed, before its names are resolved: [`finish`] makes it a
+/// module, or `link.rs` first joins several.
+pub struct Unit {
+    pub parsed: Parsed,
+    /// The linkage of each function of `parsed.functions`.
+    pub fn_linkage: Vec<Linkage>,
+    /// The linkage of each variable of `parsed.globals`.
+    pub var_linkage: Vec<Linkage>,
+    /// Names declared without a definition here: `.extern` functions and variables, and
+    /// function prototypes (`true` for a function).
+    pub declared: Vec<(String, bool)>,
+    pub refs: Vec<InitRef>,
+    /// `.alias a, b;`: (a, b, the error if `b` is not defined).
+    pub aliases: Vec<(String, String, PtxError)>,
+}
+
 /// The largest variable (and alignment) a module may declare: 2^48 bytes, past any device's
 /// memory, so that no layout arithmetic overflows.
 const MAX_VAR: u64 = 1 << 48;
@@ -537,8 +570,8 @@ impl<'a> P<'a> {
         Ok(d)
     }
 
-    /// A function after its linkage: header, then `;` (a declaration: `None`) or its body.
-    fn function(&mut self) -> Result<Option<Function>, PtxError> {
+    /// A function after its linkage: header, then `;` (a declaration: its name) or its body.
+    fn function(&mut self) -> Result<Result<Function, String>, PtxError> {
         let (kw, w) = self.word(".entry or .func")?;
         let is_entry = w == ".entry";
         while self.peek_text() == ".attribute" {
@@ -564,7 +597,7 @@ impl<'a> P<'a> {
         loop {
             let t = self.next("a function body")?;
             match (t.kind, self.text(&t)) {
-                (Kind::Punct(b';'), _) => return Ok(None),
+                (Kind::Punct(b';'), _) => return Ok(Err(name.to_string())),
                 (Kind::Punct(b'{'), _) => break,
                 (Kind::Word, ".maxntid") => {
                     max_threads = Some(threads(self.dims(".maxntid")?));
@@ -621,7 +654,7 @@ impl<'a> P<'a> {
             unsupported: None,
         };
         self.body(&mut f)?;
-        Ok(Some(f))
+        Ok(Ok(f))
     }
 
     /// A function's statements, after its `{`, through the matching `}`.
@@ -741,7 +774,7 @@ impl<'a> P<'a> {
                             // fails first.
                             f.insts.push(Inst::trap(stmt));
                         }
-                        Err(PtxError::Syntax(why)) => {
+                        Err(PtxError::Syntax(why) | PtxError::Link(why)) => {
                             return Err(self.err(&first, why));
                         }
                     }
@@ -920,7 +953,13 @@ fn declare_regs(
     }
 }
 
+/// Parses one module and resolves its names.
 pub fn parse(src: &str) -> Result<Parsed, PtxError> {
+    finish(parse_unit(src)?)
+}
+
+/// Parses one translation unit, leaving the names of its initializers and aliases unresolved.
+pub fn parse_unit(src: &str) -> Result<Unit, PtxError> {
     let lx = lex(src)?;
     let mut p = P { lx: &lx, i: 0 };
     let mut parsed = Parsed {
@@ -930,8 +969,9 @@ pub fn parse(src: &str) -> Result<Parsed, PtxError> {
         globals: Vec::new(),
     };
     // Names in the globals' initializers: (global, byte offset, name), resolved at the end.
-    let mut refs: Vec<(usize, usize, String, Token)> = Vec::new();
-    let mut aliases: Vec<(String, String, Token)> = Vec::new();
+    let mut refs: Vec<InitRef> = Vec::new();
+    let mut aliases: Vec<(String, String, PtxError)> = Vec::new();
+    let (mut fn_linkage, mut var_linkage, mut declared) = (Vec::new(), Vec::new(), Vec::new());
     while let Some(t) = p.peek() {
         let w = p.text(&t);
         match t.kind {
@@ -1028,7 +1068,8 @@ pub fn parse(src: &str) -> Result<Parsed, PtxError> {
                 p.expect(b',')?;
                 let (_, b) = p.word("an aliased function")?;
                 p.expect(b';')?;
-                aliases.push((a.to_string(), b.to_string(), t));
+                let e = p.err(&t, format!(".alias of undefined function {b}"));
+                aliases.push((a.to_string(), b.to_string(), e));
             }
             ".sreg" => {
                 return Err(p.err(&t, "special registers (.sreg) are predefined, not declared"))
@@ -1042,27 +1083,39 @@ pub fn parse(src: &str) -> Result<Parsed, PtxError> {
             }
             ".visible" | ".extern" | ".weak" | ".common" | ".entry" | ".func" | ".global"
             | ".const" | ".shared" | ".local" => {
-                let mut external = false;
+                let mut linkage = Linkage::Internal;
                 while let ".visible" | ".extern" | ".weak" | ".common" = p.peek_text() {
-                    external |= p.peek_text() == ".extern";
+                    linkage = match (linkage, p.peek_text()) {
+                        (Linkage::Extern, _) | (_, ".extern") => Linkage::Extern,
+                        (_, ".weak") => Linkage::Weak,
+                        (_, ".common") => Linkage::Common,
+                        (l, _) => l.max_visible(),
+                    };
                     p.i += 1;
                 }
+                let external = linkage == Linkage::Extern;
                 let (st, space) = p.word("a declaration")?;
                 match space {
                     ".entry" | ".func" => {
                         p.i -= 1;
-                        if let Some(f) = p.function()? {
-                            if external {
-                                return Err(p.err(&st, "an .extern function has no body"));
+                        match p.function()? {
+                            Ok(_) if external => {
+                                return Err(p.err(&st, "an .extern function has no body"))
                             }
-                            parsed.functions.push(f);
+                            Ok(f) => {
+                                parsed.functions.push(f);
+                                fn_linkage.push(linkage);
+                            }
+                            Err(name) => declared.push((name, true)),
                         }
                     }
                     ".global" | ".const" | ".shared" => {
                         let (h, items) = p.declaration(&space[1..])?;
                         // An `.extern .global`/`.const` is another module's (resolved by
-                        // name at launch); an `.extern .shared` array is dynamic shared memory.
+                        // name at launch, or by `link.rs`); an `.extern .shared` array is
+                        // dynamic shared memory.
                         if external && space != ".shared" {
+                            declared.extend(items.into_iter().map(|i| (i.name, false)));
                             continue;
                         }
                         for item in items {
@@ -1071,8 +1124,12 @@ pub fn parse(src: &str) -> Result<Parsed, PtxError> {
                                 return Err(p.err(&st, "shared variables take no initializer"));
                             }
                             let g = parsed.globals.len();
-                            refs.extend(r.into_iter().map(|(at, n, tok)| (g, at, n, tok)));
+                            refs.extend(r.into_iter().map(|(at, n, tok)| {
+                                let e = p.err(&tok, format!("bad initializer {n}"));
+                                (g, at, n, e)
+                            }));
                             parsed.globals.push(v);
+                            var_linkage.push(linkage);
                         }
                     }
                     ".local" => {
@@ -1091,25 +1148,44 @@ pub fn parse(src: &str) -> Result<Parsed, PtxError> {
             }
         }
     }
+    Ok(Unit {
+        parsed,
+        fn_linkage,
+        var_linkage,
+        declared,
+        refs,
+        aliases,
+    })
+}
+
+impl Linkage {
+    /// `.visible` over no directive.
+    fn max_visible(self) -> Linkage {
+        match self {
+            Linkage::Internal => Linkage::Visible,
+            l => l,
+        }
+    }
+}
+
+/// Resolves a unit's aliases and the function names in its initializers.
+pub fn finish(unit: Unit) -> Result<Parsed, PtxError> {
+    let mut parsed = unit.parsed;
     // `.alias a, b;`: `a` is `b` (a copy of `b` under `a`'s name, after the definitions, so
     // function numbering in text order is unchanged).
-    for (a, b, tok) in aliases {
-        let f = parsed
-            .functions
-            .iter()
-            .find(|f| f.name == b)
-            .ok_or_else(|| p.err(&tok, format!(".alias of undefined function {b}")))?;
+    for (a, b, e) in unit.aliases {
+        let f = parsed.functions.iter().find(|f| f.name == b).ok_or(e)?;
         let mut copy = f.clone();
         copy.name = a;
         parsed.functions.push(copy);
     }
     // A function's name in an initializer is its address (`crate::space::FUNCTION_WINDOW`).
-    for (g, at, name, tok) in refs {
+    for (g, at, name, e) in unit.refs {
         let i = parsed
             .functions
             .iter()
             .position(|f| f.name == name)
-            .ok_or_else(|| p.err(&tok, format!("bad initializer {name}")))?;
+            .ok_or(e)?;
         let v = &mut parsed.globals[g];
         let n = (v.elem as usize).min(8);
         if let Some(bytes) = v.init.as_mut().and_then(|b| b.get_mut(at..at + n)) {

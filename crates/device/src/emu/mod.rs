@@ -269,16 +269,20 @@ impl Device for EmuDevice {
 
     fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, Status> {
         let sm = self.model.arch();
-        let (layout, program) = match gpufuse_fatbin::select_ptx(image, sm) {
-            Ok(ptx) => {
-                dump_ptx(&ptx);
+        let (layout, program) = match gpufuse_fatbin::select_units(image, sm) {
+            Ok(units) => {
+                units.iter().for_each(|ptx| dump_ptx(ptx));
                 // One parse gives the layout and the program. PTX that does not parse is
                 // refused at load, as NVIDIA's JIT refuses it; an instruction the VM lacks
-                // fails only the launches of the kernels that reach it.
-                let program = gpufuse_ptx::Module::parse(&ptx).map_err(|e| {
+                // fails only the launches of the kernels that reach it. Several units
+                // (relocatable device code, the JIT linker's image) are linked first.
+                let program = ptx_layout::load_units(&units).map_err(|e| {
                     tracing::warn!("module refused: {e}");
                     self.last_error = Some(e.to_string());
-                    INVALID_PTX
+                    match e {
+                        gpufuse_ptx::PtxError::Link(_) => INVALID_IMAGE,
+                        _ => INVALID_PTX,
+                    }
                 })?;
                 (ptx_layout::from_module(&program), Ok(program))
             }

@@ -9,6 +9,7 @@ pub mod graph;
 pub mod graph_nodes;
 pub mod init;
 pub mod launch;
+pub mod link;
 pub mod managed;
 pub mod memory;
 pub mod module;
