@@ -1,6 +1,7 @@
 //! The `gpufuse` command. Thin: each subcommand is a module over the library crates.
 
 mod admin;
+mod k8s;
 mod run;
 mod status;
 mod tls;
@@ -66,6 +67,12 @@ enum Command {
     /// (internal) Serve one session; started by `gpufuse serve`.
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
+    /// Kubernetes DRA kubelet plugin: publishes this node's GPUs and prepares claims for them.
+    DraPlugin(k8s::DraPluginArgs),
+    /// Kubernetes operator: reconciles GPUPool and GPUQuota; `crds` prints the CRDs.
+    Operator(k8s::OperatorArgs),
+    /// Kubernetes mutating webhook: injects the shims into labelled pods (clusters without DRA).
+    Webhook(k8s::WebhookArgs),
 }
 
 #[derive(clap::Args)]
@@ -165,5 +172,8 @@ fn run_cli() -> anyhow::Result<()> {
             init_logs();
             worker::worker(a)
         }
+        Command::DraPlugin(a) => (init_logs(), k8s::dra_plugin(a)).1,
+        Command::Operator(a) => (init_logs(), k8s::operator(a)).1,
+        Command::Webhook(a) => (init_logs(), k8s::webhook(a)).1,
     }
 }
