@@ -380,8 +380,8 @@ impl<B: PoolBackend> Operator<B> {
                 .flatten()
                 .collect();
             let o = &p.spec.oversubscription;
-            let memory: u64 = devices.iter().map(|g| g.memory_bytes).sum::<u64>() / 100
-                * u64::from(o.memory_percent);
+            let total: u64 = devices.iter().map(|g| g.memory_bytes).sum();
+            let memory = (u128::from(total) * u128::from(o.memory_percent) / 100) as u64;
             let compute = devices.len() as u64 * u64::from(o.compute_percent);
             let used = self.backend.pool_usage(&name);
             let status = GPUPoolStatus {
