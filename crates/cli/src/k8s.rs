@@ -154,7 +154,7 @@ pub fn operator(a: OperatorArgs) -> anyhow::Result<()> {
                 () = gpufuse_k8s::operator::run(op, Duration::from_secs(a.interval.max(1)), Duration::from_millis(200)) => {}
                 () = shutdown_signal() => {}
             }
-            Ok(())
+            Ok::<(), anyhow::Error>(())
         }),
     }
 }
@@ -185,6 +185,6 @@ pub fn webhook(a: WebhookArgs) -> anyhow::Result<()> {
             r = gpufuse_k8s::webhook::serve(config, listener, tls) => r?,
             () = shutdown_signal() => {}
         }
-        Ok(())
+        Ok::<(), anyhow::Error>(())
     })
 }

@@ -114,9 +114,9 @@ fn query(uri: &hyper::Uri) -> BTreeMap<String, String> {
         .unwrap_or("")
         .split('&')
         .filter(|s| !s.is_empty())
-        .filter_map(|kv| {
+        .map(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            Some((k.to_string(), percent_decode(v)))
+            (k.to_string(), percent_decode(v))
         })
         .collect()
 }
@@ -151,6 +151,13 @@ fn percent_decode(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A refusal: becomes a `Status` response.
+struct Failure(Box<Response<Body>>);
+
+fn fail(code: StatusCode, reason: &str, message: String) -> Failure {
+    Failure(Box::new(status(code, reason, message)))
 }
 
 fn status(code: StatusCode, reason: &str, message: String) -> Response<Body> {
@@ -237,9 +244,9 @@ impl Store {
         });
     }
 
-    fn create(&mut self, key: Key, mut object: Value) -> Result<Value, Response<Body>> {
+    fn create(&mut self, key: Key, mut object: Value) -> Result<Value, Failure> {
         if self.objects.contains_key(&key) {
-            return Err(status(
+            return Err(fail(
                 StatusCode::CONFLICT,
                 "AlreadyExists",
                 format!("{} {:?} already exists", key.0, key.2),
@@ -251,7 +258,7 @@ impl Store {
             .as_object_mut()
             .map(|o| o.entry("metadata").or_insert(json!({})));
         let Some(Value::Object(meta)) = meta else {
-            return Err(status(
+            return Err(fail(
                 StatusCode::BAD_REQUEST,
                 "BadRequest",
                 "the object has no metadata".into(),
@@ -275,18 +282,13 @@ impl Store {
 
     /// Stores `new` in place of the object at `key`: `status_only` takes only its status, else
     /// everything but the status.
-    fn update(
-        &mut self,
-        key: &Key,
-        mut new: Value,
-        status_only: bool,
-    ) -> Result<Value, Response<Body>> {
+    fn update(&mut self, key: &Key, mut new: Value, status_only: bool) -> Result<Value, Failure> {
         let Some(old) = self.objects.get(key).cloned() else {
-            return Err(not_found(key));
+            return Err(Failure(Box::new(not_found(key))));
         };
         if let Some(rv) = new["metadata"]["resourceVersion"].as_str() {
             if Some(rv) != old["metadata"]["resourceVersion"].as_str() {
-                return Err(status(
+                return Err(fail(
                     StatusCode::CONFLICT,
                     "Conflict",
                     format!(
@@ -570,7 +572,7 @@ async fn handle(
                 };
                 match s.create((target.collection.clone(), ns, name), object) {
                     Ok(v) => respond(StatusCode::CREATED, &v),
-                    Err(r) => r,
+                    Err(Failure(r)) => *r,
                 }
             }
             (&Method::PUT, Some(name)) => {
@@ -580,7 +582,7 @@ async fn handle(
                 let key = (target.collection.clone(), ns, name.clone());
                 match s.update(&key, object, target.status) {
                     Ok(v) => respond(StatusCode::OK, &v),
-                    Err(r) => r,
+                    Err(Failure(r)) => *r,
                 }
             }
             (&Method::PATCH, Some(name)) => {
@@ -592,7 +594,7 @@ async fn handle(
                 match s.objects.get(&key).cloned() {
                     None if apply && !target.status => match s.create(key, patch) {
                         Ok(v) => respond(StatusCode::CREATED, &v),
-                        Err(r) => r,
+                        Err(Failure(r)) => *r,
                     },
                     None => not_found(&key),
                     Some(mut current) => {
@@ -624,7 +626,7 @@ async fn handle(
                         }
                         match s.update(&key, current, target.status) {
                             Ok(v) => respond(StatusCode::OK, &v),
-                            Err(r) => r,
+                            Err(Failure(r)) => *r,
                         }
                     }
                 }

@@ -204,13 +204,16 @@ pub enum OperatorError {
     Api {
         what: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 }
 
 fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> OperatorError {
     let what = what.into();
-    move |source| OperatorError::Api { what, source }
+    move |source| OperatorError::Api {
+        what,
+        source: Box::new(source),
+    }
 }
 
 /// The operator.

@@ -45,7 +45,7 @@ pub enum PrepareError {
         namespace: String,
         name: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error("ResourceClaim {0} does not exist")]
     NotFound(String),
@@ -154,7 +154,7 @@ impl Preparer {
             .map_err(|source| PrepareError::Read {
                 namespace: c.namespace.clone(),
                 name: c.name.clone(),
-                source,
+                source: Box::new(source),
             })?
             .ok_or_else(|| PrepareError::NotFound(qualified.clone()))?;
         let uid = claim.metadata.uid.clone().unwrap_or_default();
