@@ -69,9 +69,9 @@ pub fn parse_quantity(q: &Quantity) -> Result<u64, QuantityError> {
 
 /// Bytes as a quantity: in `Mi`/`Gi` when they divide it (what people write), else plain.
 pub fn bytes(b: u64) -> Quantity {
-    let s = if b != 0 && b % (1 << 30) == 0 {
+    let s = if b != 0 && b.is_multiple_of(1 << 30) {
         format!("{}Gi", b >> 30)
-    } else if b != 0 && b % MIB == 0 {
+    } else if b != 0 && b.is_multiple_of(MIB) {
         format!("{}Mi", b >> 20)
     } else {
         b.to_string()
