@@ -26,6 +26,9 @@ for f in target/release/gpufuse target/release/libcuda.so; do
   [ -e "$f" ] || { echo "run-real-clients: $f was not built" >&2; exit 1; }
 done
 
+echo "== Kubernetes: a claim prepared by the DRA plugin runs cuda-python in its slice =="
+cargo test --release -p gpufuse-k8s --test cdi_end_to_end -- --ignored
+
 echo "== real-client suite =="
 set +e
 "$GPUFUSE_PY" -m pytest tests/real-clients "$@"

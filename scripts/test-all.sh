@@ -20,5 +20,8 @@ cargo test --release --workspace
 echo "== fuzz targets (20 s each) =="
 bash scripts/fuzz.sh 20
 
+echo "== Helm chart: rendered by Helm, validated against the Kubernetes schemas =="
+bash scripts/check-helm-chart.sh
+
 echo "== real-client suites =="
 bash scripts/run-real-clients.sh

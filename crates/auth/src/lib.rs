@@ -30,6 +30,11 @@ pub struct Claims {
     pub expires: Option<u64>,
     /// The most VRAM the session may request, in bytes; `None` is no extra cap.
     pub max_vram_bytes: Option<u64>,
+    /// The largest compute share (percent) the session may ask for; a session that asks for
+    /// none gets this share. `None` is no cap. Absent from tokens issued without it, so tokens
+    /// from before this field verify unchanged, and older nodes ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_compute_percent: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -121,7 +126,23 @@ mod tests {
             subject: "team-a".into(),
             expires: Some(2_000),
             max_vram_bytes: Some(1 << 30),
+            max_compute_percent: None,
         }
+    }
+
+    #[test]
+    fn tokens_without_a_compute_cap_read_as_before_and_with_one_round_trip() {
+        // The claims of a token issued before `max_compute_percent` existed.
+        let old = r#"{"subject":"team-a","expires":2000,"max_vram_bytes":1073741824}"#;
+        let c: Claims = serde_json::from_str(old).unwrap();
+        assert_eq!(c, claims());
+        assert_eq!(serde_json::to_string(&claims()).unwrap(), old);
+        let capped = Claims {
+            max_compute_percent: Some(30),
+            ..claims()
+        };
+        let t = issue(SECRET, &capped).unwrap();
+        assert_eq!(verify(SECRET, &t, 1_000).unwrap(), capped);
     }
 
     #[test]

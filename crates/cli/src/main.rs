@@ -7,6 +7,7 @@ mod pool_status;
 mod observe;
 mod report;
 mod migrate;
+mod k8s;
 mod run;
 mod simulate;
 mod status;
@@ -93,6 +94,12 @@ enum Command {
     /// (internal) Serve one session; started by `gpufuse serve`.
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
+    /// Kubernetes DRA kubelet plugin: publishes this node's GPUs and prepares claims for them.
+    DraPlugin(k8s::DraPluginArgs),
+    /// Kubernetes operator: reconciles GPUPool and GPUQuota; `crds` prints the CRDs.
+    Operator(k8s::OperatorArgs),
+    /// Kubernetes mutating webhook: injects the shims into labelled pods (clusters without DRA).
+    Webhook(k8s::WebhookArgs),
 }
 
 #[derive(clap::Args)]
@@ -288,6 +295,18 @@ fn run_cli() -> anyhow::Result<()> {
         Command::Worker(a) => {
             init_logs(None)?;
             worker::worker(a)
+        }
+        Command::DraPlugin(a) => {
+            init_logs(None)?;
+            k8s::dra_plugin(a)
+        }
+        Command::Operator(a) => {
+            init_logs(None)?;
+            k8s::operator(a)
+        }
+        Command::Webhook(a) => {
+            init_logs(None)?;
+            k8s::webhook(a)
         }
     }
 }

@@ -26,6 +26,10 @@ enum TokenCommand {
         /// Most VRAM a session with this token may request (e.g. 8GiB).
         #[arg(long)]
         max_vram: Option<String>,
+        /// Largest compute share (percent) a session with this token may ask for; a session
+        /// asking for none gets this share.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+        max_compute: Option<u32>,
     },
 }
 
@@ -71,6 +75,7 @@ pub fn token(a: TokenArgs) -> anyhow::Result<()> {
             subject,
             ttl,
             max_vram,
+            max_compute,
         } => {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)?
@@ -88,6 +93,7 @@ pub fn token(a: TokenArgs) -> anyhow::Result<()> {
                 subject,
                 expires: ttl.map(|t| now + t),
                 max_vram_bytes,
+                max_compute_percent: max_compute,
             };
             println!(
                 "{}",

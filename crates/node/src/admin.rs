@@ -47,6 +47,29 @@ pub fn slice_limit(hello: &ClientHello, claims: Option<&Claims>) -> Result<Optio
     }
 }
 
+/// The session's compute share, bounded by what its token allows: a session asking for more
+/// is refused, one asking for none gets the token's share (as with VRAM in [`slice_limit`]).
+pub fn bound_compute(hello: &mut ClientHello, claims: Option<&Claims>) -> Result<(), String> {
+    let Some(max) = claims.and_then(|c| c.max_compute_percent) else {
+        return Ok(());
+    };
+    if hello.resources.tflops.is_some() {
+        return Err(format!(
+            "the token allows at most {max}% of a device's compute: ask for a percentage, not TFLOPS"
+        ));
+    }
+    match hello.resources.compute_percent {
+        Some(p) if p > max => Err(format!(
+            "the token allows at most {max}% of a device's compute, and {p}% was asked for"
+        )),
+        Some(_) => Ok(()),
+        None => {
+            hello.resources.compute_percent = Some(max);
+            Ok(())
+        }
+    }
+}
+
 /// Answers a `Check` hello: admits the session as a `Cuda` hello would and takes it back at
 /// once, under one lock, so the answer is the one a session arriving now would get.
 pub fn check(state: &Shared, hello: &ClientHello, limit: Option<u64>) -> ServerHello {
@@ -297,6 +320,7 @@ mod tests {
             subject: "alice".into(),
             expires: None,
             max_vram_bytes: Some(1 << 30),
+            max_compute_percent: None,
         };
         assert_eq!(slice_limit(&hello(None), None), Ok(None));
         assert_eq!(slice_limit(&hello(None), Some(&claims)), Ok(Some(1 << 30)));
@@ -308,5 +332,30 @@ mod tests {
             slice_limit(&hello(Some(2 << 30)), Some(&claims)),
             Err("the token allows at most 1 GiB of VRAM, and 2 GiB was asked for".into())
         );
+    }
+
+    #[test]
+    fn a_token_bounds_the_compute_share() {
+        let claims = Claims {
+            subject: "alice".into(),
+            expires: None,
+            max_vram_bytes: None,
+            max_compute_percent: Some(30),
+        };
+        let mut h = hello(None);
+        bound_compute(&mut h, None).unwrap();
+        assert_eq!(h.resources.compute_percent, None);
+        bound_compute(&mut h, Some(&claims)).unwrap();
+        assert_eq!(h.resources.compute_percent, Some(30));
+        h.resources.compute_percent = Some(20);
+        bound_compute(&mut h, Some(&claims)).unwrap();
+        assert_eq!(h.resources.compute_percent, Some(20));
+        h.resources.compute_percent = Some(31);
+        assert!(bound_compute(&mut h, Some(&claims))
+            .unwrap_err()
+            .contains("at most 30%"));
+        h.resources.compute_percent = None;
+        h.resources.tflops = Some(5);
+        assert!(bound_compute(&mut h, Some(&claims)).is_err());
     }
 }

@@ -423,7 +423,7 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
     let mut conn = Conn::new(stream);
     let hello: Result<(gpufuse_proto::FrameHeader, &[u8]), TransportError> = conn.recv();
     drop(slot);
-    let hello: ClientHello = match hello {
+    let mut hello: ClientHello = match hello {
         Ok((h, body)) if h.kind == FrameKind::Hello => match decode_owned(body) {
             Ok(hello) => hello,
             Err(e) => return tracing::warn!("malformed hello: {e}"),
@@ -466,7 +466,8 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
             answer(&mut conn, &ServerHello::Status(status));
         }
         SessionKind::Check => {
-            let reply = match admin::slice_limit(&hello, claims.as_ref()) {
+            let bounded = admin::bound_compute(&mut hello, claims.as_ref());
+            let reply = match bounded.and_then(|()| admin::slice_limit(&hello, claims.as_ref())) {
                 Ok(limit) => admin::check(state, &hello, limit),
                 Err(reason) => ServerHello::Refused { reason },
             };
@@ -488,6 +489,9 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
             answer(&mut conn, &reply);
         }
         SessionKind::Cuda => {
+            if let Err(reason) = admin::bound_compute(&mut hello, claims.as_ref()) {
+                return refuse(&mut conn, reason);
+            }
             let limit = match admin::slice_limit(&hello, claims.as_ref()) {
                 Ok(l) => l,
                 Err(reason) => return refuse(&mut conn, reason),

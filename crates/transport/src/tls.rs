@@ -154,6 +154,14 @@ impl ServerTls {
     }
 }
 
+impl ServerTls {
+    /// The rustls configuration, for servers that terminate TLS themselves (the Kubernetes
+    /// admission webhook).
+    pub fn rustls_config(&self) -> Arc<ServerConfig> {
+        self.config.clone()
+    }
+}
+
 /// A client's TLS settings: whom it trusts and, optionally, its own certificate.
 #[derive(Clone, Debug)]
 pub struct ClientTls {

@@ -1,0 +1,218 @@
+//! End to end without a cluster: a claim (in the fake API server) prepared by the plugin over
+//! its gRPC socket yields a CDI spec; a real CUDA client (cuda-python) started with only that
+//! spec's environment, no `gpufuse run`, reaches a real `gpufuse serve` (emulated GPU, tokens
+//! required) and gets exactly the claimed slice: it sees the slice's memory, the node shows
+//! its share and tenant, and an allocation past the slice fails.
+//!
+//! Real-client tier: needs the release binaries and .deps (cuda-python); run by
+//! scripts/run-real-clients.sh (`cargo test --release -p gpufuse-k8s --test cdi_end_to_end
+//! -- --ignored`). Not run against a real kubelet, container runtime or API server: the
+//! runtime's part (applying the spec's mounts and environment) is done here by the test.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use gpufuse_k8s::cdi;
+use gpufuse_k8s::fake_api::FakeApiServer;
+use gpufuse_k8s::grpc::dra::dra_plugin_client::DraPluginClient;
+use gpufuse_k8s::grpc::dra::{Claim, NodePrepareResourcesRequest};
+use gpufuse_k8s::plugin::{self, Sockets};
+use gpufuse_k8s::prepare::Preparer;
+use support::*;
+
+fn release_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    target.join("release")
+}
+
+struct Node(std::process::Child);
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // SIGTERM: the node removes its socket and ends its workers.
+        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "real-client tier: needs release binaries and .deps (cuda-python); scripts/run-real-clients.sh runs it"]
+async fn a_prepared_claim_runs_a_cuda_client_in_its_slice() {
+    let bin = release_dir();
+    let gpufuse = bin.join("gpufuse");
+    let python = std::env::var("GPUFUSE_PY").expect("GPUFUSE_PY (source .deps/env.sh)");
+    assert!(
+        gpufuse.exists(),
+        "{} is missing: cargo build --release",
+        gpufuse.display()
+    );
+    let dir = TempDir::new("e2e");
+
+    // The host's shim directory, as the DaemonSet's init container lays it out.
+    let lib = dir.path().join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    for (name, file) in [
+        ("libcuda.so.1", "libcuda.so"),
+        ("libcuda.so", "libcuda.so"),
+        ("libnvidia-ml.so.1", "libnvidia_ml.so"),
+    ] {
+        let from = bin.join(file);
+        assert!(from.exists(), "{} is missing", from.display());
+        std::os::unix::fs::symlink(&from, lib.join(name)).unwrap();
+    }
+
+    // The node, requiring tokens.
+    let secret_file = dir.path().join("secret");
+    let st = Command::new(&gpufuse)
+        .args(["token", "secret"])
+        .arg(&secret_file)
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{st:?}");
+    let secret_hex = std::fs::read_to_string(&secret_file).unwrap();
+    let secret: Vec<u8> = (0..secret_hex.trim().len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&secret_hex[i..i + 2], 16).unwrap())
+        .collect();
+    let socket = dir.path().join("node.sock");
+    let address = format!("unix:{}", socket.display());
+    let _node = Node(
+        Command::new(&gpufuse)
+            .args(["serve", "--listen", &address, "--devices", "emu:1:2GiB"])
+            .arg("--token-secret-file")
+            .arg(&secret_file)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let start = Instant::now();
+    while !socket.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the node did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let server: gpufuse_transport::Address = address.parse().unwrap();
+    let admin_token = gpufuse_auth::issue(
+        &secret,
+        &gpufuse_auth::Claims {
+            subject: "admin".into(),
+            expires: None,
+            max_vram_bytes: None,
+            max_compute_percent: None,
+        },
+    )
+    .unwrap();
+    let gpus = gpufuse_k8s::inventory::query(&server, &admin_token).unwrap();
+    assert_eq!(gpus.len(), 1);
+
+    // The claim as the scheduler allocated it: 256 MiB and 40% of gpu-0.
+    let api = FakeApiServer::start().await.unwrap();
+    api.insert(
+        CLAIMS,
+        "team-a",
+        claim("team-a", "train", "node-a", "256Mi", "40"),
+    );
+    let claimed = api.set_status(
+        CLAIMS,
+        "team-a",
+        "train",
+        allocation("node-a", "256Mi", "40", "s1"),
+    );
+    let uid = claimed["metadata"]["uid"].as_str().unwrap().to_string();
+
+    // The plugin, prepared through its socket as the kubelet would. Host and container paths
+    // are the same here: no container runtime moves them.
+    let preparer = Arc::new(Preparer {
+        node_name: "node-a".into(),
+        client: api.client(),
+        gpus: Arc::new(RwLock::new(gpus)),
+        layout: cdi::Layout {
+            host_lib_dir: lib.clone(),
+            container_lib_dir: lib.clone(),
+            host_server: server.clone(),
+            container_server: server.clone(),
+        },
+        cdi_dir: dir.path().join("cdi"),
+        secret: secret.clone(),
+    });
+    let sockets = Sockets::under(&dir.path().join("k"));
+    let _running = plugin::serve(preparer, sockets.clone(), std::future::pending()).unwrap();
+    let mut dra = DraPluginClient::new(channel(&sockets.dra).await);
+    let resp = dra
+        .node_prepare_resources(NodePrepareResourcesRequest {
+            claims: vec![Claim {
+                namespace: "team-a".into(),
+                uid: uid.clone(),
+                name: "train".into(),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let prepared = &resp.claims[&uid];
+    assert_eq!(prepared.error, "");
+    let cdi_id = &prepared.devices[0].cdi_device_ids[0];
+
+    // The runtime's part: the spec's environment for the device, on a plain process start.
+    let spec: cdi::Spec = serde_json::from_slice(
+        &std::fs::read(cdi::spec_path(&dir.path().join("cdi"), &uid)).unwrap(),
+    )
+    .unwrap();
+    let env = cdi::environment(&spec, cdi_id.split_once('=').unwrap().1).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cdi_client.py");
+    let mut client = Command::new(&python)
+        .arg(&script)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", std::env::var("HOME").unwrap_or_default())
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(client.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !line.starts_with("ready") {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 || Instant::now() > deadline {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut client.stderr.take().unwrap(), &mut err).unwrap();
+            panic!("the client ended early: {lines:?}\n{err}");
+        }
+        lines.push(line.trim().to_string());
+    }
+    assert!(
+        lines.contains(&format!("total={}", 256u64 << 20)),
+        "{lines:?}"
+    );
+
+    // The node sees the session with the claim's slice, share and tenant.
+    let status = gpufuse_client::Connection::query_status(&server, admin_token.clone()).unwrap();
+    let session = status
+        .sessions
+        .iter()
+        .find(|s| s.subject.as_deref() == Some("team-a/train"))
+        .unwrap_or_else(|| panic!("no session of team-a/train: {:?}", status.sessions));
+    assert_eq!(session.limit_bytes, Some(256 << 20));
+    assert_eq!(session.compute_percent, Some(40));
+
+    // Past the slice: refused.
+    client.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let st = client.wait().unwrap();
+    assert!(st.success(), "{rest}");
+    assert!(rest.contains("over=CUDA_ERROR_OUT_OF_MEMORY"), "{rest}");
+}

@@ -1,0 +1,245 @@
+//! The operator against an in-process fake API server, driven by its watches: GPUPool and
+//! GPUQuota status written back, a claim over quota refused with an Event (and then refused
+//! by the plugin), usage released when a claim goes. Not run against a real API server.
+
+mod support;
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use gpufuse_k8s::fake_api::FakeApiServer;
+use gpufuse_k8s::inventory::Gpu;
+use gpufuse_k8s::operator::{self, InMemoryPool, Operator};
+use gpufuse_k8s::prepare::{ClaimRef, Preparer};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, DeleteParams};
+use serde_json::{json, Value};
+use support::*;
+
+const POOLS: &str = "gpufuse.dev/v1alpha1/gpupools";
+const QUOTAS: &str = "gpufuse.dev/v1alpha1/gpuquotas";
+const EVENTS: &str = "events.k8s.io/v1/events";
+
+fn gpu() -> Gpu {
+    Gpu {
+        index: 0,
+        name: "gpu-0".into(),
+        model: "gpufuse emulated B200".into(),
+        uuid: "GPU-00112233-4455-6677-8899-aabbccddeeff".into(),
+        compute_capability: (10, 0),
+        memory_bytes: 16 << 30,
+        emulated: true,
+    }
+}
+
+fn node(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+}
+
+/// Polls `f` until it holds (5 s at most).
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn pools_and_quotas_get_status_and_a_claim_over_quota_is_refused_with_an_event() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.insert(
+        "v1/nodes",
+        "",
+        node("node-a", json!({"gpufuse.dev/pool": "a"})),
+    );
+    api.insert("v1/nodes", "", node("node-b", json!({})));
+    let s = gpufuse_k8s::slice::resource_slice("node-a", &[gpu()], 1);
+    api.insert(SLICES, "", serde_json::to_value(&s).unwrap());
+    api.insert(
+        POOLS,
+        "",
+        json!({
+            "apiVersion": "gpufuse.dev/v1alpha1", "kind": "GPUPool",
+            "metadata": {"name": "a"},
+            "spec": {"nodeSelector": {"gpufuse.dev/pool": "a"}, "placement": "Pack",
+                     "oversubscription": {"memoryPercent": 150, "computePercent": 100}}
+        }),
+    );
+    api.insert(
+        QUOTAS,
+        "team-a",
+        json!({
+            "apiVersion": "gpufuse.dev/v1alpha1", "kind": "GPUQuota",
+            "metadata": {"name": "gpus", "namespace": "team-a"},
+            "spec": {"total": {"memory": "6Gi", "compute": 80}, "perClaim": {"compute": 50}}
+        }),
+    );
+    api.insert(
+        CLAIMS,
+        "team-a",
+        claim("team-a", "first", "node-a", "4Gi", "30"),
+    );
+    api.set_status(
+        CLAIMS,
+        "team-a",
+        "first",
+        allocation("node-a", "4Gi", "30", "s1"),
+    );
+
+    let op = Operator {
+        client: api.client(),
+        backend: InMemoryPool::default(),
+        instance: "test".into(),
+    };
+    let task = tokio::spawn(operator::run(
+        op,
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+    ));
+
+    // Status written back: the quota's use, the pool's capacity (oversubscribed 150%) and use.
+    eventually("the GPUQuota's status", || {
+        api.get(QUOTAS, "team-a", "gpus")
+            .is_some_and(|q| q["status"]["used"]["memory"] == "4Gi")
+    })
+    .await;
+    let q = api.get(QUOTAS, "team-a", "gpus").unwrap();
+    assert_eq!(q["status"]["used"]["compute"], 30);
+    assert_eq!(q["status"]["used"]["claims"], 1);
+    assert_eq!(q["status"]["available"]["memory"], "2Gi");
+    assert_eq!(q["status"]["available"]["compute"], 50);
+    eventually("the GPUPool's status", || {
+        api.get(POOLS, "", "a")
+            .is_some_and(|p| p["status"]["used"]["memory"] == "4Gi")
+    })
+    .await;
+    let p = api.get(POOLS, "", "a").unwrap();
+    assert_eq!(p["status"]["nodes"], 1);
+    assert_eq!(p["status"]["devices"], 1);
+    assert_eq!(p["status"]["capacity"]["memory"], "24Gi");
+    assert_eq!(p["status"]["available"]["memory"], "20Gi");
+    assert_eq!(p["status"]["capacity"]["compute"], 100);
+    assert_eq!(p["status"]["available"]["compute"], 70);
+
+    // A second claim the scheduler allocated, over the namespace's 6Gi: refused, with an Event.
+    api.insert(
+        CLAIMS,
+        "team-a",
+        claim("team-a", "second", "node-a", "4Gi", "20"),
+    );
+    let second = api.set_status(
+        CLAIMS,
+        "team-a",
+        "second",
+        allocation("node-a", "4Gi", "20", "s2"),
+    );
+    eventually("the refusal", || {
+        api.get(CLAIMS, "team-a", "second")
+            .is_some_and(|c| c["metadata"]["annotations"]["gpufuse.dev/quota-refused"].is_string())
+    })
+    .await;
+    let reason = api.get(CLAIMS, "team-a", "second").unwrap()["metadata"]["annotations"]
+        ["gpufuse.dev/quota-refused"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.contains("team-a uses 4Gi of its 6Gi of GPU memory"),
+        "{reason}"
+    );
+    let events = api.list(EVENTS);
+    let e = events
+        .iter()
+        .find(|e| e["regarding"]["name"] == "second")
+        .expect("an Event on the refused claim");
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["reason"], "OverQuota");
+    assert_eq!(e["regarding"]["kind"], "ResourceClaim");
+    assert!(e["note"].as_str().unwrap().contains("6Gi"));
+    eventually("the refusal counted", || {
+        api.get(QUOTAS, "team-a", "gpus")
+            .is_some_and(|q| q["status"]["refused"] == 1)
+    })
+    .await;
+
+    // The plugin will not prepare it.
+    let dir = TempDir::new("quota");
+    let preparer = Preparer {
+        node_name: "node-a".into(),
+        client: api.client(),
+        gpus: Arc::new(RwLock::new(vec![gpu()])),
+        layout: gpufuse_k8s::cdi::Layout {
+            host_lib_dir: "/l".into(),
+            container_lib_dir: "/l".into(),
+            host_server: "tcp:127.0.0.1:1".parse().unwrap(),
+            container_server: "tcp:127.0.0.1:1".parse().unwrap(),
+        },
+        cdi_dir: dir.path().into(),
+        secret: SECRET.to_vec(),
+    };
+    let err = preparer
+        .prepare(&ClaimRef {
+            namespace: "team-a".into(),
+            name: "second".into(),
+            uid: second["metadata"]["uid"].as_str().unwrap().into(),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("over its namespace's GPUQuota"),
+        "{err}"
+    );
+
+    // The first claim goes: its use is released.
+    let claims: Api<ResourceClaim> = Api::namespaced(api.client(), "team-a");
+    claims
+        .delete("first", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the release", || {
+        api.get(QUOTAS, "team-a", "gpus")
+            .is_some_and(|q| q["status"]["used"]["claims"] == 0)
+    })
+    .await;
+    assert_eq!(
+        api.get(POOLS, "", "a").unwrap()["status"]["used"]["memory"],
+        "0"
+    );
+    task.abort();
+}
+
+#[tokio::test]
+async fn per_claim_maxima_refuse_a_claim_alone() {
+    let backend = InMemoryPool::default();
+    use gpufuse_k8s::operator::{ClaimUsage, PoolBackend, TenantQuota};
+    backend.set_tenant_quota(
+        "ns",
+        Some(TenantQuota {
+            claim_memory: Some(1 << 30),
+            claim_compute: Some(50),
+            ..Default::default()
+        }),
+    );
+    let c = |uid: &str, memory: u64, compute: u64| ClaimUsage {
+        uid: uid.into(),
+        tenant: "ns".into(),
+        name: uid.into(),
+        node: "n".into(),
+        memory,
+        compute,
+    };
+    assert!(backend.admit_claim(&c("a", 1 << 30, 50)).is_ok());
+    assert!(backend
+        .admit_claim(&c("b", 2 << 30, 10))
+        .unwrap_err()
+        .contains("at most 1Gi"));
+    assert!(backend
+        .admit_claim(&c("c", 1 << 20, 60))
+        .unwrap_err()
+        .contains("at most 50%"));
+    assert_eq!(backend.tenant_usage("ns").claims, 1);
+}

@@ -1,0 +1,174 @@
+"""Checks the gpufuse Helm chart without a cluster (run by scripts/check-helm-chart.sh).
+
+- `helm lint` (strict), through Helm's own Go SDK (helm-python-sdk's libhelm_c).
+- Renders the chart for several value sets with Helm's engine and validates every object
+  against the Kubernetes 1.34 OpenAPI schemas, strictly (unknown fields are errors), with
+  kubernetes-validate. The one kind those schemas lack, Prometheus' ServiceMonitor, is checked
+  for the fields Prometheus needs.
+- The CRDs (crds/) validate as CustomResourceDefinitions, and the examples in examples/k8s
+  validate: GPUPool/GPUQuota against the CRDs' own schemas, the rest against Kubernetes'.
+- A webhook without its server address refuses to render.
+
+Prints one line per check and a closing `N passed, M failed`; exits non-zero on a failure.
+"""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+CHART = ROOT / "deploy/helm/gpufuse"
+EXAMPLES = ROOT / "examples/k8s"
+KUBE = "1.34.0"
+
+passed = 0
+failed = 0
+
+
+def check(name: str, fn) -> None:
+    global passed, failed
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - every failure is reported, then counted
+        failed += 1
+        print(f"FAIL {name}: {e}")
+    else:
+        passed += 1
+        print(f"ok   {name}")
+
+
+def docs(text: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def validate_k8s(obj: dict) -> None:
+    kubernetes_validate.validate(obj, KUBE, strict=True)
+
+
+def validate_service_monitor(obj: dict) -> None:
+    assert obj["apiVersion"] == "monitoring.coreos.com/v1", obj["apiVersion"]
+    spec = obj["spec"]
+    assert spec["selector"]["matchLabels"], "the ServiceMonitor selects no Service"
+    for e in spec["endpoints"]:
+        assert e["port"] and e["path"] == "/metrics", e
+
+
+VALUE_SETS = {
+    "defaults": {},
+    "everything": {
+        "webhook": {"enabled": True, "server": "tcp:gpufuse-node.gpufuse:7070"},
+        "nodeTcpPort": 7070,
+        "metrics": {"enabled": True, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+        "node": {"devices": "emu:2:16GiB", "nodeSelector": {"gpufuse.dev/node": "true"},
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                 "resources": {"limits": {"memory": "4Gi"}}},
+        "tokenSecret": "00" * 32,
+    },
+    "node only": {"controller": {"enabled": False}, "deviceClass": {"enabled": False}},
+}
+
+EXPECTED = {
+    "defaults": {"DaemonSet", "Deployment", "DeviceClass", "ClusterRole", "ClusterRoleBinding",
+                 "ServiceAccount", "Secret"},
+    "everything": {"MutatingWebhookConfiguration", "ServiceMonitor", "Service"},
+    "node only": {"DaemonSet"},
+}
+
+
+def render(values: dict) -> list[dict]:
+    with helm.Chart.load(str(CHART)) as chart:
+        out = chart.render(values, name="gpufuse", namespace="gpufuse", is_install=True)
+    objects = []
+    for path, text in sorted(out.items()):
+        if path.endswith(".txt"):
+            continue
+        objects.extend(docs(text))
+    return objects
+
+
+def check_values(label: str, values: dict) -> None:
+    objects = render(values)
+    kinds = {o["kind"] for o in objects}
+    missing = EXPECTED[label] - kinds
+    assert not missing, f"{label}: no {sorted(missing)} rendered (got {sorted(kinds)})"
+    if label == "node only":
+        assert "DeviceClass" not in kinds and "Deployment" not in kinds, sorted(kinds)
+    for o in objects:
+        where = f"{o['kind']}/{o['metadata']['name']}"
+        try:
+            if o["kind"] == "ServiceMonitor":
+                validate_service_monitor(o)
+            else:
+                validate_k8s(o)
+        except Exception as e:
+            raise AssertionError(f"{where}: {e}") from None
+    if label == "everything":
+        ds = next(o for o in objects if o["kind"] == "DaemonSet")
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--http=0.0.0.0:9400" in args and "--listen=tcp:0.0.0.0:7070" in args, args
+
+
+def lint() -> None:
+    report = helm.lint(str(CHART), strict=True, kube_version="v1.34.0")
+    problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
+    assert not report.get("errors") and not problems, report
+
+
+def webhook_needs_a_server() -> None:
+    try:
+        render({"webhook": {"enabled": True}})
+    except helm.HelmError as e:
+        assert "webhook.server must be set" in str(e), e
+    else:
+        raise AssertionError("a webhook without webhook.server rendered")
+
+
+def crds() -> dict[str, dict]:
+    found = {}
+    for f in sorted((CHART / "crds").glob("*.yaml")):
+        for crd in docs(f.read_text()):
+            validate_k8s(crd)
+            found[crd["spec"]["names"]["kind"]] = crd
+    assert set(found) == {"GPUPool", "GPUQuota"}, sorted(found)
+    return found
+
+
+def examples() -> None:
+    schemas = {k: c["spec"]["versions"][0]["schema"]["openAPIV3Schema"] for k, c in crds().items()}
+    files = sorted(EXAMPLES.glob("*.yaml"))
+    assert files, f"no examples in {EXAMPLES}"
+    count = 0
+    for f in files:
+        for o in docs(f.read_text()):
+            count += 1
+            where = f"{f.name}: {o['kind']}/{o['metadata']['name']}"
+            try:
+                if o["kind"] in schemas:
+                    jsonschema.validate(o, schemas[o["kind"]])
+                else:
+                    validate_k8s(o)
+            except Exception as e:
+                raise AssertionError(f"{where}: {e}") from None
+    assert count >= 4, count
+
+
+def main() -> int:
+    check("helm lint --strict", lint)
+    for label, values in VALUE_SETS.items():
+        check(f"render ({label}) validates against Kubernetes {KUBE}",
+              lambda v=values, l=label: check_values(l, v))
+    check("a webhook without webhook.server refuses to render", webhook_needs_a_server)
+    check("CRDs validate as CustomResourceDefinitions", crds)
+    check("examples/k8s validate (CRD schemas and Kubernetes')", examples)
+    print(f"helm {helm.helm_sdk_version()}, kubernetes-validate {kubernetes_validate.version.__version__ if hasattr(kubernetes_validate.version, '__version__') else ''}")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
