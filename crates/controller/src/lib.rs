@@ -260,6 +260,16 @@ impl Controller {
                 let reply = place::end(self, &hello, session);
                 answer(&mut conn, &reply);
             }
+            // Moves within a node are the node's (`gpufuse migrate --server NODE`); moves
+            // between nodes through the controller are not built yet (docs/migration.md).
+            SessionKind::Migrate { .. } => answer(
+                &mut conn,
+                &refused(
+                    "a controller does not move sessions yet: ask the session's node \
+                     (gpufuse migrate --server NODE_ADDR)"
+                        .into(),
+                ),
+            ),
         }
     }
 
