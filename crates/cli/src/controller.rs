@@ -34,6 +34,8 @@ pub struct ControllerArgs {
     default_wait: u64,
     #[command(flatten)]
     tls: crate::tls::ServerTlsArgs,
+    #[command(flatten)]
+    observe: crate::observe::HttpArgs,
 }
 
 pub fn controller(a: ControllerArgs) -> anyhow::Result<()> {
@@ -52,6 +54,16 @@ pub fn controller(a: ControllerArgs) -> anyhow::Result<()> {
     config.node_timeout = Duration::from_millis(a.node_timeout_ms);
     config.default_wait = Duration::from_secs(a.default_wait);
     config.tls = a.tls.load()?;
-    gpufuse_controller::Controller::new(config).serve()?;
+    let controller = gpufuse_controller::Controller::new(config);
+    // `--http`: the pool's metrics, health and dashboard, kept up while the controller serves.
+    let _http = match a.observe.config()? {
+        Some(h) => Some(gpufuse_observe::serve(
+            h.addr,
+            std::sync::Arc::new(controller.clone()),
+            h.options,
+        )?),
+        None => None,
+    };
+    controller.serve()?;
     Ok(())
 }

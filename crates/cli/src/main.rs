@@ -2,12 +2,12 @@
 
 mod admin;
 mod controller;
-mod node;
-mod pool_status;
-mod observe;
-mod report;
-mod migrate;
 mod k8s;
+mod migrate;
+mod node;
+mod observe;
+mod pool_status;
+mod report;
 mod run;
 mod simulate;
 mod status;

@@ -22,6 +22,7 @@
 
 pub mod ask;
 mod link;
+pub mod observed;
 mod place;
 mod view;
 
