@@ -544,3 +544,61 @@ fn a_controller_restart_loses_no_session() {
     let s = pool.status();
     assert!(session(&s, id).is_none(), "{s:#}");
 }
+
+#[test]
+fn a_controller_with_http_serves_the_pools_metrics() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let http = format!("127.0.0.1:{port}");
+    let mut pool = Pool::new("http", &["--http", &http]);
+    pool.node("a", "emu:2:4GiB", &[]);
+    let _held = open(&pool, "", Some(GIB), Qos::High, 0).unwrap();
+    running(&pool, 1);
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut get = |path: &str| {
+        let mut r = agent.get(&format!("http://{http}{path}")).call().unwrap();
+        (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+    };
+    assert_eq!(get("/healthz").0, 200);
+    // The node's report reaches the controller with its heartbeat.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let (code, text) = get("/metrics");
+        assert_eq!(code, 200);
+        if text.contains("gpufuse_session_memory_limit_bytes{") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no session in:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let sample = |prefix: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in:\n{text}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(sample("gpufuse_nodes{state=\"ready\"}"), 1.0);
+    assert_eq!(sample("gpufuse_pool_sessions{state=\"running\"}"), 1.0);
+    assert_eq!(
+        sample("gpufuse_device_memory_total_bytes{") as u64,
+        4 * GIB,
+        "{text}"
+    );
+    assert_eq!(
+        sample("gpufuse_session_memory_limit_bytes{") as u64,
+        GIB,
+        "{text}"
+    );
+    assert!(text.contains("qos=\"high\""), "{text}");
+}
