@@ -601,4 +601,8 @@ fn a_controller_with_http_serves_the_pools_metrics() {
         "{text}"
     );
     assert!(text.contains("qos=\"high\""), "{text}");
+    assert!(
+        sample("gpufuse_pool_placement_seconds_count") >= 1.0,
+        "{text}"
+    );
 }

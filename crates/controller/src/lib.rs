@@ -93,6 +93,8 @@ struct Books {
     placed: HashMap<SessionId, Placement>,
     /// Which link speaks for each node (a newer link replaces an older one).
     links: HashMap<String, u64>,
+    /// How long placement decisions took (`gpufuse_pool_placement_seconds`).
+    placement: gpufuse_observe::snapshot::Recorder,
 }
 
 struct Inner {
@@ -124,6 +126,9 @@ impl Controller {
                 pool,
                 placed: HashMap::new(),
                 links: HashMap::new(),
+                placement: gpufuse_observe::snapshot::Recorder::new(
+                    &gpufuse_observe::snapshot::PLACEMENT_BOUNDS,
+                ),
             }),
             changed: Condvar::new(),
             epoch: Instant::now(),
@@ -142,6 +147,11 @@ impl Controller {
 
     /// The pool as `gpufuse status` shows it: a serde value (postcard on the wire, JSON for
     /// `--json`, and what metrics exporters read).
+    /// How long placement decisions took, for `--http`.
+    pub fn placement_times(&self) -> gpufuse_observe::snapshot::Histogram {
+        self.books().placement.histogram()
+    }
+
     pub fn snapshot(&self) -> PoolStatus {
         let now = self.now();
         view::snapshot(&self.books().pool, now)

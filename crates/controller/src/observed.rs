@@ -13,17 +13,18 @@ use crate::Controller;
 
 impl PoolSource for Controller {
     fn snapshot(&self) -> PoolSnapshot {
-        to_snapshot(&Controller::snapshot(self), &host_name())
+        let mut snap = to_snapshot(
+            &Controller::snapshot(self),
+            &gpufuse_observe::snapshot::host_name(),
+        );
+        if let Some(c) = &mut snap.controller {
+            c.placement = self.placement_times();
+        }
+        snap
     }
 }
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "controller".into())
-}
-
-/// The pool view as observe's snapshot. A device's UUID is not in the nodes' reports; the
+/// The pool view as observe's snapshot (placement times are the caller's to fill in). A device's UUID is not in the nodes' reports; the
 /// series name devices by node and index (`Hostname`, `gpu`).
 pub fn to_snapshot(pool: &PoolStatus, host: &str) -> PoolSnapshot {
     let devices = pool

@@ -84,7 +84,10 @@ pub(crate) fn serve(c: &Controller, mut conn: Conn, hello: &ClientHello) {
     let decision = {
         let mut b = c.books();
         let now = c.now();
-        b.pool.submit(&req, now)
+        let started = Instant::now();
+        let d = b.pool.submit(&req, now);
+        b.placement.observe(started.elapsed().as_secs_f64());
+        d
     };
     let placement = match decision {
         Err(Rejected::Quota(e)) => return answer(&mut conn, &refused(e.to_string())),

@@ -17,8 +17,6 @@ use gpufuse_observe::{
 use crate::scheduler::WAIT_BOUNDS_US;
 use crate::{lock, Shared};
 
-/// Placement-time buckets, in seconds.
-const PLACEMENT_BOUNDS: [f64; 8] = [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 1e-1];
 /// Refusals kept for the dashboard.
 const REFUSALS: usize = 32;
 /// Refusals older than this are not shown.
@@ -27,8 +25,7 @@ const REFUSAL_AGE: Duration = Duration::from_secs(3600);
 /// The node's own observations (part of [`crate::NodeState`]).
 #[derive(Debug)]
 pub struct Observed {
-    placement_counts: [u64; PLACEMENT_BOUNDS.len() + 1],
-    placement_sum: f64,
+    placement: gpufuse_observe::snapshot::Recorder,
     refused: VecDeque<(Instant, String, String, String)>,
     started: HashMap<u64, Instant>,
     host: String,
@@ -37,8 +34,9 @@ pub struct Observed {
 impl Default for Observed {
     fn default() -> Self {
         Self {
-            placement_counts: Default::default(),
-            placement_sum: 0.0,
+            placement: gpufuse_observe::snapshot::Recorder::new(
+                &gpufuse_observe::snapshot::PLACEMENT_BOUNDS,
+            ),
             refused: VecDeque::new(),
             started: HashMap::new(),
             host: gpufuse_observe::snapshot::host_name(),
@@ -56,10 +54,7 @@ impl Observed {
         pid: u32,
         tenant: Option<&str>,
     ) {
-        let s = took.as_secs_f64();
-        let i = PLACEMENT_BOUNDS.partition_point(|&b| b < s);
-        self.placement_counts[i] += 1;
-        self.placement_sum += s;
+        self.placement.observe(took.as_secs_f64());
         match outcome {
             Ok(id) => {
                 self.started.insert(id, Instant::now());
@@ -193,11 +188,7 @@ pub fn snapshot(state: &Shared, pool_of_one: bool) -> PoolSnapshot {
             ("running".into(), sessions.len() as u64),
             ("pending".into(), 0),
         ],
-        placement: Histogram::from_counts(
-            &PLACEMENT_BOUNDS,
-            &s.observed.placement_counts,
-            s.observed.placement_sum,
-        ),
+        placement: s.observed.placement.histogram(),
         nodes: vec![NodeSnapshot {
             name: host.clone(),
             state: "ready".into(),

@@ -44,6 +44,38 @@ impl Histogram {
     }
 }
 
+/// Placement-time buckets, in seconds.
+pub const PLACEMENT_BOUNDS: [f64; 8] = [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 1e-1];
+
+/// Observations counted into fixed buckets, for a process that keeps its own histogram.
+#[derive(Clone, Debug)]
+pub struct Recorder {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+}
+
+impl Recorder {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+        }
+    }
+
+    /// Counts one observation of `seconds`.
+    pub fn observe(&mut self, seconds: f64) {
+        let i = self.bounds.partition_point(|&b| b < seconds);
+        self.counts[i] += 1;
+        self.sum += seconds;
+    }
+
+    pub fn histogram(&self) -> Histogram {
+        Histogram::from_counts(self.bounds, &self.counts, self.sum)
+    }
+}
+
 /// One device, as DCGM names it where the meaning is the same.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeviceSnapshot {
