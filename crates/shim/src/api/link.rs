@@ -237,11 +237,15 @@ fn add(
     }
 }
 
-fn name_or(name: *const c_char, default: &str) -> Result<&str, CUresult> {
+/// # Safety
+/// `name` is NULL or a NUL-terminated string valid and unchanged for the current call (the
+/// input's name argument of `cuLinkAddData`); the result is used only during the call.
+unsafe fn name_or(name: *const c_char, default: &str) -> Result<&str, CUresult> {
     if name.is_null() {
         Ok(default)
     } else {
-        cstr(name)
+        // SAFETY: the caller's contract above is cstr's.
+        unsafe { cstr(name) }
     }
 }
 
@@ -259,8 +263,11 @@ fn link_add_data(
     if data.is_null() || size == 0 {
         return Err(INVALID_VALUE);
     }
-    let bytes = host_bytes(data, size)?;
-    let name = name_or(name, "<data>")?;
+    // SAFETY: `data` is the caller's input of `size` bytes (cuLinkAddData's contract), read
+    // only during this call: `add` copies what it keeps.
+    let bytes = unsafe { host_bytes(data, size)? };
+    // SAFETY: `name` is NULL or the caller's NUL-terminated name, used only during this call.
+    let name = unsafe { name_or(name, "<data>")? };
     add(state, kind, bytes, name, n, options, values)
 }
 
@@ -272,7 +279,9 @@ fn link_add_file(
     options: *const c_uint,
     values: *mut *mut c_void,
 ) -> Result<(), CUresult> {
-    let path = cstr(path)?;
+    // SAFETY: `path` is NULL or the caller's NUL-terminated path (cuLinkAddFile's contract),
+    // used only during this call.
+    let path = unsafe { cstr(path)? };
     let bytes = std::fs::read(path).map_err(|_| FILE_NOT_FOUND)?;
     add(state, kind, &bytes, path, n, options, values)
 }
