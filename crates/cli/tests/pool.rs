@@ -562,7 +562,7 @@ fn a_controller_with_http_serves_the_pools_metrics() {
         .http_status_as_error(false)
         .build()
         .into();
-    let mut get = |path: &str| {
+    let get = |path: &str| {
         let mut r = agent.get(&format!("http://{http}{path}")).call().unwrap();
         (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
     };
