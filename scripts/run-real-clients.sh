@@ -27,7 +27,7 @@ for f in target/release/gpufuse target/release/libcuda.so; do
 done
 
 echo "== Kubernetes: a claim prepared by the DRA plugin runs cuda-python in its slice =="
-cargo test --release -p gpufuse-k8s --test cdi_end_to_end -- --ignored
+cargo test --release --workspace --test cdi_end_to_end -- --ignored
 
 echo "== real-client suite =="
 set +e
