@@ -12,23 +12,9 @@ use crate::{lock, NodeConfig, Shared, TokenPolicy};
 /// How long `End` waits for a killed worker to be reaped and its session released.
 const END_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Bytes as an operator reads them: `512 B`, `1.5 GiB`.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{b} B")
-    } else if v.fract() == 0.0 {
-        format!("{v:.0} {}", UNITS[unit])
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
-}
+/// Bytes as an operator reads them: `512 B`, `1.5 GiB` (the pool's scheduler formats its
+/// refusals the same way).
+pub use gpufuse_scheduler::human_bytes;
 
 /// The session's slice: what it asked for, bounded by what its token allows (a token with a
 /// maximum gives a session that asked for none that maximum).

@@ -42,7 +42,7 @@ pub use pool::{
     Decision, DeviceLoad, Pending, Placement, Pool, PoolDevice, PoolNode, PreemptionPlan, Rejected,
     Session, SessionReport, SessionState, Victim, START_TIMEOUT_MS,
 };
-pub use quota::{parse_size, QuotaError, QuotaFile, TenantQuota, TenantUsage};
+pub use quota::{human_bytes, parse_size, QuotaError, QuotaFile, TenantQuota, TenantUsage};
 
 use std::collections::BTreeMap;
 

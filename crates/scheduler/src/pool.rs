@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::quota::{human, QuotaError, QuotaFile, TenantUsage};
+use crate::quota::{human_bytes, QuotaError, QuotaFile, TenantUsage};
 use crate::{Millis, NodeSpec, NodeState, Policy, Qos, Request, SessionId, DEFAULT_TENANT};
 
 /// What a node last measured on a device.
@@ -766,8 +766,8 @@ impl Pool {
         if largest < need {
             return format!(
                 "no device has {} of VRAM free (the most free on one device is {})",
-                human(need),
-                human(largest)
+                human_bytes(need),
+                human_bytes(largest)
             );
         }
         let c = req.compute_percent.unwrap_or(0);
@@ -779,7 +779,7 @@ impl Pool {
             .unwrap_or(0);
         format!(
             "no device with {} of VRAM free has {c}% compute free (at most {most}%)",
-            human(need)
+            human_bytes(need)
         )
     }
 

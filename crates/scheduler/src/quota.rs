@@ -105,7 +105,7 @@ fn size_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
 }
 
 /// Bytes as an operator reads them: `512 B`, `1.5 GiB`.
-pub(crate) fn human(b: u64) -> String {
+pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
     let mut unit = 0;
@@ -147,8 +147,8 @@ impl QuotaFile {
                 Some(v) if v > max => {
                     return Err(QuotaError::Over(format!(
                         "tenant {t:?} may ask for at most {} of VRAM per session (max_session_vram), and {} was asked for",
-                        human(max),
-                        human(v)
+                        human_bytes(max),
+                        human_bytes(v)
                     )))
                 }
                 Some(_) => {}
@@ -188,9 +188,9 @@ impl QuotaFile {
             if usage.vram.saturating_add(v) > max {
                 return Err(QuotaError::Over(format!(
                     "tenant {t:?} would exceed its VRAM quota (vram = {}): {} is held and {} was asked for",
-                    human(max),
-                    human(usage.vram),
-                    human(v)
+                    human_bytes(max),
+                    human_bytes(usage.vram),
+                    human_bytes(v)
                 )));
             }
         }
