@@ -90,7 +90,7 @@ def test_metrics_agree_with_status_while_a_real_client_runs(observed):
     assert _sample(text, "gpufuse_session_memory_used_bytes", ses) == s["used_bytes"]
     assert s["used_bytes"] >= 68 << 20, s
     assert _sample(text, "gpufuse_session_memory_limit_bytes", ses, 'qos="high"',
-                   'tenant="-"') == s["limit_bytes"]
+                   'tenant="default"') == s["limit_bytes"]
     assert _sample(text, "gpufuse_session_compute_share_ratio", ses) == 0.5
     secs = _sample(text, "gpufuse_session_device_seconds_total", ses)
     lo, hi = s["device_time_us"] / 1e6, after["sessions"][0]["device_time_us"] / 1e6

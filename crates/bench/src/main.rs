@@ -12,7 +12,9 @@
 //! encryption and the node's TLS relay add.
 //!
 //! `gpufuse-bench shares` measures compute shares and QoS instead (see `shares.rs`);
-//! `gpufuse-bench elastic` scale-to-zero warm-up and migration (see `elastic.rs`).
+//! `gpufuse-bench elastic` scale-to-zero warm-up and migration (see `elastic.rs`);
+//! `gpufuse-bench http` what `--http` costs the launch path, in alternating rounds against a
+//! server without it (see `http_cost.rs`).
 //!
 //! `--http`: the node also serves `--http` (metrics, dashboard, its once-a-second history
 //! sampler) and a thread scrapes `/metrics` every 100 ms throughout (a Prometheus scrape is
@@ -24,6 +26,7 @@
 
 mod baseline;
 mod elastic;
+mod http_cost;
 mod remote;
 mod shares;
 
@@ -180,6 +183,9 @@ fn main() -> Result<()> {
     }
     if args.first().is_some_and(|a| a == "elastic") {
         return elastic::run(&args[1..]);
+    }
+    if args.first().is_some_and(|a| a == "http") {
+        return http_cost::run(&args[1..]);
     }
     let quick = args.iter().any(|a| a == "--quick");
     let scale = if quick { 10 } else { 1 };

@@ -9,6 +9,7 @@ mod observe;
 mod pool_status;
 mod report;
 mod run;
+mod serve;
 mod simulate;
 mod status;
 mod tls;
@@ -53,9 +54,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a node: listen for sessions and serve them on this machine's GPUs (or emulated ones).
+    /// Run a node and its own controller: place sessions on this machine's GPUs (or emulated ones) and serve them.
     #[command(after_help = LOGGING_HELP)]
-    Serve(ServeArgs),
+    Serve(serve::ServeCommand),
     /// Run a program with gpufuse's libcuda.so.1 in place of NVIDIA's.
     Run(run::RunArgs),
     /// Show a node's devices and sessions, or a pool's nodes, devices, sessions and queue.
@@ -145,6 +146,14 @@ pub(crate) struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// The token secret of `--token-secret-file`, if given.
+    pub(crate) fn token_secret(&self) -> anyhow::Result<Option<Vec<u8>>> {
+        self.token_secret_file
+            .as_deref()
+            .map(token::read_secret)
+            .transpose()
+    }
+
     pub(crate) fn first_listen(&self) -> Option<gpufuse_transport::Address> {
         self.listen.first().cloned()
     }
@@ -250,9 +259,8 @@ fn run_cli() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(a) => {
-            init_logs(a.log_format)?;
-            gpufuse_node::serve(a.node_config()?)?;
-            Ok(())
+            init_logs(a.log_format())?;
+            serve::serve(a)
         }
         Command::Controller(a) => {
             init_logs(None)?;

@@ -41,7 +41,7 @@ pub struct NodeArgs {
     serve: crate::ServeArgs,
 }
 
-fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .ok()

@@ -58,8 +58,14 @@ pub fn print(p: &PoolStatus, json: bool) -> anyhow::Result<()> {
             opt(s.node_session)
         );
     }
-    println!("pending: {}", p.pending.len());
-    for w in &p.pending {
+    print_pending(&p.pending);
+    Ok(())
+}
+
+/// The sessions waiting for capacity, and why (a pool's, or `gpufuse serve`'s own).
+pub fn print_pending(pending: &[gpufuse_proto::PoolPendingView]) {
+    println!("pending: {}", pending.len());
+    for w in pending {
         println!(
             "  #{:<6} tenant {:<12} waiting {:.1} s: {}",
             w.id,
@@ -68,5 +74,4 @@ pub fn print(p: &PoolStatus, json: bool) -> anyhow::Result<()> {
             w.reason
         );
     }
-    Ok(())
 }

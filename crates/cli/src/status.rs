@@ -59,6 +59,11 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
                 "swapped_disk_bytes": x.swapped_disk_bytes,
             })).collect::<Vec<_>>(),
             "notes": s.notes,
+            "pending": s.pending.iter().map(|w| serde_json::json!({
+                "id": w.id, "tenant": w.tenant, "vram_bytes": w.vram_bytes,
+                "compute_percent": w.compute_percent, "qos": w.qos, "reason": w.reason,
+                "waiting_ms": w.waiting_ms,
+            })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -114,6 +119,9 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
                 mib(x.swapped_disk_bytes)
             );
         }
+    }
+    if !s.pending.is_empty() {
+        crate::pool_status::print_pending(&s.pending);
     }
     for n in &s.notes {
         println!("note: {n}");

@@ -208,7 +208,10 @@ fn metrics_agree_with_status_and_every_dashboard_query_names_an_exposed_series()
     }
     // A session asking for more compute than is left is refused, and shown with its reason.
     let refused = session(&s, Some(80), None).unwrap_err();
-    assert!(refused.contains("cannot grant 80%"), "{refused}");
+    assert!(
+        refused.contains("no device has 80% compute free"),
+        "{refused}"
+    );
 
     let before = Connection::query_status(&s.addr, String::new()).unwrap();
     let (code, text) = get(&s, "/metrics");
@@ -245,7 +248,7 @@ fn metrics_agree_with_status_and_every_dashboard_query_names_an_exposed_series()
         sample(
             &text,
             "gpufuse_session_memory_limit_bytes",
-            &[&id, "qos=\"high\"", "tenant=\"-\""]
+            &[&id, "qos=\"high\"", "tenant=\"default\""]
         ),
         x.limit_bytes.unwrap() as f64
     );
@@ -313,7 +316,7 @@ fn metrics_agree_with_status_and_every_dashboard_query_names_an_exposed_series()
         pending["reason"]
             .as_str()
             .unwrap()
-            .contains("cannot grant 80%"),
+            .contains("no device has 80% compute free"),
         "{snap}"
     );
     assert_eq!(get(&s, "/readyz").0, 200);
@@ -331,7 +334,7 @@ fn metrics_agree_with_status_and_every_dashboard_query_names_an_exposed_series()
     );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let t = &r["tenants"][0];
-    assert_eq!(t["tenant"], "-", "{r}");
+    assert_eq!(t["tenant"], "default", "{r}");
     assert_eq!(t["sessions"], 1, "{r}");
     let used = t["device_hours_used"].as_f64().unwrap() * 3600.0;
     assert!(
@@ -346,7 +349,9 @@ fn metrics_agree_with_status_and_every_dashboard_query_names_an_exposed_series()
         .unwrap();
     let csv = String::from_utf8(csv.stdout).unwrap();
     assert!(
-        csv.lines().nth(1).is_some_and(|l| l.starts_with("-,1,")),
+        csv.lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("default,1,")),
         "{csv}"
     );
 }
@@ -390,7 +395,8 @@ fn json_logs_carry_the_session_span_in_node_and_worker() {
     );
     for v in &with_span {
         assert_eq!(v["span"]["id"], id, "{v}");
-        assert_eq!(v["span"]["tenant"], "-", "{v}");
+        // A session without a token is charged to the pool's default tenant.
+        assert_eq!(v["span"]["tenant"], "default", "{v}");
         assert_eq!(v["span"]["device"], 0, "{v}");
         assert!(
             v["span"]["node"].as_str().is_some_and(|n| !n.is_empty()),

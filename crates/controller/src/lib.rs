@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod ask;
+mod embedded;
 mod link;
 pub mod observed;
 mod place;
@@ -171,6 +172,16 @@ impl Controller {
         self.0.changed.notify_all();
     }
 
+    /// The ticker: lost nodes, expired starts, the queue, every 100 ms.
+    fn start_ticker(&self) {
+        let ticker = self.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let mut b = ticker.books();
+            ticker.reschedule(&mut b);
+        });
+    }
+
     /// Binds every address, then serves until the process ends.
     pub fn serve(&self) -> Result<(), ControllerError> {
         let cfg = &self.0.config;
@@ -189,13 +200,7 @@ impl Controller {
             );
             listeners.push(l);
         }
-        // The ticker: lost nodes, expired starts, the queue.
-        let ticker = self.clone();
-        std::thread::spawn(move || loop {
-            std::thread::sleep(Duration::from_millis(100));
-            let mut b = ticker.books();
-            ticker.reschedule(&mut b);
-        });
+        self.start_ticker();
         let open = Arc::new(AtomicUsize::new(0));
         let mut threads = Vec::new();
         for l in listeners {

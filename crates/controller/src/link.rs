@@ -109,7 +109,7 @@ pub(crate) fn serve(c: &Controller, mut conn: Conn, hello: &ClientHello) {
 }
 
 /// A report as the scheduler takes it.
-fn parts(r: &NodeReport) -> (NodeSpec, Vec<SessionReport>, Vec<DeviceLoad>) {
+pub(crate) fn parts(r: &NodeReport) -> (NodeSpec, Vec<SessionReport>, Vec<DeviceLoad>) {
     let spec = NodeSpec {
         name: r.name.clone(),
         address: r.address.clone(),

@@ -8,7 +8,7 @@ use gpufuse_proto::{
     decode_owned, encode_frame, ClientHello, EndOrder, FrameKind, Grant, ServerHello, SessionKind,
     END_ORDER_KIND, GRANT_KIND, PROTOCOL_VERSION,
 };
-use gpufuse_scheduler::{Decision, Placement, Rejected, Request, Victim};
+use gpufuse_scheduler::{Decision, Placement, Request, Victim};
 use gpufuse_transport::{Address, Conn};
 
 use crate::{answer, refused, unix_now, Controller, PlacementAsk};
@@ -33,11 +33,6 @@ fn request_of(c: &Controller, hello: &ClientHello) -> Result<(Request, Option<u6
         (None, t) => t.unwrap_or_default(),
     };
     let r = &hello.resources;
-    if r.tflops.is_some() {
-        return Err(
-            "a pool places compute shares in percent: ask with --compute, not --tflops".into(),
-        );
-    }
     let mut vram = r.vram_bytes;
     if let Some(max) = claims.as_ref().and_then(|c| c.max_vram_bytes) {
         match vram {
@@ -49,11 +44,29 @@ fn request_of(c: &Controller, hello: &ClientHello) -> Result<(Request, Option<u6
             _ => vram = Some(vram.unwrap_or(max)),
         }
     }
+    // The token's compute bound, as a node applies it: more is refused, none gets it.
+    let mut compute = r.compute_percent;
+    if let Some(max) = claims.as_ref().and_then(|c| c.max_compute_percent) {
+        if r.tflops.is_some() {
+            return Err(format!(
+                "the token allows at most {max}% of a device's compute: ask for a percentage, not TFLOPS"
+            ));
+        }
+        match compute {
+            Some(p) if p > max => {
+                return Err(format!(
+                    "the token allows at most {max}% of a device's compute, and {p}% was asked for"
+                ))
+            }
+            _ => compute = Some(compute.unwrap_or(max)),
+        }
+    }
     Ok((
         Request {
             tenant,
             vram_bytes: vram,
-            compute_percent: r.compute_percent,
+            compute_percent: compute,
+            tflops: r.tflops,
             qos: r.qos,
             selector: ask.selector,
             gpu_model: ask.gpu_model,
@@ -74,12 +87,66 @@ pub(crate) fn check(c: &Controller, hello: &ClientHello) -> ServerHello {
     }
 }
 
+/// A `Check` hello for the in-process node: whether the session passes the quotas, and
+/// whether it would wait in the queue (rather than be refused) when nothing fits now.
+pub(crate) fn check_waits(c: &Controller, hello: &ClientHello) -> Result<bool, String> {
+    let (req, wait) = request_of(c, hello)?;
+    c.books().pool.check(&req).map_err(|e| e.to_string())?;
+    Ok(!wait
+        .map_or(c.0.config.default_wait, Duration::from_secs)
+        .is_zero())
+}
+
 /// A `Cuda` hello: place the session and redirect its client, waiting while nothing fits.
 pub(crate) fn serve(c: &Controller, mut conn: Conn, hello: &ClientHello) {
-    let (req, wait) = match request_of(c, hello) {
-        Ok(r) => r,
+    let placement = {
+        let mut hung_up = || conn.peer_hung_up();
+        match decide(c, hello, &mut hung_up) {
+            Ok(p) => p,
+            Err(reason) => return answer(&mut conn, &refused(reason)),
+        }
+    };
+    let grant = match seal_grant(c, &placement) {
+        Ok(g) => g,
         Err(reason) => return answer(&mut conn, &refused(reason)),
     };
+    answer(
+        &mut conn,
+        &ServerHello::Redirect {
+            address: placement.address,
+            grant,
+        },
+    );
+}
+
+/// The grant a placement gives its client, signed for the node.
+pub(crate) fn grant_of(placement: &Placement) -> Grant {
+    Grant {
+        session: placement.session,
+        node: placement.node.clone(),
+        device: placement.device,
+        vram_bytes: placement.vram_bytes,
+        compute_percent: placement.compute_percent,
+        qos: placement.qos,
+        tenant: placement.tenant.clone(),
+        expires: unix_now() + GRANT_SECONDS,
+    }
+}
+
+fn seal_grant(c: &Controller, placement: &Placement) -> Result<String, String> {
+    gpufuse_auth::seal(&c.0.grant_key, GRANT_KIND, &grant_of(placement))
+        .map_err(|e| format!("cannot sign a grant: {e}"))
+}
+
+/// Places a `Cuda` hello: quota, filters and policy, preempting `low` sessions for a `high`
+/// or `critical` one, or waiting in the queue until it fits, its wait ends or `hung_up`
+/// says its client left.
+pub(crate) fn decide(
+    c: &Controller,
+    hello: &ClientHello,
+    hung_up: &mut dyn FnMut() -> bool,
+) -> Result<Placement, String> {
+    let (req, wait) = request_of(c, hello)?;
     let wait = wait.map_or(c.0.config.default_wait, Duration::from_secs);
     let decision = {
         let mut b = c.books();
@@ -90,8 +157,7 @@ pub(crate) fn serve(c: &Controller, mut conn: Conn, hello: &ClientHello) {
         d
     };
     let placement = match decision {
-        Err(Rejected::Quota(e)) => return answer(&mut conn, &refused(e.to_string())),
-        Err(e) => return answer(&mut conn, &refused(e.to_string())),
+        Err(e) => return Err(e.to_string()),
         Ok(Decision::Placed(p)) => p,
         Ok(Decision::Preempt(plan)) => {
             if let Err(reason) = end_victims(c, &plan.victims) {
@@ -111,25 +177,8 @@ pub(crate) fn serve(c: &Controller, mut conn: Conn, hello: &ClientHello) {
                     &req.tenant
                 }
             );
-            match wait_for(c, &conn, id, wait) {
-                Ok(p) => p,
-                Err(reason) => return answer(&mut conn, &refused(reason)),
-            }
+            wait_for(c, hung_up, id, wait)?
         }
-    };
-    let grant = Grant {
-        session: placement.session,
-        node: placement.node.clone(),
-        device: placement.device,
-        vram_bytes: placement.vram_bytes,
-        compute_percent: placement.compute_percent,
-        qos: placement.qos,
-        tenant: placement.tenant.clone(),
-        expires: unix_now() + GRANT_SECONDS,
-    };
-    let grant = match gpufuse_auth::seal(&c.0.grant_key, GRANT_KIND, &grant) {
-        Ok(g) => g,
-        Err(e) => return answer(&mut conn, &refused(format!("cannot sign a grant: {e}"))),
     };
     tracing::info!(
         "session {} ({}) placed on {} device {} ({})",
@@ -139,17 +188,16 @@ pub(crate) fn serve(c: &Controller, mut conn: Conn, hello: &ClientHello) {
         placement.device,
         placement.address
     );
-    answer(
-        &mut conn,
-        &ServerHello::Redirect {
-            address: placement.address,
-            grant,
-        },
-    );
+    Ok(placement)
 }
 
 /// Waits until the queue places pending request `id`, `wait` passes or the client hangs up.
-fn wait_for(c: &Controller, conn: &Conn, id: u64, wait: Duration) -> Result<Placement, String> {
+fn wait_for(
+    c: &Controller,
+    hung_up: &mut dyn FnMut() -> bool,
+    id: u64,
+    wait: Duration,
+) -> Result<Placement, String> {
     let deadline = Instant::now() + wait;
     let mut b = c.books();
     loop {
@@ -157,7 +205,7 @@ fn wait_for(c: &Controller, conn: &Conn, id: u64, wait: Duration) -> Result<Plac
             return Ok(p);
         }
         let now = Instant::now();
-        let gone = conn.peer_hung_up();
+        let gone = hung_up();
         if now >= deadline || gone {
             let reason = b
                 .pool
@@ -169,6 +217,11 @@ fn wait_for(c: &Controller, conn: &Conn, id: u64, wait: Duration) -> Result<Plac
             b.pool.cancel_pending(id);
             if gone {
                 tracing::info!("session {id}'s client gave up waiting");
+            }
+            if wait.is_zero() {
+                return Err(format!(
+                    "nothing fits now: {reason} (gpufuse run --wait SECONDS waits for capacity)"
+                ));
             }
             return Err(format!(
                 "no capacity within {:.0} s: {reason} (gpufuse run --wait SECONDS waits longer)",

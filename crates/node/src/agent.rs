@@ -14,16 +14,38 @@ use std::time::{Duration, Instant};
 
 use gpufuse_proto::{
     decode_owned, encode_frame, AgentAnswer, ClientHello, EndOrder, FrameKind, Grant, NodeReport,
-    PoolDeviceReport, PoolSessionReport, ServerHello, SessionKind, END_ORDER_KIND, GRANT_KIND,
-    PROTOCOL_VERSION,
+    PoolDeviceReport, PoolPendingView, PoolSessionReport, ServerHello, SessionKind, END_ORDER_KIND,
+    GRANT_KIND, PROTOCOL_VERSION,
 };
 use gpufuse_transport::{Address, Conn};
 
 use crate::{answer, lock, refuse, NodeConfig, Shared};
 
+/// A controller in the node's own process (`gpufuse serve`: a controller and a node in one
+/// process). Reports are calls, and the node asks it to place each session its listeners
+/// receive instead of redirecting clients to it.
+pub trait LocalController: Send + Sync {
+    /// The key end orders are signed with.
+    fn grant_key(&self) -> Vec<u8>;
+    /// The node's report (the first registers it).
+    fn report(&self, report: &NodeReport);
+    /// Places a session on this node, waiting while nothing fits (until its wait ends or
+    /// `hung_up` says its client left); the grant it is admitted with, or why not.
+    fn place(
+        &self,
+        hello: &ClientHello,
+        hung_up: &mut dyn FnMut() -> bool,
+    ) -> Result<Grant, String>;
+    /// A `Check` hello: whether it passes the quotas (`Err` names the limit), and whether the
+    /// session would wait for capacity (`true`) rather than be refused when nothing fits.
+    fn check(&self, hello: &ClientHello) -> Result<bool, String>;
+    /// The sessions waiting for capacity, and why.
+    fn pending(&self) -> Vec<PoolPendingView>;
+}
+
 /// How the node reaches its controller and how it describes itself.
-#[derive(Debug)]
 pub struct PoolLink {
+    /// The controller's address (for a [`LocalController`], the node's own, for messages).
     pub controller: Address,
     pub name: String,
     /// Where clients reach this node (given to the controller).
@@ -31,7 +53,21 @@ pub struct PoolLink {
     pub labels: BTreeMap<String, String>,
     /// The token the agent presents to a controller that checks tokens.
     pub token: String,
+    /// The controller is in this process (`gpufuse serve`).
+    pub local: Option<Arc<dyn LocalController>>,
     books: Mutex<AgentBooks>,
+}
+
+impl std::fmt::Debug for PoolLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolLink")
+            .field("controller", &self.controller)
+            .field("name", &self.name)
+            .field("address", &self.address)
+            .field("labels", &self.labels)
+            .field("local", &self.local.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -63,8 +99,24 @@ impl PoolLink {
             address,
             labels,
             token,
+            local: None,
             books: Mutex::new(AgentBooks::default()),
         }
+    }
+
+    /// The link of a node whose controller is in the same process, reachable at `address`
+    /// (where a preempting controller sends its end orders).
+    pub fn in_process(name: String, address: Address, local: Arc<dyn LocalController>) -> Self {
+        let mut link = Self::new(
+            address.clone(),
+            name,
+            address.to_string(),
+            BTreeMap::new(),
+            String::new(),
+        );
+        link.books().grant_key = Some(local.grant_key());
+        link.local = Some(local);
+        link
     }
 
     fn books(&self) -> MutexGuard<'_, AgentBooks> {
@@ -78,8 +130,23 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// How often the node reports to a controller in its own process.
+const LOCAL_HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// Starts the agent's thread.
 pub fn start(link: Arc<PoolLink>, state: Shared) {
+    if let Some(local) = link.local.clone() {
+        // In process: a report every heartbeat, and at once when the sessions change.
+        std::thread::spawn(move || loop {
+            let (report, shape) = report(&link, &state);
+            local.report(&report);
+            let due = Instant::now() + LOCAL_HEARTBEAT;
+            while Instant::now() < due && session_shape(&state) == shape {
+                std::thread::sleep(WATCH);
+            }
+        });
+        return;
+    }
     std::thread::spawn(move || {
         let mut backoff = Duration::from_millis(50);
         loop {
@@ -187,9 +254,16 @@ fn session_shape(state: &Shared) -> Vec<(u64, u32)> {
 }
 
 fn report(link: &PoolLink, state: &Shared) -> (NodeReport, Vec<(u64, u32)>) {
-    let (status, promised, capacity, shape) = {
+    let (status, promised, promisable, capacity, shape) = {
         let s = lock(state);
         let promised: Vec<u64> = s.devices.iter().map(|d| d.promised).collect();
+        // What the node may promise: with oversubscription (`--vram-oversubscribe`) more than
+        // the device holds, the rest waiting in host memory or on disk.
+        let promisable: Vec<u64> = s
+            .devices
+            .iter()
+            .map(|d| s.elastic.capacity(d.total))
+            .collect();
         let capacity: Vec<u64> = s
             .devices
             .iter()
@@ -201,7 +275,7 @@ fn report(link: &PoolLink, state: &Shared) -> (NodeReport, Vec<(u64, u32)>) {
             .map(|(&id, r)| (id, r.worker_pid))
             .collect();
         shape.sort_unstable();
-        (s.status(), promised, capacity, shape)
+        (s.status(), promised, promisable, capacity, shape)
     };
     let mut books = link.books();
     books
@@ -219,7 +293,10 @@ fn report(link: &PoolLink, state: &Shared) -> (NodeReport, Vec<(u64, u32)>) {
             .map(|d| PoolDeviceReport {
                 index: d.index,
                 model: model_name(d),
-                memory_total_bytes: d.total_bytes,
+                memory_total_bytes: promisable
+                    .get(d.index as usize)
+                    .copied()
+                    .unwrap_or(d.total_bytes),
                 memory_used_bytes: d.used_bytes,
                 memory_promised_bytes: promised.get(d.index as usize).copied().unwrap_or(0),
                 compute_capability: d.compute_capability,
@@ -263,9 +340,10 @@ fn model_name(d: &gpufuse_proto::DeviceStatus) -> String {
 /// Whether a pool node answers this hello itself (sessions need a grant; a signed end
 /// order ends a session); other hellos (status, an operator's `gpufuse kill`) take the
 /// node's usual path.
-pub fn intercepts(hello: &ClientHello) -> bool {
+pub fn intercepts(link: &PoolLink, hello: &ClientHello) -> bool {
     match hello.kind {
         SessionKind::Cuda => true,
+        SessionKind::Check => link.local.is_some(),
         SessionKind::End { .. } => hello.token.starts_with(END_ORDER_KIND),
         _ => false,
     }
@@ -308,6 +386,45 @@ pub fn serve_hello(
             let reply = crate::admin::end(state, config, session, None, &hello);
             answer(&mut conn, &reply);
         }
+        SessionKind::Check => {
+            let Some(local) = &link.local else {
+                return refuse(&mut conn, "a pool node does not check sessions".into());
+            };
+            let reply = match local.check(&hello) {
+                Ok(true) => ServerHello::Admissible { device: 0 },
+                // Refused at once when nothing fits: whether something fits now.
+                Ok(false) => match crate::admin::slice_limit(&hello, None) {
+                    Ok(limit) => crate::admin::check(state, &hello, limit),
+                    Err(reason) => ServerHello::Refused { reason },
+                },
+                Err(reason) => ServerHello::Refused { reason },
+            };
+            answer(&mut conn, &reply);
+        }
+        _ if link.local.is_some() => {
+            let local = link.local.as_ref().expect("checked");
+            // The controller's books are exact before it decides: the node reports first.
+            local.report(&report(link, state).0);
+            let started = Instant::now();
+            let placed = local.place(&hello, &mut || conn.peer_hung_up());
+            match placed {
+                Ok(grant) => {
+                    let took = started.elapsed();
+                    admit_granted(link, conn, hello, grant, took, tcp, state, config)
+                }
+                Err(reason) => {
+                    // Shown with the node's refusals (`--http`'s pending list).
+                    lock(state).observed.placed(
+                        started.elapsed(),
+                        Err(&reason),
+                        &hello.program,
+                        hello.pid,
+                        None,
+                    );
+                    refuse(&mut conn, reason)
+                }
+            }
+        }
         _ => {
             let grant: Grant = match gpufuse_auth::open(&key, GRANT_KIND, &hello.token) {
                 Ok(g) => g,
@@ -335,33 +452,59 @@ pub fn serve_hello(
                     return refuse(&mut conn, "the grant was used already".into());
                 }
             }
-            let mut hello = hello;
-            hello.resources.vram_bytes = grant.vram_bytes;
-            hello.resources.compute_percent = grant.compute_percent;
-            hello.resources.tflops = None;
-            hello.resources.qos = grant.qos;
-            let admitted = {
-                let mut s = lock(state);
-                if grant.device as usize >= s.devices.len() {
-                    Err(format!("this node has no device {}", grant.device))
-                } else {
-                    s.admit_where(&hello, grant.vram_bytes, |d| d == grant.device)
-                        .inspect(|a| {
-                            if let Some(r) = s.sessions.get_mut(&a.id) {
-                                r.subject = Some(grant.tenant.clone());
-                            }
-                        })
-                }
-            };
-            let a = match admitted {
-                Ok(a) => a,
-                Err(reason) => return refuse(&mut conn, reason),
-            };
-            link.books()
-                .granted
-                .insert(a.id, (grant.session, grant.tenant.clone()));
-            let _ = conn.stream().set_read_timeout(None);
-            crate::spawn::run_worker(conn, tcp, a, grant.vram_bytes, state, config);
+            admit_granted(link, conn, hello, grant, Duration::ZERO, tcp, state, config);
         }
     }
+}
+
+/// Admits a session as its grant says: on the grant's device, with its slice and share
+/// (`took`: how long placing it took, for `--http`).
+#[allow(clippy::too_many_arguments)]
+fn admit_granted(
+    link: &PoolLink,
+    mut conn: Conn,
+    hello: ClientHello,
+    grant: Grant,
+    took: Duration,
+    tcp: bool,
+    state: &Shared,
+    config: &NodeConfig,
+) {
+    let mut hello = hello;
+    hello.resources.vram_bytes = grant.vram_bytes;
+    hello.resources.compute_percent = grant.compute_percent;
+    hello.resources.tflops = None;
+    hello.resources.qos = grant.qos;
+    let admitted = {
+        let mut s = lock(state);
+        if grant.device as usize >= s.devices.len() {
+            Err(format!("this node has no device {}", grant.device))
+        } else {
+            let admitted = s
+                .admit_where(&hello, grant.vram_bytes, |d| d == grant.device)
+                .inspect(|a| {
+                    if let Some(r) = s.sessions.get_mut(&a.id) {
+                        r.subject = Some(grant.tenant.clone());
+                    }
+                });
+            let outcome = admitted.as_ref().map(|a| a.id).map_err(|r| r.as_str());
+            s.observed.placed(
+                took,
+                outcome,
+                &hello.program,
+                hello.pid,
+                Some(&grant.tenant),
+            );
+            admitted
+        }
+    };
+    let a = match admitted {
+        Ok(a) => a,
+        Err(reason) => return refuse(&mut conn, reason),
+    };
+    link.books()
+        .granted
+        .insert(a.id, (grant.session, grant.tenant.clone()));
+    let _ = conn.stream().set_read_timeout(None);
+    crate::spawn::run_worker(conn, tcp, a, grant.vram_bytes, state, config);
 }

@@ -192,6 +192,7 @@ impl NodeState {
                 v
             },
             notes: self.notes.clone(),
+            pending: Vec::new(),
         }
     }
 }
@@ -231,7 +232,7 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
         let source = observed::NodeSource {
             state: state.clone(),
             // A node under a controller leaves the pool's series to the controller.
-            pool_of_one: config.pool.is_none(),
+            pool_of_one: config.pool.as_ref().is_none_or(|l| l.local.is_some()),
         };
         gpufuse_observe::serve(http.addr, Arc::new(source), http.options.clone())?;
     }
@@ -445,7 +446,11 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
     if !SUPPORTED_VERSIONS.contains(&hello.protocol_version) {
         return refuse_version(&mut conn, hello.protocol_version);
     }
-    if let Some(link) = config.pool.as_ref().filter(|_| agent::intercepts(&hello)) {
+    if let Some(link) = config
+        .pool
+        .as_ref()
+        .filter(|l| agent::intercepts(l, &hello))
+    {
         return agent::serve_hello(link, conn, hello, tcp, state, config);
     }
     let claims = match &config.tokens {
@@ -462,7 +467,10 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
     };
     match hello.kind {
         SessionKind::Status => {
-            let status = lock(state).status();
+            let mut status = lock(state).status();
+            if let Some(local) = config.pool.as_ref().and_then(|l| l.local.as_ref()) {
+                status.pending = local.pending();
+            }
             answer(&mut conn, &ServerHello::Status(status));
         }
         SessionKind::Check => {

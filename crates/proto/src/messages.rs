@@ -199,6 +199,8 @@ pub struct NodeStatus {
     pub devices: Vec<DeviceStatus>,
     pub sessions: Vec<SessionStatus>,
     pub notes: Vec<String>,
+    /// Sessions waiting for capacity (`gpufuse serve`'s own controller), and why.
+    pub pending: Vec<crate::PoolPendingView>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

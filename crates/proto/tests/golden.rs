@@ -492,6 +492,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
             swapped_disk_bytes: 0,
         }],
         notes: vec!["n".into()],
+        pending: vec![],
     };
     let mut out: Vec<(&'static str, Vec<u8>)> =
         bodies.into_iter().map(|(n, b)| (n, body(&b))).collect();

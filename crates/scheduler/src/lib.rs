@@ -150,6 +150,11 @@ pub struct Request {
     pub vram_bytes: Option<u64>,
     /// The compute share in percent of one device.
     pub compute_percent: Option<u32>,
+    /// The compute share as FP32 TFLOPS instead (`--tflops`): on each device it is the
+    /// percentage of that device's measured capacity, so it fits a big GPU where it would not
+    /// fit a small one. At most one of `compute_percent` and `tflops`.
+    #[serde(default)]
+    pub tflops: Option<u32>,
     pub qos: Qos,
     /// Node labels that must all match (`--selector K=V`).
     pub selector: BTreeMap<String, String>,

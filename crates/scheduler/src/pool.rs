@@ -583,6 +583,21 @@ impl Pool {
         if req.vram_bytes == Some(0) {
             return Err(Rejected::Invalid("a VRAM slice of 0 bytes".into()));
         }
+        match (req.compute_percent, req.tflops) {
+            (Some(_), Some(_)) => {
+                return Err(Rejected::Invalid(
+                    "ask for compute as a percentage or in TFLOPS, not both".into(),
+                ))
+            }
+            (None, Some(0)) => return Err(Rejected::Invalid("a share of 0 TFLOPS".into())),
+            (None, Some(_)) if self.quotas.limits_compute(&req.tenant) => {
+                return Err(Rejected::Invalid(format!(
+                    "tenant {:?} has a compute quota in percent: ask with --compute, not --tflops",
+                    req.tenant
+                )))
+            }
+            _ => {}
+        }
         Ok(self.quotas.shape(&req)?)
     }
 
@@ -622,6 +637,7 @@ impl Pool {
     fn place(&mut self, id: SessionId, req: &Request, n: u32, p: usize, now: Millis) -> Placement {
         let node = &self.nodes[n as usize];
         let device = node.devices[p].spec.index;
+        let compute_percent = Self::compute_on(&node.devices[p], req).flatten();
         let placement = Placement {
             session: id,
             tenant: req.tenant.clone(),
@@ -629,7 +645,7 @@ impl Pool {
             address: node.spec.address.clone(),
             device,
             vram_bytes: req.vram_bytes,
-            compute_percent: req.compute_percent,
+            compute_percent,
             qos: req.qos,
         };
         self.add_session(Session {
@@ -638,7 +654,7 @@ impl Pool {
             node: placement.node.clone(),
             device,
             vram_limit: req.vram_bytes,
-            compute_percent: req.compute_percent,
+            compute_percent,
             qos: req.qos,
             state: SessionState::Starting {
                 expires: now + START_TIMEOUT_MS,
@@ -666,8 +682,23 @@ impl Pool {
 
     fn fits(d: &PoolDevice, req: &Request) -> bool {
         d.free_memory() >= req.vram_bytes.unwrap_or(1)
-            && d.free_compute() >= req.compute_percent.unwrap_or(0)
+            && Self::compute_on(d, req).is_some_and(|c| d.free_compute() >= c.unwrap_or(0))
             && Self::device_matches(d, req)
+    }
+
+    /// The share `req` asks of device `d` in percent (`Some(None)`: no share), or `None` when
+    /// its TFLOPS are more than the device has: a TFLOPS request is a percentage of each
+    /// device's measured capacity.
+    pub fn compute_on(d: &PoolDevice, req: &Request) -> Option<Option<u32>> {
+        let Some(t) = req.tflops else {
+            return Some(req.compute_percent);
+        };
+        let cap = d.spec.capacity_mtflops;
+        if cap == 0 {
+            return None;
+        }
+        let percent = (u64::from(t) * 100_000).div_ceil(cap);
+        (percent <= 100).then_some(Some(percent as u32))
     }
 
     /// The device the policy picks for `req` (node, device position), or why none fits.
@@ -770,6 +801,26 @@ impl Pool {
                 human_bytes(largest)
             );
         }
+        if let Some(t) = req.tflops {
+            let roomy: Vec<&&PoolDevice> =
+                devices.iter().filter(|d| d.free_memory() >= need).collect();
+            if roomy.iter().all(|d| Self::compute_on(d, req).is_none()) {
+                let peak = roomy
+                    .iter()
+                    .map(|d| d.spec.capacity_mtflops)
+                    .max()
+                    .unwrap_or(0);
+                return format!(
+                    "no device with {} of VRAM free has {t} TFLOPS (the largest has {:.1})",
+                    human_bytes(need),
+                    peak as f64 / 1000.0
+                );
+            }
+            return format!(
+                "no device with {} of VRAM free has {t} TFLOPS of its compute unpromised",
+                human_bytes(need)
+            );
+        }
         let c = req.compute_percent.unwrap_or(0);
         let most = devices
             .iter()
@@ -777,10 +828,13 @@ impl Pool {
             .map(|d| d.free_compute())
             .max()
             .unwrap_or(0);
-        format!(
-            "no device with {} of VRAM free has {c}% compute free (at most {most}%)",
-            human_bytes(need)
-        )
+        match req.vram_bytes {
+            Some(_) => format!(
+                "no device with {} of VRAM free has {c}% compute free (at most {most}%)",
+                human_bytes(need)
+            ),
+            None => format!("no device has {c}% compute free (at most {most}%)"),
+        }
     }
 
     // ---- preemption --------------------------------------------------------------------
@@ -790,7 +844,6 @@ impl Pool {
     /// no such device exists. Pure: nothing changes.
     pub fn plan_preemption(&self, req: &Request) -> Option<Victims> {
         let need = req.vram_bytes.unwrap_or(1);
-        let comp = req.compute_percent.unwrap_or(0);
         let mut best: Option<((usize, u64), Victims)> = None;
         for (n, node) in self.nodes.iter().enumerate() {
             if node.state != NodeState::Ready || !Self::node_matches(node, req) {
@@ -800,6 +853,10 @@ impl Pool {
                 if !Self::device_matches(d, req) || d.spec.memory_total < need {
                     continue;
                 }
+                let Some(comp) = Self::compute_on(d, req) else {
+                    continue;
+                };
+                let comp = comp.unwrap_or(0);
                 let mut low: Vec<&Session> = d
                     .sessions
                     .iter()

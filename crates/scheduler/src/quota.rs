@@ -133,6 +133,12 @@ impl QuotaFile {
         self.tenants.get(tenant).or(self.default.as_ref())
     }
 
+    /// Whether `tenant`'s compute is limited (a total or a per-session maximum, in percent).
+    pub fn limits_compute(&self, tenant: &str) -> bool {
+        self.for_tenant(tenant)
+            .is_some_and(|q| q.compute.is_some() || q.max_session_compute.is_some())
+    }
+
     /// The request as it will be charged: a tenant with a per-session VRAM maximum gives a
     /// session that asked for no slice that maximum. Errors name the limit that is exceeded
     /// (per-session maxima here; totals in [`QuotaFile::admit`]).

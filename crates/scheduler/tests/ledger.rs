@@ -96,6 +96,7 @@ proptest! {
                         tenant: format!("t{tenant}"),
                         vram_bytes: Some(gib * GIB),
                         compute_percent: compute,
+                        tflops: None,
                         qos: [Qos::Low, Qos::Medium, Qos::High, Qos::Critical][qos as usize],
                         selector: zone.map(|z| BTreeMap::from([("zone".to_string(), z.to_string())])).unwrap_or_default(),
                         gpu_model: None,

@@ -264,3 +264,37 @@ fn placed_sessions_that_never_start_are_forgotten() {
     assert!(p.session(pl.session).is_none());
     p.check_invariants().unwrap();
 }
+
+#[test]
+fn tflops_are_a_share_of_each_devices_capacity() {
+    let mut p = Pool::new(Policy::Spread, QuotaFile::default());
+    let mut small = node("small", 1, &[], "L4");
+    small.devices[0].capacity_mtflops = 30_000;
+    p.register_node(small, &[], &[], 0);
+    p.register_node(node("big", 1, &[], "B200"), &[], &[], 0);
+    // 40 TFLOPS: more than the small device has; half of the big one's 80.
+    let r = Request {
+        tflops: Some(40),
+        ..ask(1)
+    };
+    let Decision::Placed(pl) = p.submit(&r, 0).unwrap() else {
+        panic!("not placed")
+    };
+    assert_eq!((pl.node.as_str(), pl.compute_percent), ("big", Some(50)));
+    // The big device has 50% left: another 40 TFLOPS fits; a third does not.
+    assert!(matches!(p.submit(&r, 0).unwrap(), Decision::Placed(_)));
+    let Decision::Pending { reason, .. } = p.submit(&r, 0).unwrap() else {
+        panic!("placed beyond capacity")
+    };
+    assert!(reason.contains("40 TFLOPS"), "{reason}");
+    // Asking for both, or in TFLOPS under a compute quota, is refused.
+    let both = Request {
+        compute_percent: Some(10),
+        ..r.clone()
+    };
+    assert!(matches!(p.submit(&both, 0), Err(Rejected::Invalid(_))));
+    let q = QuotaFile::parse("[default]\ncompute = 100\n").unwrap();
+    let mut quota = Pool::new(Policy::Spread, q);
+    quota.register_node(node("big", 1, &[], "B200"), &[], &[], 0);
+    assert!(matches!(quota.submit(&r, 0), Err(Rejected::Invalid(_))));
+}
