@@ -7,11 +7,12 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
 /// Bumped on any incompatible change to the header or to a message. 6: the header declares
 /// the bulk tail's length (bytes 12..16, reserved before); texture and surface objects.
 /// 7: the pool (node agents, redirects and grants, the pool's status), elastic sessions
-/// (node commands, migration, swapped bytes in a session's status).
-pub const PROTOCOL_VERSION: u16 = 7;
+/// (node commands, migration, swapped bytes in a session's status). 8: a node's status carries
+/// the sessions waiting for capacity (`gpufuse serve`'s own controller).
+pub const PROTOCOL_VERSION: u16 = 8;
 /// The protocol versions this build speaks. Both sides check every header against it; the
 /// node refuses a hello outside it with a reason naming both sides' versions.
-pub const SUPPORTED_VERSIONS: std::ops::RangeInclusive<u16> = 7..=PROTOCOL_VERSION;
+pub const SUPPORTED_VERSIONS: std::ops::RangeInclusive<u16> = 8..=PROTOCOL_VERSION;
 /// Largest body accepted from the wire. A 64 MiB copy chunk plus its envelope fits.
 pub const MAX_BODY_LEN: u32 = 64 * 1024 * 1024 + 64 * 1024;
 /// Host-to-device copies larger than this are split into several requests.
