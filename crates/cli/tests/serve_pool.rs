@@ -182,7 +182,7 @@ fn serve_applies_quotas_naming_the_limit() {
         "{e}"
     );
     // Another tenant is not limited.
-    open(
+    let _bob = open(
         &serve.addr(),
         "gfp1;tenant=bob;token=",
         None,
