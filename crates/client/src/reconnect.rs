@@ -18,6 +18,7 @@ use gpufuse_transport::Address;
 use crate::connection::{Accepted, Connection};
 use crate::error::ClientError;
 use crate::memory::{page, page_len, MemoryKind};
+use crate::module::LoadState;
 use crate::state::{Inner, Session};
 
 /// Device memory contents read from the old worker: (address, bytes).
@@ -132,6 +133,7 @@ impl Inner {
             .chain(
                 self.modules
                     .iter()
+                    .filter(|(_, module)| module.state == LoadState::Loaded)
                     .map(|(&m, module)| (module.order, Placement::Module(m))),
             )
             .collect();

@@ -126,8 +126,10 @@ pub struct Module {
     pub image: std::sync::Arc<[u8]>,
     /// Its globals the application asked for: name -> address.
     pub globals: HashMap<String, u64>,
-    /// When it was loaded, among everything that takes device address space.
+    /// When it was loaded on the worker, among everything that takes device address space.
     pub(crate) order: u64,
+    /// Whether the worker has it yet: images load lazily, at their first use.
+    pub(crate) state: crate::module::LoadState,
 }
 
 #[derive(Debug, Clone)]
