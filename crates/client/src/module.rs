@@ -91,7 +91,6 @@ impl Inner {
                 _ => return Err(UNKNOWN.into()),
             }
         }
-        self.images_sent.insert(hash);
         Ok(())
     }
 
@@ -344,7 +343,6 @@ impl Inner {
             self.modules.remove(&m);
             self.functions.retain(|_, f| f.module != m);
         }
-        self.images_sent.clear();
     }
 
     /// After a device reset: libraries are context-independent, so each library on `device` is

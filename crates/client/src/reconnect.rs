@@ -54,7 +54,6 @@ impl Session {
         }
         let mut g = self.lock();
         let (contents, pending_error) = g.capture()?;
-        let images_sent = std::mem::take(&mut g.images_sent);
         let old = std::mem::replace(&mut g.conn, conn);
         match g.reissue(&contents) {
             Ok(()) => {
@@ -68,7 +67,6 @@ impl Session {
             Err(e) => {
                 // The old worker still holds everything: stay there.
                 let _ = std::mem::replace(&mut g.conn, old);
-                g.images_sent = images_sent;
                 if let Some(p) = pending_error {
                     g.conn.keep_async_error(p);
                 }

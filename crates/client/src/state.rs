@@ -2,7 +2,7 @@
 //! attributes, allocations, contexts, modules, functions, streams and events).
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
 use gpufuse_proto::{DeviceInfo, FunctionInfo, Qos, ResourceRequest, SessionKind};
@@ -186,8 +186,6 @@ pub struct Inner {
     pub(crate) kernels: HashMap<u64, Kernel>,
     pub(crate) streams: HashMap<u64, Stream>,
     pub(crate) events: HashMap<u64, Event>,
-    /// Content hashes of images this connection already sent.
-    pub(crate) images_sent: HashSet<[u8; 32]>,
     /// Memory pools by handle: each device's default pool (made on first use) and the pools
     /// `cuMemPoolCreate` made.
     pub(crate) pools: HashMap<u64, PoolStats>,
@@ -301,7 +299,6 @@ impl Session {
                 kernels: HashMap::new(),
                 streams: HashMap::new(),
                 events: HashMap::new(),
-                images_sent: HashSet::new(),
                 pools: HashMap::new(),
                 current_pools: HashMap::new(),
                 managed_on_device: false,
