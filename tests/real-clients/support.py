@@ -265,6 +265,9 @@ class Server:
         if self.tls_args is not None:
             self.tls = f"tcp+tls:127.0.0.1:{free_tcp_port()}"
             argv += ["--listen", self.tls, *self.tls_args]
+        if "--image-cache" not in self.extra_args:
+            # Each server its own image cache: nothing from an earlier run, nothing in ~/.cache.
+            argv += ["--image-cache", str(self.dir / "images")]
         argv += self.extra_args
         self.proc = subprocess.Popen(
             argv,

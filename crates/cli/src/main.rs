@@ -137,6 +137,15 @@ pub(crate) struct ServeArgs {
     /// A session idle this long moves its memory on to disk (needs --swap-dir).
     #[arg(long, value_parser = gpufuse_node::elastic::parse_duration)]
     idle_disk_ttl: Option<std::time::Duration>,
+    /// Where the node keeps module images by content hash, shared by its sessions, so that a
+    /// program loading the same libraries again sends only their hashes; `off` for none.
+    /// Default: $XDG_CACHE_HOME/gpufuse/images, else ~/.cache/gpufuse/images.
+    #[arg(long, value_name = "DIR|off")]
+    image_cache: Option<std::path::PathBuf>,
+    /// The image cache's size limit: least recently used images go beyond it.
+    #[arg(long, value_name = "SIZE", default_value = "2GiB",
+          value_parser = gpufuse_node::image_cache::parse_limit)]
+    image_cache_size: u64,
     #[command(flatten)]
     observe: observe::HttpArgs,
     /// text (the default) or json: one JSON object a line, with the session's span (id,
@@ -183,8 +192,12 @@ impl ServeArgs {
             std::fs::create_dir_all(d)
                 .map_err(|e| anyhow::anyhow!("--swap-dir {}: {e}", d.display()))?;
         }
+        let image_cache =
+            gpufuse_node::image_cache::open(self.image_cache.as_deref(), self.image_cache_size)
+                .map_err(|e| anyhow::anyhow!("--image-cache: {e}"))?;
         Ok(gpufuse_node::NodeConfig {
             elastic,
+            image_cache,
             tls: self.tls.load()?,
             client_certs: self.tls.requires_client_certs(),
             listen: self.listen,

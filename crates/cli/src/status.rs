@@ -64,6 +64,14 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
                 "compute_percent": w.compute_percent, "qos": w.qos, "reason": w.reason,
                 "waiting_ms": w.waiting_ms,
             })).collect::<Vec<_>>(),
+            "image_cache": {
+                "dir": s.image_cache.dir, "limit_bytes": s.image_cache.limit_bytes,
+                "entries": s.image_cache.entries, "bytes": s.image_cache.bytes,
+                "received": s.image_cache.counts.received,
+                "received_bytes": s.image_cache.counts.received_bytes,
+                "hits": s.image_cache.counts.hits, "hit_bytes": s.image_cache.counts.hit_bytes,
+                "corrupt": s.image_cache.counts.corrupt,
+            },
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -123,6 +131,25 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     if !s.pending.is_empty() {
         crate::pool_status::print_pending(&s.pending);
     }
+    let ic = &s.image_cache;
+    let c = &ic.counts;
+    match &ic.dir {
+        Some(dir) => println!(
+            "image cache {dir}: {} images, {:.1} MiB of {:.1} MiB",
+            ic.entries,
+            mib(ic.bytes),
+            mib(ic.limit_bytes)
+        ),
+        None => println!("image cache: off"),
+    }
+    println!(
+        "  images received {} ({:.1} MiB), found by hash {} ({:.1} MiB), corrupt entries {}",
+        c.received,
+        mib(c.received_bytes),
+        c.hits,
+        mib(c.hit_bytes),
+        c.corrupt
+    );
     for n in &s.notes {
         println!("note: {n}");
     }

@@ -1,10 +1,16 @@
-//! Modules, libraries, kernels and functions. Images are hashed and sent once per connection
-//! (large ones in parts); a function's parameter layout comes back with it and is cached. Each
-//! module keeps its image, so that a library can be loaded again after a device reset and a
-//! reconnected session can load everything again on another worker.
+//! Modules, libraries, kernels and functions. Images load lazily, as NVIDIA's driver loads
+//! them by default since CUDA 12.2 (`CUDA_MODULE_LOADING=LAZY`): a fatbin or cubin the
+//! application loads is kept here and reaches the worker only when one of its kernels or
+//! variables is first asked for; `CUDA_MODULE_LOADING=EAGER` loads at once, and PTX text
+//! always does (its JIT errors are what a caller of `cuModuleLoadData` checks). At its first
+//! use an image goes by content hash: the worker answers from its session's images or the
+//! node's image cache (`gpufuse_image_cache`), and asks for the bytes only when neither has it
+//! (large ones then travel in parts). A function's parameter layout comes back with it and is
+//! cached. Each module keeps its image, so that a library can be loaded again after a device
+//! reset and a reconnected session can load everything again on another worker.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use gpufuse_proto::{ReplyBody, Request};
 use sha2::{Digest, Sha256};
@@ -12,13 +18,44 @@ use sha2::{Digest, Sha256};
 use crate::error::ClientError;
 use crate::handles::{self, Kind};
 use crate::state::{Function, Inner, Kernel, Library, Module};
-use crate::status::{INVALID_HANDLE, INVALID_IMAGE, NO_BINARY_FOR_GPU, UNKNOWN};
+use crate::status::{INVALID_HANDLE, INVALID_IMAGE, NO_BINARY_FOR_GPU, OUT_OF_MEMORY, UNKNOWN};
 
 /// Images above this size travel in parts (a frame carries at most 64 MiB and change).
 const IMAGE_PART: usize = 32 << 20;
 
+/// Whether fatbins and cubins load lazily: `CUDA_MODULE_LOADING` unset or anything but
+/// `EAGER` (NVIDIA's driver: lazy by default since CUDA 12.2), read once per process.
+pub fn lazy_loading() -> bool {
+    static LAZY: OnceLock<bool> = OnceLock::new();
+    *LAZY.get_or_init(|| {
+        !std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v.trim().eq_ignore_ascii_case("EAGER"))
+    })
+}
+
+/// Whether `image` waits for its first use: a fatbin or a cubin, in lazy mode. Its headers
+/// were checked when it was measured (a malformed one fails the load at once); what is inside
+/// is checked by the worker when it loads, and a failure then is returned by that first use,
+/// as NVIDIA's lazy loading returns it.
+fn loads_lazily(image: &[u8]) -> bool {
+    const ELF: [u8; 4] = [0x7f, b'E', b'L', b'F'];
+    const FATBIN: [u8; 4] = 0xBA55_ED50u32.to_le_bytes();
+    lazy_loading() && (image.starts_with(&ELF) || image.starts_with(&FATBIN))
+}
+
+/// Where a module stands with the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadState {
+    /// Registered by the application, not needed yet: the worker has not seen it.
+    Pending,
+    Loaded,
+    /// Loading failed with this status (the image has no code the device can run, or is
+    /// malformed inside); every use returns it.
+    Failed(i32),
+}
+
 impl Inner {
-    /// Sends `image` (unless this connection already did) and loads it as module `module`.
+    /// Loads `image` as module `module` on the worker, by content hash: the bytes go only if
+    /// the worker (its session or its node's image cache) does not have them.
     pub(crate) fn send_module(
         &mut self,
         module: u64,
@@ -26,7 +63,7 @@ impl Inner {
         image: &[u8],
     ) -> Result<(), ClientError> {
         let hash: [u8; 32] = Sha256::digest(image).into();
-        let mut send = !self.images_sent.contains(&hash);
+        let mut send = false;
         loop {
             // An image larger than a frame goes ahead in parts; the load then names it by hash.
             let parts = send && image.len() > IMAGE_PART;
@@ -54,11 +91,11 @@ impl Inner {
                 _ => return Err(UNKNOWN.into()),
             }
         }
-        self.images_sent.insert(hash);
         Ok(())
     }
 
-    /// Loads `image` on `device`: a new module.
+    /// Registers `image` on `device`: a new module, loaded on the worker now or (lazily) at
+    /// its first use.
     fn load(
         &mut self,
         device: u32,
@@ -66,8 +103,7 @@ impl Inner {
         library: Option<u64>,
     ) -> Result<u64, ClientError> {
         let module = handles::mint(Kind::Module);
-        self.send_module(module, device, &image)?;
-        let order = self.next_order();
+        let lazy = loads_lazily(&image);
         self.modules.insert(
             module,
             Module {
@@ -76,22 +112,67 @@ impl Inner {
                 library,
                 image,
                 globals: HashMap::new(),
-                order,
+                order: 0,
+                state: LoadState::Pending,
             },
         );
+        if !lazy {
+            if let Err(e) = self.ensure_loaded(module) {
+                self.modules.remove(&module);
+                return Err(e);
+            }
+        }
         Ok(module)
     }
 
+    /// Loads module `m` on the worker if it has not been yet (its first use). A status the
+    /// load failed with stays with the module; a failed connection or a device out of memory
+    /// leaves it to be tried again.
+    pub(crate) fn ensure_loaded(&mut self, m: u64) -> Result<(), ClientError> {
+        let module = self.modules.get(&m).ok_or(INVALID_HANDLE)?;
+        match module.state {
+            LoadState::Loaded => return Ok(()),
+            LoadState::Failed(s) => return Err(s.into()),
+            LoadState::Pending => {}
+        }
+        let (device, image) = (module.device, module.image.clone());
+        let result = self.send_module(m, device, &image);
+        let order = self.next_order();
+        if let Some(module) = self.modules.get_mut(&m) {
+            match &result {
+                Ok(()) => {
+                    module.state = LoadState::Loaded;
+                    module.order = order;
+                }
+                Err(ClientError::Cuda(s)) if *s != OUT_OF_MEMORY => {
+                    module.state = LoadState::Failed(*s)
+                }
+                Err(_) => {}
+            }
+        }
+        result
+    }
+
+    /// Whether module `m` is loaded on the worker (not waiting for its first use).
+    pub fn module_loaded(&self, m: u64) -> bool {
+        self.modules
+            .get(&m)
+            .is_some_and(|m| m.state == LoadState::Loaded)
+    }
+
     /// `cuModuleLoadData`: loads `image` in the current context.
-    pub fn load_module(&mut self, image: Vec<u8>) -> Result<u64, ClientError> {
+    pub fn load_module(&mut self, image: impl Into<Arc<[u8]>>) -> Result<u64, ClientError> {
         let (_, device) = self.current()?;
         self.load(device, image.into(), None)
     }
 
     /// `cuModuleUnload`.
     pub fn unload_module(&mut self, m: u64) -> Result<(), ClientError> {
-        self.modules.remove(&m).ok_or(INVALID_HANDLE)?;
+        let module = self.modules.remove(&m).ok_or(INVALID_HANDLE)?;
         self.functions.retain(|_, f| f.module != m);
+        if module.state != LoadState::Loaded {
+            return Ok(());
+        }
         self.conn.quiet(&Request::ModuleUnload { module: m })
     }
 
@@ -101,6 +182,7 @@ impl Inner {
         if let Some(&f) = module.functions.get(name) {
             return Ok(f);
         }
+        self.ensure_loaded(m)?;
         let f = handles::mint(Kind::Function);
         let req = Request::ModuleGetFunction {
             module: m,
@@ -127,6 +209,7 @@ impl Inner {
     /// A module's global `name`: (address, size).
     pub fn global(&mut self, m: u64, name: &str) -> Result<(u64, u64), ClientError> {
         let device = self.modules.get(&m).ok_or(INVALID_HANDLE)?.device;
+        self.ensure_loaded(m)?;
         match self
             .conn
             .call(&Request::ModuleGetGlobal { module: m, name })?
@@ -155,8 +238,9 @@ impl Inner {
 
     /// `cuLibraryLoadData`. The driver loads a library's code into a context lazily
     /// (CUDA_MODULE_LOADING=LAZY, the default): an image with no code for this GPU loads, and
-    /// only its use fails. cuBLAS loads such images (sm_6x SASS only) in cublasCreate.
-    pub fn load_library(&mut self, image: Vec<u8>) -> Result<u64, ClientError> {
+    /// only its use fails. cuBLAS loads such images (sm_6x SASS only) in cublasCreate. In
+    /// eager mode the load happens here and a failure is kept for the library's uses.
+    pub fn load_library(&mut self, image: impl Into<Arc<[u8]>>) -> Result<u64, ClientError> {
         let device = self.library_device()?;
         let lib = handles::mint(Kind::Library);
         let image: Arc<[u8]> = image.into();
@@ -188,7 +272,11 @@ impl Inner {
 
     /// A library's module (or the status loading it gave).
     pub fn library_module(&self, lib: u64) -> Result<u64, ClientError> {
-        Ok(self.libraries.get(&lib).ok_or(INVALID_HANDLE)?.module?)
+        let m = self.libraries.get(&lib).ok_or(INVALID_HANDLE)?.module?;
+        match self.modules.get(&m).map(|m| m.state) {
+            Some(LoadState::Failed(s)) => Err(s.into()),
+            _ => Ok(m),
+        }
     }
 
     /// `cuLibraryGetKernel`: the kernel `name` of library `lib`.
@@ -255,7 +343,6 @@ impl Inner {
             self.modules.remove(&m);
             self.functions.retain(|_, f| f.module != m);
         }
-        self.images_sent.clear();
     }
 
     /// After a device reset: libraries are context-independent, so each library on `device` is

@@ -18,6 +18,7 @@ use gpufuse_transport::Address;
 use crate::connection::{Accepted, Connection};
 use crate::error::ClientError;
 use crate::memory::{page, page_len, MemoryKind};
+use crate::module::LoadState;
 use crate::state::{Inner, Session};
 
 /// Device memory contents read from the old worker: (address, bytes).
@@ -53,7 +54,6 @@ impl Session {
         }
         let mut g = self.lock();
         let (contents, pending_error) = g.capture()?;
-        let images_sent = std::mem::take(&mut g.images_sent);
         let old = std::mem::replace(&mut g.conn, conn);
         match g.reissue(&contents) {
             Ok(()) => {
@@ -67,7 +67,6 @@ impl Session {
             Err(e) => {
                 // The old worker still holds everything: stay there.
                 let _ = std::mem::replace(&mut g.conn, old);
-                g.images_sent = images_sent;
                 if let Some(p) = pending_error {
                     g.conn.keep_async_error(p);
                 }
@@ -132,6 +131,7 @@ impl Inner {
             .chain(
                 self.modules
                     .iter()
+                    .filter(|(_, module)| module.state == LoadState::Loaded)
                     .map(|(&m, module)| (module.order, Placement::Module(m))),
             )
             .collect();

@@ -2,7 +2,7 @@
 //! attributes, allocations, contexts, modules, functions, streams and events).
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
 use gpufuse_proto::{DeviceInfo, FunctionInfo, Qos, ResourceRequest, SessionKind};
@@ -126,8 +126,10 @@ pub struct Module {
     pub image: std::sync::Arc<[u8]>,
     /// Its globals the application asked for: name -> address.
     pub globals: HashMap<String, u64>,
-    /// When it was loaded, among everything that takes device address space.
+    /// When it was loaded on the worker, among everything that takes device address space.
     pub(crate) order: u64,
+    /// Whether the worker has it yet: images load lazily, at their first use.
+    pub(crate) state: crate::module::LoadState,
 }
 
 #[derive(Debug, Clone)]
@@ -184,8 +186,6 @@ pub struct Inner {
     pub(crate) kernels: HashMap<u64, Kernel>,
     pub(crate) streams: HashMap<u64, Stream>,
     pub(crate) events: HashMap<u64, Event>,
-    /// Content hashes of images this connection already sent.
-    pub(crate) images_sent: HashSet<[u8; 32]>,
     /// Memory pools by handle: each device's default pool (made on first use) and the pools
     /// `cuMemPoolCreate` made.
     pub(crate) pools: HashMap<u64, PoolStats>,
@@ -299,7 +299,6 @@ impl Session {
                 kernels: HashMap::new(),
                 streams: HashMap::new(),
                 events: HashMap::new(),
-                images_sent: HashSet::new(),
                 pools: HashMap::new(),
                 current_pools: HashMap::new(),
                 managed_on_device: false,

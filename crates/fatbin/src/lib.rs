@@ -67,10 +67,6 @@ pub enum FatbinError {
     UnsupportedPtxVersion(u16, u16),
     #[error("entry cannot be decompressed")]
     Decompress,
-    /// No longer returned: the units of relocatable device code are linked when they load
-    /// ([`with_prelinked_ptx`], [`select_units`]).
-    #[error("relocatable device code of {0} translation units needs the JIT linker")]
-    NeedsLinking(usize),
     /// An input of the JIT linker that holds no PTX (a cubin, a fatbin of SASS only).
     #[error("{0} holds no PTX (the emulated GPU links and runs PTX only)")]
     NoPtx(String),
@@ -319,6 +315,29 @@ pub fn select_ptx(image: &[u8], max_sm: u32) -> Result<String, FatbinError> {
         }
     };
     String::from_utf8(text).map_err(|_| FatbinError::Malformed("PTX is not text"))
+}
+
+/// Whether an image holds code a GPU of compute capability `sm` (e.g. 100) can load, by the
+/// rules [`select_ptx`] and [`select_cubin`] apply, from the entries' headers alone (nothing
+/// is decompressed): PTX text, PTX for `sm` or below, or SASS of the same major version and a
+/// minor not above it. What a load would refuse with CUDA_ERROR_NO_BINARY_FOR_GPU, known
+/// before the image is sent (lazy loading sends it at its first use).
+pub fn has_code_for(image: &[u8], sm: u32) -> bool {
+    let same_family = |c: u32| c / 10 == sm / 10 && c <= sm;
+    match classify(image) {
+        ImageKind::Ptx => true,
+        ImageKind::Cubin => cubin_sm(image).is_some_and(same_family),
+        ImageKind::FatbincWrapper => false,
+        ImageKind::Fatbin => entries(image).is_ok_and(|entries| {
+            entries.iter().any(|e| {
+                if e.is_ptx() {
+                    e.sm <= sm
+                } else {
+                    same_family(e.sm)
+                }
+            })
+        }),
+    }
 }
 
 /// The SASS a GPU of compute capability `sm` (e.g. 100) could run from a fatbin: the cubin

@@ -55,3 +55,22 @@ fn truncated_images_are_errors() {
     let cubin = fixture("k.cubin");
     assert_eq!(measure_len(&cubin[..100]), Err(FatbinError::Truncated));
 }
+
+/// What a lazy load checks from headers alone agrees with what the loads select: the sm_80
+/// fatbin (PTX and SASS for sm_80) has code for sm_80 and later GPUs (its PTX), none for an
+/// older one; the sm_80 cubin only for sm_8x GPUs of minor 0 or above.
+#[test]
+fn code_for_a_gpu_is_known_from_the_headers() {
+    use gpufuse_fatbin::has_code_for;
+    let fatbin = fixture("k.fatbin");
+    let cubin = fixture("k.cubin");
+    assert!(has_code_for(&fatbin, 80));
+    assert!(has_code_for(&fatbin, 100));
+    assert!(!has_code_for(&fatbin, 75));
+    assert!(has_code_for(&cubin, 80));
+    assert!(has_code_for(&cubin, 86));
+    assert!(!has_code_for(&cubin, 90));
+    assert!(!has_code_for(&cubin, 75));
+    assert!(has_code_for(b".version 8.0\n.target sm_80\0", 75));
+    assert!(!has_code_for(b"\x7fELF\x02garbage", 100));
+}

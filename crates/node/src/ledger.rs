@@ -46,6 +46,7 @@ impl NodeState {
             sessions: Default::default(),
             observed: Default::default(),
             elastic: Default::default(),
+            image_cache: Default::default(),
         }
     }
 

@@ -12,6 +12,7 @@ pub mod admin;
 pub mod agent;
 mod devices;
 pub mod elastic;
+pub mod image_cache;
 mod ledger;
 pub mod lifecycle;
 pub mod observed;
@@ -66,6 +67,8 @@ pub struct NodeConfig {
     pub http: Option<gpufuse_observe::HttpConfig>,
     /// Oversubscription, swap and idle TTLs (`elastic.rs`).
     pub elastic: ElasticOptions,
+    /// The node's image cache on disk, shared by its workers (`image_cache.rs`).
+    pub image_cache: Option<gpufuse_image_cache::ImageCache>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +134,8 @@ pub struct NodeState {
     pub observed: observed::Observed,
     /// Oversubscription and swap settings (`elastic.rs`).
     pub elastic: ElasticOptions,
+    /// The image cache and what the workers reported of it (`image_cache.rs`).
+    pub image_cache: image_cache::ImageCacheBooks,
 }
 
 impl NodeState {
@@ -193,6 +198,7 @@ impl NodeState {
             },
             notes: self.notes.clone(),
             pending: Vec::new(),
+            image_cache: self.image_cache.status(),
         }
     }
 }
@@ -212,6 +218,14 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
     tracing::info!("compute policy: {}", config.compute_policy.name());
     let mut node = NodeState::new(devices, notes, config.compute_policy);
     node.elastic = config.elastic.clone();
+    node.image_cache = image_cache::ImageCacheBooks::new(config.image_cache.clone());
+    if let Some(c) = &config.image_cache {
+        tracing::info!(
+            "image cache: {} (at most {} bytes)",
+            c.dir().display(),
+            c.limit()
+        );
+    }
     let state: Shared = Arc::new(Mutex::new(node));
     let mut listeners = Vec::new();
     for addr in &config.listen {

@@ -107,6 +107,7 @@ pub fn run_worker(
     if e.oversubscribes() {
         cmd.arg("--oversubscribed");
     }
+    crate::image_cache::configure_worker(&mut cmd, config.image_cache.as_ref());
     // The worker dies with the node: a node killed by any signal (SIGKILL included) must not
     // leave workers holding device memory that no ledger shows. PR_SET_PDEATHSIG fires when
     // the thread that spawned the child exits; this thread serves the worker's control socket
@@ -251,6 +252,10 @@ fn serve_control(control: UnixStream, id: u64, state: &Shared, mut queue: Arc<De
                     r.elastic.swapped_host = host;
                     r.elastic.swapped_disk = disk;
                 }
+                (true, 0)
+            }
+            ControlRequest::Images(counts) => {
+                lock(state).image_cache.record(counts);
                 (true, 0)
             }
             ControlRequest::Release { bytes } => (true, lock(state).release(id, bytes)),

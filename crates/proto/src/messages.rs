@@ -201,6 +201,7 @@ pub struct NodeStatus {
     pub notes: Vec<String>,
     /// Sessions waiting for capacity (`gpufuse serve`'s own controller), and why.
     pub pending: Vec<crate::PoolPendingView>,
+    pub image_cache: ImageCacheStatus,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -248,6 +249,33 @@ pub struct SessionStatus {
     /// (oversubscription, scale to zero); the rest is resident.
     pub swapped_host_bytes: u64,
     pub swapped_disk_bytes: u64,
+}
+
+/// Module images a node's workers were sent or found in the node's image cache (counts and
+/// bytes); a worker reports each change ([`ControlRequest::Images`]), the node adds them up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageCounts {
+    /// Images whose bytes a client sent.
+    pub received: u64,
+    pub received_bytes: u64,
+    /// Images a client named by hash only, found in the node's cache.
+    pub hits: u64,
+    pub hit_bytes: u64,
+    /// Cache entries whose bytes did not match their hash: dropped, and the client was asked
+    /// for the image.
+    pub corrupt: u64,
+}
+
+/// The node's image cache (`gpufuse serve --image-cache`): its place, its size and what it
+/// saved since the node started.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageCacheStatus {
+    /// The cache's directory; `None` when the node keeps no images on disk.
+    pub dir: Option<String>,
+    pub limit_bytes: u64,
+    pub entries: u64,
+    pub bytes: u64,
+    pub counts: ImageCounts,
 }
 
 /// One parameter of a kernel: where its bytes go in the packed parameter buffer.
@@ -725,6 +753,9 @@ pub enum ControlRequest {
     /// node waits for other sessions to make room as long as they can (oversubscription),
     /// instead of refusing at once.
     ReserveWaiting { bytes: u64 },
+    /// Module images the worker was sent or found in the node's image cache since its last
+    /// report (a report after each change; answered `ok`).
+    Images(ImageCounts),
 }
 
 /// The node's command to a worker, on the worker's command socket (frames of kind

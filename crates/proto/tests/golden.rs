@@ -493,6 +493,19 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
         }],
         notes: vec!["n".into()],
         pending: vec![],
+        image_cache: ImageCacheStatus {
+            dir: Some("/c".into()),
+            limit_bytes: 1 << 30,
+            entries: 2,
+            bytes: 4096,
+            counts: ImageCounts {
+                received: 1,
+                received_bytes: 4096,
+                hits: 2,
+                hit_bytes: 1500,
+                corrupt: 0,
+            },
+        },
     };
     let mut out: Vec<(&'static str, Vec<u8>)> =
         bodies.into_iter().map(|(n, b)| (n, body(&b))).collect();
@@ -572,6 +585,16 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
         (
             "ControlRequest::ReserveWaiting",
             ControlRequest::ReserveWaiting { bytes: 4096 },
+        ),
+        (
+            "ControlRequest::Images",
+            ControlRequest::Images(ImageCounts {
+                received: 1,
+                received_bytes: 4096,
+                hits: 2,
+                hit_bytes: 1500,
+                corrupt: 0,
+            }),
         ),
     ] {
         out.push((n, body(&r)));
@@ -677,7 +700,7 @@ const OTHERS: &[(&str, &str)] = &[
         ("SessionKind::Migrate", "050301"),
         ("ServerHello::Accepted", "00010100036770750007070707070707070707070707070707808080800401028010"),
         ("ServerHello::Refused", "01026e6f"),
-        ("ServerHello::Status", "02000100036770750180808080048080400707070707070707070707070707070709000040003201012a01700105616c6963652b008080400180808080043200011ee8070a640180200001016e00"),
+        ("ServerHello::Status", "02000100036770750180808080048080400707070707070707070707070707070709000040003201012a01700105616c6963652b008080400180808080043200011ee8070a640180200001016e0001022f63808080800402802001802002dc0b00"),
         ("ServerHello::Admissible", "0301"),
         ("ServerHello::Ended", "0403"),
         ("ServerHello::Migrated", "080301dc0b8020"),
@@ -689,6 +712,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("ControlRequest::Renew", "05dc0b"),
     ("ControlRequest::Swapped", "068020dc0b"),
     ("ControlRequest::ReserveWaiting", "078020"),
+    ("ControlRequest::Images", "0801802002dc0b00"),
     ("NodeCommand::Evict", "00802001"),
     ("NodeCommand::Migrate", "0101"),
     ("ControlAnswer", "01e807"),

@@ -1,4 +1,6 @@
-//! Module images arrive as a bare pointer: find out what they are and how long they are.
+//! Module images arrive as a bare pointer: find out what they are and how long they are, and
+//! check their headers (the load's error, since the worker may see an image only at its first
+//! use).
 
 use std::borrow::Cow;
 use std::ffi::c_void;
@@ -51,6 +53,12 @@ pub unsafe fn image_bytes<'a>(image: *const c_void) -> Result<Cow<'a, [u8]>, CUr
         gpufuse_fatbin::measure_len(&unsafe { RawImage::new(ptr) }).map_err(|_| INVALID_IMAGE)?;
     // SAFETY: the image's own headers say it is `len` bytes long.
     let bytes = unsafe { crate::ffi::host_bytes(ptr.cast(), len) }?;
+    // A fatbin's entry headers are walked here (cheap: nothing is decompressed), so a
+    // malformed one fails its load even when the image reaches the worker only at its first
+    // use (lazy loading); a cubin's ELF headers were read to measure it.
+    if gpufuse_fatbin::classify(bytes) == gpufuse_fatbin::ImageKind::Fatbin {
+        gpufuse_fatbin::entries(bytes).map_err(|_| INVALID_IMAGE)?;
+    }
     if prelinked == 0 {
         return Ok(Cow::Borrowed(bytes));
     }
@@ -68,17 +76,7 @@ pub unsafe fn image_bytes<'a>(image: *const c_void) -> Result<Cow<'a, [u8]>, CUr
         // SAFETY: a prelinked fatbin, `n` bytes long by its own headers.
         units.push(unsafe { crate::ffi::host_bytes(unit.cast(), n) }?);
     }
-    match gpufuse_fatbin::with_prelinked_ptx(bytes, &units) {
-        Ok(v) => Ok(Cow::Owned(v)),
-        // The device-linked image alone: a GPU whose SASS it holds runs it; any other loads
-        // it lazily and its launches fail with CUDA_ERROR_NO_BINARY_FOR_GPU, as NVIDIA's
-        // driver fails them without matching SASS. The log says why.
-        Err(e @ gpufuse_fatbin::FatbinError::NeedsLinking(_)) => {
-            if std::env::var_os("GPUFUSE_LOG").is_some() {
-                eprintln!("gpufuse: {e}");
-            }
-            Ok(Cow::Borrowed(bytes))
-        }
-        Err(_) => Err(INVALID_IMAGE),
-    }
+    gpufuse_fatbin::with_prelinked_ptx(bytes, &units)
+        .map(Cow::Owned)
+        .map_err(|_| INVALID_IMAGE)
 }

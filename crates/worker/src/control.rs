@@ -5,7 +5,9 @@
 
 use std::os::unix::net::UnixStream;
 
-use gpufuse_proto::{decode_owned, encode_frame, ControlAnswer, ControlRequest, FrameKind};
+use gpufuse_proto::{
+    decode_owned, encode_frame, ControlAnswer, ControlRequest, FrameKind, ImageCounts,
+};
 use gpufuse_transport::{Conn, Stream};
 
 /// The device memory ledger as a worker sees it.
@@ -34,6 +36,9 @@ pub trait Ledger {
     fn reserve_waiting(&mut self, bytes: u64) -> bool {
         self.reserve(bytes)
     }
+    /// Reports module images received or found in the node's image cache since the last
+    /// report.
+    fn images(&mut self, _counts: ImageCounts) {}
 }
 
 /// The ledger in the node, reached over the control socket.
@@ -77,6 +82,9 @@ impl Ledger for ControlLedger {
     }
     fn device_used(&mut self) -> u64 {
         self.ask(ControlRequest::DeviceUsed).map_or(0, |a| a.value)
+    }
+    fn images(&mut self, counts: ImageCounts) {
+        let _ = self.ask(ControlRequest::Images(counts));
     }
     fn acquire(&mut self) -> u64 {
         // Without a node there is nobody to share with: run.

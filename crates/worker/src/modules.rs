@@ -1,13 +1,16 @@
-//! Modules as one session holds them: the cache of images by content hash (so a module loaded
-//! again, or by another context, travels once), images arriving in parts, the session's
+//! Modules as one session holds them: images by content hash (so a module loaded again, or by
+//! another context, travels once; behind the session's own images, the node's image cache on
+//! disk, `gpufuse_image_cache`, shared by all the node's sessions: a client names an image by
+//! hash and sends the bytes only when neither has it), images arriving in parts, the session's
 //! module handles (client id -> device module) and function handles (client id -> module and
 //! kernel name). Module variables are device memory and are charged like an allocation.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use gpufuse_device::status as st;
-use gpufuse_proto::ReplyBody;
+use gpufuse_image_cache::{ImageCache, Lookup};
+use gpufuse_proto::{ImageCounts, ReplyBody};
 use sha2::{Digest, Sha256};
 
 use crate::{Session, R};
@@ -16,6 +19,21 @@ use crate::{Session, R};
 const MAX_CACHED_IMAGES: usize = 256;
 /// The largest module image accepted in parts (CuPy's thrust module holds about 75 MB).
 const MAX_IMAGE_BYTES: u64 = 1 << 30;
+
+/// The node's image cache, as the node handed it to this worker process (none when it did
+/// not, or the directory cannot be made: the session then works from its own images).
+fn node_cache() -> Option<&'static ImageCache> {
+    static CACHE: OnceLock<Option<ImageCache>> = OnceLock::new();
+    CACHE
+        .get_or_init(|| match ImageCache::from_env() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("the node's image cache is not usable: {e}");
+                None
+            }
+        })
+        .as_ref()
+}
 
 #[derive(Default)]
 pub(crate) struct ModuleBooks {
@@ -35,6 +53,16 @@ impl ModuleBooks {
             self.images.clear();
         }
         self.images.insert(hash, image);
+    }
+}
+
+/// Keeps an image a client sent (its hash checked) in the node's cache; a failure to write
+/// only costs the next session the bytes.
+fn keep_on_disk(hash: &[u8; 32], image: &[u8]) {
+    if let Some(cache) = node_cache() {
+        if let Err(e) = cache.put(hash, image) {
+            tracing::warn!("image cache {}: {e}", cache.dir().display());
+        }
     }
 }
 
@@ -70,12 +98,37 @@ impl Session<'_> {
                 }
                 if !self.modules.images.contains_key(&hash) {
                     self.modules.cache(hash, img.to_vec());
+                    keep_on_disk(&hash, img);
                 }
+                self.ledger.images(ImageCounts {
+                    received: 1,
+                    received_bytes: img.len() as u64,
+                    ..Default::default()
+                });
                 img.to_vec()
             }
             None => match self.modules.images.get(&hash) {
                 Some(img) => img.clone(),
-                None => return Ok(ReplyBody::NeedImage),
+                None => match node_cache().map(|c| c.get(&hash)) {
+                    Some(Lookup::Hit(img)) => {
+                        self.ledger.images(ImageCounts {
+                            hits: 1,
+                            hit_bytes: img.len() as u64,
+                            ..Default::default()
+                        });
+                        self.modules.cache(hash, img.clone());
+                        img
+                    }
+                    Some(Lookup::Corrupt) => {
+                        tracing::warn!("a corrupt image cache entry was dropped");
+                        self.ledger.images(ImageCounts {
+                            corrupt: 1,
+                            ..Default::default()
+                        });
+                        return Ok(ReplyBody::NeedImage);
+                    }
+                    Some(Lookup::Miss) | None => return Ok(ReplyBody::NeedImage),
+                },
             },
         };
         let id = self.device.load_module(&image)?;
@@ -114,6 +167,12 @@ impl Session<'_> {
             if Sha256::digest(&part).as_slice() != hash {
                 return Err(st::INVALID_VALUE);
             }
+            keep_on_disk(&hash, &part);
+            self.ledger.images(ImageCounts {
+                received: 1,
+                received_bytes: total,
+                ..Default::default()
+            });
             self.modules.cache(hash, part);
         } else {
             self.modules.partial_image = Some((hash, part));

@@ -1,5 +1,7 @@
-//! Modules, libraries, kernels and functions. Images are measured in the client, hashed, and
-//! sent once per connection; parameter layouts come back with each function and are cached.
+//! Modules, libraries, kernels and functions. Images are measured and their headers checked
+//! here, at load; the client core sends them by content hash at their first use (lazy
+//! loading, `gpufuse_client::module`); parameter layouts come back with each function and are
+//! cached.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
@@ -12,7 +14,7 @@ use crate::ffi::{cstr, out, out_opt};
 use crate::global::{client_err, session, with_core};
 use crate::guard::guard;
 use crate::image::image_bytes;
-use crate::status::{CUresult, INVALID_VALUE, NOT_FOUND};
+use crate::status::{CUresult, INVALID_VALUE, NOT_FOUND, NO_BINARY_FOR_GPU};
 
 pub type CUmodule = *mut c_void;
 pub type CUfunction = *mut c_void;
@@ -28,13 +30,34 @@ fn p(h: u64) -> *mut c_void {
     h as usize as *mut c_void
 }
 
+/// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` and `_MINOR`.
+const CC_MAJOR: i32 = 75;
+const CC_MINOR: i32 = 76;
+
+/// Loads a module in the current context. An image with no code the context's device can
+/// load is refused here, as the driver refuses it at `cuModuleLoadData` also in lazy mode
+/// (the image itself may reach the worker only at its first use).
+fn load_checked(bytes: &[u8]) -> Result<CUmodule, CUresult> {
+    let s = session()?;
+    let mut g = s.lock();
+    let (_, device) = g.current().map_err(client_err)?;
+    let cc = |attr| s.attribute(device as i32, attr);
+    if let (Some(major), Some(minor)) = (cc(CC_MAJOR), cc(CC_MINOR)) {
+        let sm = (major * 10 + minor) as u32;
+        if !gpufuse_fatbin::has_code_for(bytes, sm) {
+            return Err(NO_BINARY_FOR_GPU);
+        }
+    }
+    Ok(p(g.load_module(bytes).map_err(client_err)?))
+}
+
 fn module_load(pmod: *mut CUmodule, image: *const c_void) -> Result<(), CUresult> {
     if pmod.is_null() {
         return Err(INVALID_VALUE);
     }
     // SAFETY: CUDA's contract for a module image argument, read during this call only.
     let bytes = unsafe { image_bytes(image) }?;
-    out(pmod, p(with_core(|g| g.load_module(bytes.into_owned()))?))
+    out(pmod, load_checked(&bytes)?)
 }
 
 #[no_mangle]
@@ -78,7 +101,7 @@ fn read_file(path: *const c_char) -> Result<Vec<u8>, CUresult> {
 pub unsafe extern "C" fn cuModuleLoad(pmod: *mut CUmodule, fname: *const c_char) -> CUresult {
     guard(|| {
         let bytes = read_file(fname)?;
-        out(pmod, p(with_core(|g| g.load_module(bytes))?))
+        out(pmod, load_checked(&bytes)?)
     })
 }
 
@@ -117,13 +140,23 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     })
 }
 
-/// `CU_MODULE_EAGER_LOADING`: images are loaded when the application loads them.
+/// `CU_MODULE_LAZY_LOADING` (2) unless `CUDA_MODULE_LOADING=EAGER` (`CU_MODULE_EAGER_LOADING`,
+/// 1): fatbins and cubins reach the worker at their first use.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut c_int) -> CUresult {
-    guard(|| out(mode, 1))
+    guard(|| {
+        out(
+            mode,
+            if gpufuse_client::module::lazy_loading() {
+                2
+            } else {
+                1
+            },
+        )
+    })
 }
 
-fn library_load(plib: *mut CUlibrary, bytes: Vec<u8>) -> Result<(), CUresult> {
+fn library_load(plib: *mut CUlibrary, bytes: &[u8]) -> Result<(), CUresult> {
     if plib.is_null() {
         return Err(INVALID_VALUE);
     }
@@ -144,7 +177,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     guard(|| {
         // SAFETY: CUDA's contract for a module image argument, read during this call only.
         let image = unsafe { image_bytes(code) }?;
-        library_load(plib, image.into_owned())
+        library_load(plib, &image)
     })
 }
 
@@ -159,7 +192,7 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     _lib_values: *mut *mut c_void,
     _num_lib: c_uint,
 ) -> CUresult {
-    guard(|| library_load(plib, read_file(fname)?))
+    guard(|| library_load(plib, &read_file(fname)?))
 }
 
 #[no_mangle]
