@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,10 @@ PY = HERE / "python"
 # warm-up to after the soak: tables and allocator arenas settle, a leak per session does not.
 RSS_SLACK_KIB = 16 * 1024
 CHURN_SECONDS = 10.0
+# 64 sessions on a 2-core machine oversubscribe it dozens of times over: a client's hello may
+# wait longer than the default 10 s for the node to get the CPU. A soak measures errors of the
+# sessions, not the scheduler's latency under that load (GPUFUSE_HELLO_TIMEOUT overrides).
+HELLO_TIMEOUT_S = os.environ.get("GPUFUSE_HELLO_TIMEOUT", "120")
 
 
 @dataclass
@@ -149,7 +154,8 @@ def soak(programs, server, sessions: int, seconds: float, interval: float = 5.0,
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            e = dict(env, GPUFUSE_CHURN_SECONDS=f"{min(CHURN_SECONDS, max(left, 0.2)):.1f}")
+            e = dict(env, GPUFUSE_CHURN_SECONDS=f"{min(CHURN_SECONDS, max(left, 0.2)):.1f}",
+                     GPUFUSE_HELLO_TIMEOUT=HELLO_TIMEOUT_S)
             try:
                 r = support.run_client(programs, server.unix, argv, env=e)
             except BaseException as x:  # a client that hangs past its timeout (pytest.fail)
