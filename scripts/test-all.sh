@@ -2,7 +2,8 @@
 # Runs every test tier that works without a GPU:
 #   style (fmt, clippy), unit + component (cargo test), the fuzz targets for a bounded time
 #   (scripts/fuzz.sh), then the real-client suites (NVIDIA's libraries from PyPI
-#   through the shim against a real `gpufuse serve` on the emulated GPU).
+#   through the shim against a real `gpufuse serve` on the emulated GPU), and the check that
+#   the generated CUDA types match NVIDIA's headers (scripts/check_cuda_types.sh).
 # Installs what it needs first (idempotent): PyPI wheels into .deps/, see scripts/setup-test-deps.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,3 +26,7 @@ bash scripts/check-helm-chart.sh
 
 echo "== real-client suites =="
 bash scripts/run-real-clients.sh
+
+echo "== cuda-types: generated from NVIDIA's headers, struct layouts checked by the C compiler =="
+nv=$(echo .deps/venv/lib/python3*/site-packages/nvidia)
+bash scripts/check_cuda_types.sh "$nv/cuda_runtime/include" "$nv/cu13/include"

@@ -1,11 +1,21 @@
 //! CUDA driver facts, generated from NVIDIA's headers by `scripts/gen_cuda_types.py`
 //! (checked in; `scripts/check_cuda_types.sh` verifies they are current):
-//! the names a real `libcuda.so.1` exports, the `cuGetProcAddress` version table, and the
-//! `CUresult` codes; and what `cuGetErrorString` says for each code, read from NVIDIA's libcudart
+//! the names a real `libcuda.so.1` exports, the `cuGetProcAddress` version table, the
+//! `CUresult` codes, and the C structs the driver API takes ([`structs`]: `#[repr(C)]`, header
+//! names, their size, alignment and offsets asserted at compile time and checked against the
+//! header by a C compiler); and what `cuGetErrorString` says for each code, read from NVIDIA's libcudart
 //! by `scripts/gen_result_texts.py`. No dependencies, no unsafe.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::type_complexity)]
+
+/// The driver API's C structs, as CUDA 12's `cuda.h` declares them (`CUDA_MEMCPY2D`,
+/// `CUDA_RESOURCE_DESC`, `CUlaunchConfig`, ...), with the header's type and member names; the
+/// typedefs they use (enums as `c_int`, handles as `*mut c_void`).
+#[allow(non_camel_case_types, non_snake_case)]
+pub mod structs {
+    include!("generated/structs.rs");
+}
 
 mod generated {
     pub mod exports;

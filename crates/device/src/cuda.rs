@@ -47,7 +47,6 @@ pub struct CudaDevice {
     modules: HashMap<ModuleId, Loaded>,
     next_module: ModuleId,
     info: DeviceInfo,
-    last_error: Option<String>,
 }
 
 fn status_of(e: &DriverError) -> Status {
@@ -78,14 +77,16 @@ impl CudaDevice {
             modules: HashMap::new(),
             next_module: 1,
             info,
-            last_error: None,
         })
     }
 
     fn fail(&mut self, e: DriverError) -> Status {
-        let s = status_of(&e);
-        self.last_error = Some(e.to_string());
-        s
+        status_of(&e)
+    }
+
+    /// The driver's failure with what it said, for a launch or a module load.
+    fn error(&self, e: DriverError) -> DeviceError {
+        DeviceError::new(status_of(&e), format!("GPU {}: {e}", self.index))
     }
 
     fn loaded(&self, m: ModuleId) -> Result<&Loaded, Status> {
@@ -223,7 +224,7 @@ impl Device for CudaDevice {
         r.map_err(|e| self.fail(e))
     }
 
-    fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, Status> {
+    fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, DeviceError> {
         // A PTX image must end in NUL for the driver; fatbins and cubins carry their sizes.
         let owned;
         let image = if gpufuse_fatbin::classify(image) == gpufuse_fatbin::ImageKind::Ptx
@@ -234,7 +235,7 @@ impl Device for CudaDevice {
         } else {
             image
         };
-        let module = self.driver.load_module(image).map_err(|e| self.fail(e))?;
+        let module = self.driver.load_module(image).map_err(|e| self.error(e))?;
         let id = self.next_module;
         self.next_module += 1;
         self.modules.insert(
@@ -275,7 +276,7 @@ impl Device for CudaDevice {
         self.driver.global(m, name).map_err(|e| status_of(&e))
     }
 
-    fn launch(&mut self, l: &KernelLaunch) -> Result<Duration, Status> {
+    fn launch(&mut self, l: &KernelLaunch) -> Result<Duration, DeviceError> {
         let f = self.function_handle(l.module, l.function)?;
         let start = Instant::now();
         self.driver
@@ -287,15 +288,9 @@ impl Device for CudaDevice {
                 gpufuse_cuda_driver::Stream::NULL,
                 l.params,
             )
-            .map_err(|e| self.fail(e))?;
-        self.driver.synchronize().map_err(|e| self.fail(e))?;
+            .map_err(|e| self.error(e))?;
+        self.driver.synchronize().map_err(|e| self.error(e))?;
         Ok(start.elapsed())
-    }
-
-    fn take_error_detail(&mut self) -> Option<String> {
-        self.last_error
-            .take()
-            .map(|e| format!("GPU {}: {e}", self.index))
     }
 
     // Eviction keeps the address (the window stays reserved) and gives back the physical

@@ -8,7 +8,8 @@
 //! loaded modules and their functions. Streams and events are ordered by the worker: every
 //! backend here executes a session's work in submission order.
 //!
-//! Errors are CUDA status codes (`CUresult`), because that is what reaches the application.
+//! Errors are CUDA status codes (`CUresult`), because that is what reaches the application;
+//! launches and module loads return a [`DeviceError`], the status with its detail.
 
 #![deny(unsafe_code)] // allowed only in emu/words.rs, the word views of device memory
 
@@ -22,7 +23,7 @@ pub mod status;
 use gpufuse_proto::{DeviceInfo, FunctionInfo};
 
 pub use capture::{CaptureRefused, DeviceImage};
-pub use status::Status;
+pub use status::{DeviceError, Status};
 
 /// A loaded module, as the device knows it.
 pub type ModuleId = u64;
@@ -53,8 +54,9 @@ pub trait Device: Send {
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status>;
     /// Sets `count` elements of `elem_size` (1, 2 or 4) bytes at `dst` to `value`.
     fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status>;
-    /// Loads a module image (fatbin, cubin or PTX).
-    fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, Status>;
+    /// Loads a module image (fatbin, cubin or PTX); a refusal says why (the PTX error, what a
+    /// link lacks).
+    fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, DeviceError>;
     fn unload_module(&mut self, module: ModuleId) -> Result<(), Status>;
     /// Virtual memory management: physical memory of `size` bytes, mapped nowhere yet.
     fn create_physical(&mut self, _size: u64) -> Result<u64, Status> {
@@ -88,13 +90,9 @@ pub trait Device: Send {
     fn function(&mut self, module: ModuleId, name: &str) -> Result<FunctionInfo, Status>;
     /// A module variable's address and size.
     fn global(&mut self, module: ModuleId, name: &str) -> Result<(u64, u64), Status>;
-    /// Runs a kernel to completion; returns the device time it took.
-    fn launch(&mut self, launch: &KernelLaunch) -> Result<std::time::Duration, Status>;
-    /// A human-readable reason for the last failed launch (an unsupported instruction, the
-    /// illegal address), for the worker's log.
-    fn take_error_detail(&mut self) -> Option<String> {
-        None
-    }
+    /// Runs a kernel to completion; returns the device time it took. A failure says why where
+    /// the device can (an unsupported instruction, the illegal address), for the worker's log.
+    fn launch(&mut self, launch: &KernelLaunch) -> Result<std::time::Duration, DeviceError>;
     /// Device-side `printf` output of the launches so far, not yet taken, in order.
     fn take_output(&mut self) -> Vec<u8> {
         Vec::new()

@@ -236,8 +236,9 @@ mod tests {
         assert_eq!(got, want);
         // Unit A alone cannot link: the load names what is missing.
         let alone = gpufuse_fatbin::link_image(&[("a", &a), ("a2", &a)]).unwrap();
-        assert_eq!(d.load_module(&alone), Err(crate::status::INVALID_IMAGE));
-        let why = d.take_error_detail().unwrap_or_default();
+        let e = d.load_module(&alone).unwrap_err();
+        assert_eq!(e.status, crate::status::INVALID_IMAGE);
+        let why = e.detail();
         assert!(why.contains("_Z5scalei"), "{why}");
     }
 }

@@ -21,3 +21,53 @@ pub const NOT_SUPPORTED: Status = 801;
 pub const LAUNCH_FAILED: Status = 719;
 pub const COOPERATIVE_LAUNCH_TOO_LARGE: Status = 720;
 pub const UNKNOWN: Status = 999;
+
+/// A failed device operation: its CUDA status and, where the device can say more (the
+/// instruction a launch stopped at, the illegal address, what a module lacks to link), why.
+/// A bare [`Status`] converts into one without detail, and one converts back to its status,
+/// so `?` works across both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceError {
+    pub status: Status,
+    pub detail: Option<String>,
+}
+
+impl DeviceError {
+    pub fn new(status: Status, detail: impl Into<String>) -> Self {
+        DeviceError {
+            status,
+            detail: Some(detail.into()),
+        }
+    }
+
+    /// The detail, or "" when the device gave none (for logs).
+    pub fn detail(&self) -> &str {
+        self.detail.as_deref().unwrap_or("")
+    }
+}
+
+impl From<Status> for DeviceError {
+    fn from(status: Status) -> Self {
+        DeviceError {
+            status,
+            detail: None,
+        }
+    }
+}
+
+impl From<DeviceError> for Status {
+    fn from(e: DeviceError) -> Status {
+        e.status
+    }
+}
+
+impl std::fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.detail {
+            Some(d) => write!(f, "status {}: {d}", self.status),
+            None => write!(f, "status {}", self.status),
+        }
+    }
+}
+
+impl std::error::Error for DeviceError {}

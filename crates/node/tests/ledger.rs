@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gpufuse_device::emu::EmuDevice;
-use gpufuse_device::{Device, KernelLaunch, ModuleId, Status};
+use gpufuse_device::{Device, DeviceError, KernelLaunch, ModuleId, Status};
 use gpufuse_node::{DeviceState, NodeState};
 use gpufuse_proto::{
     ClientHello, ComputePolicy, DeviceInfo, DeviceKind, FunctionInfo, ReplyBody, Request,
@@ -56,7 +56,7 @@ impl Device for Counting {
     fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status> {
         self.inner.memset(dst, value, elem_size, count)
     }
-    fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, Status> {
+    fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, DeviceError> {
         self.inner.load_module(image)
     }
     fn unload_module(&mut self, module: ModuleId) -> Result<(), Status> {
@@ -68,7 +68,7 @@ impl Device for Counting {
     fn global(&mut self, module: ModuleId, name: &str) -> Result<(u64, u64), Status> {
         self.inner.global(module, name)
     }
-    fn launch(&mut self, launch: &KernelLaunch) -> Result<std::time::Duration, Status> {
+    fn launch(&mut self, launch: &KernelLaunch) -> Result<std::time::Duration, DeviceError> {
         self.inner.launch(launch)
     }
 }

@@ -5,9 +5,9 @@
 //! [`ffi`] (the only code that dereferences application memory), talks to the session, and maps
 //! the outcome to a `CUresult`. No panic crosses the FFI boundary.
 //!
-//! The export surface is one table: every name a real driver exports
-//! (`gpufuse_cuda_types::DRIVER_EXPORTS`). `build.rs` reads the functions implemented under
-//! `src/api/`, generates the `_ptds`/`_ptsz` per-thread aliases of implemented functions, a
+//! The export surface is every name a real driver exports (`gpufuse_cuda_types::DRIVER_EXPORTS`).
+//! The implemented ones are declared as data in `exports.toml` (name, area, quiet or
+//! synchronous, per-thread alias); `build.rs` generates from it the `_ptds`/`_ptsz` aliases, a
 //! stub returning `CUDA_ERROR_NOT_SUPPORTED` for every other name, and the name-to-address map
 //! that `cuGetProcAddress` serves after version resolution (`gpufuse_cuda_types::resolve_proc`).
 //!
@@ -23,8 +23,30 @@ pub mod guard;
 pub mod image;
 pub mod status;
 
-/// Stubs for driver functions gpufuse does not implement, and the export address map.
+/// Stubs for driver functions gpufuse does not implement, the export address map, and the
+/// export table (`exports.toml`) as [`exports::DECLARED`].
 pub mod exports {
+    /// How an export answers.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Call {
+        /// Returns before the server has done the work; a failure is reported by a later
+        /// synchronizing call, as CUDA reports asynchronous errors.
+        Quiet,
+        /// Answers with the outcome of the call itself.
+        Sync,
+    }
+
+    /// One implemented export, as `exports.toml` declares it.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Declared {
+        pub name: &'static str,
+        /// The module under `crate::api` that defines it.
+        pub area: &'static str,
+        pub call: Call,
+        /// Its generated `_ptds`/`_ptsz` alias, if any.
+        pub per_thread: Option<&'static str>,
+    }
+
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }
 

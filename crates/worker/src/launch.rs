@@ -116,17 +116,17 @@ impl Session<'_> {
         };
         self.lease_for_launch();
         let result = self.device.launch(&k);
-        if let (Ok(t), Some(lease)) = (result, self.launch.lease.as_mut()) {
-            lease.used += t;
+        if let (Ok(t), Some(lease)) = (&result, self.launch.lease.as_mut()) {
+            lease.used += *t;
         }
         match result {
             Ok(t) => {
                 self.launch.device_time += t;
                 Ok(())
             }
-            Err(e) => {
-                let detail = self.device.take_error_detail().unwrap_or_default();
-                tracing::warn!(kernel = %name, status = e, "launch failed: {detail}");
+            Err(failure) => {
+                let e = failure.status;
+                tracing::warn!(kernel = %name, status = e, "launch failed: {}", failure.detail());
                 if matches!(
                     e,
                     st::ILLEGAL_ADDRESS | st::MISALIGNED_ADDRESS | st::ASSERT | st::LAUNCH_FAILED

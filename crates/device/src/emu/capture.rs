@@ -112,10 +112,14 @@ pub(super) fn rebuild(d: &mut EmuDevice, image: &DeviceImage) -> Result<(), Capt
     // the captured ones (their contents came with the allocations above).
     d.next = next;
     for m in &image.modules {
-        let fresh = d.load_module(&m.image).map_err(|s| {
+        let fresh = d.load_module(&m.image).map_err(|e| {
             refused(
-                s,
-                format!("module {} does not load again on this device", m.id),
+                e.status,
+                format!(
+                    "module {} does not load again on this device: {}",
+                    m.id,
+                    e.detail()
+                ),
             )
         })?;
         let mut module = d.modules.remove(&fresh).ok_or_else(oom)?;

@@ -19,7 +19,7 @@ use gpufuse_proto::{DeviceInfo, DeviceKind, FunctionInfo};
 
 use crate::ptx_layout::{self, Layout};
 use crate::status::*;
-use crate::{model, CaptureRefused, Device, DeviceImage, KernelLaunch, ModuleId};
+use crate::{model, CaptureRefused, Device, DeviceError, DeviceImage, KernelLaunch, ModuleId};
 
 /// Allocations start at multiples of the texture alignment the device reports (512, attribute
 /// 14), so memory from `cuMemAlloc` can back a texture object, as on a GPU.
@@ -51,8 +51,6 @@ pub struct EmuDevice {
     window_end: u64,
     modules: HashMap<ModuleId, Module>,
     next_module: ModuleId,
-    /// What the last failed launch said (for the worker's log).
-    last_error: Option<String>,
     vmm: vmm::Vmm,
     model: &'static model::Model,
     /// Device-side `printf` output not yet taken by the worker.
@@ -142,7 +140,6 @@ impl EmuDevice {
             window_end: base + window,
             modules: HashMap::new(),
             next_module: 1,
-            last_error: None,
             output: Vec::new(),
             heap: None,
             textures: HashMap::new(),
@@ -267,7 +264,7 @@ impl Device for EmuDevice {
         Ok(())
     }
 
-    fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, Status> {
+    fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, DeviceError> {
         let sm = self.model.arch();
         let (layout, program) = match gpufuse_fatbin::select_units(image, sm) {
             Ok(units) => {
@@ -278,11 +275,11 @@ impl Device for EmuDevice {
                 // (relocatable device code, the JIT linker's image) are linked first.
                 let program = ptx_layout::load_units(&units).map_err(|e| {
                     tracing::warn!("module refused: {e}");
-                    self.last_error = Some(e.to_string());
-                    match e {
+                    let status = match e {
                         gpufuse_ptx::PtxError::Link(_) => INVALID_IMAGE,
                         _ => INVALID_PTX,
-                    }
+                    };
+                    DeviceError::new(status, e.to_string())
                 })?;
                 (ptx_layout::from_module(&program), Ok(program))
             }
@@ -296,7 +293,7 @@ impl Device for EmuDevice {
                         "module refused (no code for sm_{sm}): {}",
                         image_summary(image)
                     );
-                    return Err(NO_BINARY_FOR_GPU);
+                    return Err(NO_BINARY_FOR_GPU.into());
                 };
                 let info = gpufuse_fatbin::cubin_info(&cubin).map_err(|_| INVALID_IMAGE)?;
                 let why = format!(
@@ -312,9 +309,9 @@ impl Device for EmuDevice {
                 )
             }
             Err(gpufuse_fatbin::FatbinError::UnsupportedPtxVersion(..)) => {
-                return Err(UNSUPPORTED_PTX_VERSION)
+                return Err(UNSUPPORTED_PTX_VERSION.into())
             }
-            Err(_) => return Err(INVALID_IMAGE),
+            Err(_) => return Err(INVALID_IMAGE.into()),
         };
         let mut variables = HashMap::new();
         for v in &layout.variables {
@@ -440,7 +437,7 @@ impl Device for EmuDevice {
         m.variables.get(name).copied().ok_or(NOT_FOUND)
     }
 
-    fn launch(&mut self, l: &KernelLaunch) -> Result<Duration, Status> {
+    fn launch(&mut self, l: &KernelLaunch) -> Result<Duration, DeviceError> {
         let m = self.modules.get(&l.module).ok_or(INVALID_HANDLE)?;
         let k = m
             .layout
@@ -456,10 +453,10 @@ impl Device for EmuDevice {
             || l.grid[2] > 65535
             || l.grid.contains(&0)
         {
-            return Err(INVALID_CONFIGURATION);
+            return Err(INVALID_CONFIGURATION.into());
         }
         if l.shared_mem as i64 > self.model.shared_per_block_optin as i64 {
-            return Err(INVALID_VALUE);
+            return Err(INVALID_VALUE.into());
         }
         let need = k
             .params
@@ -468,13 +465,15 @@ impl Device for EmuDevice {
             .max()
             .unwrap_or(0) as usize;
         if l.params.len() < need {
-            return Err(INVALID_VALUE);
+            return Err(INVALID_VALUE.into());
         }
         let program = match &m.program {
             Ok(p) => p,
             Err(u) => {
-                self.last_error = Some(format!("{}: {}", l.function, u.why));
-                return Err(u.status);
+                return Err(DeviceError::new(
+                    u.status,
+                    format!("{}: {}", l.function, u.why),
+                ));
             }
         };
         let cfg = gpufuse_ptx::LaunchConfig {
@@ -490,12 +489,14 @@ impl Device for EmuDevice {
             let fits = model::coresident_blocks(self.model, threads, smem);
             let blocks = l.grid.iter().map(|&d| d as u64).product::<u64>();
             if blocks > fits {
-                self.last_error = Some(format!(
-                    "{}: cooperative grid of {blocks} blocks, the device holds {fits} of \
-                     {threads} threads at once",
-                    l.function
+                return Err(DeviceError::new(
+                    COOPERATIVE_LAUNCH_TOO_LARGE,
+                    format!(
+                        "{}: cooperative grid of {blocks} blocks, the device holds {fits} of \
+                         {threads} threads at once",
+                        l.function
+                    ),
                 ));
-                return Err(COOPERATIVE_LAUNCH_TOO_LARGE);
             }
         }
         if program.uses_heap() && self.heap.is_none() {
@@ -509,10 +510,10 @@ impl Device for EmuDevice {
             self.workspace = Some(self.alloc(16)?);
         }
         let Some(m) = self.modules.get(&l.module) else {
-            return Err(INVALID_HANDLE);
+            return Err(INVALID_HANDLE.into());
         };
         let Ok(program) = &m.program else {
-            return Err(INVALID_HANDLE);
+            return Err(INVALID_HANDLE.into());
         };
         let variables = &m.variables;
         let mem = Memory::new(&mut self.allocations, self.heap.as_ref(), &self.textures);
@@ -545,14 +546,9 @@ impl Device for EmuDevice {
                     gpufuse_ptx::ExecError::Texture(_) => ILLEGAL_ADDRESS,
                     gpufuse_ptx::ExecError::Deadlock(_) => LAUNCH_FAILED,
                 };
-                self.last_error = Some(e.to_string());
-                Err(status)
+                Err(DeviceError::new(status, e.to_string()))
             }
         }
-    }
-
-    fn take_error_detail(&mut self) -> Option<String> {
-        self.last_error.take()
     }
 
     fn take_output(&mut self) -> Vec<u8> {
@@ -761,7 +757,10 @@ mod tests {
         d.read(ptr, &mut v).unwrap();
         assert_eq!((u32::from_le_bytes(v), size), (7, 4));
         assert_eq!(d.function(m, "nope"), Err(NOT_FOUND));
-        assert_eq!(d.load_module(b"\x7fELF\x02garbage"), Err(NO_BINARY_FOR_GPU));
+        assert_eq!(
+            d.load_module(b"\x7fELF\x02garbage").map_err(|e| e.status),
+            Err(NO_BINARY_FOR_GPU)
+        );
     }
 
     /// A fatbin with SASS for this GPU's architecture and PTX only for a newer one (how cuBLAS
@@ -796,8 +795,9 @@ mod tests {
             params: &[0; 16],
             cooperative: false,
         };
-        assert_eq!(d.launch(&launch), Err(NO_BINARY_FOR_GPU));
-        let why = d.last_error.clone().unwrap();
+        let e = d.launch(&launch).unwrap_err();
+        assert_eq!(e.status, NO_BINARY_FOR_GPU);
+        let why = e.detail();
         assert!(why.contains("scale") && why.contains("sm_100"), "{why}");
     }
 
@@ -814,7 +814,7 @@ mod tests {
         grid: u32,
         block: u32,
         params: &[u8],
-    ) -> Result<Duration, Status> {
+    ) -> Result<Duration, DeviceError> {
         d.launch(&KernelLaunch {
             module: m,
             function: name,
@@ -873,11 +873,9 @@ mod tests {
         let m = fixtures(&mut d);
         let p = d.alloc(64 * 128 * 4).unwrap();
         let params = |bad: i32| [p.to_le_bytes().as_slice(), &bad.to_le_bytes()].concat();
-        assert_eq!(
-            run(&mut d, m, "oob_block", 64, 128, &params(41)),
-            Err(ILLEGAL_ADDRESS)
-        );
-        assert!(d.take_error_detail().unwrap().contains("illegal address"));
+        let e = run(&mut d, m, "oob_block", 64, 128, &params(41)).unwrap_err();
+        assert_eq!(e.status, ILLEGAL_ADDRESS);
+        assert!(e.detail().contains("illegal address"), "{e}");
         run(&mut d, m, "oob_block", 64, 128, &params(-1)).unwrap();
     }
 
@@ -900,16 +898,12 @@ mod tests {
             call.uni __assertfail, (param0, param1, param2, param3, param4);\n}\nret;\n}\n\0";
         let m = d.load_module(ptx.as_bytes()).unwrap();
         let p = d.alloc(64).unwrap();
-        assert_eq!(
-            run(&mut d, m, "odd", 1, 32, &p.to_le_bytes()),
-            Err(MISALIGNED_ADDRESS)
-        );
-        assert!(d
-            .take_error_detail()
-            .unwrap()
-            .contains("misaligned address"));
-        assert_eq!(run(&mut d, m, "fails", 1, 1, &p.to_le_bytes()), Err(ASSERT));
-        let why = d.take_error_detail().unwrap();
+        let e = run(&mut d, m, "odd", 1, 32, &p.to_le_bytes()).unwrap_err();
+        assert_eq!(e.status, MISALIGNED_ADDRESS);
+        assert!(e.detail().contains("misaligned address"), "{e}");
+        let e = run(&mut d, m, "fails", 1, 1, &p.to_le_bytes()).unwrap_err();
+        assert_eq!(e.status, ASSERT);
+        let why = e.detail();
         assert!(why.contains("Assertion `x < 3` failed"), "{why}");
     }
 
@@ -962,8 +956,9 @@ mod tests {
 
         // PTX that does not parse is refused at load, with the reason.
         let bad = ".version 9.0\n.target sm_80\n.address_size 64\n.bogus 1;\n\0";
-        assert_eq!(d.load_module(bad.as_bytes()), Err(INVALID_PTX));
-        let why = d.take_error_detail().unwrap();
+        let e = d.load_module(bad.as_bytes()).unwrap_err();
+        assert_eq!(e.status, INVALID_PTX);
+        let why = e.detail();
         assert!(why.contains("line 4") && why.contains(".bogus"), "{why}");
     }
 }

@@ -22,27 +22,11 @@ use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED};
 
 pub type CUarray = *mut c_void;
 
-/// `CUDA_ARRAY_DESCRIPTOR`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ArrayDescriptor {
-    width: usize,
-    height: usize,
-    format: c_int,
-    channels: c_uint,
-}
+/// `CUDA_ARRAY_DESCRIPTOR`, as NVIDIA's header declares it (generated).
+pub type ArrayDescriptor = gpufuse_cuda_types::structs::CUDA_ARRAY_DESCRIPTOR;
 
-/// `CUDA_ARRAY3D_DESCRIPTOR`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Array3DDescriptor {
-    width: usize,
-    height: usize,
-    depth: usize,
-    format: c_int,
-    channels: c_uint,
-    flags: c_uint,
-}
+/// `CUDA_ARRAY3D_DESCRIPTOR`, as NVIDIA's header declares it (generated).
+pub type Array3DDescriptor = gpufuse_cuda_types::structs::CUDA_ARRAY3D_DESCRIPTOR;
 
 /// Bytes of one channel of a `CUarray_format`.
 fn format_bytes(format: c_int) -> Option<u64> {
@@ -116,7 +100,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
             &mut s.lock(),
             (d.width, d.height, 0),
             d.format,
-            d.channels,
+            d.num_channels,
             0,
         )?;
         out(arr, h as usize as CUarray)
@@ -132,7 +116,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         let d = read(desc)?;
         let s = session()?;
         let dims = (d.width, d.height, d.depth);
-        let h = create(&mut s.lock(), dims, d.format, d.channels, d.flags)?;
+        let h = create(&mut s.lock(), dims, d.format, d.num_channels, d.flags)?;
         out(arr, h as usize as CUarray)
     })
 }
@@ -172,7 +156,7 @@ pub unsafe extern "C" fn cuArrayGetDescriptor_v2(
                 width: a.width as usize,
                 height: a.height as usize,
                 format: a.format,
-                channels: a.channels,
+                num_channels: a.channels,
             },
         )
     })
@@ -192,7 +176,7 @@ pub unsafe extern "C" fn cuArray3DGetDescriptor_v2(
                 height: a.height as usize,
                 depth: a.depth as usize,
                 format: a.format,
-                channels: a.channels,
+                num_channels: a.channels,
                 flags: a.flags,
             },
         )

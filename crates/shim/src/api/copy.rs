@@ -192,27 +192,8 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     guard(|| with(stream, |g, st| unified(g, dst, src, n, st, false)))
 }
 
-/// `CUDA_MEMCPY2D`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Memcpy2D {
-    src_x_in_bytes: usize,
-    src_y: usize,
-    src_memory_type: c_int,
-    src_host: *const c_void,
-    src_device: CUdeviceptr,
-    src_array: *mut c_void,
-    src_pitch: usize,
-    dst_x_in_bytes: usize,
-    dst_y: usize,
-    dst_memory_type: c_int,
-    dst_host: *mut c_void,
-    dst_device: CUdeviceptr,
-    dst_array: *mut c_void,
-    dst_pitch: usize,
-    width_in_bytes: usize,
-    height: usize,
-}
+/// `CUDA_MEMCPY2D`, as NVIDIA's header declares it (generated).
+pub type Memcpy2D = gpufuse_cuda_types::structs::CUDA_MEMCPY2D;
 
 const MEM_HOST: c_int = 1;
 const MEM_DEVICE: c_int = 2;
@@ -383,38 +364,8 @@ pub unsafe extern "C" fn cuMemcpy2DAsync_v2(p: *const Memcpy2D, stream: CUstream
     guard(|| copy2d(&read(p)?, stream, false))
 }
 
-/// `CUDA_MEMCPY3D` (200 bytes).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Memcpy3D {
-    pub(crate) src_x_in_bytes: usize,
-    pub(crate) src_y: usize,
-    pub(crate) src_z: usize,
-    pub(crate) src_lod: usize,
-    pub(crate) src_memory_type: c_int,
-    pub(crate) src_host: *const c_void,
-    pub(crate) src_device: CUdeviceptr,
-    pub(crate) src_array: *mut c_void,
-    pub(crate) reserved0: *mut c_void,
-    pub(crate) src_pitch: usize,
-    pub(crate) src_height: usize,
-    pub(crate) dst_x_in_bytes: usize,
-    pub(crate) dst_y: usize,
-    pub(crate) dst_z: usize,
-    pub(crate) dst_lod: usize,
-    pub(crate) dst_memory_type: c_int,
-    pub(crate) dst_host: *mut c_void,
-    pub(crate) dst_device: CUdeviceptr,
-    pub(crate) dst_array: *mut c_void,
-    pub(crate) reserved1: *mut c_void,
-    pub(crate) dst_pitch: usize,
-    pub(crate) dst_height: usize,
-    pub(crate) width_in_bytes: usize,
-    pub(crate) height: usize,
-    pub(crate) depth: usize,
-}
-
-const _: () = assert!(std::mem::size_of::<Memcpy3D>() == 200);
+/// `CUDA_MEMCPY3D`, as NVIDIA's header declares it (generated).
+pub type Memcpy3D = gpufuse_cuda_types::structs::CUDA_MEMCPY3D;
 
 /// Rows per slice of each side of a 3-D copy, (source, destination): an array's own height,
 /// or the copy's `srcHeight`/`dstHeight` (at least its `Height`). Mipmap levels are refused.

@@ -130,20 +130,8 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(
     })
 }
 
-/// `CUdevprop`.
-#[repr(C)]
-pub struct DevProp {
-    max_threads_per_block: c_int,
-    max_threads_dim: [c_int; 3],
-    max_grid_size: [c_int; 3],
-    shared_mem_per_block: c_int,
-    total_constant_memory: c_int,
-    simd_width: c_int,
-    mem_pitch: c_int,
-    regs_per_block: c_int,
-    clock_rate: c_int,
-    texture_align: c_int,
-}
+/// `CUdevprop`, as NVIDIA's header declares it (generated).
+pub type DevProp = gpufuse_cuda_types::structs::CUdevprop;
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetProperties(prop: *mut DevProp, dev: CUdevice) -> CUresult {

@@ -52,19 +52,9 @@ fn add(
     )
 }
 
-/// `CUDA_KERNEL_NODE_PARAMS_v2` (the v1 struct is its first 56 bytes).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct KernelNodeParams {
-    func: *mut c_void,
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    shared_mem: c_uint,
-    kernel_params: *const *const c_void,
-    extra: *const *const c_void,
-    kern: *mut c_void,
-    ctx: *mut c_void,
-}
+/// `CUDA_KERNEL_NODE_PARAMS_v2` (the v1 struct is its first 56 bytes); the node parameter
+/// structs here are generated from NVIDIA's header.
+type KernelNodeParams = gpufuse_cuda_types::structs::CUDA_KERNEL_NODE_PARAMS;
 
 fn kernel_node(
     node: *mut CUgraphNode,
@@ -73,7 +63,9 @@ fn kernel_node(
     ndeps: usize,
     p: KernelNodeParams,
 ) -> Result<(), CUresult> {
-    if p.grid.contains(&0) || p.block.contains(&0) {
+    let grid = [p.grid_dim_x, p.grid_dim_y, p.grid_dim_z];
+    let block = [p.block_dim_x, p.block_dim_y, p.block_dim_z];
+    if grid.contains(&0) || block.contains(&0) {
         return Err(INVALID_VALUE);
     }
     let s = session()?;
@@ -82,12 +74,16 @@ fn kernel_node(
     let (function, layout) = g
         .launch_layout(handle as usize as u64)
         .map_err(|_| INVALID_HANDLE)?;
-    let params = pack(&layout, p.kernel_params, p.extra)?;
+    let params = pack(
+        &layout,
+        p.kernel_params.cast_const().cast(),
+        p.extra.cast_const().cast(),
+    )?;
     let op = Op::Launch {
         function,
-        grid: p.grid,
-        block: p.block,
-        shared_mem: p.shared_mem,
+        grid,
+        block,
+        shared_mem: p.shared_mem_bytes,
         params,
         attributes: Vec::new(),
     };
@@ -201,16 +197,7 @@ pub unsafe extern "C" fn cuGraphAddMemcpyNode(
 }
 
 /// `CUDA_MEMSET_NODE_PARAMS`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct MemsetNodeParams {
-    dst: u64,
-    pitch: usize,
-    value: c_uint,
-    element_size: c_uint,
-    width: usize,
-    height: usize,
-}
+type MemsetNodeParams = gpufuse_cuda_types::structs::CUDA_MEMSET_NODE_PARAMS;
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphAddMemsetNode(
@@ -249,12 +236,7 @@ pub unsafe extern "C" fn cuGraphAddMemsetNode(
 }
 
 /// `CUDA_HOST_NODE_PARAMS`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct HostNodeParams {
-    func: *const c_void,
-    user: *mut c_void,
-}
+type HostNodeParams = gpufuse_cuda_types::structs::CUDA_HOST_NODE_PARAMS;
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphAddHostNode(
@@ -266,12 +248,12 @@ pub unsafe extern "C" fn cuGraphAddHostNode(
 ) -> CUresult {
     guard(|| {
         let p = read(params.cast::<HostNodeParams>())?;
-        if p.func.is_null() {
+        if p.r#fn.is_null() {
             return Err(INVALID_VALUE);
         }
         let op = Op::HostFn {
-            func: p.func as usize,
-            user: p.user as usize,
+            func: p.r#fn as usize,
+            user: p.user_data as usize,
         };
         let s = session()?;
         let mut g = s.lock();
@@ -325,23 +307,9 @@ pub unsafe extern "C" fn cuGraphAddDependencies(
     })
 }
 
-/// `CUDA_MEM_ALLOC_NODE_PARAMS`: `CUmemPoolProps` (88 bytes: allocation type, handle types,
-/// location type and id, ...), access descriptors, size, and the address (out).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct MemAllocNodeParams {
-    alloc_type: c_uint,
-    handle_types: c_uint,
-    location_type: c_uint,
-    location_id: c_int,
-    pool_rest: [u8; 72],
-    access_descs: *const c_void,
-    access_desc_count: usize,
-    bytesize: usize,
-    dptr: u64,
-}
-
-const _: () = assert!(std::mem::size_of::<MemAllocNodeParams>() == 120);
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`: the pool's properties, access descriptors, size, and the
+/// address (out).
+pub type MemAllocNodeParams = gpufuse_cuda_types::structs::CUDA_MEM_ALLOC_NODE_PARAMS;
 
 const ALLOCATION_TYPE_PINNED: c_uint = 1;
 const LOCATION_TYPE_DEVICE: c_uint = 1;
@@ -372,9 +340,9 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
 ) -> CUresult {
     guard(|| {
         let mut p = read(params)?;
-        if p.alloc_type != ALLOCATION_TYPE_PINNED
-            || p.location_type != LOCATION_TYPE_DEVICE
-            || p.handle_types != 0
+        if p.pool_props.alloc_type as c_uint != ALLOCATION_TYPE_PINNED
+            || p.pool_props.location.r#type as c_uint != LOCATION_TYPE_DEVICE
+            || p.pool_props.handle_types != 0
             || p.bytesize == 0
         {
             return Err(INVALID_VALUE);
@@ -384,7 +352,7 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
         if !g.has_graph(h(graph)) {
             return Err(INVALID_HANDLE);
         }
-        let device = u32::try_from(p.location_id).map_err(|_| INVALID_VALUE)?;
+        let device = u32::try_from(p.pool_props.location.id).map_err(|_| INVALID_VALUE)?;
         let pool = crate::api::memory::device_pool(device);
         let ptr = g
             .graph_alloc_node(p.bytesize as u64, pool)
@@ -423,11 +391,18 @@ pub unsafe extern "C" fn cuGraphMemAllocNodeGetParams(
         out(
             params,
             MemAllocNodeParams {
-                alloc_type: ALLOCATION_TYPE_PINNED,
-                handle_types: 0,
-                location_type: LOCATION_TYPE_DEVICE,
-                location_id: device as c_int,
-                pool_rest: [0; 72],
+                pool_props: gpufuse_cuda_types::structs::CUmemPoolProps {
+                    alloc_type: ALLOCATION_TYPE_PINNED as c_int,
+                    handle_types: 0,
+                    location: gpufuse_cuda_types::structs::CUmemLocation {
+                        r#type: LOCATION_TYPE_DEVICE as c_int,
+                        id: device as c_int,
+                    },
+                    win32_security_attributes: std::ptr::null_mut(),
+                    max_size: 0,
+                    usage: 0,
+                    reserved: [0; 54],
+                },
                 access_descs: std::ptr::null(),
                 access_desc_count: 0,
                 bytesize: size as usize,
@@ -627,15 +602,8 @@ pub unsafe extern "C" fn cuGraphAddNode(
     unsafe { add_node(node, graph, deps, ndeps, params) }
 }
 
-/// `CUgraphEdgeData`: ports and type of an edge (8 bytes).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct EdgeData {
-    from_port: u8,
-    to_port: u8,
-    kind: u8,
-    reserved: [u8; 5],
-}
+/// `CUgraphEdgeData`: ports and type of an edge.
+pub type EdgeData = gpufuse_cuda_types::structs::CUgraphEdgeData;
 
 /// The `_v2`/`_v3` forms carry edge data: only default edges (full completion, ports 0) are
 /// replayed; programmatic ports are `CUDA_ERROR_NOT_SUPPORTED`.
@@ -650,7 +618,7 @@ unsafe fn add_node_edges(
     if !edges.is_null() {
         for i in 0..ndeps {
             match read_at(edges, i) {
-                Ok(e) if e.from_port == 0 && e.to_port == 0 && e.kind == 0 => {}
+                Ok(e) if e.from_port == 0 && e.to_port == 0 && e.r#type == 0 => {}
                 Ok(_) => return NOT_SUPPORTED,
                 Err(e) => return e,
             }

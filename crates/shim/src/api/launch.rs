@@ -149,29 +149,31 @@ const COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
 
 launch_cooperative!(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz);
 
-/// `CUlaunchConfig`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct LaunchConfig {
-    pub grid: [c_uint; 3],
-    pub block: [c_uint; 3],
-    pub shared_mem: c_uint,
-    pub stream: CUstream,
-    pub attrs: *const LaunchAttribute,
-    pub num_attrs: c_uint,
+/// `CUlaunchConfig` (generated from NVIDIA's header).
+pub type LaunchConfig = gpufuse_cuda_types::structs::CUlaunchConfig;
+
+/// `CUlaunchAttribute`: an id and a 64-byte union of values.
+pub type LaunchAttribute = gpufuse_cuda_types::structs::CUlaunchAttribute;
+
+/// A launch attribute as the client core takes it: its id and its value's 64 bytes as words.
+pub fn attribute_words(a: &LaunchAttribute) -> (u32, [u64; 8]) {
+    // SAFETY: `pad` spans the whole union, and every member is plain data (integers, handles
+    // as values): any bytes the application wrote are a valid value.
+    let bytes = unsafe { a.value.pad }.map(|b| b as u8);
+    let mut words = [0u64; 8];
+    for (w, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+        *w = u64::from_ne_bytes(chunk.try_into().expect("8-byte chunk"));
+    }
+    (a.id as u32, words)
 }
 
-/// `CUlaunchAttribute`: an id and a 64-byte value.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct LaunchAttribute {
-    pub id: c_uint,
-    pub pad: [u8; 4],
-    pub value: [u64; 8],
+/// The grid and block of a launch configuration.
+pub fn config_dims(c: &LaunchConfig) -> ([c_uint; 3], [c_uint; 3]) {
+    (
+        [c.grid_dim_x, c.grid_dim_y, c.grid_dim_z],
+        [c.block_dim_x, c.block_dim_y, c.block_dim_z],
+    )
 }
-
-const _: () = assert!(std::mem::size_of::<LaunchConfig>() == 56);
-const _: () = assert!(std::mem::size_of::<LaunchAttribute>() == 72);
 
 fn launch_ex(
     config: *const LaunchConfig,
@@ -182,17 +184,18 @@ fn launch_ex(
     let c = read(config)?;
     let mut attributes = Vec::with_capacity(c.num_attrs as usize);
     for i in 0..c.num_attrs as usize {
-        let a = read_at(c.attrs, i)?;
-        attributes.push((a.id, a.value));
+        let a = read_at(c.attrs.cast_const(), i)?;
+        attributes.push(attribute_words(&a));
     }
+    let (grid, block) = config_dims(&c);
     launch(
         f,
         Dims {
-            grid: c.grid,
-            block: c.block,
-            shared_mem: c.shared_mem,
+            grid,
+            block,
+            shared_mem: c.shared_mem_bytes,
         },
-        c.stream,
+        c.h_stream,
         params,
         extra,
         attributes,

@@ -62,13 +62,8 @@ pub unsafe extern "C" fn cuMemAdvise(
     })
 }
 
-/// `CUmemLocation`, passed by value.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct MemLocation {
-    pub kind: c_int,
-    pub id: c_int,
-}
+/// `CUmemLocation`, passed by value (generated from NVIDIA's header).
+pub type MemLocation = gpufuse_cuda_types::structs::CUmemLocation;
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPrefetchAsync_v2(

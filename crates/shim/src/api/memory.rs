@@ -122,8 +122,6 @@ pub unsafe extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: *mut c_void) -> CU
 }
 
 /// `CUmemPoolProps`: allocation type, handle types, location (type, id), a Windows pointer,
-/// `maxSize`, usage, reserved bytes (88 bytes).
-const POOL_PROPS_LEN: usize = 88;
 const MEM_ALLOCATION_TYPE_PINNED: i32 = 1;
 const MEM_LOCATION_TYPE_DEVICE: i32 = 1;
 
@@ -133,11 +131,10 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut *mut c_void, props: *const c
         if pool.is_null() {
             return Err(INVALID_VALUE);
         }
-        let p = read(props.cast::<[u8; POOL_PROPS_LEN]>())?;
-        let i32_at = |o: usize| i32::from_le_bytes([p[o], p[o + 1], p[o + 2], p[o + 3]]);
-        let (alloc_type, handle_types) = (i32_at(0), i32_at(4));
-        let (location_type, device) = (i32_at(8), i32_at(12));
-        let max_size = u64::from_le_bytes(p[24..32].try_into().map_err(|_| INVALID_VALUE)?);
+        let p = read(props.cast::<gpufuse_cuda_types::structs::CUmemPoolProps>())?;
+        let (alloc_type, handle_types) = (p.alloc_type, p.handle_types);
+        let (location_type, device) = (p.location.r#type, p.location.id);
+        let max_size = p.max_size as u64;
         if alloc_type != MEM_ALLOCATION_TYPE_PINNED || location_type != MEM_LOCATION_TYPE_DEVICE {
             return Err(INVALID_VALUE);
         }

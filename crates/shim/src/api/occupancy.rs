@@ -174,8 +174,8 @@ const INVALID_CLUSTER_SIZE: CUresult = 912;
 /// memory, and the cluster size it asks for (x * y * z), if any.
 fn cluster_config(config: *const LaunchConfig) -> Result<(c_int, usize, Option<c_int>), CUresult> {
     let c = read(config)?;
-    let threads = c
-        .block
+    let (_, block) = crate::api::launch::config_dims(&c);
+    let threads = block
         .iter()
         .try_fold(1i64, |n, &d| (d > 0).then(|| n * i64::from(d)));
     let threads = threads
@@ -183,13 +183,11 @@ fn cluster_config(config: *const LaunchConfig) -> Result<(c_int, usize, Option<c
         .ok_or(INVALID_VALUE)?;
     let mut cluster = None;
     for i in 0..c.num_attrs as usize {
-        let a = read_at(c.attrs, i)?;
-        if a.id == LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION {
-            let dims = [
-                a.value[0] as u32,
-                (a.value[0] >> 32) as u32,
-                a.value[1] as u32,
-            ];
+        let a = read_at(c.attrs.cast_const(), i)?;
+        if a.id as u32 == LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION {
+            // SAFETY: every member of the value union is plain data; any bytes are valid.
+            let d = unsafe { a.value.cluster_dim };
+            let dims = [d.x, d.y, d.z];
             let size = dims
                 .iter()
                 .try_fold(1i64, |n, &d| (d > 0).then(|| n * i64::from(d)));
@@ -199,7 +197,7 @@ fn cluster_config(config: *const LaunchConfig) -> Result<(c_int, usize, Option<c
             );
         }
     }
-    Ok((threads, c.shared_mem as usize, cluster))
+    Ok((threads, c.shared_mem_bytes as usize, cluster))
 }
 
 /// One of the function's attributes (`CUfunction_attribute`), if the server gave it.

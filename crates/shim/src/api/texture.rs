@@ -29,49 +29,15 @@ use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED};
 pub type CUtexObject = u64;
 pub type CUsurfObject = u64;
 
-/// `CUDA_RESOURCE_DESC` (144 bytes): the type, a 128-byte union, flags.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ResourceDesc {
-    res_type: c_int,
-    res: [u64; 16],
-    flags: c_uint,
-}
+/// `CUDA_RESOURCE_DESC`: the type, a union of the resources, flags (generated from NVIDIA's
+/// header, as are the two below).
+pub type ResourceDesc = gpufuse_cuda_types::structs::CUDA_RESOURCE_DESC;
 
-/// `CUDA_TEXTURE_DESC` (104 bytes).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct TextureDesc {
-    address_mode: [c_int; 3],
-    filter_mode: c_int,
-    flags: c_uint,
-    max_anisotropy: c_uint,
-    mipmap_filter_mode: c_int,
-    mipmap_level_bias: f32,
-    min_mipmap_level_clamp: f32,
-    max_mipmap_level_clamp: f32,
-    border_color: [f32; 4],
-    reserved: [c_int; 12],
-}
+/// `CUDA_TEXTURE_DESC`.
+pub type TextureDesc = gpufuse_cuda_types::structs::CUDA_TEXTURE_DESC;
 
-/// `CUDA_RESOURCE_VIEW_DESC` (112 bytes).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ResourceViewDesc {
-    format: c_int,
-    width: usize,
-    height: usize,
-    depth: usize,
-    first_mipmap_level: c_uint,
-    last_mipmap_level: c_uint,
-    first_layer: c_uint,
-    last_layer: c_uint,
-    reserved: [c_uint; 16],
-}
-
-const _: () = assert!(std::mem::size_of::<ResourceDesc>() == 144);
-const _: () = assert!(std::mem::size_of::<TextureDesc>() == 104);
-const _: () = assert!(std::mem::size_of::<ResourceViewDesc>() == 112);
+/// `CUDA_RESOURCE_VIEW_DESC`.
+pub type ResourceViewDesc = gpufuse_cuda_types::structs::CUDA_RESOURCE_VIEW_DESC;
 
 const RESOURCE_TYPE_ARRAY: c_int = 0;
 const RESOURCE_TYPE_MIPMAPPED_ARRAY: c_int = 1;
@@ -109,6 +75,12 @@ struct Descriptors {
     view: Option<ResourceViewDesc>,
 }
 
+// SAFETY: the descriptors are the application's bytes, kept to be handed back; the pointers in
+// them (array handles) are values the shim looks up in its tables, never dereferenced here.
+unsafe impl Send for Descriptors {}
+// SAFETY: as above; nothing reachable through a shared `Descriptors` is ever dereferenced.
+unsafe impl Sync for Descriptors {}
+
 fn format_bytes(format: c_int) -> Option<u64> {
     Some(match format {
         0x01 | 0x08 => 1,
@@ -123,8 +95,7 @@ fn resource(g: &Inner, r: &ResourceDesc, surface: bool) -> Result<TexObjectDesc,
     if r.flags != 0 {
         return Err(INVALID_VALUE);
     }
-    let fmt = |word: u64| -> Result<(c_int, u32, u64), CUresult> {
-        let (format, channels) = (word as u32 as c_int, (word >> 32) as u32);
+    let fmt = |format: c_int, channels: c_uint| -> Result<(c_int, u32, u64), CUresult> {
         let bytes = format_bytes(format).ok_or_else(|| {
             refuse(
                 &format!("array format {format:#x} (only 8/16/32-bit integers, half and float)"),
@@ -147,9 +118,13 @@ fn resource(g: &Inner, r: &ResourceDesc, surface: bool) -> Result<TexObjectDesc,
         pitch,
         sampler: None,
     };
+    // SAFETY (each read of `r.res` below): every member of the union is plain data (integers,
+    // pointers used only as handles), so any bits the application wrote are a valid value.
     match r.res_type {
         RESOURCE_TYPE_ARRAY => {
-            let a: ArrayInfo = crate::api::array::array(g, r.res[0] as usize as CUarray)?;
+            // SAFETY: see above.
+            let h_array: CUarray = unsafe { r.res.array.h_array };
+            let a: ArrayInfo = crate::api::array::array(g, h_array)?;
             if a.flags & ARRAY3D_CUBEMAP != 0 {
                 return Err(refuse("a cubemap array", NOT_SUPPORTED));
             }
@@ -177,7 +152,10 @@ fn resource(g: &Inner, r: &ResourceDesc, surface: bool) -> Result<TexObjectDesc,
         RESOURCE_TYPE_MIPMAPPED_ARRAY => Err(refuse("a mipmapped array", NOT_SUPPORTED)),
         RESOURCE_TYPE_LINEAR | RESOURCE_TYPE_PITCH2D if surface => Err(INVALID_VALUE),
         RESOURCE_TYPE_LINEAR => {
-            let (ptr, (format, channels, elem), size) = (r.res[0], fmt(r.res[1])?, r.res[2]);
+            // SAFETY: see above.
+            let l = unsafe { r.res.linear };
+            let (ptr, (format, channels, elem)) = (l.dev_ptr, fmt(l.format, l.num_channels)?);
+            let size = l.size_in_bytes as u64;
             if ptr % TEXTURE_ALIGNMENT != 0 || size < elem {
                 return Err(INVALID_VALUE);
             }
@@ -192,8 +170,10 @@ fn resource(g: &Inner, r: &ResourceDesc, surface: bool) -> Result<TexObjectDesc,
             ))
         }
         RESOURCE_TYPE_PITCH2D => {
-            let (ptr, (format, channels, elem)) = (r.res[0], fmt(r.res[1])?);
-            let (width, height, pitch) = (r.res[2], r.res[3], r.res[4]);
+            // SAFETY: see above.
+            let p = unsafe { r.res.pitch2d };
+            let (ptr, (format, channels, elem)) = (p.dev_ptr, fmt(p.format, p.num_channels)?);
+            let (width, height, pitch) = (p.width as u64, p.height as u64, p.pitch_in_bytes as u64);
             if ptr % TEXTURE_ALIGNMENT != 0
                 || pitch % TEXTURE_PITCH_ALIGNMENT != 0
                 || width == 0

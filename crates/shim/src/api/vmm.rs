@@ -20,43 +20,21 @@ const ALLOCATION_TYPE_PINNED: c_int = 1;
 const LOCATION_TYPE_DEVICE: c_int = 1;
 const ACCESS_READWRITE: c_int = 3;
 
-/// `CUmemLocation`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct MemLocation {
-    kind: c_int,
-    id: c_int,
-}
+/// `CUmemLocation` (the structs here are generated from NVIDIA's header).
+pub type MemLocation = gpufuse_cuda_types::structs::CUmemLocation;
 
-/// `CUmemAllocationProp` (32 bytes).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct AllocationProp {
-    kind: c_int,
-    requested_handle_types: c_int,
-    location: MemLocation,
-    win32_metadata: *mut c_void,
-    compression_type: u8,
-    gpu_direct_rdma_capable: u8,
-    usage: u16,
-    reserved: [u8; 4],
-}
+/// `CUmemAllocationProp`.
+pub type AllocationProp = gpufuse_cuda_types::structs::CUmemAllocationProp;
 
 /// `CUmemAccessDesc`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct AccessDesc {
-    location: MemLocation,
-    flags: c_int,
-}
+pub type AccessDesc = gpufuse_cuda_types::structs::CUmemAccessDesc;
 
-const _: () = assert!(std::mem::size_of::<AllocationProp>() == 32);
-const _: () = assert!(std::mem::size_of::<AccessDesc>() == 12);
+use gpufuse_cuda_types::structs::CUmemAllocationProp_v1_allocFlags as AllocFlags;
 
 /// The device a pinned, device-located allocation property names.
 fn prop_device(prop: *const AllocationProp) -> Result<u32, CUresult> {
     let p = read(prop)?;
-    if p.kind != ALLOCATION_TYPE_PINNED || p.location.kind != LOCATION_TYPE_DEVICE {
+    if p.r#type != ALLOCATION_TYPE_PINNED || p.location.r#type != LOCATION_TYPE_DEVICE {
         return Err(INVALID_VALUE);
     }
     session()?.device(p.location.id).ok_or(INVALID_DEVICE)?;
@@ -160,7 +138,8 @@ pub unsafe extern "C" fn cuMemSetAccess(
         }
         for i in 0..count {
             let d = read_at(desc, i)?;
-            if d.location.kind != LOCATION_TYPE_DEVICE || !(0..=ACCESS_READWRITE).contains(&d.flags)
+            if d.location.r#type != LOCATION_TYPE_DEVICE
+                || !(0..=ACCESS_READWRITE).contains(&d.flags)
             {
                 return Err(INVALID_VALUE);
             }
@@ -178,7 +157,7 @@ pub unsafe extern "C" fn cuMemGetAccess(
 ) -> CUresult {
     guard(|| {
         let loc = read(location)?;
-        if loc.kind != LOCATION_TYPE_DEVICE {
+        if loc.r#type != LOCATION_TYPE_DEVICE {
             return Err(INVALID_VALUE);
         }
         all_mapped(ptr, 1)?;
@@ -197,17 +176,19 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
         out(
             prop,
             AllocationProp {
-                kind: ALLOCATION_TYPE_PINNED,
+                r#type: ALLOCATION_TYPE_PINNED,
                 requested_handle_types: 0,
                 location: MemLocation {
-                    kind: LOCATION_TYPE_DEVICE,
+                    r#type: LOCATION_TYPE_DEVICE,
                     id: device as c_int,
                 },
-                win32_metadata: std::ptr::null_mut(),
-                compression_type: 0,
-                gpu_direct_rdma_capable: 0,
-                usage: 0,
-                reserved: [0; 4],
+                win32_handle_meta_data: std::ptr::null_mut(),
+                alloc_flags: AllocFlags {
+                    compression_type: 0,
+                    gpu_direct_rdma_capable: 0,
+                    usage: 0,
+                    reserved: [0; 4],
+                },
             },
         )
     })
