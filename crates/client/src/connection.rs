@@ -91,7 +91,8 @@ pub enum Transport {
     /// `auto` (the default): the shared-memory rings when the node is reached over a unix
     /// socket (so it is on this host) and accepts them, else the socket.
     Auto,
-    /// `shm`: the rings or an error (as a `shm:PATH` address).
+    /// `shm`: every session over a unix socket uses the rings, or fails (sessions over TCP
+    /// keep it). A `shm:PATH` address requires them of its session.
     Shm,
     /// `socket`: never the rings.
     Socket,
@@ -130,8 +131,17 @@ impl Connection {
     /// Over a unix socket (`unix:`, `shm:`), the session then moves to the shared-memory
     /// transport as [`Transport::from_env`] says.
     pub fn open(addr: &Address, hello: &ClientHello) -> Result<(Self, Accepted), ClientError> {
-        let mut transport = Transport::from_env()?;
-        if matches!(addr, Address::Shm(_)) {
+        Self::open_with(addr, hello, Transport::from_env()?)
+    }
+
+    /// [`Connection::open`] with the transport given instead of read from the environment.
+    pub fn open_with(
+        addr: &Address,
+        hello: &ClientHello,
+        mut transport: Transport,
+    ) -> Result<(Self, Accepted), ClientError> {
+        let required = matches!(addr, Address::Shm(_));
+        if required {
             transport = Transport::Shm;
         }
         let stream = addr.connect().map_err(|source| ClientError::Connect {
@@ -143,8 +153,8 @@ impl Connection {
         match transport {
             Transport::Socket => {}
             _ if c.conn.stream().is_shm() => {} // a redirect's connection moved already
-            Transport::Auto if !unix => {}
-            Transport::Shm if !unix => {
+            Transport::Auto | Transport::Shm if !unix && !required => {}
+            Transport::Auto | Transport::Shm if !unix => {
                 return Err(ClientError::Shm(format!(
                     "{addr} is not reached over a unix socket"
                 )))

@@ -592,19 +592,20 @@ impl io::Read for &ShmStream {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 other => return other,
             }
-            if self.peer_gone() {
-                // Bytes written just before the peer went are still delivered.
-                return match self.read_now(buf) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
-                    other => other,
-                };
-            }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             self.wait(self.flag(r, READER_PARKED), data_bell(r), deadline, || {
                 Ok(self.readable()? > 0)
             })?;
+            // Looked at only when waiting found nothing (no system call on the fast path);
+            // bytes written just before the peer went are still delivered first.
+            if self.readable()? == 0 && self.peer_gone() {
+                return match self.read_now(buf) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+                    other => other,
+                };
+            }
         }
     }
 }
