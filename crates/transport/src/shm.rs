@@ -268,7 +268,7 @@ impl ShmRegion {
     }
 
     fn word64(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off + 8 <= CONTROL);
+        assert!(off.is_multiple_of(8) && off + 8 <= CONTROL);
         // SAFETY: `off` is 8-aligned and inside the control page (checked above), the mapping
         // is page-aligned and lives as long as `self`, and AtomicU64 has u64's size and
         // alignment. Both processes touch the control page only through atomics.
@@ -276,7 +276,7 @@ impl ShmRegion {
     }
 
     fn word32(&self, off: usize) -> &AtomicU32 {
-        assert!(off % 4 == 0 && off + 4 <= CONTROL);
+        assert!(off.is_multiple_of(4) && off + 4 <= CONTROL);
         // SAFETY: as in `word64`, for a 4-aligned u32.
         unsafe { &*self.map.as_ptr().add(off).cast::<AtomicU32>() }
     }

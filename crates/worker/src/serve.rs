@@ -353,7 +353,7 @@ fn wait(client: &Conn, commands: Option<&Conn>, timeout: Option<std::time::Durat
     let other = commands.map(|c| c.stream().as_fd());
     match client.wait_readable(other, timeout) {
         Ok(true) | Err(_) => Woken::Client,
-        Ok(false) if commands.is_some_and(|c| ready_now(c)) => Woken::Command,
+        Ok(false) if commands.is_some_and(ready_now) => Woken::Command,
         Ok(false) => Woken::Timeout,
     }
 }
