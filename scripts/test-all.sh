@@ -17,6 +17,9 @@ cargo build --release --workspace
 
 echo "== unit and component tests =="
 cargo test --release --workspace
+# Sessions over a unix socket use the shared-memory rings by default: the node's fault and
+# life-cycle tests once more over the socket itself.
+GPUFUSE_TRANSPORT=socket cargo test --release -p gpufuse-cli --test node --test lifecycle
 
 echo "== fuzz targets (20 s each) =="
 bash scripts/fuzz.sh 20
@@ -24,9 +27,13 @@ bash scripts/fuzz.sh 20
 echo "== Helm chart: rendered by Helm, validated against the Kubernetes schemas =="
 bash scripts/check-helm-chart.sh
 
-echo "== real-client suites =="
+echo "== real-client suites (unix-socket sessions on the shared-memory rings) =="
 bash scripts/run-real-clients.sh
 
 echo "== cuda-types: generated from NVIDIA's headers, struct layouts checked by the C compiler =="
 nv=$(echo .deps/venv/lib/python3*/site-packages/nvidia)
 bash scripts/check_cuda_types.sh "$nv/cuda_runtime/include" "$nv/cu13/include"
+
+echo "== real-client suites that matter most, over the unix socket itself =="
+GPUFUSE_TEST_TRANSPORT=socket bash scripts/run-real-clients.sh \
+  -k "test_runtime_api or test_python_clients or test_hardening or test_session_cleanup"

@@ -25,6 +25,10 @@ def pytest_configure(config):
         "markers", "kernel_results: checks kernel results (see KERNELS_EXECUTE in conftest.py)")
 
 
+def pytest_report_header(config):
+    return f"gpufuse transport of unix-socket sessions: {support.TRANSPORT} (GPUFUSE_TEST_TRANSPORT)"
+
+
 def pytest_collection_modifyitems(config, items):
     if KERNELS_EXECUTE:
         return

@@ -30,6 +30,12 @@ SHIM = ROOT / "target" / "release" / "libcuda.so"
 # The server's devices (the GPU lane sets GPUFUSE_DEVICES=cuda), and GPUFUSE_NATIVE=1 to run
 # every client directly against the machine's own driver, for the lane's native comparison.
 DEVICES = os.environ.get("GPUFUSE_DEVICES", "emu:1:16GiB")
+# How clients reach the server over its unix socket (GPUFUSE_TEST_TRANSPORT, passed to them as
+# GPUFUSE_TRANSPORT): "shm" (the default: every such session must move to the shared-memory
+# rings, or fail) or "socket" (never). TCP sessions use TCP either way.
+TRANSPORT = os.environ.get("GPUFUSE_TEST_TRANSPORT", "shm")
+if TRANSPORT not in ("shm", "socket"):
+    raise RuntimeError(f"GPUFUSE_TEST_TRANSPORT={TRANSPORT!r}: expected shm or socket")
 NATIVE = os.environ.get("GPUFUSE_NATIVE") == "1"
 DEVICE_BYTES = 16 << 30
 
@@ -217,6 +223,7 @@ def build_programs() -> Programs:
     client_env["CUPY_CACHE_DIR"] = str(BUILD / "cupy-cache")
     client_env["PYTHONUNBUFFERED"] = "1"
     client_env["RUST_BACKTRACE"] = "1"
+    client_env["GPUFUSE_TRANSPORT"] = TRANSPORT
     p.env = client_env
     return p
 

@@ -1,4 +1,6 @@
-//! Baselines measured in the same run: raw socket ping-pong and throughput, in-process memcpy.
+//! Baselines measured in the same run: raw socket ping-pong and throughput, a raw ping-pong
+//! and throughput over the shared-memory rings (the transport's own streams, no frames, no
+//! worker), in-process memcpy.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -6,11 +8,31 @@ use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
 use anyhow::Result;
+use gpufuse_transport::shm::{ShmRegion, ShmStream, Side, DEFAULT_RING};
 
 #[derive(Clone, Copy)]
 pub enum Kind {
     Unix,
     Tcp,
+    /// Two [`ShmStream`]s over one mapping (the same rings, spinning and doorbells as a
+    /// session's), each with its end of a socket pair for liveness.
+    Shm,
+}
+
+/// A client end and a worker end of one shared-memory region, in this process.
+fn shm_pair() -> Result<(ShmStream, ShmStream)> {
+    let (a, b) = UnixStream::pair()?;
+    let ours = ShmRegion::create(DEFAULT_RING, DEFAULT_RING)?;
+    let fds = ours
+        .fds()
+        .into_iter()
+        .map(|fd| fd.try_clone_to_owned())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let theirs = ShmRegion::adopt(fds, DEFAULT_RING as u64, DEFAULT_RING as u64)?;
+    Ok((
+        ours.into_stream(a, Side::Client),
+        theirs.into_stream(b, Side::Worker),
+    ))
 }
 
 /// A connected pair of sockets of `kind`.
@@ -26,6 +48,10 @@ fn pair(kind: Kind) -> Result<(Box<dyn ReadWrite>, Box<dyn ReadWrite>)> {
             let (b, _) = l.accept()?;
             a.set_nodelay(true)?;
             b.set_nodelay(true)?;
+            (Box::new(a), Box::new(b))
+        }
+        Kind::Shm => {
+            let (a, b) = shm_pair()?;
             (Box::new(a), Box::new(b))
         }
     })

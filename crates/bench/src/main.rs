@@ -1,12 +1,18 @@
 //! `gpufuse-bench`: what remoting costs, measured against baselines taken in the same run.
 //!
-//! For each transport (unix socket, TCP on loopback, TCP with TLS on loopback: certificates
-//! from `gpufuse certs`) it starts a real `gpufuse serve` on an emulated GPU and prints:
+//! For each transport (unix socket, the shared-memory rings, TCP on loopback, TCP with TLS on
+//! loopback: certificates from `gpufuse certs`) it starts a real `gpufuse serve` on an
+//! emulated GPU and prints:
 //! - the synchronous round trip of a gpufuse call against a raw ping-pong of the same frame
-//!   size over the same kind of socket (target: <= 1.5x);
+//!   size over the same kind of socket (target: <= 1.5x); for the rings, against a raw
+//!   ping-pong over a pair of the transport's own ring streams (target: <= 1.3x) and against
+//!   the unix socket's round trip (target: <= 0.1x);
 //! - the issue rate of quiet kernel launches (target: >= 1,000,000 per second);
 //! - host-to-device and device-to-host bandwidth of 64 MiB copies against an in-process memcpy
 //!   of the same size and against raw socket throughput (target on a unix socket: >= 50% of raw).
+//!
+//! Then the aggregate rate of quiet launches from 1, 2 and 4 threads of one client process,
+//! each on its own stream, through the client core as the shim drives it (`threads.rs`).
 //!
 //! TLS is measured against the same raw TCP baselines as plain TCP, so its rows show what
 //! encryption and the node's TLS relay add.
@@ -29,6 +35,7 @@ mod elastic;
 mod http_cost;
 mod remote;
 mod shares;
+mod threads;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -216,18 +223,46 @@ fn main() -> Result<()> {
     );
     let memcpy = baseline::memcpy_gib_s(64 << 20);
     println!("in-process memcpy of 64 MiB: {memcpy:.2} GiB/s\n");
-    for (name, addr, kind) in [
-        ("unix", unix, baseline::Kind::Unix),
-        ("tcp", tcp, baseline::Kind::Tcp),
-        ("tcp+tls (against raw TCP)", tls, baseline::Kind::Tcp),
+    let socket = gpufuse_client::Transport::Socket;
+    let mut unix_rt = None;
+    let Address::Unix(path) = &unix else {
+        unreachable!("start_server listens on a unix socket")
+    };
+    let shm_addr = Address::Shm(path.clone());
+    for (name, addr, kind, transport) in [
+        ("unix", unix.clone(), baseline::Kind::Unix, socket),
+        (
+            "shm (shared-memory rings; unix socket for set-up and liveness)",
+            unix,
+            baseline::Kind::Shm,
+            gpufuse_client::Transport::Shm,
+        ),
+        ("tcp", tcp, baseline::Kind::Tcp, socket),
+        (
+            "tcp+tls (against raw TCP)",
+            tls,
+            baseline::Kind::Tcp,
+            socket,
+        ),
     ] {
         println!("== transport: {name} ==");
+        let shm = matches!(kind, baseline::Kind::Shm);
         let raw_rt = baseline::ping_pong_us(kind, 20_000 / scale)?;
-        let mut s = remote::Session::open(&addr)?;
+        let mut s = remote::Session::open(&addr, transport)?;
         let rt = s.round_trip_us(20_000 / scale)?;
-        println!("round trip:        {rt:8.2} us   raw ping-pong {raw_rt:8.2} us   ratio {:.2}x (target <= 1.5x)", rt / raw_rt);
+        let target = if shm { 1.3 } else { 1.5 };
+        println!("round trip:        {rt:8.2} us   raw ping-pong {raw_rt:8.2} us   ratio {:.2}x (target <= {target}x)", rt / raw_rt);
+        match (shm, unix_rt) {
+            (false, None) => unix_rt = Some(rt),
+            (true, Some(u)) => println!(
+                "round trip vs unix socket: {:.3}x of {u:.2} us (target <= 0.1x)",
+                rt / u
+            ),
+            _ => {}
+        }
         let (issue, drained) = s.quiet_launch_rate(1_000_000 / scale)?;
-        println!("quiet launches:    {issue:10.0} /s issued, {drained:10.0} /s until synchronized (target >= 1,000,000 /s issued)");
+        let target = if shm { "2,000,000" } else { "1,000,000" };
+        println!("quiet launches:    {issue:10.0} /s issued, {drained:10.0} /s until synchronized (target >= {target} /s issued)");
         // Bandwidth is noisy on a shared machine: the raw socket and gpufuse are measured in
         // turns, three rounds, and each reports its best round.
         let (mut raw_bw, mut h2d, mut d2h) = (0f64, 0f64, 0f64);
@@ -247,6 +282,19 @@ fn main() -> Result<()> {
             100.0 * d2h / memcpy
         );
     }
+    println!(
+        "== client threads, each issuing quiet launches on its own stream (one session, shm) =="
+    );
+    let mut one = None;
+    for n in [1, 2, 4] {
+        let (issued, drained) = threads::aggregate_launch_rate(&shm_addr, n, 400_000 / scale)?;
+        let base = *one.get_or_insert(issued);
+        println!(
+            "{n} thread(s):       {issued:10.0} /s issued ({:.2}x of 1 thread), {drained:10.0} /s until synchronized",
+            issued / base
+        );
+    }
+    println!();
     if http.is_some() {
         let n = scrapes.load(std::sync::atomic::Ordering::Relaxed);
         println!("/metrics scraped {n} times during the run");

@@ -3,21 +3,26 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use gpufuse_client::Connection;
+use gpufuse_client::{Connection, Transport};
 use gpufuse_proto::{Launch, ReplyBody, Request, ResourceRequest, SessionKind};
 use gpufuse_transport::Address;
 
 /// An empty kernel: the launch path is measured, not the kernel.
-const EMPTY_PTX: &str = ".version 7.0\n.target sm_80\n.address_size 64\n\n.visible .entry noop(\n\t.param .u64 noop_param_0,\n\t.param .u32 noop_param_1\n)\n{\n\tret;\n}\n\0";
+pub const EMPTY_PTX: &str = ".version 7.0\n.target sm_80\n.address_size 64\n\n.visible .entry noop(\n\t.param .u64 noop_param_0,\n\t.param .u32 noop_param_1\n)\n{\n\tret;\n}\n\0";
 
 pub struct Session {
     conn: Connection,
 }
 
 impl Session {
-    pub fn open(addr: &Address) -> Result<Self> {
+    /// A session at `addr` over `transport` (the shared-memory rings, or the socket only).
+    pub fn open(addr: &Address, transport: Transport) -> Result<Self> {
         let hello = Connection::hello(SessionKind::Cuda, String::new(), ResourceRequest::default());
-        let (mut conn, _) = Connection::open(addr, &hello).context("open session")?;
+        let (mut conn, _) =
+            Connection::open_with(addr, &hello, transport).context("open session")?;
+        if transport == Transport::Shm && conn.transport() != "shm" {
+            bail!("the session is not on the shared-memory transport");
+        }
         conn.quiet(&Request::CtxCreate {
             ctx: 1,
             device: 0,

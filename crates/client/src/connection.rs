@@ -1,6 +1,9 @@
 //! One session's connection: quiet calls are batched, synchronous calls flush the batch and
 //! wait for their reply, and device-to-host data staged by the worker is written where the
 //! application asked for it.
+//!
+//! A session reached over a unix socket moves to the shared-memory transport right after its
+//! hello ([`Connection::upgrade_to_shm`]) unless told not to ([`Transport`]).
 
 use std::collections::HashMap;
 
@@ -82,6 +85,33 @@ fn no_answer(e: gpufuse_transport::TransportError, timeout: std::time::Duration)
     }
 }
 
+/// Which transport a session over a unix socket uses: `GPUFUSE_TRANSPORT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// `auto` (the default): the shared-memory rings when the node is reached over a unix
+    /// socket (so it is on this host) and accepts them, else the socket.
+    Auto,
+    /// `shm`: every session over a unix socket uses the rings, or fails (sessions over TCP
+    /// keep it). A `shm:PATH` address requires them of its session.
+    Shm,
+    /// `socket`: never the rings.
+    Socket,
+}
+
+impl Transport {
+    /// From `GPUFUSE_TRANSPORT`; a value it does not know is an error naming it.
+    pub fn from_env() -> Result<Self, ClientError> {
+        match std::env::var("GPUFUSE_TRANSPORT").ok().as_deref() {
+            None | Some("" | "auto") => Ok(Transport::Auto),
+            Some("shm") => Ok(Transport::Shm),
+            Some("socket") => Ok(Transport::Socket),
+            Some(other) => Err(ClientError::Shm(format!(
+                "GPUFUSE_TRANSPORT={other:?}: expected auto, shm or socket"
+            ))),
+        }
+    }
+}
+
 /// A session's connection to its worker.
 #[derive(Debug)]
 pub struct Connection {
@@ -98,12 +128,118 @@ pub struct Connection {
 
 impl Connection {
     /// Connects and performs the handshake.
+    /// Over a unix socket (`unix:`, `shm:`), the session then moves to the shared-memory
+    /// transport as [`Transport::from_env`] says.
     pub fn open(addr: &Address, hello: &ClientHello) -> Result<(Self, Accepted), ClientError> {
+        Self::open_with(addr, hello, Transport::from_env()?)
+    }
+
+    /// [`Connection::open`] with the transport given instead of read from the environment.
+    pub fn open_with(
+        addr: &Address,
+        hello: &ClientHello,
+        mut transport: Transport,
+    ) -> Result<(Self, Accepted), ClientError> {
+        let required = matches!(addr, Address::Shm(_));
+        if required {
+            transport = Transport::Shm;
+        }
         let stream = addr.connect().map_err(|source| ClientError::Connect {
             addr: addr.to_string(),
             source,
         })?;
-        Self::handshake(stream, hello)
+        let (mut c, accepted) = Self::handshake(stream, hello)?;
+        let unix = matches!(c.conn.stream(), gpufuse_transport::Stream::Unix(_));
+        match transport {
+            Transport::Socket => {}
+            _ if c.conn.stream().is_shm() => {} // a redirect's connection moved already
+            Transport::Auto | Transport::Shm if !unix && !required => {}
+            Transport::Auto | Transport::Shm if !unix => {
+                return Err(ClientError::Shm(format!(
+                    "{addr} is not reached over a unix socket"
+                )))
+            }
+            Transport::Auto => {
+                // A node that cannot share memory with this process (another host's kernel
+                // behind a forwarded socket, an older worker) keeps the socket.
+                match c.upgrade_to_shm() {
+                    Ok(()) | Err(ClientError::Cuda(_) | ClientError::Shm(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Transport::Shm => c.upgrade_to_shm()?,
+        }
+        Ok((c, accepted))
+    }
+
+    /// The transport the session uses: `shm`, `unix`, `tcp` or `tcp+tls`.
+    pub fn transport(&self) -> &'static str {
+        match self.conn.stream() {
+            gpufuse_transport::Stream::Shm(_) => "shm",
+            gpufuse_transport::Stream::Unix(_) => "unix",
+            gpufuse_transport::Stream::Tcp(_) => "tcp",
+            _ => "tcp+tls",
+        }
+    }
+
+    /// Moves the session to the shared-memory transport: a mapping with two rings
+    /// ([`gpufuse_transport::shm`]) is offered to the worker with `ShmAttach`, its descriptors
+    /// attached; once the worker accepts, frames go through the rings and the socket only
+    /// tells whether the worker lives. A refusal (`ClientError::Cuda`) leaves the socket in
+    /// use; any other error means the connection is lost.
+    pub fn upgrade_to_shm(&mut self) -> Result<(), ClientError> {
+        use gpufuse_transport::shm::{ShmRegion, Side, DEFAULT_RING};
+        if self.conn.stream().is_shm() {
+            return Ok(());
+        }
+        let gpufuse_transport::Stream::Unix(sock) = self.conn.stream() else {
+            return Err(ClientError::Shm(
+                "the session is not over a unix socket".into(),
+            ));
+        };
+        let sock = sock
+            .try_clone()
+            .map_err(|e| ClientError::Shm(e.to_string()))?;
+        let region = ShmRegion::create(DEFAULT_RING, DEFAULT_RING)
+            .map_err(|e| ClientError::Shm(format!("cannot create the mapping: {e}")))?;
+        let (request_ring, reply_ring) = region.ring_bytes();
+        self.flush()?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut frame = Vec::new();
+        encode_frame(
+            &mut frame,
+            FrameKind::Request,
+            0,
+            id,
+            &Request::ShmAttach {
+                request_ring: request_ring as u64,
+                reply_ring: reply_ring as u64,
+            },
+        );
+        self.conn
+            .send_with_fds(&frame, &region.fds())
+            .map_err(|e| self.lost(e.into()))?;
+        self.next_reply_header()?;
+        let (header, body) = match self.conn.recv() {
+            Ok(frame) => frame,
+            Err(e) => return Err(self.lost(e)),
+        };
+        if header.kind != FrameKind::Reply || header.request_id != id {
+            return Err(ClientError::UnexpectedReply);
+        }
+        let reply = decode_reply(&header, body).map_err(ClientError::Protocol)?;
+        let status = reply.status;
+        self.absorb(reply);
+        if status != 0 {
+            return Err(ClientError::Cuda(status));
+        }
+        let stream = gpufuse_transport::Stream::Shm(region.into_stream(sock, Side::Client));
+        if self.conn.replace_stream(stream).is_err() {
+            return Err(ClientError::UnexpectedReply);
+        }
+        self.set_call_timeout(self.silence);
+        Ok(())
     }
 
     /// Performs the handshake on a connected stream.

@@ -36,6 +36,8 @@ pub enum ClientError {
     Cuda(CUresult),
     #[error("cannot move the session to the new worker: {0}")]
     Reconnect(String),
+    #[error("shared-memory transport: {0} (GPUFUSE_TRANSPORT=socket, or a unix: address, uses the socket instead)")]
+    Shm(String),
 }
 
 impl ClientError {
@@ -45,7 +47,8 @@ impl ClientError {
             ClientError::NoServerConfigured
             | ClientError::BadAddress(_)
             | ClientError::Connect { .. }
-            | ClientError::Refused(_) => status::NO_DEVICE,
+            | ClientError::Refused(_)
+            | ClientError::Shm(_) => status::NO_DEVICE,
             ClientError::Lost(_)
             | ClientError::NoAnswer { .. }
             | ClientError::Hung { .. }
@@ -77,6 +80,7 @@ mod tests {
                 source: io(),
             },
             ClientError::Refused("r".into()),
+            ClientError::Shm("s".into()),
             ClientError::Lost(gpufuse_transport::TransportError::Closed),
             ClientError::UnexpectedReply,
             ClientError::Cuda(2),

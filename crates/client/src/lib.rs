@@ -33,6 +33,6 @@ pub mod texture;
 pub mod vmm;
 pub mod work;
 
-pub use connection::Connection;
+pub use connection::{Connection, Transport};
 pub use error::ClientError;
 pub use state::{Session, SessionConfig};

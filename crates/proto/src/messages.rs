@@ -488,6 +488,11 @@ pub enum Request<'a> {
     TexObjectCreate { handle: u64, desc: TexObjectDesc },
     /// Quiet. Kernels launched after it that use `handle` fail.
     TexObjectDestroy { handle: u64 },
+    /// Sync. Moves the session to the shared-memory transport: the frame arrives over the
+    /// unix socket with the mapping and its doorbells attached (`SCM_RIGHTS`), rings of the
+    /// sizes given; after a reply with status 0 both sides use the rings
+    /// (`gpufuse_transport::shm`). Any other status: the socket carries on.
+    ShmAttach { request_ring: u64, reply_ring: u64 },
 }
 
 /// Texture and surface objects (`cuTexObjectCreate`, `cuSurfObjectCreate`): the memory, its
@@ -607,6 +612,7 @@ impl<'a> Request<'a> {
             Request::ModuleImagePart { .. } => 41,
             Request::TexObjectCreate { .. } => 42,
             Request::TexObjectDestroy { .. } => 43,
+            Request::ShmAttach { .. } => 44,
         }
     }
 

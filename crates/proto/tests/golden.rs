@@ -296,6 +296,13 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
             },
         ),
         ("TexObjectDestroy", Request::TexObjectDestroy { handle: 9 }),
+        (
+            "ShmAttach",
+            Request::ShmAttach {
+                request_ring: 1 << 22,
+                reply_ring: 1 << 22,
+            },
+        ),
     ]
 }
 
@@ -356,6 +363,7 @@ const REQUESTS: &[(&str, &str)] = &[
         "2a09802040040210080140010101000102000000000000003f0000803f00000000",
     ),
     ("TexObjectDestroy", "2b09"),
+    ("ShmAttach", "2c8080800280808002"),
 ];
 
 #[test]

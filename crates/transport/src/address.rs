@@ -1,4 +1,5 @@
-//! Endpoint addresses (`unix:PATH`, `tcp:HOST:PORT`, `tcp+tls:HOST:PORT`) and listeners.
+//! Endpoint addresses (`unix:PATH`, `shm:PATH`, `tcp:HOST:PORT`, `tcp+tls:HOST:PORT`) and
+//! listeners.
 
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -12,13 +13,17 @@ use crate::tls::{ClientTls, ServerTls};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
     Unix(PathBuf),
+    /// The unix socket at the path, with the session moved to the shared-memory transport
+    /// ([`crate::shm`]) after the hello: required, where `unix:` only prefers it. A node
+    /// listening here listens on the unix socket.
+    Shm(PathBuf),
     Tcp(String),
     /// TCP with TLS: the server has a certificate, the client verifies it ([`crate::tls`]).
     TcpTls(String),
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("bad address {0:?}: expected unix:PATH, tcp:HOST:PORT or tcp+tls:HOST:PORT")]
+#[error("bad address {0:?}: expected unix:PATH, shm:PATH, tcp:HOST:PORT or tcp+tls:HOST:PORT")]
 pub struct AddressError(String);
 
 impl FromStr for Address {
@@ -27,6 +32,10 @@ impl FromStr for Address {
         if let Some(p) = s.strip_prefix("unix:") {
             if !p.is_empty() {
                 return Ok(Address::Unix(PathBuf::from(p)));
+            }
+        } else if let Some(p) = s.strip_prefix("shm:") {
+            if !p.is_empty() {
+                return Ok(Address::Shm(PathBuf::from(p)));
             }
         } else if let Some((tls, hp)) = s
             .strip_prefix("tcp:")
@@ -52,6 +61,7 @@ impl std::fmt::Display for Address {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Address::Unix(p) => write!(f, "unix:{}", p.display()),
+            Address::Shm(p) => write!(f, "shm:{}", p.display()),
             Address::Tcp(hp) => write!(f, "tcp:{hp}"),
             Address::TcpTls(hp) => write!(f, "tcp+tls:{hp}"),
         }
@@ -67,7 +77,7 @@ impl Address {
                 let tls = ClientTls::from_env().map_err(std::io::Error::other)?;
                 Ok(Stream::TlsClient(Box::new(tls.connect(hp)?)))
             }
-            Address::Unix(p) => Ok(Stream::Unix(UnixStream::connect(p)?)),
+            Address::Unix(p) | Address::Shm(p) => Ok(Stream::Unix(UnixStream::connect(p)?)),
             Address::Tcp(hp) => {
                 let s = TcpStream::connect(hp)?;
                 s.set_nodelay(true)?;
@@ -93,7 +103,7 @@ impl Address {
                     format!("{self} needs a certificate and a key (--tls-cert, --tls-key)"),
                 )),
             },
-            Address::Unix(p) => {
+            Address::Unix(p) | Address::Shm(p) => {
                 use std::os::unix::fs::FileTypeExt;
                 match std::fs::symlink_metadata(p) {
                     Ok(m) if !m.file_type().is_socket() => {
@@ -220,6 +230,11 @@ mod tests {
             Address::Unix("/tmp/x".into())
         );
         assert_eq!(
+            "shm:/tmp/x".parse::<Address>().unwrap(),
+            Address::Shm("/tmp/x".into())
+        );
+        assert_eq!(Address::Shm("/tmp/x".into()).to_string(), "shm:/tmp/x");
+        assert_eq!(
             "tcp:127.0.0.1:80".parse::<Address>().unwrap().to_string(),
             "tcp:127.0.0.1:80"
         );
@@ -234,6 +249,7 @@ mod tests {
         for bad in [
             "",
             "unix:",
+            "shm:",
             "tcp:host",
             "tcp::1",
             "http://x",

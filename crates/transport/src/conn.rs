@@ -18,6 +18,9 @@ pub enum Stream {
     TlsClient(Box<StreamOwned<ClientConnection, TcpStream>>),
     /// The server's end of a `tcp+tls:` connection; its handshake happens on the first read.
     TlsServer(Box<StreamOwned<ServerConnection, TcpStream>>),
+    /// The rings of a shared mapping, with the unix socket kept for liveness
+    /// ([`crate::shm`]).
+    Shm(crate::shm::ShmStream),
 }
 
 impl Stream {
@@ -28,12 +31,13 @@ impl Stream {
             Stream::Tcp(s) => s.as_fd(),
             Stream::TlsClient(s) => s.sock.as_fd(),
             Stream::TlsServer(s) => s.sock.as_fd(),
+            Stream::Shm(s) => s.socket().as_fd(),
         }
     }
 
     fn tcp(&self) -> Option<&TcpStream> {
         match self {
-            Stream::Unix(_) => None,
+            Stream::Unix(_) | Stream::Shm(_) => None,
             Stream::Tcp(s) => Some(s),
             Stream::TlsClient(s) => Some(&s.sock),
             Stream::TlsServer(s) => Some(&s.sock),
@@ -44,6 +48,10 @@ impl Stream {
     pub fn set_read_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
         match (self, self.tcp()) {
             (Stream::Unix(s), _) => s.set_read_timeout(t),
+            (Stream::Shm(s), _) => {
+                s.set_read_timeout(t);
+                Ok(())
+            }
             (_, Some(s)) => s.set_read_timeout(t),
             (_, None) => Ok(()),
         }
@@ -54,6 +62,10 @@ impl Stream {
     pub fn set_write_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
         match (self, self.tcp()) {
             (Stream::Unix(s), _) => s.set_write_timeout(t),
+            (Stream::Shm(s), _) => {
+                s.set_write_timeout(t);
+                Ok(())
+            }
             (_, Some(s)) => s.set_write_timeout(t),
             (_, None) => Ok(()),
         }
@@ -65,6 +77,7 @@ impl Stream {
         match self {
             Stream::Unix(s) => Ok(Stream::Unix(s.try_clone()?)),
             Stream::Tcp(s) => Ok(Stream::Tcp(s.try_clone()?)),
+            Stream::Shm(s) => Ok(Stream::Shm(s.clone())),
             Stream::TlsClient(_) | Stream::TlsServer(_) => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "a TLS stream cannot be cloned",
@@ -81,6 +94,10 @@ impl Stream {
             Stream::TlsClient(_) | Stream::TlsServer(_) => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "a TLS connection cannot be handed to another process",
+            )),
+            Stream::Shm(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a shared-memory session cannot be handed to another process",
             )),
         }
     }
@@ -119,12 +136,27 @@ impl Stream {
         Err(Stream::TlsServer(s))
     }
 
+    /// Whether this is the shared-memory transport.
+    pub fn is_shm(&self) -> bool {
+        matches!(self, Stream::Shm(_))
+    }
+
     pub fn shutdown(&self) {
         let _ = match (self, self.tcp()) {
             (Stream::Unix(s), _) => s.shutdown(std::net::Shutdown::Both),
+            (Stream::Shm(s), _) => {
+                s.shutdown();
+                Ok(())
+            }
             (_, Some(s)) => s.shutdown(std::net::Shutdown::Both),
             (_, None) => Ok(()),
         };
+    }
+}
+
+impl AsFd for Stream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        Stream::as_fd(self)
     }
 }
 
@@ -135,6 +167,7 @@ impl Read for Stream {
             Stream::Tcp(s) => s.read(buf),
             Stream::TlsClient(s) => s.read(buf),
             Stream::TlsServer(s) => s.read(buf),
+            Stream::Shm(s) => s.read(buf),
         }
     }
 }
@@ -146,12 +179,13 @@ impl Write for Stream {
             Stream::Tcp(s) => s.write(buf),
             Stream::TlsClient(s) => s.write(buf),
             Stream::TlsServer(s) => s.write(buf),
+            Stream::Shm(s) => s.write(buf),
         }
     }
     /// Plain sockets hold nothing back; a TLS stream writes the records it still holds.
     fn flush(&mut self) -> io::Result<()> {
         match self {
-            Stream::Unix(_) | Stream::Tcp(_) => Ok(()),
+            Stream::Unix(_) | Stream::Tcp(_) | Stream::Shm(_) => Ok(()),
             Stream::TlsClient(s) => s.flush(),
             Stream::TlsServer(s) => s.flush(),
         }
@@ -209,13 +243,14 @@ fn recv_now(stream: &mut Stream, buf: &mut [u8]) -> io::Result<usize> {
         Stream::Tcp(s) => recv_fd_now(s.as_fd(), buf),
         Stream::TlsClient(s) => crate::tls::recv_now(s, buf),
         Stream::TlsServer(s) => crate::tls::recv_now(s, buf),
+        Stream::Shm(s) => s.read_now(buf),
     }
 }
 
 /// Whether the socket's peer has closed its end, waiting up to `timeout_ms` (-1: for ever)
 /// without reading anything.
 #[allow(unsafe_code)]
-fn poll_hang_up(fd: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) -> bool {
+pub(crate) fn poll_hang_up(fd: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) -> bool {
     use std::os::fd::AsRawFd;
     let mut fds = libc::pollfd {
         fd: fd.as_raw_fd(),
@@ -239,10 +274,50 @@ pub fn wait_for_hang_up(fd: std::os::fd::BorrowedFd<'_>) {
     while !poll_hang_up(fd, -1) {}
 }
 
+/// Most descriptors a connection keeps for its owner ([`Conn::accept_fds`]); more are closed.
+const MAX_HELD_FDS: usize = 16;
+
+/// One read of a unix socket that also takes descriptors sent with `SCM_RIGHTS` into `fds`.
+fn recv_keeping_fds(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+    dont_wait: bool,
+) -> io::Result<usize> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut flags = RecvFlags::CMSG_CLOEXEC;
+    if dont_wait {
+        flags |= RecvFlags::DONTWAIT;
+    }
+    let msg = rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(buf)], &mut control, flags)?;
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(got) = m {
+            for fd in got {
+                if fds.len() < MAX_HELD_FDS {
+                    fds.push(fd);
+                }
+            }
+        }
+    }
+    Ok(msg.bytes)
+}
+
 /// One blocking read of at least a byte; the peer closing is [`TransportError::Closed`].
-fn read_some(stream: &mut Stream, buf: &mut [u8]) -> Result<usize, TransportError> {
+/// With `fds`, descriptors that come with the bytes of a unix socket are kept there.
+fn read_some(
+    stream: &mut Stream,
+    fds: Option<&mut Vec<OwnedFd>>,
+    buf: &mut [u8],
+) -> Result<usize, TransportError> {
+    let mut fds = fds;
     loop {
-        match stream.read(buf) {
+        let got = match (&mut *stream, fds.as_deref_mut()) {
+            (Stream::Unix(s), Some(fds)) => recv_keeping_fds(s, buf, fds, false),
+            (stream, _) => stream.read(buf),
+        };
+        match got {
             Ok(0) => return Err(TransportError::Closed),
             Ok(n) => return Ok(n),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -275,6 +350,8 @@ pub struct Conn {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    /// Descriptors received with the bytes (`SCM_RIGHTS`), when the owner takes them.
+    fds: Option<Vec<OwnedFd>>,
 }
 
 impl Conn {
@@ -290,7 +367,95 @@ impl Conn {
             buf: vec![0; READ_CHUNK],
             start: 0,
             end: 0,
+            fds: None,
         }
+    }
+
+    /// From now on, descriptors a unix-socket peer sends with its bytes (`SCM_RIGHTS`) are
+    /// kept (at most 16 at a time) for [`Conn::take_fds`]; otherwise they are closed.
+    pub fn accept_fds(&mut self) {
+        self.fds.get_or_insert_with(Vec::new);
+    }
+
+    /// The descriptors received so far (see [`Conn::accept_fds`]).
+    pub fn take_fds(&mut self) -> Vec<OwnedFd> {
+        self.fds.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Sends pre-encoded `frames` with `fds` attached to their first byte (`SCM_RIGHTS`;
+    /// unix sockets only).
+    pub fn send_with_fds(&mut self, frames: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        let Stream::Unix(sock) = &self.stream else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "descriptors travel only over a unix socket",
+            ));
+        };
+        if frames.is_empty() {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "too many descriptors for one message",
+            ));
+        }
+        let sent = loop {
+            match rustix::net::sendmsg(
+                sock,
+                &[io::IoSlice::new(frames)],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            ) {
+                Err(rustix::io::Errno::INTR) => {}
+                other => break other?,
+            }
+        };
+        self.send(&frames[sent..])
+    }
+
+    /// Replaces the stream under the connection (a session moving to the shared-memory
+    /// transport). Refused while received bytes wait in the buffer: they belong to the old one.
+    pub fn replace_stream(&mut self, stream: Stream) -> Result<Stream, Stream> {
+        if self.start != self.end {
+            return Err(stream);
+        }
+        self.start = 0;
+        self.end = 0;
+        Ok(std::mem::replace(&mut self.stream, stream))
+    }
+
+    /// Waits until the peer sends something (or hangs up), or `other` becomes readable, for at
+    /// most `timeout` (for ever without). True: this connection has something (a frame, bytes,
+    /// or the peer's end); false: `other` or the timeout.
+    pub fn wait_readable(
+        &self,
+        other: Option<BorrowedFd<'_>>,
+        timeout: Option<std::time::Duration>,
+    ) -> io::Result<bool> {
+        if self.has_frame() {
+            return Ok(true);
+        }
+        if let Stream::Shm(s) = &self.stream {
+            return s.wait_readable(other, timeout);
+        }
+        use rustix::event::{PollFd, PollFlags};
+        let mut fds = vec![PollFd::new(&self.stream, PollFlags::IN)];
+        if let Some(o) = other.as_ref() {
+            fds.push(PollFd::new(o, PollFlags::IN));
+        }
+        let ts = timeout.map(|t| rustix::event::Timespec {
+            tv_sec: t.as_secs() as _,
+            tv_nsec: t.subsec_nanos() as _,
+        });
+        match rustix::event::poll(&mut fds, ts.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(!fds[0].revents().is_empty())
     }
 
     pub fn stream(&self) -> &Stream {
@@ -408,7 +573,7 @@ impl Conn {
         self.start += buffered;
         let mut filled = buffered;
         while filled < dst.len() {
-            filled += read_some(&mut self.stream, &mut dst[filled..])?;
+            filled += read_some(&mut self.stream, self.fds.as_mut(), &mut dst[filled..])?;
         }
         Ok(())
     }
@@ -445,7 +610,13 @@ impl Conn {
             }
             self.compact();
         }
-        match recv_now(&mut self.stream, &mut self.buf[self.end..]) {
+        let got = match (&self.stream, self.fds.as_mut()) {
+            (Stream::Unix(s), Some(fds)) => {
+                recv_keeping_fds(s, &mut self.buf[self.end..], fds, true)
+            }
+            _ => recv_now(&mut self.stream, &mut self.buf[self.end..]),
+        };
+        match got {
             Ok(n) => {
                 self.end += n; // 0: the peer closed; recv reports it
                 Ok(n > 0)
@@ -473,7 +644,11 @@ impl Conn {
             }
         }
         while self.end - self.start < need {
-            self.end += read_some(&mut self.stream, &mut self.buf[self.end..])?;
+            self.end += read_some(
+                &mut self.stream,
+                self.fds.as_mut(),
+                &mut self.buf[self.end..],
+            )?;
         }
         Ok(())
     }

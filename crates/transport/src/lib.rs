@@ -1,5 +1,6 @@
-//! Framed transports: unix sockets, TCP and TCP with TLS (`tcp+tls:`, rustls: see [`tls`]),
-//! all carrying [`gpufuse_proto`] frames.
+//! Framed transports: unix sockets, shared-memory rings for a client on the node's host
+//! ([`shm`]), TCP and TCP with TLS (`tcp+tls:`, rustls: see [`tls`]), all carrying
+//! [`gpufuse_proto`] frames.
 //!
 //! A [`Conn`] reads whole frames out of a buffered stream (many small frames cost one read
 //! system call) and writes pre-encoded frames. It knows nothing about the messages; it checks
@@ -11,10 +12,12 @@
 
 #![deny(unsafe_code)] // allowed three times in conn.rs: `recv_fd_now`, a non-blocking read,
                       // `peek_exact`, a read that consumes nothing, and `poll_hang_up`, a poll
-                      // that reads nothing
+                      // that reads nothing; and in `shm`, the one module that touches the
+                      // shared mapping
 
 mod address;
 mod conn;
+pub mod shm;
 pub mod tls;
 
 pub use address::{Address, AddressError, Listener};

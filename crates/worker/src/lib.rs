@@ -283,6 +283,9 @@ impl<'a> Session<'a> {
             MemUnmap { ptr, size } => none(self.mem_unmap(ptr, size)),
             TexObjectCreate { handle, desc } => none(self.tex_object_create(handle, &desc)),
             TexObjectDestroy { handle } => none(self.tex_object_destroy(handle)),
+            // The serving loop takes it (`serve.rs`) on a unix socket; anywhere else (TCP, a
+            // worker driven in process) there is nothing to attach.
+            ShmAttach { .. } => Err(gpufuse_device::status::NOT_SUPPORTED),
         }
     }
 

@@ -326,5 +326,6 @@ pub(crate) fn touches_memory(req: &gpufuse_proto::Request) -> bool {
             | EventElapsedTime { .. }
             | DebugLaunchLog { .. }
             | ModuleImagePart { .. }
+            | ShmAttach { .. }
     )
 }

@@ -59,7 +59,9 @@ pub fn serve_elastic(
         },
     );
     conn.send(&out).map_err(TransportError::from)?;
-    let beat =
+    // A local client may send its shared mapping's descriptors (`ShmAttach`).
+    conn.accept_fds();
+    let mut beat =
         heartbeat::Heartbeat::start(conn.stream().try_clone().map_err(TransportError::from)?)
             .map_err(TransportError::from)?;
     let mut session = Session::new(device, ledger, limit).with_elastic(elastic.config, session_id);
@@ -70,7 +72,7 @@ pub fn serve_elastic(
         open_device: elastic.open_device,
         out: Vec::new(),
     };
-    let result = run(&mut conn, &mut session, &mut out, &beat, &mut node);
+    let result = run(&mut conn, &mut session, &mut out, &mut beat, &mut node);
     session.release_all();
     match result {
         Err(WorkerError::Transport(TransportError::Closed)) => Ok(()),
@@ -99,7 +101,7 @@ fn run(
     conn: &mut Conn,
     session: &mut Session,
     out: &mut Vec<u8>,
-    beat: &heartbeat::Heartbeat,
+    beat: &mut heartbeat::Heartbeat,
     node: &mut Commands,
 ) -> Result<(), WorkerError> {
     let mut last_check = std::time::Instant::now();
@@ -161,10 +163,53 @@ fn run(
             text.truncate(200);
             tracing::trace!(quiet, "request {text}");
         }
+        let shm_offer = match req {
+            Request::ShmAttach {
+                request_ring,
+                reply_ring,
+            } if !quiet => Some((request_ring, reply_ring)),
+            _ => None,
+        };
         let reply = session.dispatch(req, quiet);
+        let attach = shm_offer.map(|(req_ring, reply_ring)| adopt_shm(conn, req_ring, reply_ring));
         if session.holds_lease() && !conn.poll_frame() {
             // Nothing more has arrived: do not hold the device while waiting for the client.
             session.end_lease();
+        }
+        if let Some(attach) = attach {
+            // The answer goes over the socket; from the next request on, both sides use the
+            // rings (the client sends nothing more until it has read this answer).
+            let mut reply = reply.expect("a synchronous request is answered");
+            if attach.is_ok() {
+                reply.status = 0;
+            }
+            out.clear();
+            encode_frame(out, FrameKind::Reply, 0, id, &reply);
+            {
+                let _writing = beat.writing();
+                conn.send(out).map_err(TransportError::from)?;
+            }
+            match attach {
+                Ok(stream) => {
+                    let clone = stream.clone();
+                    if conn
+                        .replace_stream(gpufuse_transport::Stream::Shm(stream))
+                        .is_err()
+                    {
+                        return Err(WorkerError::Transport(TransportError::Io(
+                            std::io::Error::new(
+                                std::io::ErrorKind::InvalidData,
+                                "the client sent requests after ShmAttach before its answer",
+                            ),
+                        )));
+                    }
+                    *beat = heartbeat::Heartbeat::start(gpufuse_transport::Stream::Shm(clone))
+                        .map_err(TransportError::from)?;
+                    tracing::info!("the session moved to the shared-memory transport");
+                }
+                Err(why) => tracing::warn!("shared-memory transport refused: {why}"),
+            }
+            continue;
         }
         if let Some(mut reply) = reply {
             let _writing = beat.writing();
@@ -302,32 +347,43 @@ impl Commands {
     }
 }
 
-/// `poll` on the client and the node's command socket, for at most `timeout` (ever without).
+/// Waits for the client (socket or shared-memory rings) and the node's command socket, for at
+/// most `timeout` (ever without).
 fn wait(client: &Conn, commands: Option<&Conn>, timeout: Option<std::time::Duration>) -> Woken {
-    use std::os::fd::AsRawFd;
-    let mut fds = vec![libc::pollfd {
-        fd: client.stream().as_fd().as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    if let Some(c) = commands {
-        fds.push(libc::pollfd {
-            fd: c.stream().as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        });
+    let other = commands.map(|c| c.stream().as_fd());
+    match client.wait_readable(other, timeout) {
+        Ok(true) | Err(_) => Woken::Client,
+        Ok(false) if commands.is_some_and(ready_now) => Woken::Command,
+        Ok(false) => Woken::Timeout,
     }
-    let ms = timeout.map_or(-1, |t| {
-        i32::try_from(t.as_millis().saturating_add(1)).unwrap_or(i32::MAX)
-    });
-    // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the call's duration.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-    if n <= 0 {
-        return Woken::Timeout;
-    }
-    if fds[0].revents != 0 {
-        Woken::Client
-    } else {
-        Woken::Command
-    }
+}
+
+/// Whether the node's command socket has something to read now.
+fn ready_now(c: &Conn) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        c.stream(),
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut fds, Some(&zero)).is_ok_and(|n| n > 0)
+}
+
+/// The rings a client offered with `ShmAttach` (its descriptors came with the request's bytes),
+/// checked and mapped. Only over a unix socket: a client elsewhere has nothing to share.
+fn adopt_shm(
+    conn: &mut Conn,
+    request_ring: u64,
+    reply_ring: u64,
+) -> Result<gpufuse_transport::shm::ShmStream, String> {
+    use gpufuse_transport::shm::{ShmRegion, Side};
+    let fds = conn.take_fds();
+    let gpufuse_transport::Stream::Unix(sock) = conn.stream() else {
+        return Err("the session's connection is not a unix socket".into());
+    };
+    let sock = sock.try_clone().map_err(|e| e.to_string())?;
+    let region = ShmRegion::adopt(fds, request_ring, reply_ring).map_err(|e| e.to_string())?;
+    Ok(region.into_stream(sock, Side::Worker))
 }

@@ -1,0 +1,273 @@
+//! The shared-memory transport against a real `gpufuse serve`: sessions over its unix socket
+//! move to the rings (or keep the socket when told to), bulk copies larger than a ring cross
+//! intact, and a client that writes nonsense into the rings (a corrupt record, a corrupt ring
+//! position) ends its own session only. Killed clients and workers over the rings are
+//! `node.rs`'s tests, which run over the rings by default (`scripts/test-all.sh` runs them over
+//! the socket as well).
+
+use std::os::unix::fs::FileExt;
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpufuse_client::{Connection, Transport};
+use gpufuse_proto::{
+    decode_owned, encode_frame, FrameKind, ReplyBody, Request, ResourceRequest, ServerHello,
+    SessionKind,
+};
+use gpufuse_transport::shm::{ShmRegion, ShmStream, Side, DEFAULT_RING};
+use gpufuse_transport::{Address, Conn, Stream, TransportError};
+
+struct Server {
+    child: Child,
+    dir: std::path::PathBuf,
+    sock: std::path::PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start(name: &str) -> Server {
+    let dir = std::env::temp_dir().join(format!("gpufuse-shm-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("s.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
+        .args(["serve", "--listen", &format!("unix:{}", sock.display())])
+        .args(["--devices", "emu:1:1GiB"])
+        .stderr(
+            if std::env::var_os("GPUFUSE_TEST_SERVER_STDERR").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            },
+        )
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Server { child, dir, sock }
+}
+
+fn hello() -> gpufuse_proto::ClientHello {
+    Connection::hello(SessionKind::Cuda, String::new(), ResourceRequest::default())
+}
+
+fn open(addr: &Address, transport: Transport) -> Connection {
+    let (mut c, _) = Connection::open_with(addr, &hello(), transport).unwrap();
+    c.quiet(&Request::CtxCreate {
+        ctx: 1,
+        device: 0,
+        flags: 0,
+    })
+    .unwrap();
+    c
+}
+
+fn alloc(c: &mut Connection, size: u64) -> u64 {
+    match c.call(&Request::MemAlloc { device: 0, size }).unwrap() {
+        ReplyBody::Ptr(p) => p,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn sessions(s: &Server) -> usize {
+    Connection::query_status(&Address::Unix(s.sock.clone()), String::new())
+        .unwrap()
+        .sessions
+        .len()
+}
+
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A copy there and back, larger than a ring: its bytes come back intact.
+fn round_trip_copy(c: &mut Connection, size: usize) {
+    let p = alloc(c, size as u64);
+    let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4096) as u8).collect();
+    c.quiet_with_tail(
+        &Request::MemcpyHtoD {
+            dst: p,
+            stream: 0,
+            data: &[],
+        },
+        &data,
+    )
+    .unwrap();
+    let mut back = vec![0u8; size];
+    c.call_read_into(
+        &Request::MemcpyDtoH {
+            src: p,
+            size: size as u64,
+            stream: 0,
+        },
+        &mut back,
+    )
+    .unwrap();
+    assert!(back == data, "a {size}-byte copy came back changed");
+    c.quiet(&Request::MemFree { ptr: p }).unwrap();
+}
+
+#[test]
+fn unix_sessions_move_to_the_rings_unless_told_not_to() {
+    let s = start("choose");
+    let unix = Address::Unix(s.sock.clone());
+    let mut auto = open(&unix, Transport::Auto);
+    assert_eq!(auto.transport(), "shm");
+    let mut socket = open(&unix, Transport::Socket);
+    assert_eq!(socket.transport(), "unix");
+    let mut forced = open(&Address::Shm(s.sock.clone()), Transport::Socket);
+    assert_eq!(
+        forced.transport(),
+        "shm",
+        "a shm: address requires the rings"
+    );
+    for c in [&mut auto, &mut socket, &mut forced] {
+        c.call(&Request::Ping).unwrap();
+        round_trip_copy(c, 3 * DEFAULT_RING + 12345);
+        round_trip_copy(c, 100);
+    }
+    assert_eq!(sessions(&s), 3);
+}
+
+/// Says hello over the node's socket and moves to the rings by hand, as a client does, but
+/// keeps the raw stream and the mapping so that the test can write what it likes.
+fn raw_shm_session(s: &Server) -> (ShmStream, std::fs::File) {
+    let mut conn = Conn::new(Stream::Unix(UnixStream::connect(&s.sock).unwrap()));
+    let mut frame = Vec::new();
+    encode_frame(&mut frame, FrameKind::Hello, 0, 0, &hello());
+    conn.send(&frame).unwrap();
+    let (_, body) = conn.recv().unwrap();
+    assert!(matches!(
+        decode_owned::<ServerHello>(body).unwrap(),
+        ServerHello::Accepted { .. }
+    ));
+    let region = ShmRegion::create(DEFAULT_RING, DEFAULT_RING).unwrap();
+    let memfd = std::fs::File::from(region.fds()[0].try_clone_to_owned().unwrap());
+    frame.clear();
+    encode_frame(
+        &mut frame,
+        FrameKind::Request,
+        0,
+        1,
+        &Request::ShmAttach {
+            request_ring: DEFAULT_RING as u64,
+            reply_ring: DEFAULT_RING as u64,
+        },
+    );
+    conn.send_with_fds(&frame, &region.fds()).unwrap();
+    let (h, body) = conn.recv().unwrap();
+    assert_eq!((h.kind, h.request_id), (FrameKind::Reply, 1));
+    let reply = gpufuse_proto::decode_reply(&h, body).unwrap();
+    assert_eq!(reply.status, 0, "the worker took the rings");
+    let Stream::Unix(sock) = conn.into_stream() else {
+        unreachable!()
+    };
+    (region.into_stream(sock, Side::Client), memfd)
+}
+
+/// The worker of a session that broke the ring protocol ends: its socket closes, so the
+/// client's next read of the rings is the end of the stream, within the deadline.
+fn assert_session_ended(stream: ShmStream) {
+    stream.set_read_timeout(Some(Duration::from_secs(15)));
+    let mut conn = Conn::new(Stream::Shm(stream));
+    match conn.recv() {
+        Err(TransportError::Closed) => {}
+        other => panic!("expected the worker to end the session, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_corrupt_ring_record_or_position_ends_only_its_session() {
+    let s = start("corrupt");
+    let unix = Address::Unix(s.sock.clone());
+    let mut good = open(&unix, Transport::Shm);
+    let p = alloc(&mut good, 4096);
+
+    // A record whose header is valid and whose body is no request.
+    let (bad, _memfd) = raw_shm_session(&s);
+    let mut garbage = Vec::new();
+    encode_frame(&mut garbage, FrameKind::Request, 0, 2, &[0xFFu8; 16]);
+    std::io::Write::write_all(&mut &bad, &garbage).unwrap();
+    assert_session_ended(bad);
+
+    // A record with a bad magic.
+    let (bad, _memfd) = raw_shm_session(&s);
+    std::io::Write::write_all(&mut &bad, &[0xAB; 64]).unwrap();
+    assert_session_ended(bad);
+
+    // A request ring whose write position claims more bytes than the ring holds (control page
+    // offset 256), written behind the worker's back while it waits for the rest of a frame:
+    // it finds the position when it next looks (its doorbell, or its park's 100 ms backstop).
+    let (bad, memfd) = raw_shm_session(&s);
+    std::io::Write::write_all(&mut &bad, &[0]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    memfd
+        .write_all_at(&(1u64 << 40).to_le_bytes(), 256)
+        .unwrap();
+    assert_session_ended(bad);
+
+    eventually("only the good session is left", || sessions(&s) == 1);
+    good.quiet(&Request::MemcpyHtoD {
+        dst: p,
+        stream: 0,
+        data: &[5; 8],
+    })
+    .unwrap();
+    let mut out = [0u8; 8];
+    good.call_read_into(
+        &Request::MemcpyDtoH {
+            src: p,
+            size: 8,
+            stream: 0,
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out, [5; 8]);
+}
+
+#[test]
+fn a_worker_killed_while_its_client_waits_is_an_error_not_a_hang() {
+    let s = start("killed");
+    let unix = Address::Unix(s.sock.clone());
+    let mut c = open(&unix, Transport::Shm);
+    c.call(&Request::Ping).unwrap();
+    let st = Connection::query_status(&unix, String::new()).unwrap();
+    let worker = st.sessions[0].worker_pid;
+    // The client parks waiting for a reply the worker will never send.
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        // SAFETY: signalling a worker process of our own server.
+        unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    });
+    let started = Instant::now();
+    // Stopped first, the worker cannot answer: the call waits (spins, then parks) until the
+    // kill closes the socket.
+    // SAFETY: signalling a worker process of our own server.
+    unsafe { libc::kill(worker as i32, libc::SIGSTOP) };
+    let err = c.call(&Request::Ping).unwrap_err();
+    t.join().unwrap();
+    assert!(
+        matches!(err, gpufuse_client::ClientError::Lost(_)),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "noticed after {:?}",
+        started.elapsed()
+    );
+    eventually("the session is released", || sessions(&s) == 0);
+}
