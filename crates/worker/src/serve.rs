@@ -59,10 +59,14 @@ pub fn serve_elastic(
         },
     );
     conn.send(&out).map_err(TransportError::from)?;
-    let beat =
-        heartbeat::Heartbeat::start(conn.stream().try_clone().map_err(TransportError::from)?)
-            .map_err(TransportError::from)?;
+    let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let beat = heartbeat::Heartbeat::start(
+        conn.stream().try_clone().map_err(TransportError::from)?,
+        cancel.clone(),
+    )
+    .map_err(TransportError::from)?;
     let mut session = Session::new(device, ledger, limit).with_elastic(elastic.config, session_id);
+    session.set_cancel(cancel);
     let mut node = Commands {
         conn: elastic
             .commands
