@@ -147,7 +147,7 @@ static void check_captured_while() {
   c.conditional.size = 1;
   CK(cudaGraphAddNode(&cond, g, deps, nullptr, ndeps, &c));
   cudaGraph_t body = c.conditional.phGraph_out[0];
-  CK(cudaStreamUpdateCaptureDependencies(s, &cond, 1, cudaStreamSetCaptureDependencies));
+  CK(cudaStreamUpdateCaptureDependencies(s, &cond, nullptr, 1, cudaStreamSetCaptureDependencies));
   add_to<<<1, 1, 0, s>>>(after, 1);
   cudaGraph_t captured;
   CK(cudaStreamEndCapture(s, &captured));

@@ -672,9 +672,7 @@ unsafe fn add_node(
             NODE_EMPTY => cuGraphAddEmptyNode(node, graph, deps, ndeps),
             NODE_MEM_ALLOC => cuGraphAddMemAllocNode(node, graph, deps, ndeps, union.cast()),
             NODE_MEM_FREE => cuGraphAddMemFreeNode(node, graph, deps, ndeps, *at(0)),
-            NODE_CONDITIONAL => {
-                guard(|| conditional_node(node, graph, deps, ndeps, union.cast()))
-            }
+            NODE_CONDITIONAL => guard(|| conditional_node(node, graph, deps, ndeps, union.cast())),
             _ => NOT_SUPPORTED,
         }
     }
