@@ -177,6 +177,30 @@ impl Inner {
         gone.into_iter().try_for_each(|p| self.free(p))
     }
 
+    /// `cuGraphClone`: a new graph with graph `graph`'s nodes (the bodies of its conditional
+    /// nodes cloned too); it holds the same graph allocations and conditional handles.
+    pub fn clone_graph(&mut self, graph: u64) -> Result<u64, ClientError> {
+        let mut copy = self
+            .graphs
+            .graphs
+            .get(&graph)
+            .ok_or(INVALID_HANDLE)?
+            .clone();
+        for op in &mut copy.ops {
+            if let Op::Conditional { bodies, .. } = op {
+                let mut cloned = Vec::with_capacity(bodies.len());
+                for &b in bodies.iter() {
+                    cloned.push(self.clone_graph(b)?);
+                }
+                *bodies = cloned.into_boxed_slice();
+            }
+        }
+        self.graphs.hold(&copy);
+        let handle = handles::mint(Kind::Graph);
+        self.graphs.graphs.insert(handle, copy);
+        Ok(handle)
+    }
+
     /// `cuGraphConditionalHandleCreate`: a handle for conditional nodes of graph `graph`, the
     /// address of a 4-byte word of device memory that holds its value (kernels set it with
     /// `cudaGraphSetConditional`, a store there). The value starts at `default`; with

@@ -169,6 +169,15 @@ pub unsafe extern "C" fn cuGraphCreate(pgraph: *mut CUgraph, _flags: u32) -> CUr
     })
 }
 
+/// `cuGraphClone`: a copy of the graph's nodes as they are now.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphClone(pclone: *mut CUgraph, graph: CUgraph) -> CUresult {
+    guard(|| {
+        let clone = with_core(|g| g.clone_graph(h(graph)))?;
+        out(pclone, clone as usize as CUgraph)
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
     guard(|| with_core(|g| g.destroy_graph(h(graph))))
