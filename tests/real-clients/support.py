@@ -192,6 +192,12 @@ def build_programs() -> Programs:
     out = BUILD / "rdc_two_units"
     jobs.append(("rdc_two_units", out,
                  [nvcc, "-O2", "-rdc=true", "-arch=sm_80", "-o", str(out), *map(str, rdc)], rdc))
+    # Conditional graph nodes: cudaGraphSetConditional is a device-runtime function.
+    cond = HERE / "rdc" / "graph_conditional.cu"
+    out = BUILD / "graph_conditional"
+    jobs.append(("graph_conditional", out,
+                 [nvcc, "-O2", "-rdc=true", "-arch=sm_80", "-o", str(out), str(cond),
+                  "-lcudadevrt"], [cond, HERE / "kernels" / "kcheck.h"]))
     # rdc_lib.cu as inputs of the driver's JIT linker (cuLinkAddFile): a relocatable fatbin
     # (PTX and SASS) and a host object file whose .nv_fatbin section holds it.
     for name, flags in (("rdc_lib_fatbin", ["-fatbin"]), ("rdc_lib_object", ["-c"])):

@@ -108,6 +108,16 @@ def test_device_printf_order(programs, server):
     assert lines == want, res.stdout
 
 
+@pytest.mark.kernel_results
+@pytest.mark.parametrize("check", ["if_else", "while_loop", "captured_while", "switch"])
+def test_conditional_graph_nodes(programs, server, check):
+    """IF/ELSE, WHILE (set by cudaGraphSetConditional in the body's kernel), a WHILE whose body
+    is captured into (cudaStreamBeginCaptureToGraph), SWITCH: each over several launches with
+    the results checked."""
+    res = run_client(programs, server.unix, [programs.kernels["graph_conditional"], check])
+    assert_ok(res, [f"PASS {check} (results checked)"])
+
+
 def test_relocatable_code_of_two_units_is_linked_and_runs(programs, server):
     """Its kernel calls a function and reads a variable of the other unit: the host code
     registers the device-linked image (SASS only) with both units' PTX, which the device links

@@ -48,7 +48,7 @@ pub fn run(args: &[String]) -> Result<()> {
             } else {
                 &observed_addr
             };
-            let mut s = remote::Session::open(addr)?;
+            let mut s = remote::Session::open(addr, gpufuse_client::Transport::Auto)?;
             rt[which].push(s.round_trip_us(pings)?);
             launch[which].push(s.quiet_launch_rate(launches)?.0);
         }

@@ -1066,3 +1066,86 @@ fn a_long_call_outlives_the_call_timeout_on_heartbeats() {
     }
     panic!("the kernels never ran for twice the timeout: this test showed nothing");
 }
+
+/// A client killed (SIGKILL) while its kernel runs: the kernel would loop for minutes, and its
+/// worker used to run it to the end holding the device from every other session (26 minutes
+/// for one of NVIDIA's samples). Now the worker stops the kernel when it finds its client gone,
+/// gives the device back and ends the session.
+#[test]
+fn a_killed_clients_running_kernel_stops() {
+    use gpufuse_proto::Qos;
+    let s = start("killedkernel", "emu:1:1GiB");
+    let me = std::env::current_exe().unwrap();
+    let mut child = Command::new(me)
+        .args([
+            "--exact",
+            "run_a_kernel_until_killed",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("GPUFUSE_TEST_SERVER", s.addr.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the client's kernel holds the device", || {
+        status(&s).sessions.iter().any(|x| x.on_device)
+    });
+    // Let it run: the kernel is well under way, not about to start.
+    std::thread::sleep(Duration::from_millis(300));
+    signal(child.id(), libc::SIGKILL);
+    let _ = child.wait();
+    let killed = Instant::now();
+    eventually("the killed client's session ends", || {
+        status(&s).sessions.is_empty()
+    });
+    let ended = killed.elapsed();
+    eprintln!("session ended {ended:?} after its client was killed");
+    // The heartbeat thread looks every 250 ms; a loaded machine gets slack, not minutes.
+    assert!(ended < Duration::from_secs(5), "took {ended:?}");
+    // The device is free and its memory given back: another session runs a kernel at once.
+    assert_eq!(status(&s).devices[0].used_bytes, 0);
+    let mut b = compute_session(&s, None, Qos::Low).unwrap();
+    spin(&mut b, 10);
+    within("another session's kernel", move || {
+        b.call(&Request::CtxSynchronize { ctx: 1 }).unwrap();
+        assert_eq!(b.take_async_error(), None);
+    });
+}
+
+/// Helper process for `a_killed_clients_running_kernel_stops` (run only by it): a kernel of
+/// minutes, waited for.
+#[test]
+#[ignore = "helper process: run by a_killed_clients_running_kernel_stops"]
+fn run_a_kernel_until_killed() {
+    let addr: Address = std::env::var("GPUFUSE_TEST_SERVER")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let hello = Connection::hello(SessionKind::Cuda, String::new(), ResourceRequest::default());
+    let (mut c, _) = Connection::open(&addr, &hello).unwrap();
+    c.quiet(&Request::CtxCreate {
+        ctx: 1,
+        device: 0,
+        flags: 0,
+    })
+    .unwrap();
+    let image = SPIN_PTX.as_bytes();
+    let hash: [u8; 32] =
+        sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
+    c.call(&Request::ModuleLoad {
+        module: 2,
+        device: 0,
+        hash,
+        image: Some(image),
+    })
+    .unwrap();
+    c.call(&Request::ModuleGetFunction {
+        module: 2,
+        name: "spin",
+        function: 3,
+    })
+    .unwrap();
+    spin(&mut c, u32::MAX);
+    let _ = c.call(&Request::CtxSynchronize { ctx: 1 });
+}

@@ -57,12 +57,59 @@ pub enum Op {
     MemFree {
         ptr: u64,
     },
+    /// A conditional node (`cuGraphAddNode` of type `CU_GRAPH_NODE_TYPE_CONDITIONAL`): when
+    /// the replay reaches it, it reads the condition's value (the word at `handle`, which
+    /// kernels set with `cudaGraphSetConditional`) and runs a body graph accordingly.
+    Conditional {
+        /// The conditional handle: the device address of its value's 4-byte word.
+        handle: u64,
+        kind: CondKind,
+        /// The body graphs, as handles the application adds nodes to. CUDA hands the
+        /// application this array (`phGraph_out`): it stays where it is for the node's life.
+        bodies: Box<[u64]>,
+        /// In an executable: the bodies' operations as they were when it was instantiated.
+        frozen: Vec<Graph>,
+    },
+}
+
+/// What a conditional node does with its bodies (`CUgraphConditionalNodeType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CondKind {
+    /// Body 0 if the value is nonzero, else body 1 if there is one.
+    If,
+    /// Body 0 again and again while the value is nonzero.
+    While,
+    /// Body `value`, if there is one.
+    Switch,
+}
+
+impl CondKind {
+    /// `CU_GRAPH_COND_TYPE_*`, with the number of bodies it may have.
+    pub fn from_driver(kind: u32, bodies: u32) -> Option<CondKind> {
+        match (kind, bodies) {
+            (0, 1 | 2) => Some(CondKind::If),
+            (1, 1) => Some(CondKind::While),
+            (2, 1..) => Some(CondKind::Switch),
+            _ => None,
+        }
+    }
+}
+
+/// A conditional handle made for a graph (`cuGraphConditionalHandleCreate`).
+#[derive(Debug, Clone, Copy)]
+pub struct CondHandle {
+    /// The device address of its value's word (the handle the application gets).
+    pub ptr: u64,
+    /// Its value at each launch of the graph, with `CU_GRAPH_COND_ASSIGN_DEFAULT`.
+    pub default: Option<u32>,
 }
 
 /// A graph under construction or finished.
 #[derive(Debug, Clone, Default)]
 pub struct Graph {
     pub ops: Vec<Op>,
+    /// Conditional handles made for this graph.
+    pub conditionals: Vec<CondHandle>,
 }
 
 impl Graph {
@@ -71,6 +118,26 @@ impl Graph {
         self.ops.iter().filter_map(|op| match op {
             Op::MemAlloc { ptr, .. } => Some(*ptr),
             _ => None,
+        })
+    }
+
+    /// The conditional handles this graph uses: its own, and (in an executable) those of the
+    /// bodies it holds.
+    pub fn handles(&self) -> Vec<u64> {
+        let mut out: Vec<u64> = self.conditionals.iter().map(|c| c.ptr).collect();
+        for op in &self.ops {
+            if let Op::Conditional { frozen, .. } = op {
+                frozen.iter().for_each(|b| out.extend(b.handles()));
+            }
+        }
+        out
+    }
+
+    /// The body graphs of its conditional nodes (handles).
+    pub fn bodies(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ops.iter().flat_map(|op| match op {
+            Op::Conditional { bodies, .. } => bodies.iter().copied(),
+            _ => [].iter().copied(),
         })
     }
 }
@@ -99,6 +166,12 @@ pub struct Graphs {
     pub next_capture_id: u64,
     /// Graph allocations by address.
     pub allocations: HashMap<u64, GraphAlloc>,
+    /// Conditional handles (their words' addresses) and how many graphs and executables use
+    /// each: the word is freed when none does.
+    pub handles: HashMap<u64, usize>,
+    /// Graphs being captured into that existed before the capture
+    /// (`cuStreamBeginCaptureToGraph`): ending the capture leaves them to their owner.
+    pub captured_into: std::collections::HashSet<u64>,
 }
 
 impl Graphs {
@@ -107,6 +180,11 @@ impl Graphs {
         for ptr in graph.allocations() {
             if let Some(a) = self.allocations.get_mut(&ptr) {
                 a.refs += 1;
+            }
+        }
+        for ptr in graph.handles() {
+            if let Some(n) = self.handles.get_mut(&ptr) {
+                *n += 1;
             }
         }
     }
@@ -120,6 +198,15 @@ impl Graphs {
                 a.refs = a.refs.saturating_sub(1);
                 if a.refs == 0 {
                     self.allocations.remove(&ptr);
+                    gone.push(ptr);
+                }
+            }
+        }
+        for ptr in graph.handles() {
+            if let Some(n) = self.handles.get_mut(&ptr) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.handles.remove(&ptr);
                     gone.push(ptr);
                 }
             }
@@ -181,6 +268,7 @@ mod tests {
         let mut g = Graphs::default();
         let graph = Graph {
             ops: vec![Op::MemAlloc { ptr: 7, size: 64 }, Op::MemFree { ptr: 7 }],
+            ..Default::default()
         };
         g.allocations.insert(
             7,

@@ -5,7 +5,7 @@
 use gpufuse_proto::Request;
 
 use crate::error::ClientError;
-use crate::graph::{Graph, Op};
+use crate::graph::{CondHandle, CondKind, Graph, Op};
 use crate::handles::{self, Kind};
 use crate::launch::LaunchConfig;
 use crate::state::Inner;
@@ -30,6 +30,34 @@ impl Inner {
         Ok(())
     }
 
+    /// `cuStreamBeginCaptureToGraph`: stream handle `stream` captures into the existing
+    /// graph `graph`, after its nodes (a graph is replayed in the order of its nodes).
+    pub fn begin_capture_to(&mut self, stream: u64, graph: u64) -> Result<(), ClientError> {
+        let st = self.stream_id(stream)?;
+        if self.graphs.capturing(st).is_some() {
+            return Err(STREAM_CAPTURE_UNSUPPORTED.into());
+        }
+        if !self.graphs.graphs.contains_key(&graph) {
+            return Err(INVALID_HANDLE.into());
+        }
+        self.graphs.capturing.insert(st, graph);
+        self.graphs.captured_into.insert(graph);
+        self.graphs.next_capture_id += 1;
+        let id = self.graphs.next_capture_id;
+        self.graphs.capture_ids.insert(st, id);
+        Ok(())
+    }
+
+    /// Whether the capture on stream handle `stream` goes into a graph that existed before it
+    /// (`cuStreamBeginCaptureToGraph`).
+    pub fn captures_into_existing(&self, stream: u64) -> Result<bool, ClientError> {
+        let st = self.stream_id(stream)?;
+        Ok(self
+            .graphs
+            .capturing(st)
+            .is_some_and(|g| self.graphs.captured_into.contains(&g)))
+    }
+
     /// `cuStreamEndCapture`: the captured graph.
     pub fn end_capture(&mut self, stream: u64) -> Result<u64, ClientError> {
         let st = self.stream_id(stream)?;
@@ -37,6 +65,7 @@ impl Inner {
             .graphs
             .capturing(st)
             .ok_or(ClientError::Cuda(STREAM_CAPTURE_UNMATCHED))?;
+        self.graphs.captured_into.remove(&graph);
         self.graphs.capturing.retain(|_, gr| *gr != graph);
         self.graphs.captured_events.retain(|_, gr| *gr != graph);
         self.graphs.capture_ids.remove(&st);
@@ -53,6 +82,12 @@ impl Inner {
             .graphs
             .capturing(st)
             .map(|_| self.graphs.capture_ids.get(&st).copied().unwrap_or(0)))
+    }
+
+    /// The graph stream handle `stream` is capturing into, if it is capturing.
+    pub fn capture_graph(&self, stream: u64) -> Result<Option<u64>, ClientError> {
+        let st = self.stream_id(stream)?;
+        Ok(self.graphs.capturing(st))
     }
 
     /// `cuGraphCreate`: an empty graph.
@@ -130,21 +165,121 @@ impl Inner {
         self.graphs.record(st, op)
     }
 
-    /// `cuGraphDestroy`; graph allocations no graph holds any more are freed.
+    /// `cuGraphDestroy`, with the bodies of its conditional nodes; graph allocations and
+    /// conditional handles no graph holds any more are freed.
     pub fn destroy_graph(&mut self, graph: u64) -> Result<(), ClientError> {
         let removed = self.graphs.graphs.remove(&graph).ok_or(INVALID_HANDLE)?;
         let gone = self.graphs.release(&removed);
+        for body in removed.bodies() {
+            // A body the application destroyed itself is already gone.
+            let _ = self.destroy_graph(body);
+        }
         gone.into_iter().try_for_each(|p| self.free(p))
     }
 
-    /// `cuGraphInstantiate`: an executable of graph `graph`'s operations as they are now.
-    pub fn instantiate(&mut self, graph: u64) -> Result<u64, ClientError> {
-        let ops = self
+    /// `cuGraphClone`: a new graph with graph `graph`'s nodes (the bodies of its conditional
+    /// nodes cloned too); it holds the same graph allocations and conditional handles.
+    pub fn clone_graph(&mut self, graph: u64) -> Result<u64, ClientError> {
+        let mut copy = self
             .graphs
             .graphs
             .get(&graph)
             .ok_or(INVALID_HANDLE)?
             .clone();
+        for op in &mut copy.ops {
+            if let Op::Conditional { bodies, .. } = op {
+                let mut cloned = Vec::with_capacity(bodies.len());
+                for &b in bodies.iter() {
+                    cloned.push(self.clone_graph(b)?);
+                }
+                *bodies = cloned.into_boxed_slice();
+            }
+        }
+        self.graphs.hold(&copy);
+        let handle = handles::mint(Kind::Graph);
+        self.graphs.graphs.insert(handle, copy);
+        Ok(handle)
+    }
+
+    /// `cuGraphConditionalHandleCreate`: a handle for conditional nodes of graph `graph`, the
+    /// address of a 4-byte word of device memory that holds its value (kernels set it with
+    /// `cudaGraphSetConditional`, a store there). The value starts at `default`; with
+    /// `assign_default` (`CU_GRAPH_COND_ASSIGN_DEFAULT`) every launch of the graph sets it
+    /// to `default` first.
+    pub fn create_conditional_handle(
+        &mut self,
+        graph: u64,
+        default: u32,
+        assign_default: bool,
+    ) -> Result<u64, ClientError> {
+        if !self.graphs.graphs.contains_key(&graph) {
+            return Err(INVALID_HANDLE.into());
+        }
+        let ptr = self.alloc(8)?;
+        if let Err(e) = self.device_work(&Request::Memset {
+            dst: ptr,
+            value: default,
+            elem_size: 4,
+            count: 2,
+            stream: 0,
+        }) {
+            let _ = self.free(ptr);
+            return Err(e);
+        }
+        self.graphs.handles.insert(ptr, 1);
+        if let Some(g) = self.graphs.graphs.get_mut(&graph) {
+            g.conditionals.push(CondHandle {
+                ptr,
+                default: assign_default.then_some(default),
+            });
+        }
+        Ok(ptr)
+    }
+
+    /// A conditional node of `kind` on `handle` with `bodies` new empty body graphs, for the
+    /// caller to append to a graph. The node's `bodies` array stays where it is while the node
+    /// exists (the application reads it as `phGraph_out`).
+    pub fn conditional_node(
+        &mut self,
+        handle: u64,
+        kind: CondKind,
+        bodies: usize,
+    ) -> Result<Op, ClientError> {
+        if !self.graphs.handles.contains_key(&handle) {
+            return Err(INVALID_VALUE.into());
+        }
+        Ok(Op::Conditional {
+            handle,
+            kind,
+            bodies: (0..bodies).map(|_| self.create_graph()).collect(),
+            frozen: Vec::new(),
+        })
+    }
+
+    /// Graph `graph` as an executable takes it: its conditional nodes carry their bodies'
+    /// operations as they are now.
+    fn freeze(&self, graph: &Graph, depth: usize) -> Result<Graph, ClientError> {
+        let mut out = graph.clone();
+        for op in &mut out.ops {
+            if let Op::Conditional { bodies, frozen, .. } = op {
+                if depth > 64 {
+                    return Err(INVALID_VALUE.into());
+                }
+                *frozen = bodies
+                    .iter()
+                    .map(|b| {
+                        let body = self.graphs.graphs.get(b).ok_or(INVALID_HANDLE)?;
+                        self.freeze(body, depth + 1)
+                    })
+                    .collect::<Result<_, ClientError>>()?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// `cuGraphInstantiate`: an executable of graph `graph`'s operations as they are now.
+    pub fn instantiate(&mut self, graph: u64) -> Result<u64, ClientError> {
+        let ops = self.freeze(self.graphs.graphs.get(&graph).ok_or(INVALID_HANDLE)?, 0)?;
         let exec = handles::mint(Kind::GraphExec);
         self.graphs.hold(&ops);
         self.graphs.execs.insert(exec, ops);
@@ -177,18 +312,40 @@ impl Inner {
     /// with their argument.
     pub unsafe fn launch_graph(&mut self, exec: u64, stream: u64) -> Result<(), ClientError> {
         let st = self.stream_id(stream)?;
-        let ops = self
-            .graphs
-            .execs
-            .get(&exec)
-            .ok_or(INVALID_HANDLE)?
-            .ops
-            .clone();
-        for op in ops {
+        let graph = self.graphs.execs.get(&exec).ok_or(INVALID_HANDLE)?.clone();
+        // SAFETY: this function's contract.
+        unsafe { self.run_graph(st, &graph) }
+    }
+
+    /// Runs `graph` (an executable's, or a body of one) on stream `stream`: its conditional
+    /// handles that have a default get it, then its operations replay in order.
+    ///
+    /// # Safety
+    /// As for [`Inner::launch_graph`].
+    unsafe fn run_graph(&mut self, stream: u64, graph: &Graph) -> Result<(), ClientError> {
+        for c in &graph.conditionals {
+            if let Some(value) = c.default {
+                self.device_work(&Request::Memset {
+                    dst: c.ptr,
+                    value,
+                    elem_size: 4,
+                    count: 1,
+                    stream,
+                })?;
+            }
+        }
+        for op in &graph.ops {
             // SAFETY: this function's contract.
-            unsafe { self.replay(st, op) }?;
+            unsafe { self.replay(stream, op.clone()) }?;
         }
         Ok(())
+    }
+
+    /// A conditional handle's value now: the device's work on `stream` before it done.
+    fn conditional_value(&mut self, handle: u64, stream: u64) -> Result<u32, ClientError> {
+        let mut word = [0u8; 4];
+        self.copy_from_device(&mut word, handle, stream)?;
+        Ok(u32::from_le_bytes(word))
     }
 
     /// Replays one captured operation on `stream`.
@@ -262,6 +419,39 @@ impl Inner {
                 a.live = false;
                 Ok(())
             }
+            // The replay waits for the stream's work before the node to read the value: graph
+            // launches with conditional nodes return when their last condition is read.
+            Op::Conditional {
+                handle,
+                kind,
+                frozen,
+                ..
+            } => match kind {
+                CondKind::If => {
+                    let v = self.conditional_value(handle, stream)?;
+                    match frozen.get(usize::from(v == 0)) {
+                        // SAFETY: this function's contract.
+                        Some(body) => unsafe { self.run_graph(stream, body) },
+                        None => Ok(()),
+                    }
+                }
+                CondKind::While => {
+                    let body = frozen.first().ok_or(INVALID_VALUE)?;
+                    while self.conditional_value(handle, stream)? != 0 {
+                        // SAFETY: this function's contract.
+                        unsafe { self.run_graph(stream, body) }?;
+                    }
+                    Ok(())
+                }
+                CondKind::Switch => {
+                    let v = self.conditional_value(handle, stream)?;
+                    match frozen.get(v as usize) {
+                        // SAFETY: this function's contract.
+                        Some(body) => unsafe { self.run_graph(stream, body) },
+                        None => Ok(()),
+                    }
+                }
+            },
             Op::HostFn { func, user } => {
                 self.drain_stream(stream)?;
                 if func == 0 {

@@ -156,4 +156,8 @@ pub struct KernelLaunch<'a> {
     /// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE` (`cuLaunchCooperativeKernel`): every block resident
     /// at once, the grid no larger than the device holds at a time.
     pub cooperative: bool,
+    /// Once set, the launch stops early and fails (the emulated GPU looks at it between turns
+    /// of each block's warps); the worker sets it when the session's client is gone. A real
+    /// GPU's kernel cannot be stopped this way: it ends with its process.
+    pub cancel: Option<&'a std::sync::atomic::AtomicBool>,
 }

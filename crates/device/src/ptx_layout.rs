@@ -224,6 +224,7 @@ mod tests {
             shared_mem: 0,
             params: &params,
             cooperative: false,
+            cancel: None,
         })
         .unwrap();
         let mut out = vec![0u8; 4 * n as usize];

@@ -93,6 +93,11 @@ pub const VPRINTF_CALLEE: u32 = u32::MAX - 2;
 /// [`CallSite::callee`] of device `malloc` and `free` (`heap.rs`).
 pub const MALLOC_CALLEE: u32 = u32::MAX - 3;
 pub const FREE_CALLEE: u32 = u32::MAX - 4;
+/// The device runtime's `cudaGraphSetConditional(handle, value)`, declared `.extern`: sets a
+/// conditional graph node's value (`graph.rs`).
+pub const SET_CONDITIONAL: &str = "cudaGraphSetConditional";
+/// [`CallSite::callee`] of a call to [`SET_CONDITIONAL`].
+pub const SET_CONDITIONAL_CALLEE: u32 = u32::MAX - 5;
 
 /// A call site: the callee and where its arguments come from and its return values go.
 #[derive(Debug, Clone)]
@@ -433,6 +438,18 @@ fn compile_inst(
                     return Err(format!("call that does not match {name}: {}", inst.text));
                 }
                 (if malloc { MALLOC_CALLEE } else { FREE_CALLEE }, None, rets)
+            }
+            // `cudaGraphSetConditional` in device code: a store to the handle's word.
+            Operand::Sym(name)
+                if name == SET_CONDITIONAL && !by_name.contains_key(SET_CONDITIONAL) =>
+            {
+                if a.len() != 2 || !rets.is_empty() {
+                    return Err(format!(
+                        "call that does not match {SET_CONDITIONAL}: {}",
+                        inst.text
+                    ));
+                }
+                (SET_CONDITIONAL_CALLEE, None, rets)
             }
             Operand::Sym(name) => {
                 let &callee = by_name

@@ -23,7 +23,10 @@ fn round_up(x: u64, a: u64) -> u64 {
 /// The functions a kernel can reach through calls, the kernel first. An indirect call (through
 /// a function address) may reach every device function of the module.
 fn reachable(prog: &Program, kernel: usize) -> Vec<usize> {
-    use crate::code::{ASSERT_CALLEE, FREE_CALLEE, INDIRECT_CALLEE, MALLOC_CALLEE, VPRINTF_CALLEE};
+    use crate::code::{
+        ASSERT_CALLEE, FREE_CALLEE, INDIRECT_CALLEE, MALLOC_CALLEE, SET_CONDITIONAL_CALLEE,
+        VPRINTF_CALLEE,
+    };
     let mut seen = vec![false; prog.funcs.len()];
     let mut out = vec![kernel];
     seen[kernel] = true;
@@ -32,7 +35,11 @@ fn reachable(prog: &Program, kernel: usize) -> Vec<usize> {
         for c in prog.funcs[f].calls.iter().map(|c| c.callee) {
             // `__assertfail` has no body to reach.
             let callees = match c {
-                ASSERT_CALLEE | VPRINTF_CALLEE | MALLOC_CALLEE | FREE_CALLEE => 0..0,
+                ASSERT_CALLEE
+                | VPRINTF_CALLEE
+                | MALLOC_CALLEE
+                | FREE_CALLEE
+                | SET_CONDITIONAL_CALLEE => 0..0,
                 INDIRECT_CALLEE => 0..prog.funcs.len(),
                 c => c as usize..c as usize + 1,
             };
@@ -146,6 +153,7 @@ pub fn run(
         exclusive: workers == 1,
         workspace: cooperative.unwrap_or(0),
         epoch: cooperative.map(|_| &epoch),
+        cancel: mem.cancel(),
     };
     let ctaid = |i: u64| {
         let (gx, gy) = (cfg.grid[0] as u64, cfg.grid[1] as u64);

@@ -67,6 +67,7 @@ mod code;
 mod collective;
 mod copy;
 mod exec;
+mod graph;
 mod half;
 mod heap;
 mod inst;
@@ -84,8 +85,8 @@ mod tensor;
 mod tex;
 mod warp;
 
-use std::sync::atomic::AtomicU64;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 pub use heap::{Heap, DEFAULT_HEAP};
@@ -132,6 +133,10 @@ pub enum ExecError {
     /// A cooperative grid in which every unfinished block waits for memory no block will write.
     #[error("{0}")]
     Deadlock(String),
+    /// The launch was stopped before it finished: its cancel flag
+    /// ([`DeviceMemory::cancel`]) was set (the session's client is gone).
+    #[error("the launch was stopped: its session is ending")]
+    Cancelled,
 }
 
 /// Shared memory reserved for NVIDIA's system software in every block (1 KiB, as on sm_80 and
@@ -162,6 +167,14 @@ pub trait DeviceMemory: Sync {
 
     /// The texture or surface object a handle names, if it is live (`tex.rs`).
     fn texture(&self, _handle: u64) -> Option<Texture> {
+        None
+    }
+
+    /// A flag that stops the launch once set: every block looks at it before each turn of
+    /// its warps (a few thousand instruction issues per warp apart, so a kernel that loops
+    /// for ever stops too), and the launch fails with [`ExecError::Cancelled`]. The worker
+    /// sets it when the session's client is gone.
+    fn cancel(&self) -> Option<&AtomicBool> {
         None
     }
 }
@@ -443,6 +456,7 @@ pub struct VecMemory {
     printed: std::sync::Mutex<Vec<u8>>,
     heap: Option<Heap>,
     textures: Vec<(u64, Texture)>,
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl VecMemory {
@@ -455,7 +469,14 @@ impl VecMemory {
             printed: std::sync::Mutex::new(Vec::new()),
             heap: None,
             textures: Vec::new(),
+            cancel: None,
         }
+    }
+
+    /// Launches on this memory stop once `flag` is set ([`DeviceMemory::cancel`]).
+    pub fn with_cancel(mut self, flag: Arc<AtomicBool>) -> VecMemory {
+        self.cancel = Some(flag);
+        self
     }
 
     /// Makes `handle` name the texture or surface object `t`.
@@ -544,5 +565,9 @@ impl DeviceMemory for VecMemory {
             .iter()
             .find(|(h, _)| *h == handle)
             .map(|(_, t)| *t)
+    }
+
+    fn cancel(&self) -> Option<&AtomicBool> {
+        self.cancel.as_deref()
     }
 }

@@ -25,7 +25,13 @@ use crate::parse::{Function, Linkage, Parsed, Unit};
 use crate::PtxError;
 
 /// Functions the VM provides, which an `.extern` declaration may name without a definition.
-const BUILTIN_FUNCTIONS: [&str; 4] = ["vprintf", "malloc", "free", "__assertfail"];
+const BUILTIN_FUNCTIONS: [&str; 5] = [
+    "vprintf",
+    "malloc",
+    "free",
+    "__assertfail",
+    crate::code::SET_CONDITIONAL,
+];
 
 /// Joins `units` (each with its name, for messages) into one unit.
 pub fn link(mut units: Vec<(String, Unit)>) -> Result<Unit, PtxError> {

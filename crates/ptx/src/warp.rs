@@ -299,6 +299,8 @@ pub struct Launch<'a> {
     pub workspace: u64,
     /// A cooperative launch's count of quanta that wrote device memory (`launch.rs`).
     pub epoch: Option<&'a std::sync::atomic::AtomicU64>,
+    /// Set: the launch stops at its blocks' next step ([`crate::DeviceMemory::cancel`]).
+    pub cancel: Option<&'a std::sync::atomic::AtomicBool>,
 }
 
 /// A block's own state, apart from its warps.
@@ -436,6 +438,15 @@ impl<'a> Block<'a> {
     /// Warps that wait for each other through memory thus all make progress. Returns whether
     /// the block finished and the lane-instructions it executed.
     pub fn step(&mut self, budget: u64) -> Result<(Step, u64), ExecError> {
+        // One relaxed load per turn of the block's warps: free beside the turn itself.
+        if self
+            .env
+            .l
+            .cancel
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            return Err(ExecError::Cancelled);
+        }
         self.env.wrote = false;
         let mut progressed = false;
         let mut count = 0;
@@ -609,6 +620,9 @@ pub fn call(
     if cs.callee == crate::code::ASSERT_CALLEE {
         let lane = Bits(run).next().unwrap_or(0);
         return Err(ExecError::Assert(assert_message(w, env, g, cs, lane)));
+    }
+    if cs.callee == crate::code::SET_CONDITIONAL_CALLEE {
+        return crate::graph::set_conditional(w, env, g, cs, run);
     }
     if cs.callee == crate::code::VPRINTF_CALLEE {
         return crate::printf::vprintf(w, env, g, cs, run);

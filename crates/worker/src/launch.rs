@@ -7,6 +7,8 @@
 //! and ends it with the measured device time they took.
 
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use gpufuse_device::{status as st, KernelLaunch};
@@ -32,6 +34,8 @@ pub(crate) struct LaunchBooks {
     pub(crate) device_time: Duration,
     /// The launch queue's lease, while this session holds the device.
     pub(crate) lease: Option<Lease>,
+    /// Set when the client is gone (`heartbeat.rs`): the kernel running now stops.
+    pub(crate) cancel: Option<Arc<AtomicBool>>,
 }
 
 fn micros(d: Duration) -> u64 {
@@ -51,6 +55,11 @@ impl Session<'_> {
             quantum: Duration::from_micros(quantum),
             used: Duration::ZERO,
         });
+    }
+
+    /// Launches stop early once `flag` is set (the session's client is gone).
+    pub fn set_cancel(&mut self, flag: Arc<AtomicBool>) {
+        self.launch.cancel = Some(flag);
     }
 
     /// Whether this session holds the device now.
@@ -101,6 +110,7 @@ impl Session<'_> {
             params = %hex(l.params),
             "launch"
         );
+        self.lease_for_launch();
         let k = KernelLaunch {
             module: id,
             function: &name,
@@ -113,8 +123,8 @@ impl Session<'_> {
                 .attributes
                 .iter()
                 .any(|&(id, v)| id == 2 && v[0] as u32 != 0),
+            cancel: self.launch.cancel.as_deref(),
         };
-        self.lease_for_launch();
         let result = self.device.launch(&k);
         if let (Ok(t), Some(lease)) = (&result, self.launch.lease.as_mut()) {
             lease.used += *t;

@@ -61,10 +61,14 @@ pub fn serve_elastic(
     conn.send(&out).map_err(TransportError::from)?;
     // A local client may send its shared mapping's descriptors (`ShmAttach`).
     conn.accept_fds();
-    let mut beat =
-        heartbeat::Heartbeat::start(conn.stream().try_clone().map_err(TransportError::from)?)
-            .map_err(TransportError::from)?;
+    let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut beat = heartbeat::Heartbeat::start(
+        conn.stream().try_clone().map_err(TransportError::from)?,
+        cancel.clone(),
+    )
+    .map_err(TransportError::from)?;
     let mut session = Session::new(device, ledger, limit).with_elastic(elastic.config, session_id);
+    session.set_cancel(cancel);
     let mut node = Commands {
         conn: elastic
             .commands
@@ -203,8 +207,11 @@ fn run(
                             ),
                         )));
                     }
-                    *beat = heartbeat::Heartbeat::start(gpufuse_transport::Stream::Shm(clone))
-                        .map_err(TransportError::from)?;
+                    *beat = heartbeat::Heartbeat::start(
+                        gpufuse_transport::Stream::Shm(clone),
+                        beat.cancel_flag(),
+                    )
+                    .map_err(TransportError::from)?;
                     tracing::info!("the session moved to the shared-memory transport");
                 }
                 Err(why) => tracing::warn!("shared-memory transport refused: {why}"),

@@ -173,6 +173,7 @@ mod tests {
             shared_mem: 0,
             params: &out.to_le_bytes(),
             cooperative: false,
+            cancel: None,
         })
         .unwrap();
         let mut v = [0u8; 4];

@@ -84,6 +84,7 @@ struct Memory<'a> {
     printed: std::sync::Mutex<Vec<u8>>,
     heap: Option<&'a gpufuse_ptx::Heap>,
     textures: &'a HashMap<u64, gpufuse_ptx::Texture>,
+    cancel: Option<&'a std::sync::atomic::AtomicBool>,
 }
 
 impl<'a> Memory<'a> {
@@ -91,6 +92,7 @@ impl<'a> Memory<'a> {
         allocations: &'a mut BTreeMap<u64, words::Words>,
         heap: Option<&'a gpufuse_ptx::Heap>,
         textures: &'a HashMap<u64, gpufuse_ptx::Texture>,
+        cancel: Option<&'a std::sync::atomic::AtomicBool>,
     ) -> Self {
         Memory {
             regions: allocations
@@ -101,6 +103,7 @@ impl<'a> Memory<'a> {
             printed: std::sync::Mutex::new(Vec::new()),
             heap,
             textures,
+            cancel,
         }
     }
 }
@@ -126,6 +129,10 @@ impl gpufuse_ptx::DeviceMemory for Memory<'_> {
 
     fn texture(&self, handle: u64) -> Option<gpufuse_ptx::Texture> {
         self.textures.get(&handle).copied()
+    }
+
+    fn cancel(&self) -> Option<&std::sync::atomic::AtomicBool> {
+        self.cancel
     }
 }
 
@@ -516,7 +523,12 @@ impl Device for EmuDevice {
             return Err(INVALID_HANDLE.into());
         };
         let variables = &m.variables;
-        let mem = Memory::new(&mut self.allocations, self.heap.as_ref(), &self.textures);
+        let mem = Memory::new(
+            &mut self.allocations,
+            self.heap.as_ref(),
+            &self.textures,
+            l.cancel,
+        );
         let workspace = self.workspace.filter(|_| l.cooperative);
         let symbols = |name: &str| variables.get(name).map(|&(p, _)| p);
         let threads = gpufuse_ptx::default_threads();
@@ -545,6 +557,8 @@ impl Device for EmuDevice {
                     // out of range with `.trap`: a fault like an illegal address.
                     gpufuse_ptx::ExecError::Texture(_) => ILLEGAL_ADDRESS,
                     gpufuse_ptx::ExecError::Deadlock(_) => LAUNCH_FAILED,
+                    // Stopped because the session is ending: nobody waits for the status.
+                    gpufuse_ptx::ExecError::Cancelled => LAUNCH_FAILED,
                 };
                 Err(DeviceError::new(status, e.to_string()))
             }
@@ -794,6 +808,7 @@ mod tests {
             shared_mem: 0,
             params: &[0; 16],
             cooperative: false,
+            cancel: None,
         };
         let e = d.launch(&launch).unwrap_err();
         assert_eq!(e.status, NO_BINARY_FOR_GPU);
@@ -823,6 +838,7 @@ mod tests {
             shared_mem: 0,
             params,
             cooperative: false,
+            cancel: None,
         })
     }
 

@@ -30,12 +30,70 @@ pub unsafe extern "C" fn cuStreamBeginCapture(stream: CUstream) -> CUresult {
     guard(|| begin(stream))
 }
 
+/// `cuStreamBeginCaptureToGraph`: the stream's work is appended to an existing graph (after
+/// its nodes: graphs replay in node order, so the given dependencies hold).
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
+    stream: CUstream,
+    graph: CUgraph,
+    _deps: *const c_void,
+    _edges: *const c_void,
+    _num_deps: usize,
+    _mode: c_int,
+) -> CUresult {
+    guard(|| with_core(|g| g.begin_capture_to(h(stream), h(graph))))
+}
+
+/// A capture into an existing graph may end without asking for the graph back.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamEndCapture(stream: CUstream, pgraph: *mut CUgraph) -> CUresult {
     guard(|| {
-        let graph = with_core(|g| g.end_capture(h(stream)))?;
+        let (graph, existing) = with_core(|g| {
+            let existing = g.captures_into_existing(h(stream))?;
+            Ok((g.end_capture(h(stream))?, existing))
+        })?;
+        if pgraph.is_null() && existing {
+            return Ok(());
+        }
         out(pgraph, graph as usize as CUgraph)
     })
+}
+
+/// `cuStreamUpdateCaptureDependencies`: the captured graph replays in node order, so the
+/// next captured work already follows every node added so far; only the stream's capture is
+/// checked.
+fn update_dependencies(stream: CUstream) -> Result<(), CUresult> {
+    match with_core(|g| g.capture_graph(h(stream)))? {
+        Some(_) => Ok(()),
+        None => Err(INVALID_VALUE),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies(
+    stream: CUstream,
+    _deps: *const c_void,
+    _num_deps: usize,
+    _flags: u32,
+) -> CUresult {
+    guard(|| update_dependencies(stream))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies_v2(
+    stream: CUstream,
+    _deps: *const c_void,
+    _edges: *const c_void,
+    _num_deps: usize,
+    _flags: u32,
+) -> CUresult {
+    guard(|| update_dependencies(stream))
+}
+
+/// The graph a capturing stream records into (null when it is not capturing).
+fn capture_graph(stream: CUstream) -> Result<CUgraph, CUresult> {
+    Ok(with_core(|g| g.capture_graph(h(stream)))?
+        .map_or(std::ptr::null_mut(), |g| g as usize as CUgraph))
 }
 
 fn capture_info(stream: CUstream) -> Result<(c_int, u64), CUresult> {
@@ -75,7 +133,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     guard(|| {
         let (st, cid) = capture_info(stream)?;
         out_opt(id, cid);
-        out_opt(graph, std::ptr::null_mut());
+        out_opt(graph, capture_graph(stream)?);
         out_opt(deps, std::ptr::null());
         out_opt(num_deps, 0);
         out(status, st)
@@ -95,7 +153,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
     guard(|| {
         let (st, cid) = capture_info(stream)?;
         out_opt(id, cid);
-        out_opt(graph, std::ptr::null_mut());
+        out_opt(graph, capture_graph(stream)?);
         out_opt(deps, std::ptr::null());
         out_opt(edges, std::ptr::null());
         out_opt(num_deps, 0);
@@ -108,6 +166,15 @@ pub unsafe extern "C" fn cuGraphCreate(pgraph: *mut CUgraph, _flags: u32) -> CUr
     guard(|| {
         let graph = with_core(|g| Ok(g.create_graph()))?;
         out(pgraph, graph as usize as CUgraph)
+    })
+}
+
+/// `cuGraphClone`: a copy of the graph's nodes as they are now.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphClone(pclone: *mut CUgraph, graph: CUgraph) -> CUresult {
+    guard(|| {
+        let clone = with_core(|g| g.clone_graph(h(graph)))?;
+        out(pclone, clone as usize as CUgraph)
     })
 }
 

@@ -6,7 +6,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use gpufuse_client::graph::Op;
+use gpufuse_client::graph::{CondKind, Op};
 use gpufuse_client::state::Inner;
 
 use crate::api::copy::{side, slice_rows, Memcpy3D};
@@ -540,11 +540,73 @@ const NODE_HOST: c_uint = 3;
 const NODE_EMPTY: c_uint = 5;
 const NODE_MEM_ALLOC: c_uint = 10;
 const NODE_MEM_FREE: c_uint = 11;
+const NODE_CONDITIONAL: c_uint = 13;
+
+/// `CUDA_CONDITIONAL_NODE_PARAMS` (at `union`): the handle, the type and number of bodies,
+/// then `phGraph_out`, which the driver fills with the node's body graphs, and the context.
+/// The array it points to is the node's own and lives as long as the node.
+///
+/// # Safety
+/// `union` points to the application's node parameters, writable.
+unsafe fn conditional_node(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    union: *mut u64,
+) -> Result<(), CUresult> {
+    let handle = read(union)?;
+    let kind_and_size = read(union.wrapping_add(1))?;
+    let (kind, size) = (kind_and_size as u32, (kind_and_size >> 32) as u32);
+    let kind = CondKind::from_driver(kind, size).ok_or(INVALID_VALUE)?;
+    let s = session()?;
+    let mut g = s.lock();
+    let op = g
+        .conditional_node(handle, kind, size as usize)
+        .map_err(crate::global::client_err)?;
+    let Op::Conditional { bodies, .. } = &op else {
+        return Err(INVALID_VALUE);
+    };
+    let (array, made) = (bodies.as_ptr(), bodies.to_vec());
+    if let Err(e) = add(&mut g, node, graph, deps, ndeps, vec![op]) {
+        for b in made {
+            let _ = g.destroy_graph(b);
+        }
+        return Err(e);
+    }
+    out(union.wrapping_add(2), array as usize as u64)
+}
+
+/// `cuGraphConditionalHandleCreate`: a handle for conditional nodes of `graph`, whose value
+/// starts at `default` (and is set to it at every launch with `CU_GRAPH_COND_ASSIGN_DEFAULT`).
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphConditionalHandleCreate(
+    handle: *mut u64,
+    graph: CUgraph,
+    _ctx: *mut c_void,
+    default: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    guard(|| {
+        if handle.is_null() || flags & !COND_ASSIGN_DEFAULT != 0 {
+            return Err(INVALID_VALUE);
+        }
+        let s = session()?;
+        let mut g = s.lock();
+        let made = g
+            .create_conditional_handle(h(graph), default, flags & COND_ASSIGN_DEFAULT != 0)
+            .map_err(crate::global::client_err)?;
+        out(handle, made)
+    })
+}
+
+/// `CU_GRAPH_COND_ASSIGN_DEFAULT`.
+const COND_ASSIGN_DEFAULT: c_uint = 1;
 
 /// `cuGraphAddNode` with the generic parameters: each node type the graphs replay (kernel,
-/// memcpy, memset, host, empty, memory allocation and free) goes to its own `cuGraphAdd*Node`;
-/// other types (child graphs, events, semaphores, batch memory operations, conditional nodes)
-/// are `CUDA_ERROR_NOT_SUPPORTED`.
+/// memcpy, memset, host, empty, memory allocation and free) goes to its own `cuGraphAdd*Node`,
+/// conditional nodes (IF, WHILE, SWITCH) to [`conditional_node`]; other types (child graphs,
+/// events, semaphores, batch memory operations) are `CUDA_ERROR_NOT_SUPPORTED`.
 unsafe fn add_node(
     node: *mut CUgraphNode,
     graph: CUgraph,
@@ -585,6 +647,7 @@ unsafe fn add_node(
             NODE_EMPTY => cuGraphAddEmptyNode(node, graph, deps, ndeps),
             NODE_MEM_ALLOC => cuGraphAddMemAllocNode(node, graph, deps, ndeps, union.cast()),
             NODE_MEM_FREE => cuGraphAddMemFreeNode(node, graph, deps, ndeps, *at(0)),
+            NODE_CONDITIONAL => guard(|| conditional_node(node, graph, deps, ndeps, union.cast())),
             _ => NOT_SUPPORTED,
         }
     }

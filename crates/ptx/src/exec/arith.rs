@@ -1,0 +1,393 @@
+//! Arithmetic, lane by lane: integer and floating-point operations (directed rounding off the
+//! fast paths), conversions (packed ones too), multiply-add and carries, unary functions,
+//! comparisons (`setp`, `set`), `selp`, `slct`, `testp`.
+
+use crate::alu::{self, mask, sext, B32, PRED, U32};
+use crate::code::Ins;
+use crate::inst::{Op, Ty, Type};
+use crate::lanes::{map1, map2, map3, put, try_map2};
+use crate::round;
+use crate::warp::{Bits, Env, Group, Lanes, Warp};
+use crate::ExecError;
+
+/// Runs `ins` (an instruction of this family) for the lanes `run` of group `g`.
+pub(super) fn exec(
+    w: &mut Warp,
+    env: &mut Env,
+    ins: &Ins,
+    g: &Group,
+    run: u32,
+    unsupported: &dyn Fn() -> ExecError,
+) -> Result<(), ExecError> {
+    let ty = ins.ty;
+    let d0 = ins.d[0];
+    match ins.op {
+        Op::Add
+        | Op::Sub
+        | Op::Mul
+        | Op::Div
+        | Op::Fma
+        | Op::Mad
+        | Op::Sqrt
+        | Op::Rcp
+        | Op::Cvt
+            if ins.m.rnd.is_some()
+                && !(ins.op == Op::Cvt
+                    && (ins.m.pk_dst.is_some() || (ty.is_float() && ty.size == 2))) =>
+        {
+            // Directed rounding (`.rz`, `.rm`, `.rp`), off the fast paths.
+            let n = match ins.op {
+                Op::Sqrt | Op::Rcp | Op::Cvt => 1,
+                Op::Fma | Op::Mad => 3,
+                _ => 2,
+            };
+            let x = v!(
+                w,
+                env,
+                g,
+                ins,
+                0,
+                if ins.op == Op::Cvt { ins.ty2 } else { ty }
+            );
+            let y = if n > 1 {
+                v!(w, env, g, ins, 1, ty)
+            } else {
+                [0; 32]
+            };
+            let z = if n > 2 {
+                v!(w, env, g, ins, 2, ty)
+            } else {
+                [0; 32]
+            };
+            let mut r = [0u64; 32];
+            for l in Bits(run) {
+                r[l] = round::directed(ins, x[l], y[l], z[l]);
+            }
+            put(w, g, d0, &r, run);
+        }
+        Op::Cvt if ins.m.pk_dst.is_some() || ins.m.pk_src.is_some() => {
+            let Some(dst) = ins.m.pk_dst else {
+                return Err(unsupported());
+            };
+            let src = ins.m.pk_src;
+            let a = v!(w, env, g, ins, 0, ins.ty2);
+            let b = if src.is_none() && dst != crate::half::Packed::Tf32 {
+                v!(w, env, g, ins, 1, ins.ty2)
+            } else {
+                [0; 32]
+            };
+            let (mode, sf, relu) = (ins.m.rnd.unwrap_or('n'), ins.m.satfinite, ins.m.relu);
+            let r = map2(&a, &b, run, |a, b| {
+                crate::half::cvt_packed(dst, src, ins.ty2, a, b, mode, sf, relu)
+            });
+            put(w, g, d0, &r, run);
+        }
+        Op::Cvt => {
+            let x = v!(w, env, g, ins, 0, ins.ty2);
+            let r = map1(&x, run, |x| alu::cvt(ins, x));
+            put(w, g, d0, &r, run);
+        }
+        Op::Add | Op::Sub | Op::Addc | Op::Subc
+            if ins.m.cc || matches!(ins.op, Op::Addc | Op::Subc) =>
+        {
+            let (x, y) = (v!(w, env, g, ins, 0, ty), v!(w, env, g, ins, 1, ty));
+            let mut r = [0u64; 32];
+            for l in Bits(run) {
+                let mut c = w.carry & (1 << l) != 0;
+                r[l] = alu::carry_arith(ins, x[l], y[l], &mut c);
+                w.carry = (w.carry & !(1 << l)) | ((c as u32) << l);
+            }
+            put(w, g, d0, &r, run);
+        }
+        Op::Add
+        | Op::Sub
+        | Op::Mul
+        | Op::Div
+        | Op::Rem
+        | Op::Min
+        | Op::Max
+        | Op::And
+        | Op::Or
+        | Op::Xor
+        | Op::Shl
+        | Op::Shr
+        | Op::Copysign
+        | Op::Mul24 => {
+            let sty = if matches!(ins.op, Op::Shl | Op::Shr) {
+                U32
+            } else {
+                ty
+            };
+            let (x, y) = (v!(w, env, g, ins, 0, ty), v!(w, env, g, ins, 1, sty));
+            let r = if ty.kind == Ty::Pred {
+                match ins.op {
+                    Op::And => map2(&x, &y, run, |a, b| a & b),
+                    Op::Or => map2(&x, &y, run, |a, b| a | b),
+                    Op::Xor => map2(&x, &y, run, |a, b| a ^ b),
+                    _ => return Err(unsupported()),
+                }
+            } else {
+                binary(ins, &x, &y, run).ok_or_else(unsupported)?
+            };
+            put(w, g, d0, &r, run);
+        }
+        Op::Mad | Op::Fma | Op::Madc | Op::Mad24 => {
+            let zty = if ins.m.wide {
+                Type {
+                    size: ty.size.saturating_mul(2),
+                    ..ty
+                }
+            } else {
+                ty
+            };
+            let (x, y, z) = (
+                v!(w, env, g, ins, 0, ty),
+                v!(w, env, g, ins, 1, ty),
+                v!(w, env, g, ins, 2, zty),
+            );
+            let r = if let Some(e) = ins.m.x2 {
+                map3(&x, &y, &z, run, |a, b, c| {
+                    let lo = alu::fma_of(ins, e, a & 0xffff, b & 0xffff, c & 0xffff);
+                    let hi =
+                        alu::fma_of(ins, e, a >> 16 & 0xffff, b >> 16 & 0xffff, c >> 16 & 0xffff);
+                    (hi & 0xffff) << 16 | (lo & 0xffff)
+                })
+            } else if ty.kind == Ty::F && ty.size == 4 && !ins.m.sat && !ins.m.relu {
+                map3(&x, &y, &z, run, |a, b, c| {
+                    alu::fma_f32(alu::f32v(a), alu::f32v(b), alu::f32v(c)).to_bits() as u64
+                })
+            } else {
+                let mut r = [0u64; 32];
+                for l in Bits(run) {
+                    let mut c = w.carry & (1 << l) != 0;
+                    r[l] = alu::mad(ins, x[l], y[l], z[l], &mut c);
+                    w.carry = (w.carry & !(1 << l)) | ((c as u32) << l);
+                }
+                r
+            };
+            put(w, g, d0, &r, run);
+        }
+        Op::Abs | Op::Neg if ins.m.x2.is_some() || (ty.is_float() && ty.size == 2) => {
+            // f16/bf16 (and pairs): the sign bit(s), NaN payloads kept.
+            let x = v!(w, env, g, ins, 0, ty);
+            let sign = if ins.m.x2.is_some() {
+                0x8000_8000
+            } else {
+                0x8000
+            };
+            let abs = ins.op == Op::Abs;
+            let r = map1(&x, run, |x| if abs { x & !sign } else { x ^ sign });
+            put(w, g, d0, &r, run);
+        }
+        Op::Tanh | Op::Ex2 if ins.m.x2.is_some() => {
+            let x = v!(w, env, g, ins, 0, ty);
+            let e = ins.m.x2.unwrap_or(ty);
+            let one = crate::code::Ins {
+                ty: e,
+                ..ins.clone()
+            };
+            let mut r = [0u64; 32];
+            for l in Bits(run) {
+                let lo = alu::unary_float(&one, x[l] & 0xffff).ok_or_else(unsupported)?;
+                let hi = alu::unary_float(&one, x[l] >> 16 & 0xffff).ok_or_else(unsupported)?;
+                r[l] = (hi & 0xffff) << 16 | (lo & 0xffff);
+            }
+            put(w, g, d0, &r, run);
+        }
+        Op::Abs | Op::Neg if !ty.is_float() => {
+            let x = v!(w, env, g, ins, 0, ty);
+            let (abs, size) = (ins.op == Op::Abs, ty.size);
+            let r = map1(&x, run, |x| {
+                let x = sext(x, size);
+                (if abs {
+                    x.wrapping_abs()
+                } else {
+                    x.wrapping_neg()
+                }) as u64
+                    & mask(size)
+            });
+            put(w, g, d0, &r, run);
+        }
+        Op::Abs
+        | Op::Neg
+        | Op::Rcp
+        | Op::Sqrt
+        | Op::Rsqrt
+        | Op::Sin
+        | Op::Cos
+        | Op::Ex2
+        | Op::Lg2
+        | Op::Tanh => {
+            let x = v!(w, env, g, ins, 0, ty);
+            let mut r = [0u64; 32];
+            for l in Bits(run) {
+                r[l] = alu::unary_float(ins, x[l]).ok_or_else(unsupported)?;
+            }
+            put(w, g, d0, &r, run);
+        }
+        Op::Not => {
+            let x = v!(w, env, g, ins, 0, ty);
+            let (pred, m) = (ty.kind == Ty::Pred, mask(ty.size));
+            let r = map1(&x, run, |x| if pred { (x == 0) as u64 } else { !x & m });
+            put(w, g, d0, &r, run);
+        }
+        Op::Cnot => {
+            let x = v!(w, env, g, ins, 0, ty);
+            put(w, g, d0, &map1(&x, run, |x| (x == 0) as u64), run);
+        }
+        Op::Setp | Op::Set if ins.m.x2.is_some() => {
+            // Packed pairs: `setp.cmp.f16x2 p|q, a, b` (p for the low element), or
+            // `set.cmp.{u32,f16x2}.f16x2 d, a, b` (each half all ones, or 1.0 of the element).
+            let e = ins.m.x2.unwrap_or(ty);
+            let (x, y) = (v!(w, env, g, ins, 0, B32), v!(w, env, g, ins, 1, B32));
+            let c = if ins.m.bool_op != crate::inst::BoolOp::None {
+                v!(w, env, g, ins, 2, PRED)
+            } else {
+                [0; 32]
+            };
+            let (cmp, bop) = (ins.m.cmp, ins.m.bool_op);
+            let combine = |r: bool, c: u64| match bop {
+                crate::inst::BoolOp::None => r,
+                crate::inst::BoolOp::And => r && c != 0,
+                crate::inst::BoolOp::Or => r || c != 0,
+                crate::inst::BoolOp::Xor => r ^ (c != 0),
+            };
+            let mut lo = [0u64; 32];
+            let mut hi = [0u64; 32];
+            for l in Bits(run) {
+                let (a, b) = alu::cmp_pair(cmp, e, x[l], y[l]);
+                lo[l] = combine(a, c[l]) as u64;
+                hi[l] = combine(b, c[l]) as u64;
+            }
+            if ins.op == Op::Setp {
+                put(w, g, ins.d[0], &lo, run);
+                if ins.dvec && ins.nd > 1 {
+                    put(w, g, ins.d[1], &hi, run);
+                }
+            } else {
+                let one = if ty.kind == Ty::B {
+                    alu::from_f(1.0, e)
+                } else {
+                    0xffff
+                };
+                let r = map2(&lo, &hi, run, |a, b| (b * one) << 16 | (a * one));
+                put(w, g, d0, &r, run);
+            }
+        }
+        Op::Setp | Op::Set => {
+            // `set.cmp.dtype.stype`: the comparison is of the source type.
+            let cty = if ins.op == Op::Set { ins.ty2 } else { ty };
+            let (x, y) = (v!(w, env, g, ins, 0, cty), v!(w, env, g, ins, 1, cty));
+            let cmp = ins.m.cmp;
+            let mut r = map2(&x, &y, run, |a, b| alu::cmp(cmp, a, b, cty) as u64);
+            if ins.m.bool_op != crate::inst::BoolOp::None {
+                let c = v!(w, env, g, ins, 2, PRED);
+                let op = ins.m.bool_op;
+                r = map2(&r, &c, run, |r, c| {
+                    let (r, c) = (r != 0, c != 0);
+                    (match op {
+                        crate::inst::BoolOp::And => r && c,
+                        crate::inst::BoolOp::Or => r || c,
+                        _ => r ^ c,
+                    }) as u64
+                });
+            }
+            if ins.dvec {
+                put(w, g, ins.d[0], &r, run);
+                if ins.nd > 1 {
+                    put(w, g, ins.d[1], &map1(&r, run, |r| (r == 0) as u64), run);
+                }
+            } else if ins.op == Op::Set {
+                let one = if ty.is_float() {
+                    alu::from_f(1.0, ty)
+                } else {
+                    mask(ty.size)
+                };
+                put(
+                    w,
+                    g,
+                    d0,
+                    &map1(&r, run, |r| if r != 0 { one } else { 0 }),
+                    run,
+                );
+            } else {
+                put(w, g, d0, &r, run);
+            }
+        }
+        Op::Selp => {
+            let c = v!(w, env, g, ins, 2, PRED);
+            let (x, y) = (v!(w, env, g, ins, 0, ty), v!(w, env, g, ins, 1, ty));
+            let r = map3(&c, &x, &y, run, |c, x, y| if c != 0 { x } else { y });
+            put(w, g, d0, &r, run);
+        }
+        Op::Slct => {
+            let (x, y) = (v!(w, env, g, ins, 0, ty), v!(w, env, g, ins, 1, ty));
+            let c = v!(w, env, g, ins, 2, ins.ty2);
+            let cty = ins.ty2;
+            let r = map3(&x, &y, &c, run, |x, y, c| {
+                let take_a = if cty.is_float() {
+                    // -0 counts as >= 0; NaN does not.
+                    alu::fv(c, cty) >= 0.0
+                } else {
+                    sext(c, cty.size) >= 0
+                };
+                if take_a {
+                    x
+                } else {
+                    y
+                }
+            });
+            put(w, g, d0, &r, run);
+        }
+        Op::Testp => {
+            let x = v!(w, env, g, ins, 0, ty);
+            let mode = ins.m.testp;
+            let r = map1(&x, run, |x| alu::testp(mode, ty, x) as u64);
+            put(w, g, d0, &r, run);
+        }
+        _ => return Err(unsupported()),
+    }
+    Ok(())
+}
+/// Two-operand arithmetic; the common integer and f32 forms run specialized loops.
+#[inline(always)]
+fn binary(ins: &Ins, x: &Lanes, y: &Lanes, run: u32) -> Option<Lanes> {
+    let ty = ins.ty;
+    let m = mask(ty.size);
+    if ins.m.x2.is_none() && !ins.m.sat {
+        let int = matches!(ty.kind, Ty::U | Ty::S | Ty::B);
+        match ins.op {
+            Op::Add if int => return Some(map2(x, y, run, |a, b| a.wrapping_add(b) & m)),
+            Op::Sub if int => return Some(map2(x, y, run, |a, b| a.wrapping_sub(b) & m)),
+            Op::Mul if int && !ins.m.wide && !ins.m.hi => {
+                return Some(map2(x, y, run, |a, b| a.wrapping_mul(b) & m))
+            }
+            Op::And if int => return Some(map2(x, y, run, |a, b| a & b)),
+            Op::Or if int => return Some(map2(x, y, run, |a, b| a | b)),
+            Op::Xor if int => return Some(map2(x, y, run, |a, b| a ^ b)),
+            Op::Add if ty == alu_f32() => {
+                return Some(map2(x, y, run, |a, b| f32op(a, b, |p, q| p + q)))
+            }
+            Op::Sub if ty == alu_f32() => {
+                return Some(map2(x, y, run, |a, b| f32op(a, b, |p, q| p - q)))
+            }
+            Op::Mul if ty == alu_f32() => {
+                return Some(map2(x, y, run, |a, b| f32op(a, b, |p, q| p * q)))
+            }
+            _ => {}
+        }
+    }
+    try_map2(x, y, run, |a, b| alu::arith(ins, a, b))
+}
+
+fn alu_f32() -> Type {
+    Type {
+        kind: Ty::F,
+        size: 4,
+    }
+}
+
+#[inline(always)]
+fn f32op(a: u64, b: u64, f: impl Fn(f32, f32) -> f32) -> u64 {
+    f(alu::f32v(a), alu::f32v(b)).to_bits() as u64
+}
