@@ -187,6 +187,7 @@ impl Tenant {
                     attributes: Vec::new(),
                 })
                 .collect(),
+            conditionals: Vec::new(),
         };
         let mut launched = 0u64;
         while !stop.load(Ordering::Relaxed) {
