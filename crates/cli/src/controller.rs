@@ -32,6 +32,15 @@ pub struct ControllerArgs {
     /// --wait`), in seconds; keep it under the clients' hello timeout (10 s by default).
     #[arg(long, default_value_t = 8)]
     default_wait: u64,
+    /// Also run the Kubernetes operator in this process (kube's client: in-cluster account,
+    /// KUBECONFIG or ~/.kube/config): each namespace's GPUQuota becomes that tenant's quota
+    /// here, and allocated ResourceClaims are charged to it, so claims and sessions share one
+    /// quota (docs/kubernetes.md).
+    #[arg(long)]
+    kubernetes: bool,
+    /// With --kubernetes: seconds between the operator's full passes (changes also start one).
+    #[arg(long, default_value_t = 30, requires = "kubernetes")]
+    kubernetes_interval: u64,
     #[command(flatten)]
     tls: crate::tls::ServerTlsArgs,
     #[command(flatten)]
@@ -63,6 +72,14 @@ pub fn controller(a: ControllerArgs) -> anyhow::Result<()> {
             h.options,
         )?),
         None => None,
+    };
+    let _operator = if a.kubernetes {
+        Some(crate::k8s::start_operator(
+            controller.clone(),
+            a.kubernetes_interval,
+        )?)
+    } else {
+        None
     };
     controller.serve()?;
     Ok(())

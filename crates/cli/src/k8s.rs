@@ -1,6 +1,6 @@
 //! Kubernetes: `gpufuse dra-plugin` (the DRA kubelet plugin, beside `gpufuse serve` on each
-//! node), `gpufuse operator` (GPUPool/GPUQuota), `gpufuse webhook` (shim injection for
-//! clusters without DRA). Thin over `gpufuse-k8s`. The Kubernetes connection is kube's:
+//! node), `gpufuse operator` and `gpufuse controller --kubernetes` (GPUPool/GPUQuota into a
+//! controller's ledger), `gpufuse webhook` (shim injection for clusters without DRA). Thin over `gpufuse-k8s`. The Kubernetes connection is kube's:
 //! in-cluster service account, else `KUBECONFIG` or `~/.kube/config`.
 
 use std::path::PathBuf;
@@ -143,20 +143,57 @@ pub fn operator(a: OperatorArgs) -> anyhow::Result<()> {
             print!("{}", gpufuse_k8s::slice::device_class_yaml());
             Ok(())
         }
-        None => runtime()?.block_on(async move {
-            let client = kube_client().await?;
-            let op = gpufuse_k8s::operator::Operator {
-                client,
-                backend: gpufuse_k8s::operator::InMemoryPool::default(),
-                instance: std::env::var("POD_NAME").unwrap_or_else(|_| "gpufuse-operator".into()),
-            };
-            tokio::select! {
-                () = gpufuse_k8s::operator::run(op, Duration::from_secs(a.interval.max(1)), Duration::from_millis(200)) => {}
-                () = shutdown_signal() => {}
-            }
-            Ok::<(), anyhow::Error>(())
-        }),
+        None => {
+            // A controller that listens nowhere: the same ledger and quota arithmetic as
+            // `gpufuse controller --kubernetes`, without the pool's sessions.
+            let controller = gpufuse_controller::Controller::new(
+                gpufuse_controller::ControllerConfig::new(Vec::new()),
+            );
+            let rt = runtime()?;
+            let client = rt.block_on(kube_client())?;
+            rt.block_on(async move {
+                tokio::select! {
+                    () = run_operator(client, controller, a.interval) => {}
+                    () = shutdown_signal() => {}
+                }
+            });
+            Ok(())
+        }
     }
+}
+
+async fn run_operator(
+    client: kube::Client,
+    controller: gpufuse_controller::Controller,
+    interval: u64,
+) {
+    let op = gpufuse_k8s::operator::Operator {
+        client,
+        backend: gpufuse_k8s::operator::ControllerPool::new(controller),
+        instance: std::env::var("POD_NAME").unwrap_or_else(|_| "gpufuse-operator".into()),
+    };
+    gpufuse_k8s::operator::run(
+        op,
+        Duration::from_secs(interval.max(1)),
+        Duration::from_millis(200),
+    )
+    .await;
+}
+
+/// `gpufuse controller --kubernetes`: the operator on its own thread, reconciling into
+/// `controller`'s ledger. Fails at once when the Kubernetes API cannot be reached.
+pub fn start_operator(
+    controller: gpufuse_controller::Controller,
+    interval: u64,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let rt = runtime()?;
+    let client = rt.block_on(kube_client())?;
+    Ok(std::thread::Builder::new()
+        .name("k8s-operator".into())
+        .spawn(move || {
+            rt.block_on(run_operator(client, controller, interval));
+            tracing::warn!("the Kubernetes operator stopped: its watches ended");
+        })?)
 }
 
 pub fn webhook(a: WebhookArgs) -> anyhow::Result<()> {

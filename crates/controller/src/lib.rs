@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod ask;
+mod claims;
 mod embedded;
 mod link;
 pub mod observed;

@@ -2,9 +2,10 @@
 //! their status; refuses claims over quota.
 //!
 //! The scheduler is behind [`PoolBackend`] (set a pool's policy, set a tenant's quota, admit
-//! and release claims, read usage), so the operator does not depend on how it is run;
-//! [`InMemoryPool`] is the implementation the tests use (and a single-replica operator can).
-//! A tenant is a namespace.
+//! and release claims, read usage); [`ControllerPool`] is it over a controller's pool, the
+//! same scheduler core and ledger the standalone controller places sessions in, so a claim
+//! and a `gpufuse run --tenant NAMESPACE` session count against one quota. A tenant is a
+//! namespace.
 //!
 //! One pass ([`Operator::reconcile`]) reads everything it needs (pools, quotas, nodes, the
 //! driver's ResourceSlices, ResourceClaims) and converges: quotas into the backend, each
@@ -74,7 +75,10 @@ pub struct Usage {
 pub trait PoolBackend: Send + Sync {
     fn set_policy(&self, pool: &str, policy: PoolPolicy);
     fn remove_policy(&self, pool: &str);
+    /// Sets a tenant's quota from its GPUQuota (`None`: the GPUQuota is gone).
     fn set_tenant_quota(&self, tenant: &str, quota: Option<TenantQuota>);
+    /// The tenants whose quota a GPUQuota set.
+    fn quota_tenants(&self) -> Vec<String>;
     /// Admits a claim (again: admitting an admitted claim changes nothing) or says why not.
     fn admit_claim(&self, claim: &ClaimUsage) -> Result<(), String>;
     fn release_claim(&self, uid: &str);
@@ -84,117 +88,121 @@ pub trait PoolBackend: Send + Sync {
     fn pool_usage(&self, pool: &str) -> Usage;
 }
 
-#[derive(Default)]
-struct Ledger {
-    policies: HashMap<String, PoolPolicy>,
-    quotas: HashMap<String, TenantQuota>,
-    claims: BTreeMap<String, ClaimUsage>,
+/// The [`PoolBackend`] over a controller's pool (`gpufuse-controller`): a namespace's quota
+/// is that tenant's quota in the controller's ledger, and claims are charged there
+/// ([`gpufuse_controller::Controller::charge_claim`]) beside the sessions the controller
+/// places, with the scheduler's quota checks and messages. `gpufuse controller --kubernetes`
+/// drives its own controller through it; `gpufuse operator` one that listens nowhere.
+pub struct ControllerPool {
+    controller: gpufuse_controller::Controller,
+    policies: Mutex<HashMap<String, PoolPolicy>>,
+    /// The tenants whose quota a GPUQuota set.
+    quota_tenants: Mutex<BTreeSet<String>>,
 }
 
-/// A [`PoolBackend`] in memory.
-#[derive(Default)]
-pub struct InMemoryPool {
-    ledger: Mutex<Ledger>,
+impl ControllerPool {
+    pub fn new(controller: gpufuse_controller::Controller) -> Self {
+        Self {
+            controller,
+            policies: Mutex::default(),
+            quota_tenants: Mutex::default(),
+        }
+    }
+
+    pub fn controller(&self) -> &gpufuse_controller::Controller {
+        &self.controller
+    }
 }
 
-fn human(b: u64) -> String {
-    quantity::bytes(b).0
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl PoolBackend for InMemoryPool {
+fn clamp_u32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+/// A GPUQuota's limits as the scheduler's quota file says them.
+pub fn scheduler_quota(q: &TenantQuota) -> gpufuse_scheduler::TenantQuota {
+    gpufuse_scheduler::TenantQuota {
+        vram: q.total_memory,
+        compute: q.total_compute.map(clamp_u32),
+        sessions: q.total_claims.map(clamp_u32),
+        max_session_vram: q.claim_memory,
+        max_session_compute: q.claim_compute.map(clamp_u32),
+    }
+}
+
+impl PoolBackend for ControllerPool {
     fn set_policy(&self, pool: &str, policy: PoolPolicy) {
-        self.lock().policies.insert(pool.into(), policy);
+        lock(&self.policies).insert(pool.into(), policy);
     }
 
     fn remove_policy(&self, pool: &str) {
-        self.lock().policies.remove(pool);
+        lock(&self.policies).remove(pool);
     }
 
     fn set_tenant_quota(&self, tenant: &str, quota: Option<TenantQuota>) {
-        let mut l = self.lock();
-        match quota {
-            Some(q) => l.quotas.insert(tenant.into(), q),
-            None => l.quotas.remove(tenant),
+        let mut set = lock(&self.quota_tenants);
+        match &quota {
+            Some(_) => set.insert(tenant.to_string()),
+            None => set.remove(tenant),
         };
+        self.controller
+            .set_tenant_quota(tenant, quota.as_ref().map(scheduler_quota));
+    }
+
+    fn quota_tenants(&self) -> Vec<String> {
+        lock(&self.quota_tenants).iter().cloned().collect()
     }
 
     fn admit_claim(&self, c: &ClaimUsage) -> Result<(), String> {
-        let mut l = self.lock();
-        if l.claims.contains_key(&c.uid) {
-            return Ok(());
-        }
-        if let Some(q) = l.quotas.get(&c.tenant) {
-            if let Some(max) = q.claim_memory.filter(|&m| c.memory > m) {
-                return Err(format!(
-                    "the claim asks for {} of GPU memory; a claim in {} may have at most {}",
-                    human(c.memory),
-                    c.tenant,
-                    human(max)
-                ));
-            }
-            if let Some(max) = q.claim_compute.filter(|&m| c.compute > m) {
-                return Err(format!(
-                    "the claim asks for {}% of GPU compute; a claim in {} may have at most {max}%",
-                    c.compute, c.tenant
-                ));
-            }
-            let used = usage(l.claims.values().filter(|x| x.tenant == c.tenant));
-            if let Some(max) = q.total_memory.filter(|&m| used.memory + c.memory > m) {
-                return Err(format!(
-                    "{} uses {} of its {} of GPU memory, and the claim asks for {}",
-                    c.tenant,
-                    human(used.memory),
-                    human(max),
-                    human(c.memory)
-                ));
-            }
-            if let Some(max) = q.total_compute.filter(|&m| used.compute + c.compute > m) {
-                return Err(format!(
-                    "{} uses {}% of its {max}% of GPU compute, and the claim asks for {}%",
-                    c.tenant, used.compute, c.compute
-                ));
-            }
-            if let Some(max) = q.total_claims.filter(|&m| used.claims + 1 > m) {
-                return Err(format!("{} has {max} claims, its quota's most", c.tenant));
-            }
-        }
-        l.claims.insert(c.uid.clone(), c.clone());
-        Ok(())
+        self.controller.charge_claim(
+            &c.uid,
+            gpufuse_scheduler::ClaimCharge {
+                tenant: c.tenant.clone(),
+                node: c.node.clone(),
+                vram_bytes: c.memory,
+                compute_percent: clamp_u32(c.compute),
+            },
+        )
     }
 
     fn release_claim(&self, uid: &str) {
-        self.lock().claims.remove(uid);
+        self.controller.release_claim(uid);
     }
 
     fn admitted(&self) -> Vec<String> {
-        self.lock().claims.keys().cloned().collect()
+        self.controller
+            .claims()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
     }
 
     fn tenant_usage(&self, tenant: &str) -> Usage {
-        usage(self.lock().claims.values().filter(|c| c.tenant == tenant))
+        let u = self.controller.tenant_usage(tenant);
+        Usage {
+            memory: u.vram,
+            compute: u64::from(u.compute),
+            claims: u64::from(u.sessions),
+        }
     }
 
     fn pool_usage(&self, pool: &str) -> Usage {
-        let l = self.lock();
-        let Some(p) = l.policies.get(pool) else {
+        let Some(nodes) = lock(&self.policies).get(pool).map(|p| p.nodes.clone()) else {
             return Usage::default();
         };
-        usage(l.claims.values().filter(|c| p.nodes.contains(&c.node)))
+        self.controller
+            .claims()
+            .iter()
+            .filter(|(_, c)| nodes.contains(&c.node))
+            .fold(Usage::default(), |u, (_, c)| Usage {
+                memory: u.memory + c.vram_bytes,
+                compute: u.compute + u64::from(c.compute_percent),
+                claims: u.claims + 1,
+            })
     }
-}
-
-impl InMemoryPool {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-fn usage<'a>(claims: impl Iterator<Item = &'a ClaimUsage>) -> Usage {
-    claims.fold(Usage::default(), |u, c| Usage {
-        memory: u.memory + c.memory,
-        compute: u.compute + c.compute,
-        claims: u.claims + 1,
-    })
 }
 
 /// The operator's errors (a pass that fails is retried at the next change or interval).
@@ -324,6 +332,11 @@ impl<B: PoolBackend> Operator<B> {
                 ),
             }
             tenants_seen.insert(ns.clone());
+        }
+        for gone in self.backend.quota_tenants() {
+            if !tenants_seen.contains(&gone) {
+                self.backend.set_tenant_quota(&gone, None);
+            }
         }
 
         // Pools first, so pool usage sees their nodes.

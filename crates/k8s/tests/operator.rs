@@ -1,6 +1,8 @@
-//! The operator against an in-process fake API server, driven by its watches: GPUPool and
-//! GPUQuota status written back, a claim over quota refused with an Event (and then refused
-//! by the plugin), usage released when a claim goes. Not run against a real API server.
+//! The operator against an in-process fake API server, driven by its watches, reconciling
+//! into a controller's ledger: GPUPool and GPUQuota status written back, a claim over quota
+//! refused with an Event (and then refused by the plugin), usage released when a claim goes,
+//! and a standalone `Cuda` hello to the same controller refused over the quota the claims
+//! hold. Not run against a real API server.
 
 mod support;
 
@@ -9,7 +11,7 @@ use std::time::Duration;
 
 use gpufuse_k8s::fake_api::FakeApiServer;
 use gpufuse_k8s::inventory::Gpu;
-use gpufuse_k8s::operator::{self, InMemoryPool, Operator};
+use gpufuse_k8s::operator::{self, ControllerPool, Operator};
 use gpufuse_k8s::prepare::{ClaimRef, Preparer};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DeleteParams};
@@ -34,6 +36,12 @@ fn gpu() -> Gpu {
 
 fn node(name: &str, labels: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+}
+
+/// A controller that listens nowhere, and the operator's backend over it.
+fn controller_pool() -> ControllerPool {
+    let c = gpufuse_controller::Controller::new(gpufuse_controller::ControllerConfig::new(vec![]));
+    ControllerPool::new(c)
 }
 
 /// Polls `f` until it holds (5 s at most).
@@ -92,7 +100,7 @@ async fn pools_and_quotas_get_status_and_a_claim_over_quota_is_refused_with_an_e
 
     let op = Operator {
         client: api.client(),
-        backend: InMemoryPool::default(),
+        backend: controller_pool(),
         instance: "test".into(),
     };
     let task = tokio::spawn(operator::run(
@@ -148,7 +156,7 @@ async fn pools_and_quotas_get_status_and_a_claim_over_quota_is_refused_with_an_e
         .unwrap()
         .to_string();
     assert!(
-        reason.contains("team-a uses 4Gi of its 6Gi of GPU memory"),
+        reason.contains("\"team-a\" would exceed its VRAM quota (vram = 6 GiB): 4 GiB is held"),
         "{reason}"
     );
     let events = api.list(EVENTS);
@@ -159,7 +167,7 @@ async fn pools_and_quotas_get_status_and_a_claim_over_quota_is_refused_with_an_e
     assert_eq!(e["type"], "Warning");
     assert_eq!(e["reason"], "OverQuota");
     assert_eq!(e["regarding"]["kind"], "ResourceClaim");
-    assert!(e["note"].as_str().unwrap().contains("6Gi"));
+    assert!(e["note"].as_str().unwrap().contains("6 GiB"));
     eventually("the refusal counted", || {
         api.get(QUOTAS, "team-a", "gpus")
             .is_some_and(|q| q["status"]["refused"] == 1)
@@ -214,7 +222,7 @@ async fn pools_and_quotas_get_status_and_a_claim_over_quota_is_refused_with_an_e
 
 #[tokio::test]
 async fn per_claim_maxima_refuse_a_claim_alone() {
-    let backend = InMemoryPool::default();
+    let backend = controller_pool();
     use gpufuse_k8s::operator::{ClaimUsage, PoolBackend, TenantQuota};
     backend.set_tenant_quota(
         "ns",
@@ -233,13 +241,125 @@ async fn per_claim_maxima_refuse_a_claim_alone() {
         compute,
     };
     assert!(backend.admit_claim(&c("a", 1 << 30, 50)).is_ok());
-    assert!(backend
-        .admit_claim(&c("b", 2 << 30, 10))
-        .unwrap_err()
-        .contains("at most 1Gi"));
-    assert!(backend
-        .admit_claim(&c("c", 1 << 20, 60))
-        .unwrap_err()
-        .contains("at most 50%"));
+    let e = backend.admit_claim(&c("b", 2 << 30, 10)).unwrap_err();
+    assert!(e.contains("at most 1 GiB of VRAM per session"), "{e}");
+    let e = backend.admit_claim(&c("c", 1 << 20, 60)).unwrap_err();
+    assert!(e.contains("at most 50% compute"), "{e}");
     assert_eq!(backend.tenant_usage("ns").claims, 1);
+    // The GPUQuota gone: its limits go with it.
+    backend.set_tenant_quota("ns", None);
+    assert!(backend.admit_claim(&c("b", 2 << 30, 10)).is_ok());
+    assert_eq!(backend.tenant_usage("ns").claims, 2);
+}
+
+/// A `Cuda` hello from a standalone client (`gpufuse run --tenant team-a --vram 3GiB`), over
+/// the unix socket of a controller whose ledger the operator fills: `GPUQuota` team-a allows
+/// 6Gi and a claim holds 4Gi, so the session is refused with the scheduler's message, while a
+/// `Check` for 2 GiB passes; the claim gone, 3 GiB passes too.
+#[tokio::test]
+async fn a_gpuquota_in_the_controllers_ledger_refuses_a_standalone_session_over_it() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.insert("v1/nodes", "", node("node-a", json!({})));
+    let s = gpufuse_k8s::slice::resource_slice("node-a", &[gpu()], 1);
+    api.insert(SLICES, "", serde_json::to_value(&s).unwrap());
+    api.insert(
+        QUOTAS,
+        "team-a",
+        json!({
+            "apiVersion": "gpufuse.dev/v1alpha1", "kind": "GPUQuota",
+            "metadata": {"name": "gpus", "namespace": "team-a"},
+            "spec": {"total": {"memory": "6Gi"}, "perClaim": {}}
+        }),
+    );
+    api.insert(
+        CLAIMS,
+        "team-a",
+        claim("team-a", "first", "node-a", "4Gi", "30"),
+    );
+    api.set_status(
+        CLAIMS,
+        "team-a",
+        "first",
+        allocation("node-a", "4Gi", "30", "s1"),
+    );
+
+    let dir = TempDir::new("ledger");
+    let sock: gpufuse_transport::Address = format!("unix:{}", dir.path().join("c.sock").display())
+        .parse()
+        .unwrap();
+    let controller =
+        gpufuse_controller::Controller::new(gpufuse_controller::ControllerConfig::new(vec![
+            sock.clone()
+        ]));
+    let serving = controller.clone();
+    std::thread::spawn(move || serving.serve());
+    let op = Operator {
+        client: api.client(),
+        backend: ControllerPool::new(controller.clone()),
+        instance: "test".into(),
+    };
+    let task = tokio::spawn(operator::run(
+        op,
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+    ));
+    eventually("the claim in the controller's ledger", || {
+        controller.tenant_usage("team-a").vram == 4 << 30
+    })
+    .await;
+
+    let hello = |kind, gib: u64| {
+        let token = gpufuse_controller::PlacementAsk {
+            tenant: Some("team-a".into()),
+            ..Default::default()
+        }
+        .encode()
+        .unwrap();
+        gpufuse_client::Connection::hello(
+            kind,
+            token,
+            gpufuse_proto::ResourceRequest {
+                vram_bytes: Some(gib << 30),
+                compute_percent: None,
+                tflops: None,
+                qos: Default::default(),
+            },
+        )
+    };
+    let ask = |kind, gib| {
+        let (sock, h) = (sock.clone(), hello(kind, gib));
+        tokio::task::spawn_blocking(move || {
+            gpufuse_client::Connection::one_shot(&sock, &h).unwrap()
+        })
+    };
+    use gpufuse_proto::{ServerHello, SessionKind};
+    match ask(SessionKind::Cuda, 3).await.unwrap() {
+        ServerHello::Refused { reason } => assert!(
+            reason.contains(
+                "tenant \"team-a\" would exceed its VRAM quota (vram = 6 GiB): 4 GiB is held and 3 GiB was asked for"
+            ),
+            "{reason}"
+        ),
+        other => panic!("a session over the GPUQuota was not refused: {other:?}"),
+    }
+    assert!(matches!(
+        ask(SessionKind::Check, 2).await.unwrap(),
+        ServerHello::Admissible { .. }
+    ));
+
+    // The claim goes: the operator releases it, and 3 GiB fits the quota.
+    let claims: Api<ResourceClaim> = Api::namespaced(api.client(), "team-a");
+    claims
+        .delete("first", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the release", || {
+        controller.tenant_usage("team-a").vram == 0
+    })
+    .await;
+    assert!(matches!(
+        ask(SessionKind::Check, 3).await.unwrap(),
+        ServerHello::Admissible { .. }
+    ));
+    task.abort();
 }

@@ -39,8 +39,8 @@ pub mod sim;
 
 pub use gpufuse_proto::Qos;
 pub use pool::{
-    Decision, DeviceLoad, Pending, Placement, Pool, PoolDevice, PoolNode, PreemptionPlan, Rejected,
-    Session, SessionReport, SessionState, Victim, START_TIMEOUT_MS,
+    ClaimCharge, Decision, DeviceLoad, Pending, Placement, Pool, PoolDevice, PoolNode,
+    PreemptionPlan, Rejected, Session, SessionReport, SessionState, Victim, START_TIMEOUT_MS,
 };
 pub use quota::{human_bytes, parse_size, QuotaError, QuotaFile, TenantQuota, TenantUsage};
 

@@ -131,6 +131,31 @@ pub struct SessionReport {
     pub memory_used: u64,
 }
 
+/// A slice placed outside the pool and charged to a tenant: a Kubernetes `ResourceClaim`
+/// the cluster's scheduler allocated (the operator charges it). It counts against the
+/// tenant's quota as one session with its VRAM and compute, so claims and sessions share one
+/// quota; it charges no device: the session a pod runs under the claim is reported by its
+/// node like any other, under the claim's own name.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClaimCharge {
+    pub tenant: String,
+    /// The node it was allocated on (the cluster's name for it).
+    pub node: String,
+    pub vram_bytes: u64,
+    /// In percent of one device (a claim on several devices sums them).
+    pub compute_percent: u32,
+}
+
+impl ClaimCharge {
+    fn usage(&self) -> TenantUsage {
+        TenantUsage {
+            vram: self.vram_bytes,
+            compute: self.compute_percent,
+            sessions: 1,
+        }
+    }
+}
+
 /// A request waiting for capacity.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Pending {
@@ -214,6 +239,8 @@ pub struct Pool {
     sessions: BTreeMap<SessionId, Session>,
     pending: Vec<Pending>,
     usage: HashMap<String, TenantUsage>,
+    /// Slices placed outside the pool, by the caller's key (a claim's uid).
+    claims: BTreeMap<String, ClaimCharge>,
     next_id: SessionId,
     devices_by_free: BTreeSet<DeviceKey>,
     nodes_by_free: BTreeSet<(u64, u32)>,
@@ -229,6 +256,7 @@ impl Pool {
             sessions: BTreeMap::new(),
             pending: Vec::new(),
             usage: HashMap::new(),
+            claims: BTreeMap::new(),
             next_id: 1,
             devices_by_free: BTreeSet::new(),
             nodes_by_free: BTreeSet::new(),
@@ -321,11 +349,7 @@ impl Pool {
             d.charged_compute += comp;
             d.sessions.push(id);
         });
-        let u = self.usage.entry(s.tenant.clone()).or_default();
-        let add = s.usage();
-        u.vram += add.vram;
-        u.compute += add.compute;
-        u.sessions += 1;
+        self.add_usage(&s.tenant, s.usage());
         self.next_id = self.next_id.max(id + 1);
         self.sessions.insert(id, s);
     }
@@ -343,16 +367,66 @@ impl Pool {
                 });
             }
         }
-        if let Some(u) = self.usage.get_mut(&s.tenant) {
-            let sub = s.usage();
+        self.sub_usage(&s.tenant, s.usage());
+        Some(s)
+    }
+
+    fn add_usage(&mut self, tenant: &str, add: TenantUsage) {
+        let u = self.usage.entry(tenant.to_string()).or_default();
+        u.vram += add.vram;
+        u.compute += add.compute;
+        u.sessions += add.sessions;
+    }
+
+    fn sub_usage(&mut self, tenant: &str, sub: TenantUsage) {
+        if let Some(u) = self.usage.get_mut(tenant) {
             u.vram = u.vram.saturating_sub(sub.vram);
             u.compute = u.compute.saturating_sub(sub.compute);
-            u.sessions = u.sessions.saturating_sub(1);
+            u.sessions = u.sessions.saturating_sub(sub.sessions);
             if u.sessions == 0 {
-                self.usage.remove(&s.tenant);
+                self.usage.remove(tenant);
             }
         }
-        Some(s)
+    }
+
+    // ---- slices placed outside the pool ------------------------------------------------
+
+    /// Charges a slice placed outside the pool (a claim) to its tenant, under `key`, if the
+    /// tenant's quota allows it: the same shape and admission checks, and messages, as a
+    /// session's ([`QuotaFile::shape`], [`QuotaFile::admit`]). Charging a key again changes
+    /// nothing.
+    pub fn charge_claim(&mut self, key: &str, claim: ClaimCharge) -> Result<(), QuotaError> {
+        if self.claims.contains_key(key) {
+            return Ok(());
+        }
+        let req = Request {
+            tenant: claim.tenant.clone(),
+            vram_bytes: Some(claim.vram_bytes).filter(|&v| v > 0),
+            compute_percent: Some(claim.compute_percent).filter(|&c| c > 0),
+            ..Request::default()
+        };
+        let req = self.quotas.shape(&req)?;
+        self.quotas.admit(&req, self.tenant_usage(&req.tenant))?;
+        let charged = ClaimCharge {
+            vram_bytes: req.vram_bytes.unwrap_or(0),
+            compute_percent: req.compute_percent.unwrap_or(0),
+            ..claim
+        };
+        self.add_usage(&charged.tenant, charged.usage());
+        self.claims.insert(key.to_string(), charged);
+        Ok(())
+    }
+
+    /// Gives back what a claim charged (its key is forgotten).
+    pub fn release_claim(&mut self, key: &str) -> Option<ClaimCharge> {
+        let c = self.claims.remove(key)?;
+        self.sub_usage(&c.tenant, c.usage());
+        Some(c)
+    }
+
+    /// The claims charged, by key.
+    pub fn claims(&self) -> &BTreeMap<String, ClaimCharge> {
+        &self.claims
     }
 
     /// A session ended (its client left, it was killed): its charges go back.
@@ -942,6 +1016,12 @@ impl Pool {
                     node.state.name()
                 ));
             }
+        }
+        for c in self.claims.values() {
+            let u = usage.entry(c.tenant.clone()).or_default();
+            u.vram += c.vram_bytes;
+            u.compute += c.compute_percent;
+            u.sessions += 1;
         }
         if usage != self.usage {
             return Err(format!("tenant usage {:?} != {:?}", self.usage, usage));

@@ -128,6 +128,15 @@ impl QuotaFile {
         toml::from_str(text).map_err(|e| QuotaError::Parse(e.to_string().trim().to_string()))
     }
 
+    /// Sets `tenant`'s own limits (`None`: the default's apply again). What the Kubernetes
+    /// operator does with a namespace's `GPUQuota`.
+    pub fn set_tenant(&mut self, tenant: &str, quota: Option<TenantQuota>) {
+        match quota {
+            Some(q) => self.tenants.insert(tenant.to_string(), q),
+            None => self.tenants.remove(tenant),
+        };
+    }
+
     /// The limits that apply to `tenant`.
     pub fn for_tenant(&self, tenant: &str) -> Option<&TenantQuota> {
         self.tenants.get(tenant).or(self.default.as_ref())

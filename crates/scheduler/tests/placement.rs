@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use gpufuse_scheduler::{
-    Decision, DeviceLoad, DeviceSpec, NodeSpec, NodeState, Policy, Pool, Qos, QuotaFile, Rejected,
-    Request, SessionReport, SessionState,
+    ClaimCharge, Decision, DeviceLoad, DeviceSpec, NodeSpec, NodeState, Policy, Pool, Qos,
+    QuotaFile, Rejected, Request, SessionReport, SessionState,
 };
 
 const GIB: u64 = 1 << 30;
@@ -142,6 +142,53 @@ fn quotas_refuse_with_the_limit_named() {
     let e = p.submit(&ask(1), 0).unwrap_err();
     assert!(matches!(e, Rejected::Quota(_)));
     assert!(e.to_string().contains("sessions = 1"), "{e}");
+}
+
+#[test]
+fn claims_and_sessions_share_one_quota() {
+    let mut q = QuotaFile::default();
+    q.set_tenant(
+        "t",
+        Some(
+            QuotaFile::parse("[default]\nvram = \"6GiB\"\nmax_session_compute = 50\n")
+                .unwrap()
+                .default
+                .unwrap(),
+        ),
+    );
+    let mut p = Pool::new(Policy::Balanced, q);
+    p.register_node(node("a", 1, &[], "B200"), &[], &[], 0);
+    let claim = |v: u64, c: u32| ClaimCharge {
+        tenant: "t".into(),
+        node: "k8s-node".into(),
+        vram_bytes: v * GIB,
+        compute_percent: c,
+    };
+    // Per-session maxima apply to a claim alone.
+    let e = p.charge_claim("big", claim(1, 60)).unwrap_err();
+    assert!(e.to_string().contains("max_session_compute"), "{e}");
+    p.charge_claim("c1", claim(4, 30)).unwrap();
+    p.charge_claim("c1", claim(4, 30)).unwrap(); // again: charged once
+    assert_eq!(p.tenant_usage("t").vram, 4 * GIB);
+    assert_eq!(p.tenant_usage("t").sessions, 1);
+    // A session over what the claim left is refused, and the message says what is held.
+    let e = p.submit(&ask(3), 0).unwrap_err();
+    assert!(e.to_string().contains("4 GiB is held"), "{e}");
+    placed(&mut p, &ask(2));
+    // And a claim over what the session and the first claim hold.
+    let e = p.charge_claim("c2", claim(1, 10)).unwrap_err();
+    assert!(e.to_string().contains("6 GiB is held"), "{e}");
+    p.check_invariants().unwrap();
+    assert_eq!(p.release_claim("c1").unwrap().vram_bytes, 4 * GIB);
+    p.charge_claim("c2", claim(1, 10)).unwrap();
+    assert_eq!(p.tenant_usage("t").vram, 3 * GIB);
+    assert_eq!(p.claims().len(), 1);
+    p.check_invariants().unwrap();
+    // The tenant's own quota removed: nothing limits it.
+    let mut q = p.quotas().clone();
+    q.set_tenant("t", None);
+    p.set_quotas(q);
+    p.charge_claim("c3", claim(100, 100)).unwrap();
 }
 
 fn running(p: &mut Pool, node: &str, reports: &[SessionReport]) {
