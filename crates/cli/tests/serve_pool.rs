@@ -168,15 +168,15 @@ fn serve_applies_quotas_naming_the_limit() {
         0,
     )
     .unwrap();
-    let e = open(
+    let Err(e) = open(
         &serve.addr(),
         "gfp1;tenant=alice;token=",
         None,
         Qos::Medium,
         0,
-    )
-    .err()
-    .expect("over quota");
+    ) else {
+        panic!("a second session over the quota was admitted")
+    };
     assert!(
         e.to_string().contains("session quota (sessions = 1)"),
         "{e}"
@@ -210,9 +210,9 @@ fn serve_queues_a_session_that_fits_nowhere_and_shows_why() {
     let first = open(&serve.addr(), "", Some(3 * GIB), Qos::Medium, GIB).unwrap();
     // With no wait asked for (and serve's default of none), the refusal is at once, with why.
     let t = Instant::now();
-    let e = open(&serve.addr(), "", Some(2 * GIB), Qos::Medium, 0)
-        .err()
-        .expect("refused");
+    let Err(e) = open(&serve.addr(), "", Some(2 * GIB), Qos::Medium, 0) else {
+        panic!("a session that fits nowhere was admitted")
+    };
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     assert!(e.to_string().contains("2 GiB"), "{e}");
     // A client that waits is queued, visibly, and placed when capacity frees.
