@@ -29,7 +29,10 @@ for arg in "$@"; do
 done
 cd "$(dirname "$0")/.."
 root=$PWD
-deps=$root/.deps
+# The resolved path: a .deps shared through a symlink (worktrees) is named where it really is, so
+# env.sh is right for every checkout that shares it.
+mkdir -p "$root/.deps"
+deps=$(cd -P "$root/.deps" && pwd)
 venv=$deps/venv
 reqs=$root/tests/real-clients/requirements.txt
 stamp=$deps/stamp
@@ -95,7 +98,8 @@ apt_install_missing() {
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}"
 }
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -x "$venv/bin/python" ] && [ -f "$deps/env.sh" ]; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -x "$venv/bin/python" ] && [ -f "$deps/env.sh" ] \
+  && grep -qxF "export GPUFUSE_DEPS=$deps" "$deps/env.sh"; then
   missing=()
   observe_tools
   apt_install_missing
