@@ -13,6 +13,9 @@
 
 use std::collections::BTreeMap;
 
+/// The longest wait a client may ask for (a day): deadlines stay representable.
+pub const MAX_WAIT_S: u64 = 24 * 3600;
+
 /// The prefix of a token that carries a [`PlacementAsk`].
 pub const ASK_PREFIX: &str = "gfp1;";
 
@@ -94,10 +97,15 @@ impl PlacementAsk {
                 "tenant" => ask.tenant = Some(v.to_string()),
                 "gpu_model" => ask.gpu_model = Some(v.to_string()),
                 "wait" => {
-                    ask.wait_s = Some(
-                        v.parse()
-                            .map_err(|_| format!("bad wait {v:?}: expected seconds"))?,
-                    )
+                    let w: u64 = v
+                        .parse()
+                        .map_err(|_| format!("bad wait {v:?}: expected seconds"))?;
+                    if w > MAX_WAIT_S {
+                        return Err(format!(
+                            "wait {w} s is longer than a day ({MAX_WAIT_S} s), the most a session waits"
+                        ));
+                    }
+                    ask.wait_s = Some(w);
                 }
                 "selector" => {
                     let (sk, sv) = v
@@ -146,6 +154,11 @@ mod tests {
         assert!(PlacementAsk::parse("gfp1;wait=soon;token=")
             .unwrap_err()
             .contains("soon"));
+        // A wait whose deadline could not be represented is refused, not a panic.
+        assert!(PlacementAsk::parse("gfp1;wait=18446744073709551615;token=")
+            .unwrap_err()
+            .contains("longer than a day"));
+        assert!(PlacementAsk::parse("gfp1;wait=86400;token=").is_ok());
         assert!(PlacementAsk::parse("gfp1;tenant=a").is_err());
         let bad = PlacementAsk {
             tenant: Some("a;b".into()),
