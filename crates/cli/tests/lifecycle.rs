@@ -26,6 +26,8 @@ fn serve(sock: &Path, log: &Path) -> Child {
             &format!("unix:{}", sock.display()),
             "--devices",
             "emu:1:1GiB",
+            "--image-cache",
+            &sock.with_file_name("images").display().to_string(),
         ])
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()

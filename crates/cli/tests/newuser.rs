@@ -55,6 +55,8 @@ fn start(name: &str, extra: &[&str]) -> Server {
         .args(["serve", "--listen", &format!("unix:{}", sock.display())])
         .args(["--devices", "emu:1:1GiB"])
         .args(extra)
+        // The default image cache, but under the test's directory rather than ~/.cache.
+        .env("XDG_CACHE_HOME", dir.join("cache"))
         .env_remove("NO_COLOR")
         .env_remove("GPUFUSE_LOG")
         .stderr(std::fs::File::create(&log).unwrap())

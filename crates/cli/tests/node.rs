@@ -42,6 +42,10 @@ fn start_with_env(name: &str, devices: &str, env: &[(&str, &str)]) -> Server {
             &format!("unix:{}", sock.display()),
             "--devices",
             devices,
+            // Its own image cache: nothing from an earlier run (CI runs this suite twice),
+            // nothing in ~/.cache.
+            "--image-cache",
+            &dir.join("images").display().to_string(),
         ])
         .envs(env.iter().copied())
         .stderr(Stdio::null())

@@ -42,6 +42,7 @@ fn start(name: &str, extra: &[&str], stderr: Stdio) -> Server {
     let child = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
         .args(["serve", "--listen", &format!("unix:{}", sock.display())])
         .args(["--devices", "emu:1:1GiB", "--http", &http])
+        .args(["--image-cache", &dir.join("images").display().to_string()])
         .args(extra)
         .env_remove("GPUFUSE_LOG_FORMAT")
         .stderr(stderr)

@@ -34,6 +34,7 @@ impl Serve {
         let child = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
             .args(["serve", "--listen", &format!("unix:{}", sock.display())])
             .args(args)
+            .args(["--image-cache", &dir.join("images").display().to_string()])
             .stderr(Stdio::null())
             .spawn()
             .unwrap();

@@ -39,6 +39,7 @@ fn start(name: &str) -> Server {
     let child = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
         .args(["serve", "--listen", &format!("unix:{}", sock.display())])
         .args(["--devices", "emu:1:1GiB"])
+        .args(["--image-cache", &dir.join("images").display().to_string()])
         .stderr(
             if std::env::var_os("GPUFUSE_TEST_SERVER_STDERR").is_some() {
                 Stdio::inherit()

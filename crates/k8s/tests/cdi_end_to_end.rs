@@ -86,6 +86,8 @@ async fn a_prepared_claim_runs_a_cuda_client_in_its_slice() {
     let _node = Node(
         Command::new(&gpufuse)
             .args(["serve", "--listen", &address, "--devices", "emu:1:2GiB"])
+            .arg("--image-cache")
+            .arg(dir.path().join("images"))
             .arg("--token-secret-file")
             .arg(&secret_file)
             .stderr(Stdio::null())
