@@ -22,7 +22,7 @@ const PREFIX: &str = "gf1";
 pub const MAX_TOKEN_LEN: usize = 4096;
 
 /// What a token grants.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claims {
     /// Who the session belongs to (a tenant or user name).
     pub subject: String,
@@ -35,6 +35,26 @@ pub struct Claims {
     /// from before this field verify unchanged, and older nodes ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_compute_percent: Option<u32>,
+    /// The Kubernetes ResourceClaim (its UID) the token was issued for by the DRA plugin. A
+    /// node started with `--cdi-dir` honours such a token only while the claim is prepared on
+    /// it (its CDI spec, [`claim_spec_path`], exists), and ends the claim's sessions when the
+    /// plugin unprepares it; a node without `--cdi-dir` refuses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    /// The one device (its UUID) a session of this token may run on: the device Kubernetes
+    /// allocated to the claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+}
+
+/// Where the DRA plugin writes the CDI spec of claim `uid` in `dir` (and a node looks for it):
+/// `gpufuse.dev-gpu_<uid>.json`. `None` for a UID that is not a Kubernetes UID's characters
+/// (letters, digits, `-`), so no claim can name a path outside `dir`.
+pub fn claim_spec_path(dir: &std::path::Path, uid: &str) -> Option<std::path::PathBuf> {
+    let plain = !uid.is_empty()
+        && uid.len() <= 64
+        && uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    plain.then(|| dir.join(format!("gpufuse.dev-gpu_{uid}.json")))
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -126,7 +146,26 @@ mod tests {
             subject: "team-a".into(),
             expires: Some(2_000),
             max_vram_bytes: Some(1 << 30),
-            max_compute_percent: None,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn claim_tokens_round_trip_and_claim_paths_stay_in_their_directory() {
+        let c = Claims {
+            claim: Some("7d2c33b4-0000-4000-8000-000000000001".into()),
+            device: Some("GPU-1".into()),
+            ..claims()
+        };
+        let t = issue(SECRET, &c).unwrap();
+        assert_eq!(verify(SECRET, &t, 1_000).unwrap(), c);
+        let dir = std::path::Path::new("/run/cdi");
+        assert_eq!(
+            claim_spec_path(dir, "ab-12").unwrap(),
+            dir.join("gpufuse.dev-gpu_ab-12.json")
+        );
+        for bad in ["", "../x", "a/b", "a.b", &"x".repeat(65)] {
+            assert_eq!(claim_spec_path(dir, bad), None, "{bad:?}");
         }
     }
 

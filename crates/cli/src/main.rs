@@ -146,6 +146,11 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "SIZE", default_value = "2GiB",
           value_parser = gpufuse_node::image_cache::parse_limit)]
     image_cache_size: u64,
+    /// The directory the DRA plugin writes its CDI specs to (`gpufuse dra-plugin --cdi-dir`):
+    /// a claim's token is honoured only while its claim is prepared (its spec is there), and
+    /// only on the device Kubernetes allocated. Without it, claim tokens are refused.
+    #[arg(long, value_name = "DIR")]
+    cdi_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     observe: observe::HttpArgs,
     /// text (the default) or json: one JSON object a line, with the session's span (id,
@@ -207,6 +212,7 @@ impl ServeArgs {
             compute_policy: self.compute_policy,
             pool: None,
             http: self.observe.config()?,
+            cdi_dir: self.cdi_dir,
         })
     }
 }

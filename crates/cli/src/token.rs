@@ -94,6 +94,7 @@ pub fn token(a: TokenArgs) -> anyhow::Result<()> {
                 expires: ttl.map(|t| now + t),
                 max_vram_bytes,
                 max_compute_percent: max_compute,
+                ..Default::default()
             };
             println!(
                 "{}",

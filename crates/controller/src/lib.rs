@@ -287,6 +287,13 @@ impl Controller {
                         .into(),
                 ),
             ),
+            SessionKind::EndClaim => answer(
+                &mut conn,
+                &refused(
+                    "a claim's sessions are ended by the node that prepared it (the DRA plugin's --server)"
+                        .into(),
+                ),
+            ),
         }
     }
 

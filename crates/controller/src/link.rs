@@ -123,6 +123,7 @@ pub(crate) fn parts(r: &NodeReport) -> (NodeSpec, Vec<SessionReport>, Vec<Device
                 memory_total: d.memory_total_bytes,
                 compute_capability: d.compute_capability,
                 capacity_mtflops: d.capacity_mtflops,
+                uuid: gpufuse_proto::uuid_text(&d.uuid),
             })
             .collect(),
     };

@@ -70,6 +70,7 @@ fn request_of(c: &Controller, hello: &ClientHello) -> Result<(Request, Option<u6
             qos: r.qos,
             selector: ask.selector,
             gpu_model: ask.gpu_model,
+            device_uuid: claims.and_then(|c| c.device),
         },
         ask.wait_s,
     ))

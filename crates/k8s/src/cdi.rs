@@ -119,7 +119,9 @@ pub fn device_name(claim_uid: &str, device: &str) -> String {
 
 /// The spec file of a claim.
 pub fn spec_path(dir: &Path, claim_uid: &str) -> PathBuf {
-    dir.join(format!("gpufuse.dev-gpu_{claim_uid}.json"))
+    // The node looks for the same file to honour the claim's token (gpufuse_auth).
+    gpufuse_auth::claim_spec_path(dir, claim_uid)
+        .unwrap_or_else(|| dir.join(format!("gpufuse.dev-gpu_{claim_uid}.json")))
 }
 
 fn address_text(a: &gpufuse_transport::Address) -> String {

@@ -50,6 +50,7 @@ fn own_token(secret: &[u8]) -> anyhow::Result<String> {
             expires: None,
             max_vram_bytes: Some(0),
             max_compute_percent: None,
+            ..Default::default()
         },
     )?)
 }

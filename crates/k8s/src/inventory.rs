@@ -29,17 +29,7 @@ pub fn device_name(index: u32) -> String {
 }
 
 /// A UUID in NVIDIA's text form.
-pub fn uuid_text(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
+pub use gpufuse_proto::uuid_text;
 
 impl Gpu {
     pub fn from_status(d: &DeviceStatus) -> Gpu {

@@ -127,10 +127,15 @@ impl DraPlugin for DraService {
         for c in request.into_inner().claims {
             let error = match claim_ref(&c) {
                 Err(e) => e,
-                Ok(r) => match self.preparer.unprepare(&r) {
-                    Ok(()) => String::new(),
-                    Err(e) => crate::error_chain(&e),
-                },
+                Ok(r) => {
+                    let preparer = self.preparer.clone();
+                    // Blocking: it waits for the node to end the claim's sessions.
+                    match tokio::task::spawn_blocking(move || preparer.unprepare(&r)).await {
+                        Ok(Ok(())) => String::new(),
+                        Ok(Err(e)) => crate::error_chain(&e),
+                        Err(e) => format!("unprepare failed: {e}"),
+                    }
+                }
             };
             claims.insert(c.uid.clone(), NodeUnprepareResourceResponse { error });
         }

@@ -79,6 +79,12 @@ pub enum PrepareError {
     Token(#[from] gpufuse_auth::AuthError),
     #[error(transparent)]
     Cdi(#[from] cdi::CdiError),
+    #[error("cannot end the sessions of ResourceClaim {claim} on the node at {node}: {reason}")]
+    EndSessions {
+        claim: String,
+        node: String,
+        reason: String,
+    },
 }
 
 /// What the plugin needs to prepare claims.
@@ -204,6 +210,9 @@ impl Preparer {
                     expires: None,
                     max_vram_bytes: Some(slice.vram_bytes),
                     max_compute_percent: Some(slice.compute_percent),
+                    // Honoured only while this claim is prepared, and only on its device.
+                    claim: Some(c.uid.clone()),
+                    device: Some(gpu.uuid.clone()),
                 },
             )?;
             // A request may get the same device twice only with distinct share ids.
@@ -237,16 +246,54 @@ impl Preparer {
         Ok(prepared)
     }
 
-    /// Unprepares one claim: its CDI spec is removed.
+    /// Unprepares one claim: its CDI spec is removed, so the node honours its token no more,
+    /// then the node ends the sessions the claim's pods still have open.
     pub fn unprepare(&self, c: &ClaimRef) -> Result<(), PrepareError> {
         cdi::remove(&self.cdi_dir, &c.uid)?;
+        let ended = self.end_sessions(c)?;
         tracing::info!(
-            "unprepared ResourceClaim {}/{} ({})",
+            "unprepared ResourceClaim {}/{} ({}): {ended} session(s) ended",
             c.namespace,
             c.name,
             c.uid
         );
         Ok(())
+    }
+
+    /// Asks the node to end every session opened with claim `c`'s token.
+    fn end_sessions(&self, c: &ClaimRef) -> Result<u32, PrepareError> {
+        use gpufuse_proto::{ServerHello, SessionKind};
+        let qualified = format!("{}/{}", c.namespace, c.name);
+        let node = &self.layout.host_server;
+        let failed = |reason: String| PrepareError::EndSessions {
+            claim: qualified.clone(),
+            node: node.to_string(),
+            reason,
+        };
+        let token = gpufuse_auth::issue(
+            &self.secret,
+            &gpufuse_auth::Claims {
+                subject: qualified.clone(),
+                claim: Some(c.uid.clone()),
+                ..Default::default()
+            },
+        )?;
+        let hello =
+            gpufuse_client::Connection::hello(SessionKind::EndClaim, token, Default::default());
+        match gpufuse_client::Connection::one_shot(node, &hello) {
+            Ok(ServerHello::ClaimEnded { sessions }) => Ok(sessions),
+            Ok(ServerHello::Refused { reason }) => Err(failed(reason)),
+            Ok(other) => Err(failed(format!("unexpected answer {other:?}"))),
+            // No node listening: it has no sessions (its workers end with it).
+            Err(e @ gpufuse_client::ClientError::Connect { .. }) => {
+                tracing::warn!(
+                    "ResourceClaim {qualified}: no node at {node} to end its sessions ({}): none to end",
+                    crate::error_chain(&e)
+                );
+                Ok(0)
+            }
+            Err(e) => Err(failed(crate::error_chain(&e))),
+        }
     }
 }
 

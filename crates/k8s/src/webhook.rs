@@ -174,6 +174,7 @@ pub fn mutate(config: &WebhookConfig, req: &AdmissionRequest<Pod>) -> Verdict {
             expires: config.token_ttl.map(|t| unix_now() + t),
             max_vram_bytes: vram,
             max_compute_percent: compute,
+            ..Default::default()
         },
     ) {
         Ok(t) => t,

@@ -1,8 +1,10 @@
 //! End to end without a cluster: a claim (in the fake API server) prepared by the plugin over
 //! its gRPC socket yields a CDI spec; a real CUDA client (cuda-python) started with only that
-//! spec's environment, no `gpufuse run`, reaches a real `gpufuse serve` (emulated GPU, tokens
-//! required) and gets exactly the claimed slice: it sees the slice's memory, the node shows
-//! its share and tenant, and an allocation past the slice fails.
+//! spec's environment, no `gpufuse run`, reaches a real `gpufuse serve` (two emulated GPUs,
+//! tokens required) and gets exactly the claimed slice on the allocated device: it sees the
+//! slice's memory, the node shows its share, tenant and device, and an allocation past the
+//! slice fails. Unpreparing the claim ends the session a second client has open, and the
+//! claim's token opens nothing after that.
 //!
 //! Real-client tier: needs the release binaries and .deps (cuda-python); run by
 //! scripts/run-real-clients.sh (`cargo test --release -p gpufuse-k8s --test cdi_end_to_end
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 use gpufuse_k8s::cdi;
 use gpufuse_k8s::fake_api::FakeApiServer;
 use gpufuse_k8s::grpc::dra::dra_plugin_client::DraPluginClient;
-use gpufuse_k8s::grpc::dra::{Claim, NodePrepareResourcesRequest};
+use gpufuse_k8s::grpc::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
 use gpufuse_k8s::plugin::{self, Sockets};
 use gpufuse_k8s::prepare::Preparer;
 use support::*;
@@ -85,9 +87,11 @@ async fn a_prepared_claim_runs_a_cuda_client_in_its_slice() {
     let address = format!("unix:{}", socket.display());
     let _node = Node(
         Command::new(&gpufuse)
-            .args(["serve", "--listen", &address, "--devices", "emu:1:2GiB"])
+            .args(["serve", "--listen", &address, "--devices", "emu:2:2GiB"])
             .arg("--image-cache")
             .arg(dir.path().join("images"))
+            .arg("--cdi-dir")
+            .arg(dir.path().join("cdi"))
             .arg("--token-secret-file")
             .arg(&secret_file)
             .stderr(Stdio::null())
@@ -110,13 +114,14 @@ async fn a_prepared_claim_runs_a_cuda_client_in_its_slice() {
             expires: None,
             max_vram_bytes: None,
             max_compute_percent: None,
+            ..Default::default()
         },
     )
     .unwrap();
     let gpus = gpufuse_k8s::inventory::query(&server, &admin_token).unwrap();
-    assert_eq!(gpus.len(), 1);
+    assert_eq!(gpus.len(), 2);
 
-    // The claim as the scheduler allocated it: 256 MiB and 40% of gpu-0.
+    // The claim as the scheduler allocated it: 256 MiB and 40% of gpu-1.
     let api = FakeApiServer::start().await.unwrap();
     api.insert(
         CLAIMS,
@@ -127,7 +132,7 @@ async fn a_prepared_claim_runs_a_cuda_client_in_its_slice() {
         CLAIMS,
         "team-a",
         "train",
-        allocation("node-a", "256Mi", "40", "s1"),
+        allocation_on("node-a", "gpu-1", "256Mi", "40", "s1"),
     );
     let uid = claimed["metadata"]["uid"].as_str().unwrap().to_string();
 
@@ -170,8 +175,77 @@ async fn a_prepared_claim_runs_a_cuda_client_in_its_slice() {
     )
     .unwrap();
     let env = cdi::environment(&spec, cdi_id.split_once('=').unwrap().1).unwrap();
+    let (mut client, mut out, lines) = start_client(&python, &env).unwrap();
+    assert!(
+        lines.contains(&format!("total={}", 256u64 << 20)),
+        "{lines:?}"
+    );
+
+    // The node sees the session with the claim's slice, share and tenant, on the allocated
+    // device (gpu-1, although gpu-0 is as free).
+    let claim_session = || {
+        gpufuse_client::Connection::query_status(&server, admin_token.clone())
+            .unwrap()
+            .sessions
+            .into_iter()
+            .find(|s| s.subject.as_deref() == Some("team-a/train"))
+    };
+    let session = claim_session().expect("no session of team-a/train");
+    assert_eq!(session.limit_bytes, Some(256 << 20));
+    assert_eq!(session.compute_percent, Some(40));
+    assert_eq!(session.device, 1);
+
+    // Past the slice: refused.
+    client.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let st = client.wait().unwrap();
+    assert!(st.success(), "{rest}");
+    assert!(rest.contains("over=CUDA_ERROR_OUT_OF_MEMORY"), "{rest}");
+
+    // Unprepare while a second client of the claim is open: the node ends its session, and
+    // the claim's token opens nothing any more.
+    let (mut second, _out, _) = start_client(&python, &env).unwrap();
+    assert!(claim_session().is_some());
+    let un = dra
+        .node_unprepare_resources(NodeUnprepareResourcesRequest {
+            claims: vec![Claim {
+                namespace: "team-a".into(),
+                uid: uid.clone(),
+                name: "train".into(),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(un.claims[&uid].error, "");
+    assert!(
+        claim_session().is_none(),
+        "the claim's session outlived its unprepare"
+    );
+    let _ = second.kill();
+    let _ = second.wait();
+    let Err(err) = start_client(&python, &env) else {
+        panic!("a client of an unprepared claim started");
+    };
+    assert!(err.contains("is not prepared on this node"), "{err}");
+}
+
+/// Starts `cdi_client.py` with `env` (nothing else of the test's environment) and reads its
+/// lines up to `ready`; the client's stderr when it ends before that.
+fn start_client(
+    python: &str,
+    env: &[(String, String)],
+) -> Result<
+    (
+        std::process::Child,
+        BufReader<std::process::ChildStdout>,
+        Vec<String>,
+    ),
+    String,
+> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cdi_client.py");
-    let mut client = Command::new(&python)
+    let mut client = Command::new(python)
         .arg(&script)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -189,32 +263,13 @@ async fn a_prepared_claim_runs_a_cuda_client_in_its_slice() {
     while !line.starts_with("ready") {
         line.clear();
         if out.read_line(&mut line).unwrap() == 0 || Instant::now() > deadline {
+            let _ = client.kill();
             let mut err = String::new();
             std::io::Read::read_to_string(&mut client.stderr.take().unwrap(), &mut err).unwrap();
-            panic!("the client ended early: {lines:?}\n{err}");
+            let _ = client.wait();
+            return Err(format!("the client ended early: {lines:?}\n{err}"));
         }
         lines.push(line.trim().to_string());
     }
-    assert!(
-        lines.contains(&format!("total={}", 256u64 << 20)),
-        "{lines:?}"
-    );
-
-    // The node sees the session with the claim's slice, share and tenant.
-    let status = gpufuse_client::Connection::query_status(&server, admin_token.clone()).unwrap();
-    let session = status
-        .sessions
-        .iter()
-        .find(|s| s.subject.as_deref() == Some("team-a/train"))
-        .unwrap_or_else(|| panic!("no session of team-a/train: {:?}", status.sessions));
-    assert_eq!(session.limit_bytes, Some(256 << 20));
-    assert_eq!(session.compute_percent, Some(40));
-
-    // Past the slice: refused.
-    client.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    let st = client.wait().unwrap();
-    assert!(st.success(), "{rest}");
-    assert!(rest.contains("over=CUDA_ERROR_OUT_OF_MEMORY"), "{rest}");
+    Ok((client, out, lines))
 }

@@ -58,9 +58,14 @@ pub fn bound_compute(hello: &mut ClientHello, claims: Option<&Claims>) -> Result
 
 /// Answers a `Check` hello: admits the session as a `Cuda` hello would and takes it back at
 /// once, under one lock, so the answer is the one a session arriving now would get.
-pub fn check(state: &Shared, hello: &ClientHello, limit: Option<u64>) -> ServerHello {
+pub fn check(
+    state: &Shared,
+    hello: &ClientHello,
+    limit: Option<u64>,
+    allowed: impl Fn(u32) -> bool,
+) -> ServerHello {
     let mut s = lock(state);
-    match s.admit(hello, limit) {
+    match s.admit_where(hello, limit, allowed) {
         Ok(a) => {
             s.end_session(a.id);
             // The probe's id is not a session anyone will see: the next session takes it.
@@ -85,6 +90,7 @@ pub fn set_subject(state: &Shared, id: u64, claims: Option<&Claims>) {
     if let Some(c) = claims {
         if let Some(r) = lock(state).sessions.get_mut(&id) {
             r.subject = Some(c.subject.clone());
+            r.claim = c.claim.clone();
         }
     }
 }
@@ -307,6 +313,7 @@ mod tests {
             expires: None,
             max_vram_bytes: Some(1 << 30),
             max_compute_percent: None,
+            ..Default::default()
         };
         assert_eq!(slice_limit(&hello(None), None), Ok(None));
         assert_eq!(slice_limit(&hello(None), Some(&claims)), Ok(Some(1 << 30)));
@@ -327,6 +334,7 @@ mod tests {
             expires: None,
             max_vram_bytes: None,
             max_compute_percent: Some(30),
+            ..Default::default()
         };
         let mut h = hello(None);
         bound_compute(&mut h, None).unwrap();

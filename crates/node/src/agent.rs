@@ -302,6 +302,7 @@ fn report(link: &PoolLink, state: &Shared) -> (NodeReport, Vec<(u64, u32)>) {
                 compute_capability: d.compute_capability,
                 capacity_mtflops: capacity.get(d.index as usize).copied().unwrap_or(0),
                 utilization_percent: d.utilization_percent,
+                uuid: d.uuid,
             })
             .collect(),
         sessions: status
@@ -394,7 +395,7 @@ pub fn serve_hello(
                 Ok(true) => ServerHello::Admissible { device: 0 },
                 // Refused at once when nothing fits: whether something fits now.
                 Ok(false) => match crate::admin::slice_limit(&hello, None) {
-                    Ok(limit) => crate::admin::check(state, &hello, limit),
+                    Ok(limit) => crate::admin::check(state, &hello, limit, |_| true),
                     Err(reason) => ServerHello::Refused { reason },
                 },
                 Err(reason) => ServerHello::Refused { reason },
@@ -475,6 +476,8 @@ fn admit_granted(
     hello.resources.compute_percent = grant.compute_percent;
     hello.resources.tflops = None;
     hello.resources.qos = grant.qos;
+    // In `gpufuse serve` the hello still carries the session's own token.
+    let claim = crate::claims::verified(config, &hello.token).and_then(|c| c.claim);
     let admitted = {
         let mut s = lock(state);
         if grant.device as usize >= s.devices.len() {
@@ -485,6 +488,7 @@ fn admit_granted(
                 .inspect(|a| {
                     if let Some(r) = s.sessions.get_mut(&a.id) {
                         r.subject = Some(grant.tenant.clone());
+                        r.claim = claim.clone();
                     }
                 });
             let outcome = admitted.as_ref().map(|a| a.id).map_err(|r| r.as_str());

@@ -155,6 +155,7 @@ impl NodeState {
                 qos: hello.resources.qos,
                 compute,
                 subject: None,
+                claim: None,
                 elastic: Default::default(),
             },
         );

@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod claims;
 mod devices;
 pub mod elastic;
 pub mod image_cache;
@@ -69,6 +70,9 @@ pub struct NodeConfig {
     pub elastic: ElasticOptions,
     /// The node's image cache on disk, shared by its workers (`image_cache.rs`).
     pub image_cache: Option<gpufuse_image_cache::ImageCache>,
+    /// Where the DRA plugin's CDI specs are (`--cdi-dir`): Kubernetes claims' tokens are
+    /// honoured while their claim is prepared (`claims.rs`).
+    pub cdi_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +120,8 @@ pub struct SessionRecord {
     pub compute: Option<u32>,
     /// The subject of the session's token (its tenant), on a node that checks tokens.
     pub subject: Option<String>,
+    /// The Kubernetes claim (UID) whose token opened the session (`claims.rs`).
+    pub claim: Option<String>,
     /// Swapped bytes, command socket, activity (`elastic.rs`).
     pub elastic: elastic::SessionElastic,
 }
@@ -460,6 +466,17 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
     if !SUPPORTED_VERSIONS.contains(&hello.protocol_version) {
         return refuse_version(&mut conn, hello.protocol_version);
     }
+    // A Kubernetes claim's token: only while the claim is prepared here, only on its device.
+    let pinned = match hello.kind {
+        SessionKind::Cuda | SessionKind::Check => {
+            match claims::check_hello(state, config, &hello) {
+                Ok(p) => p,
+                Err(reason) => return refuse(&mut conn, reason),
+            }
+        }
+        _ => None,
+    };
+    let allowed = |d: u32| pinned.is_none_or(|p| p == d);
     if let Some(link) = config
         .pool
         .as_ref()
@@ -490,7 +507,7 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
         SessionKind::Check => {
             let bounded = admin::bound_compute(&mut hello, claims.as_ref());
             let reply = match bounded.and_then(|()| admin::slice_limit(&hello, claims.as_ref())) {
-                Ok(limit) => admin::check(state, &hello, limit),
+                Ok(limit) => admin::check(state, &hello, limit, allowed),
                 Err(reason) => ServerHello::Refused { reason },
             };
             answer(&mut conn, &reply);
@@ -510,6 +527,10 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
             };
             answer(&mut conn, &reply);
         }
+        SessionKind::EndClaim => {
+            let reply = claims::end_claim(state, config, claims.as_ref(), &hello);
+            answer(&mut conn, &reply);
+        }
         SessionKind::Cuda => {
             if let Err(reason) = admin::bound_compute(&mut hello, claims.as_ref()) {
                 return refuse(&mut conn, reason);
@@ -521,7 +542,7 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
             let admitted = {
                 let mut s = lock(state);
                 let started = std::time::Instant::now();
-                let admitted = s.admit(&hello, limit);
+                let admitted = s.admit_where(&hello, limit, allowed);
                 let tenant = claims.as_ref().map(|c| c.subject.as_str());
                 let outcome = admitted.as_ref().map(|a| a.id).map_err(|r| r.as_str());
                 s.observed.placed(

@@ -252,17 +252,7 @@ pub extern "C" fn nvmlDeviceGetHandleByIndex(i: c_uint, h: *mut nvmlDevice_t) ->
     guard(|| by_index(i, h))
 }
 
-fn uuid_string(u: &[u8; 16]) -> String {
-    let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
+use gpufuse_proto::uuid_text as uuid_string;
 
 #[no_mangle]
 pub extern "C" fn nvmlDeviceGetHandleByUUID(

@@ -27,6 +27,10 @@ pub enum SessionKind {
     /// (`gpufuse migrate`): the node answers `Migrated` once the session runs there, or
     /// `Refused` with the session untouched.
     Migrate { session: u64, device: u32 },
+    /// A one-shot request to end every session opened with a token of the Kubernetes claim
+    /// the hello's own token names, sent by the DRA plugin when the kubelet unprepares the
+    /// claim: the node answers `ClaimEnded` once they are released.
+    EndClaim,
 }
 
 /// Quality-of-service level of a session.
@@ -118,6 +122,20 @@ pub struct ResourceRequest {
     pub qos: Qos,
 }
 
+/// A device UUID in NVIDIA's text form, as `nvidia-smi -L` prints it:
+/// `GPU-00112233-4455-6677-8899-aabbccddeeff`.
+pub fn uuid_text(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
 /// The client's first frame.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientHello {
@@ -189,6 +207,10 @@ pub enum ServerHello {
         device: u32,
         stop_us: u64,
         total_us: u64,
+    },
+    /// The answer to `EndClaim`: how many sessions of the claim were ended.
+    ClaimEnded {
+        sessions: u32,
     },
 }
 

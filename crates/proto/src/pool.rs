@@ -48,6 +48,7 @@ pub struct PoolDeviceReport {
     /// FP32 peak in thousandths of a TFLOPS (modelled for an emulated device).
     pub capacity_mtflops: u64,
     pub utilization_percent: u32,
+    pub uuid: [u8; 16],
 }
 
 /// One session as a node reports it.

@@ -672,6 +672,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
                 compute_capability: (10, 0),
                 capacity_mtflops: 80_000,
                 utilization_percent: 5,
+                uuid: [7; 16],
             }],
             sessions: vec![gpufuse_proto::PoolSessionReport {
                 pool_session: Some(7),

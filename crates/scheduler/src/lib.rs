@@ -107,6 +107,9 @@ pub struct DeviceSpec {
     pub compute_capability: (u32, u32),
     /// Measured or modelled FP32 peak, in thousandths of a TFLOPS.
     pub capacity_mtflops: u64,
+    /// NVIDIA's text form (`GPU-...`); empty when the node did not say.
+    #[serde(default)]
+    pub uuid: String,
 }
 
 /// A node as it registers: the same node (by name) registering again replaces what the pool
@@ -160,6 +163,10 @@ pub struct Request {
     pub selector: BTreeMap<String, String>,
     /// A case-insensitive substring of the device model's name (`--gpu-model`).
     pub gpu_model: Option<String>,
+    /// The one device (its UUID) the session may run on: a Kubernetes claim's allocated
+    /// device, from its token.
+    #[serde(default)]
+    pub device_uuid: Option<String>,
 }
 
 /// The tenant of a session whose client named none.

@@ -751,7 +751,10 @@ impl Pool {
                 .model
                 .to_ascii_lowercase()
                 .contains(&m.to_ascii_lowercase())
-        })
+        }) && req
+            .device_uuid
+            .as_ref()
+            .is_none_or(|u| d.spec.uuid.eq_ignore_ascii_case(u))
     }
 
     fn fits(d: &PoolDevice, req: &Request) -> bool {

@@ -160,6 +160,7 @@ impl PoolShape {
                         memory_total: self.gpu_memory,
                         compute_capability: (9, 0),
                         capacity_mtflops: 60_000,
+                        uuid: String::new(),
                     })
                     .collect(),
             };

@@ -55,6 +55,7 @@ fn spec(n: u8) -> NodeSpec {
                 memory_total: 24 * GIB,
                 compute_capability: (10, 0),
                 capacity_mtflops: 1000,
+                uuid: String::new(),
             })
             .collect(),
     }
@@ -100,6 +101,7 @@ proptest! {
                         qos: [Qos::Low, Qos::Medium, Qos::High, Qos::Critical][qos as usize],
                         selector: zone.map(|z| BTreeMap::from([("zone".to_string(), z.to_string())])).unwrap_or_default(),
                         gpu_model: None,
+                        device_uuid: None,
                     };
                     if let Ok(Decision::Placed(pl) | Decision::Preempt(gpufuse_scheduler::PreemptionPlan { placement: pl, .. })) = p.submit(&req, now) {
                         let node = p.node(&pl.node).unwrap();

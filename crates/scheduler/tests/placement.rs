@@ -24,6 +24,7 @@ fn node(name: &str, gpus: u32, labels: &[(&str, &str)], model: &str) -> NodeSpec
                 memory_total: 16 * GIB,
                 compute_capability: (10, 0),
                 capacity_mtflops: 80_000,
+                uuid: String::new(),
             })
             .collect(),
     }

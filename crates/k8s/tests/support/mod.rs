@@ -73,13 +73,18 @@ pub fn claim(namespace: &str, name: &str, _node: &str, memory: &str, compute: &s
 }
 
 pub fn allocation(node: &str, memory: &str, compute: &str, share: &str) -> Value {
+    allocation_on(node, "gpu-0", memory, compute, share)
+}
+
+/// [`allocation`] of device `device` (`gpu-N`).
+pub fn allocation_on(node: &str, device: &str, memory: &str, compute: &str, share: &str) -> Value {
     json!({
         "allocation": {
             "devices": {"results": [{
                 "request": "gpu",
                 "driver": "gpu.gpufuse.dev",
                 "pool": node,
-                "device": "gpu-0",
+                "device": device,
                 "shareID": share,
                 "consumedCapacity": {"memory": memory, "compute": compute}
             }]},
