@@ -8,8 +8,9 @@
 //! the shared-memory ring (4 MiB): the figure is what the client can issue, not how fast the
 //! worker runs them (once the ring is full every path issues at the worker's pace).
 //!
-//! `gpufuse-bench threads [--quick] [--rounds N]` runs only these lines, both paths in
-//! alternating rounds against one `gpufuse serve`, and prints each path's median.
+//! `gpufuse-bench threads [--quick] [--rounds N] [--total N]` runs only these lines, both paths
+//! in alternating rounds against one `gpufuse serve`, and prints each path's median; `--total`
+//! past the ring (say 160000) measures the regime where the worker's pace decides.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,6 +33,14 @@ pub enum Path {
     Locked,
 }
 
+/// What one measurement gives.
+pub struct Rates {
+    /// Launches per second, all threads together, until every thread had issued its share.
+    pub issued: f64,
+    /// Launches per second until every stream was synchronized.
+    pub drained: f64,
+}
+
 /// Launches the threads share in one measurement: about 2.7 MiB of frames.
 pub const TOTAL: usize = 32_000;
 
@@ -43,7 +52,7 @@ pub fn aggregate_launch_rate(
     total: usize,
     bursts: usize,
     path: Path,
-) -> Result<(f64, f64)> {
+) -> Result<Rates> {
     let per_thread = total / threads;
     let session = Arc::new(
         Session::connect(&SessionConfig {
@@ -130,20 +139,26 @@ pub fn aggregate_launch_rate(
     for w in workers {
         w.join().expect("launch thread")?;
     }
-    Ok((median(&mut issued), median(&mut drained)))
+    Ok(Rates {
+        issued: median(&mut issued),
+        drained: median(&mut drained),
+    })
 }
 
 /// The lines of the main benchmark: 1, 2 and 4 threads, lanes and locked, one round.
 pub fn print_lines(addr: &Address) -> Result<()> {
     let mut one = None;
     for n in [1, 2, 4] {
-        let (locked, _) = aggregate_launch_rate(addr, n, TOTAL, 5, Path::Locked)?;
-        let (issued, drained) = aggregate_launch_rate(addr, n, TOTAL, 5, Path::Lanes)?;
-        let base = *one.get_or_insert(issued);
+        let locked = aggregate_launch_rate(addr, n, TOTAL, 5, Path::Locked)?;
+        let lanes = aggregate_launch_rate(addr, n, TOTAL, 5, Path::Lanes)?;
+        let base = *one.get_or_insert(lanes.issued);
         println!(
-            "{n} thread(s):       {issued:10.0} /s issued ({:.2}x of 1 thread), {drained:10.0} /s until synchronized; every launch under the session lock: {locked:10.0} /s ({:.2}x)",
-            issued / base,
-            issued / locked
+            "{n} thread(s):       {:10.0} /s issued ({:.2}x of 1 thread), {:10.0} /s until synchronized; every launch under the session lock: {:10.0} /s ({:.2}x)",
+            lanes.issued,
+            lanes.issued / base,
+            lanes.drained,
+            locked.issued,
+            lanes.issued / locked.issued
         );
     }
     Ok(())
@@ -154,10 +169,11 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// `gpufuse-bench threads [--quick] [--rounds N]`.
+/// `gpufuse-bench threads [--quick] [--rounds N] [--total N]`.
 pub fn run(args: &[String]) -> Result<()> {
     let mut quick = false;
     let mut rounds = 9usize;
+    let mut total = TOTAL;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -172,7 +188,17 @@ pub fn run(args: &[String]) -> Result<()> {
                     bail!("--rounds must be at least 1");
                 }
             }
-            other => bail!("unknown option {other} (expected --quick or --rounds N)"),
+            "--total" => {
+                total = it
+                    .next()
+                    .context("--total needs a number")?
+                    .parse()
+                    .context("--total")?;
+                if total < 4 {
+                    bail!("--total must be at least 4");
+                }
+            }
+            other => bail!("unknown option {other} (expected --quick, --rounds N or --total N)"),
         }
     }
     if quick {
@@ -184,27 +210,29 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     let addr = Address::Shm(path.clone());
     println!(
-        "client threads sharing {TOTAL} quiet launches, each on its own stream (one session, shm); median of {rounds} alternating rounds of 5 bursts"
+        "client threads sharing {total} quiet launches, each on its own stream (one session, shm); median of {rounds} alternating rounds of 5 bursts"
     );
     let counts = [1usize, 2, 4];
-    let mut lanes = vec![Vec::new(); counts.len()];
-    let mut locked = vec![Vec::new(); counts.len()];
+    // Per thread count and path: the issued rate of each round.
+    let mut got = vec![[Vec::new(), Vec::new()]; counts.len()];
     for _ in 0..rounds {
         for (i, &n) in counts.iter().enumerate() {
-            locked[i].push(aggregate_launch_rate(&addr, n, TOTAL, 5, Path::Locked)?.0);
-            lanes[i].push(aggregate_launch_rate(&addr, n, TOTAL, 5, Path::Lanes)?.0);
+            for (j, path) in [Path::Locked, Path::Lanes].into_iter().enumerate() {
+                got[i][j].push(aggregate_launch_rate(&addr, n, total, 5, path)?.issued);
+            }
         }
     }
-    let lanes: Vec<f64> = lanes.iter_mut().map(|v| median(v)).collect();
-    let locked: Vec<f64> = locked.iter_mut().map(|v| median(v)).collect();
+    let med: Vec<[f64; 2]> = got
+        .iter_mut()
+        .map(|[a, b]| [median(a), median(b)])
+        .collect();
     for (i, n) in counts.iter().enumerate() {
+        let [locked, lanes] = med[i];
         println!(
-            "{n} thread(s): lanes {:10.0} /s ({:.2}x of 1 thread)   under the session lock {:10.0} /s ({:.2}x of 1 thread)   lanes/locked {:.2}x",
-            lanes[i],
-            lanes[i] / lanes[0],
-            locked[i],
-            locked[i] / locked[0],
-            lanes[i] / locked[i]
+            "{n} thread(s): lanes {lanes:10.0} /s ({:.2}x of 1 thread)   under the session lock {locked:10.0} /s ({:.2}x of 1 thread)   lanes/locked {:.2}x",
+            lanes / med[0][1],
+            locked / med[0][0],
+            lanes / locked
         );
     }
     Ok(())

@@ -44,6 +44,9 @@ use crate::error::ClientError;
 /// A lane moves its frames into the connection once it holds this many bytes.
 pub const LANE_BYTES: usize = 64 * 1024;
 
+/// Reads the application's arguments for a parameter layout and packs them.
+pub type Packer<'p> = dyn FnMut(&[ParamSlot]) -> Result<Vec<u8>, ClientError> + 'p;
+
 /// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`.
 const STREAM_LEGACY: u64 = 1;
 const STREAM_PER_THREAD: u64 = 2;
@@ -293,7 +296,7 @@ impl Lanes {
         f: u64,
         stream: StreamRef,
         dims: ([u32; 3], [u32; 3], u32),
-        pack: &mut dyn FnMut(&[ParamSlot]) -> Result<Vec<u8>, ClientError>,
+        pack: &mut Packer<'_>,
     ) -> Result<Fast, ClientError> {
         let Some(key) = stream.lane_key() else {
             return Ok(Fast::Locked(None));
@@ -323,7 +326,7 @@ impl Lanes {
         lane: &Lane,
         target: &Target,
         dims: ([u32; 3], [u32; 3], u32),
-        pack: &mut dyn FnMut(&[ParamSlot]) -> Result<Vec<u8>, ClientError>,
+        pack: &mut Packer<'_>,
     ) -> Result<Fast, ClientError> {
         let params = pack(&target.layout)?;
         let mut b = lane.lock();

@@ -87,8 +87,7 @@ pub struct KernelLaunch {
     pub attributes: Vec<(u32, [u64; 8])>,
 }
 
-/// Reads the application's arguments for a parameter layout and packs them.
-pub type Packer<'p> = dyn FnMut(&[ParamSlot]) -> Result<Vec<u8>, ClientError> + 'p;
+pub use crate::lanes::Packer;
 
 impl Session {
     /// Launches `l`, its arguments packed by `pack`: through the stream's lane when this
