@@ -833,3 +833,17 @@ fn a_stream_that_starts_capturing_stops_using_its_lane() {
     s.lock().synchronize_stream(st).unwrap();
     assert_eq!(read_u32s(&s, out, 64)[63], 5 + 63);
 }
+
+#[test]
+fn a_fault_of_a_launch_through_a_lane_is_reported_by_the_next_synchronize() {
+    let node = Node::start();
+    let s = session(&node);
+    let m = s.lock().load_module(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let fill = s.lock().function(m, "fill").unwrap();
+    let out = s.lock().alloc(64 * 4).unwrap();
+    let st = s.lock().create_stream(1, 0).unwrap();
+    let own = StreamRef::legacy(st);
+    fill_on(&s, fill, out, 1, 64, own); // grants the lane
+    fill_on(&s, fill, 0x10, 1, 64, own); // through the lane, to an address nobody has
+    assert_eq!(status(s.lock().synchronize_stream(st)), ILLEGAL_ADDRESS);
+}
