@@ -187,6 +187,13 @@ def build_programs() -> Programs:
                          [nvcc, "-O2", "-arch=sm_80", "-cudart", "shared", f"-L{link_dir}",
                           "-Xlinker", "-rpath", "-Xlinker", cudart13, "-o", str(out), str(src)],
                          inputs))
+    # Host threads on their own streams (test_threads.py): plain, and with the per-thread
+    # default stream (launches without a stream go through the driver's _ptsz entry points).
+    src = kdir / "threads.cu"
+    for name, flags in (("threads", []), ("threads_ptds", ["--default-stream", "per-thread"])):
+        out = BUILD / name
+        jobs.append((name, out, [nvcc, "-O2", *flags, "-arch=sm_80", "-o", str(out), str(src)],
+                     [src, kdir / "kcheck.h"]))
     # Two translation units with relocatable device code, one calling into the other.
     rdc = [HERE / "rdc" / "rdc_main.cu", HERE / "rdc" / "rdc_lib.cu"]
     out = BUILD / "rdc_two_units"

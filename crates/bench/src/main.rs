@@ -12,7 +12,9 @@
 //!   of the same size and against raw socket throughput (target on a unix socket: >= 50% of raw).
 //!
 //! Then the aggregate rate of quiet launches from 1, 2 and 4 threads of one client process,
-//! each on its own stream, through the client core as the shim drives it (`threads.rs`).
+//! each on its own stream, through the client core as the shim drives it (per-stream lanes),
+//! against every launch under the session lock (`threads.rs`; `gpufuse-bench threads` runs
+//! only these, in alternating rounds).
 //!
 //! TLS is measured against the same raw TCP baselines as plain TCP, so its rows show what
 //! encryption and the node's TLS relay add.
@@ -194,6 +196,9 @@ fn main() -> Result<()> {
     if args.first().is_some_and(|a| a == "http") {
         return http_cost::run(&args[1..]);
     }
+    if args.first().is_some_and(|a| a == "threads") {
+        return threads::run(&args[1..]);
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let scale = if quick { 10 } else { 1 };
     let http = args
@@ -285,15 +290,7 @@ fn main() -> Result<()> {
     println!(
         "== client threads, each issuing quiet launches on its own stream (one session, shm) =="
     );
-    let mut one = None;
-    for n in [1, 2, 4] {
-        let (issued, drained) = threads::aggregate_launch_rate(&shm_addr, n, 400_000 / scale)?;
-        let base = *one.get_or_insert(issued);
-        println!(
-            "{n} thread(s):       {issued:10.0} /s issued ({:.2}x of 1 thread), {drained:10.0} /s until synchronized",
-            issued / base
-        );
-    }
+    threads::print_lines(&shm_addr)?;
     println!();
     if http.is_some() {
         let n = scrapes.load(std::sync::atomic::Ordering::Relaxed);

@@ -1,24 +1,59 @@
 //! Quiet launches from several application threads of one process, each on its own stream,
-//! through the client core exactly as the shim drives it (one `Session`, its `lock()` per
-//! call): the aggregate rate with 1, 2 and 4 threads shows whether threads serialize.
+//! through the client core exactly as the shim drives it (`Session::launch_kernel`: the
+//! stream's lane, without the session lock), against the same launches each made under the
+//! session lock (`Session::lock()` per call, as every launch went before lanes): the aggregate
+//! rate with 1, 2 and 4 threads shows whether threads serialize.
+//!
+//! The threads share a fixed number of launches, small enough that everything issued fits in
+//! the shared-memory ring (4 MiB): the figure is what the client can issue, not how fast the
+//! worker runs them (once the ring is full every path issues at the worker's pace).
+//!
+//! `gpufuse-bench threads [--quick] [--rounds N] [--total N]` runs only these lines, both paths
+//! in alternating rounds against one `gpufuse serve`, and prints each path's median; `--total`
+//! past the ring (say 160000) measures the regime where the worker's pace decides.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
-use gpufuse_client::launch::LaunchConfig;
+use anyhow::{bail, Context, Result};
+use gpufuse_client::lanes::StreamRef;
+use gpufuse_client::launch::{KernelLaunch, LaunchConfig};
 use gpufuse_client::state::set_current_context;
 use gpufuse_client::{Session, SessionConfig};
 use gpufuse_transport::Address;
 
 use crate::remote::EMPTY_PTX;
 
-/// Launches per second, all threads together: issued, and until every stream synchronized.
+/// How each launch reaches the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// `Session::launch_kernel`, as the shim calls it (lanes).
+    Lanes,
+    /// Every launch under the session lock (the client before lanes).
+    Locked,
+}
+
+/// What one measurement gives.
+pub struct Rates {
+    /// Launches per second, all threads together, until every thread had issued its share.
+    pub issued: f64,
+    /// Launches per second until every stream was synchronized.
+    pub drained: f64,
+}
+
+/// Launches the threads share in one measurement: about 2.7 MiB of frames.
+pub const TOTAL: usize = 32_000;
+
+/// Launches per second, all threads together (`total` split between them), the median of
+/// `bursts`: issued, and until every stream synchronized.
 pub fn aggregate_launch_rate(
     addr: &Address,
     threads: usize,
-    per_thread: usize,
-) -> Result<(f64, f64)> {
+    total: usize,
+    bursts: usize,
+    path: Path,
+) -> Result<Rates> {
+    let per_thread = total / threads;
     let session = Arc::new(
         Session::connect(&SessionConfig {
             address: addr.clone(),
@@ -27,7 +62,8 @@ pub fn aggregate_launch_rate(
         })
         .context("connect")?,
     );
-    let (function, streams) = {
+    session.start_flusher(std::time::Duration::from_millis(2));
+    let (f, function, streams) = {
         let mut g = session.lock();
         let ctx = g.ensure_primary(0)?;
         set_current_context(ctx);
@@ -39,39 +75,165 @@ pub fn aggregate_launch_rate(
             let h = g.create_stream(1, 0)?;
             streams.push((h, g.stream_id(h)?));
         }
-        (function, streams)
+        (f, function, streams)
     };
-    let start = Instant::now();
+    // The threads issue `bursts` times; each burst starts them together and the streams are
+    // synchronized (the ring emptied) before the next.
+    let barrier = Arc::new(std::sync::Barrier::new(threads + 1));
     let workers: Vec<_> = streams
         .iter()
-        .map(|&(_, stream)| {
-            let s = session.clone();
+        .map(|&(handle, stream)| {
+            let (s, barrier) = (session.clone(), barrier.clone());
             std::thread::spawn(move || -> Result<()> {
-                for _ in 0..per_thread {
-                    let config = LaunchConfig {
-                        grid: [1, 1, 1],
-                        block: [1, 1, 1],
-                        shared_mem: 0,
-                        stream,
-                        attributes: Vec::new(),
-                    };
-                    s.lock().launch(function, config, vec![0u8; 12])?;
+                let arg = [0u8; 12];
+                let mut result = Ok(());
+                for _ in 0..bursts {
+                    barrier.wait();
+                    for _ in 0..per_thread {
+                        if result.is_err() {
+                            break;
+                        }
+                        result = match path {
+                            Path::Lanes => {
+                                let l = KernelLaunch {
+                                    function: f,
+                                    grid: [1, 1, 1],
+                                    block: [1, 1, 1],
+                                    shared_mem: 0,
+                                    stream: StreamRef::legacy(handle),
+                                    attributes: Vec::new(),
+                                };
+                                s.launch_kernel(l, &mut |_| Ok(arg.to_vec()))
+                            }
+                            Path::Locked => {
+                                let config = LaunchConfig {
+                                    grid: [1, 1, 1],
+                                    block: [1, 1, 1],
+                                    shared_mem: 0,
+                                    stream,
+                                    attributes: Vec::new(),
+                                };
+                                s.lock().launch(function, config, arg.to_vec())
+                            }
+                        };
+                    }
+                    barrier.wait();
                 }
-                Ok(())
+                Ok(result?)
             })
         })
         .collect();
-    for w in workers {
-        w.join().expect("launch thread")?;
-    }
-    let issued = start.elapsed().as_secs_f64();
-    {
+    let n = (threads * per_thread) as f64;
+    let (mut issued, mut drained) = (Vec::new(), Vec::new());
+    for _ in 0..bursts {
+        barrier.wait();
+        let start = Instant::now();
+        barrier.wait();
+        issued.push(n / start.elapsed().as_secs_f64());
         let mut g = session.lock();
         for &(h, _) in &streams {
             g.synchronize_stream(h)?;
         }
+        drained.push(n / start.elapsed().as_secs_f64());
     }
-    let drained = start.elapsed().as_secs_f64();
-    let n = (threads * per_thread) as f64;
-    Ok((n / issued, n / drained))
+    for w in workers {
+        w.join().expect("launch thread")?;
+    }
+    Ok(Rates {
+        issued: median(&mut issued),
+        drained: median(&mut drained),
+    })
+}
+
+/// The lines of the main benchmark: 1, 2 and 4 threads, lanes and locked, one round.
+pub fn print_lines(addr: &Address) -> Result<()> {
+    let mut one = None;
+    for n in [1, 2, 4] {
+        let locked = aggregate_launch_rate(addr, n, TOTAL, 5, Path::Locked)?;
+        let lanes = aggregate_launch_rate(addr, n, TOTAL, 5, Path::Lanes)?;
+        let base = *one.get_or_insert(lanes.issued);
+        println!(
+            "{n} thread(s):       {:10.0} /s issued ({:.2}x of 1 thread), {:10.0} /s until synchronized; every launch under the session lock: {:10.0} /s ({:.2}x)",
+            lanes.issued,
+            lanes.issued / base,
+            lanes.drained,
+            locked.issued,
+            lanes.issued / locked.issued
+        );
+    }
+    Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// `gpufuse-bench threads [--quick] [--rounds N] [--total N]`.
+pub fn run(args: &[String]) -> Result<()> {
+    let mut quick = false;
+    let mut rounds = 9usize;
+    let mut total = TOTAL;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--rounds" => {
+                rounds = it
+                    .next()
+                    .context("--rounds needs a number")?
+                    .parse()
+                    .context("--rounds")?;
+                if rounds == 0 {
+                    bail!("--rounds must be at least 1");
+                }
+            }
+            "--total" => {
+                total = it
+                    .next()
+                    .context("--total needs a number")?
+                    .parse()
+                    .context("--total")?;
+                if total < 4 {
+                    bail!("--total must be at least 4");
+                }
+            }
+            other => bail!("unknown option {other} (expected --quick, --rounds N or --total N)"),
+        }
+    }
+    if quick {
+        rounds = rounds.min(3);
+    }
+    let (_server, unix) = crate::Server::start_with(&[])?;
+    let Address::Unix(path) = &unix else {
+        unreachable!("start_with listens on a unix socket")
+    };
+    let addr = Address::Shm(path.clone());
+    println!(
+        "client threads sharing {total} quiet launches, each on its own stream (one session, shm); median of {rounds} alternating rounds of 5 bursts"
+    );
+    let counts = [1usize, 2, 4];
+    // Per thread count and path: the issued rate of each round.
+    let mut got = vec![[Vec::new(), Vec::new()]; counts.len()];
+    for _ in 0..rounds {
+        for (i, &n) in counts.iter().enumerate() {
+            for (j, path) in [Path::Locked, Path::Lanes].into_iter().enumerate() {
+                got[i][j].push(aggregate_launch_rate(&addr, n, total, 5, path)?.issued);
+            }
+        }
+    }
+    let med: Vec<[f64; 2]> = got
+        .iter_mut()
+        .map(|[a, b]| [median(a), median(b)])
+        .collect();
+    for (i, n) in counts.iter().enumerate() {
+        let [locked, lanes] = med[i];
+        println!(
+            "{n} thread(s): lanes {lanes:10.0} /s ({:.2}x of 1 thread)   under the session lock {locked:10.0} /s ({:.2}x of 1 thread)   lanes/locked {:.2}x",
+            lanes / med[0][1],
+            locked / med[0][0],
+            lanes / locked
+        );
+    }
+    Ok(())
 }

@@ -448,6 +448,19 @@ impl Connection {
         r
     }
 
+    /// Appends already encoded quiet frames (a lane's, [`crate::lanes`]) to the queue.
+    pub(crate) fn append_frames(&mut self, f: impl FnOnce(&mut Vec<u8>)) {
+        f(&mut self.out);
+    }
+
+    /// Sends the queued quiet requests if they reached the batch size.
+    pub fn flush_if_full(&mut self) -> Result<(), ClientError> {
+        if self.out.len() >= FLUSH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
     /// Whether quiet requests are waiting to be sent.
     pub fn has_queued(&self) -> bool {
         !self.out.is_empty()

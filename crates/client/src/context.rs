@@ -144,6 +144,7 @@ impl Inner {
         }
         self.contexts.remove(&h);
         self.streams.retain(|_, st| st.ctx != h);
+        self.lanes_changed();
         state::forget_context(h);
         self.conn.quiet(&Request::CtxDestroy { ctx: h })
     }
@@ -198,6 +199,7 @@ impl Inner {
             .ok_or(ClientError::Cuda(INVALID_DEVICE))?;
         self.conn.call(&Request::DeviceReset { device: dev })?;
         let _ = self.conn.take_async_error();
+        self.lanes_changed();
         self.forget_device_memory(dev);
         self.forget_device_modules(dev);
         self.reload_libraries(dev);

@@ -24,6 +24,7 @@ impl Inner {
         let graph = handles::mint(Kind::Graph);
         self.graphs.graphs.insert(graph, Graph::default());
         self.graphs.capturing.insert(st, graph);
+        self.lanes_changed();
         self.graphs.next_capture_id += 1;
         let id = self.graphs.next_capture_id;
         self.graphs.capture_ids.insert(st, id);
@@ -41,6 +42,7 @@ impl Inner {
             return Err(INVALID_HANDLE.into());
         }
         self.graphs.capturing.insert(st, graph);
+        self.lanes_changed();
         self.graphs.captured_into.insert(graph);
         self.graphs.next_capture_id += 1;
         let id = self.graphs.next_capture_id;

@@ -1,12 +1,19 @@
 //! Kernel launches: arguments packed at the device-side offsets the function's layout gives
 //! (the layout came back from the worker with the function), sent as one quiet request, or
 //! recorded when the stream is capturing a graph.
+//!
+//! [`Session::launch_kernel`] is the one entry for a launch as the application names it: on a
+//! stream other than the legacy default stream it goes through that stream's lane without the
+//! session lock once the locked path has granted it ([`crate::lanes`]).
+
+use std::sync::Arc;
 
 use gpufuse_proto::{Launch, ParamSlot, Request};
 
 use crate::error::ClientError;
 use crate::graph::Op;
-use crate::state::Inner;
+use crate::lanes::{Fast, StreamRef, Target};
+use crate::state::{Inner, Session};
 use crate::status::{INVALID_HANDLE, INVALID_VALUE};
 
 /// Largest parameter buffer a launch may carry (CUDA 12.1+: 32764 bytes).
@@ -67,7 +74,87 @@ impl LaunchConfig {
     }
 }
 
+/// A launch as the application names it: its function and stream by their handles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelLaunch {
+    /// A `CUfunction` or `CUkernel`.
+    pub function: u64,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub stream: StreamRef,
+    /// `CUlaunchAttribute`s: id and value (a launch with any takes the locked path).
+    pub attributes: Vec<(u32, [u64; 8])>,
+}
+
+pub use crate::lanes::Packer;
+
+impl Session {
+    /// Launches `l`, its arguments packed by `pack`: through the stream's lane when this
+    /// thread has been granted it, else under the session lock (which grants it when the
+    /// launch may use one). Errors are the locked path's: an unknown stream or function is
+    /// `INVALID_HANDLE`, bad arguments `INVALID_VALUE`; a failure on the worker is reported by
+    /// the next synchronizing call.
+    pub fn launch_kernel(&self, l: KernelLaunch, pack: &mut Packer<'_>) -> Result<(), ClientError> {
+        if l.grid.contains(&0) || l.block.contains(&0) {
+            return Err(INVALID_VALUE.into());
+        }
+        let mut packed = None;
+        if l.attributes.is_empty() {
+            let dims = (l.grid, l.block, l.shared_mem);
+            match self.lanes.try_launch(l.function, l.stream, dims, pack)? {
+                Fast::Queued(false) => return Ok(()),
+                Fast::Queued(true) => {
+                    // The lane is full: it and every other lane move into the connection.
+                    return self.lock().conn.flush_if_full();
+                }
+                Fast::Locked(p) => packed = p,
+            }
+        }
+        self.lock().launch_locked(l, packed, pack)
+    }
+}
+
 impl Inner {
+    /// [`Session::launch_kernel`] under the session lock: handles checked, the launch queued
+    /// or recorded, and the stream's lane granted to this thread if the launch may use one
+    /// (not the legacy default stream, not capturing, no attributes, no managed memory).
+    pub fn launch_locked(
+        &mut self,
+        l: KernelLaunch,
+        packed: Option<Vec<u8>>,
+        pack: &mut Packer<'_>,
+    ) -> Result<(), ClientError> {
+        let stream = self.stream_id(l.stream.handle)?;
+        let (function, layout) = self.launch_layout(l.function)?;
+        let params = match packed {
+            Some(p) => p,
+            None => pack(&layout)?,
+        };
+        let lane = l
+            .stream
+            .lane_key()
+            .filter(|_| l.attributes.is_empty())
+            .filter(|_| self.graphs.capturing(stream).is_none())
+            .filter(|_| self.managed_count == 0);
+        let config = LaunchConfig {
+            grid: l.grid,
+            block: l.block,
+            shared_mem: l.shared_mem,
+            stream,
+            attributes: l.attributes,
+        };
+        self.launch(function, config, params)?;
+        if let Some(key) = lane {
+            let target = Target {
+                function,
+                layout: Arc::from(layout),
+            };
+            self.lanes.grant(key, stream, l.function, target);
+        }
+        Ok(())
+    }
+
     /// The worker's id and the parameter layout of a `CUfunction` or `CUkernel`.
     pub fn launch_layout(&self, f: u64) -> Result<(u64, Vec<ParamSlot>), ClientError> {
         let function = self.resolve_function(f).ok_or(INVALID_HANDLE)?;

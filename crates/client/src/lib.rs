@@ -5,7 +5,8 @@
 //! ([`state`]) that let most queries and checks be answered locally. Each driver operation is
 //! one method of the locked session (`Session::lock()`), by area: [`context`], [`memory`]
 //! (allocation kinds as one [`memory::MemoryKind`]; managed memory), [`host`], [`pools`],
-//! [`copy`], [`launch`], [`stream`], [`module`], [`graph`]. Device work reaches the worker
+//! [`copy`], [`launch`], [`stream`], [`module`], [`graph`]. Quiet launches on streams other
+//! than the legacy default stream go through per-stream [`lanes`] without the session lock. Device work reaches the worker
 //! only through [`work`], where managed memory is handed to the device, and every
 //! synchronizing call ends in its one synchronize sequence. [`reconnect`] moves a session to
 //! another worker with everything it owns.
@@ -21,6 +22,7 @@ pub mod graph;
 pub mod graph_ops;
 pub mod handles;
 pub mod host;
+pub mod lanes;
 pub mod launch;
 pub mod memory;
 pub mod module;

@@ -243,6 +243,7 @@ impl Inner {
         );
         self.managed_count += 1;
         self.managed_on_device = false;
+        self.lanes_changed();
         Ok(p)
     }
 

@@ -170,6 +170,7 @@ impl Inner {
     pub fn unload_module(&mut self, m: u64) -> Result<(), ClientError> {
         let module = self.modules.remove(&m).ok_or(INVALID_HANDLE)?;
         self.functions.retain(|_, f| f.module != m);
+        self.lanes_changed();
         if module.state != LoadState::Loaded {
             return Ok(());
         }
@@ -264,6 +265,7 @@ impl Inner {
     pub fn unload_library(&mut self, lib: u64) -> Result<(), ClientError> {
         let l = self.libraries.remove(&lib).ok_or(INVALID_HANDLE)?;
         self.kernels.retain(|_, k| k.library != lib);
+        self.lanes_changed();
         match l.module {
             Ok(m) => self.unload_module(m),
             Err(_) => Ok(()),

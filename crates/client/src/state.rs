@@ -3,7 +3,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpufuse_proto::{DeviceInfo, FunctionInfo, Qos, ResourceRequest, SessionKind};
 use gpufuse_transport::Address;
@@ -11,6 +11,7 @@ use gpufuse_transport::Address;
 use crate::connection::Connection;
 use crate::error::ClientError;
 use crate::handles::{self, Kind};
+use crate::lanes::Lanes;
 
 /// How to reach the server, from the environment `gpufuse run` sets.
 #[derive(Debug, Clone)]
@@ -209,9 +210,27 @@ pub struct Inner {
     pub(crate) graphs: crate::graph::Graphs,
     /// How many allocations and module loads the server placed (their order).
     pub(crate) placements: u64,
+    /// The session's per-stream lanes ([`crate::lanes`]): the locked path grants them and
+    /// invalidates them when something they rely on changes.
+    pub(crate) lanes: Arc<Lanes>,
 }
 
 impl Inner {
+    /// Moves every lane's queued frames into the connection.
+    pub(crate) fn drain_lanes(&mut self) {
+        if self.lanes.pending() {
+            let lanes = self.lanes.clone();
+            self.conn.append_frames(|out| lanes.drain_into(out));
+        }
+    }
+
+    /// Something a lane or a thread's launch cache relies on changed (a stream, function,
+    /// module, library or context went away, a stream started capturing, managed memory
+    /// appeared): the next launch on every lane takes the locked path and is checked again.
+    pub(crate) fn lanes_changed(&self) {
+        self.lanes.invalidate();
+    }
+
     /// The host allocation containing `ptr`, as (base, allocation).
     pub fn find_host(&self, ptr: usize) -> Option<(usize, HostAllocation)> {
         let (&base, &h) = self.host.range(..=ptr).next_back()?;
@@ -230,6 +249,8 @@ pub struct Session {
     /// Per device: attribute id -> value (0 when the device did not answer it).
     attributes: Vec<Vec<i32>>,
     inner: Mutex<Inner>,
+    /// Quiet launches queued per stream without the session lock ([`crate::lanes`]).
+    pub(crate) lanes: Arc<Lanes>,
 }
 
 /// Attribute ids at or above this are not cached (and answered with an error).
@@ -282,7 +303,9 @@ impl Session {
                 ..Default::default()
             })
             .collect();
+        let lanes = Arc::new(Lanes::new());
         Self {
+            lanes: lanes.clone(),
             session_id: std::sync::atomic::AtomicU64::new(accepted.session_id),
             devices: accepted.devices,
             hello,
@@ -309,6 +332,7 @@ impl Session {
                 textures: HashMap::new(),
                 graphs: Default::default(),
                 placements: 0,
+                lanes,
             }),
         }
     }
@@ -333,8 +357,13 @@ impl Session {
             .spawn(move || loop {
                 std::thread::sleep(interval);
                 let Some(s) = weak.upgrade() else { return };
-                let guard = s.inner.try_lock();
-                if let Ok(mut g) = guard {
+                let guard = match s.inner.try_lock() {
+                    Ok(g) => Some(g),
+                    Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                    Err(std::sync::TryLockError::WouldBlock) => None,
+                };
+                if let Some(mut g) = guard {
+                    g.drain_lanes();
                     if g.conn.has_queued() {
                         let _ = g.conn.flush();
                     }
@@ -343,8 +372,18 @@ impl Session {
     }
 
     /// Locks the session state. A panic while it was held does not poison it for good.
+    ///
+    /// Every lane's queued launches move into the connection first ([`crate::lanes`]), so
+    /// whatever the caller sends next goes out after everything any thread queued before.
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.drain_lanes();
+        g
+    }
+
+    /// The session's lanes (diagnostics and tests).
+    pub fn lanes(&self) -> &Lanes {
+        &self.lanes
     }
 
     pub fn device(&self, ordinal: i32) -> Option<&DeviceInfo> {

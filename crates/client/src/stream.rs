@@ -77,6 +77,7 @@ impl Inner {
         if self.streams.remove(&h).is_none() {
             return Err(INVALID_HANDLE.into());
         }
+        self.lanes_changed();
         self.conn.quiet(&Request::StreamDestroy { stream: h })
     }
 
@@ -135,6 +136,7 @@ impl Inner {
         if let Some(&graph) = self.graphs.captured_events.get(&ev) {
             if self.graphs.graphs.contains_key(&graph) {
                 self.graphs.capturing.insert(st, graph);
+                self.lanes_changed();
                 return Ok(());
             }
         }

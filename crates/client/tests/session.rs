@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use gpufuse_client::launch::{pack_params, LaunchConfig};
+use gpufuse_client::lanes::StreamRef;
+use gpufuse_client::launch::{pack_params, KernelLaunch, LaunchConfig};
 use gpufuse_client::state::{self, Session, SessionConfig};
 use gpufuse_client::work::SyncScope;
 use gpufuse_client::ClientError;
@@ -564,4 +565,285 @@ fn the_worker_receives_the_exact_packed_parameters() {
     assert_eq!(last.function_name, "probe");
     assert_eq!((last.grid, last.block), ([2, 1, 1], [32, 1, 1]));
     assert_eq!(last.params, expected);
+}
+
+/// `inc(u32 *dst, const u32 *src, u32 n)`: `dst[i] = src[i] + 1` for every thread `i < n`.
+const INC_PTX: &str = "\
+.version 7.0
+.target sm_80
+.address_size 64
+
+.visible .entry inc(
+\t.param .u64 inc_param_0,
+\t.param .u64 inc_param_1,
+\t.param .u32 inc_param_2
+)
+{
+\t.reg .pred %p<2>;
+\t.reg .b32 %r<8>;
+\t.reg .b64 %rd<8>;
+
+\tld.param.u64 %rd1, [inc_param_0];
+\tld.param.u64 %rd2, [inc_param_1];
+\tld.param.u32 %r2, [inc_param_2];
+\tmov.u32 %r3, %ctaid.x;
+\tmov.u32 %r4, %ntid.x;
+\tmov.u32 %r5, %tid.x;
+\tmad.lo.s32 %r6, %r3, %r4, %r5;
+\tsetp.ge.u32 %p1, %r6, %r2;
+\t@%p1 bra $L__END;
+\tcvta.to.global.u64 %rd3, %rd1;
+\tcvta.to.global.u64 %rd4, %rd2;
+\tmul.wide.u32 %rd5, %r6, 4;
+\tadd.s64 %rd6, %rd3, %rd5;
+\tadd.s64 %rd7, %rd4, %rd5;
+\tld.global.u32 %r7, [%rd7];
+\tadd.s32 %r7, %r7, 1;
+\tst.global.u32 [%rd6], %r7;
+$L__END:
+\tret;
+}
+\0";
+
+/// A launch as the shim makes it (`Session::launch_kernel`: the stream's lane once granted).
+fn launch_args(s: &Session, f: u64, args: &[&[u8]], n: u32, stream: StreamRef) {
+    let l = KernelLaunch {
+        function: f,
+        grid: [n.div_ceil(64), 1, 1],
+        block: [64, 1, 1],
+        shared_mem: 0,
+        stream,
+        attributes: Vec::new(),
+    };
+    s.launch_kernel(l, &mut |layout| {
+        pack_params(layout, |i, size| {
+            assert_eq!(args[i].len(), size);
+            Ok(args[i])
+        })
+    })
+    .unwrap();
+}
+
+fn fill_on(s: &Session, fill: u64, out: u64, base: u32, n: u32, stream: StreamRef) {
+    let (p, b, c) = (out.to_le_bytes(), base.to_le_bytes(), n.to_le_bytes());
+    launch_args(s, fill, &[&p, &b, &c], n, stream);
+}
+
+fn inc_on(s: &Session, inc: u64, dst: u64, src: u64, n: u32, stream: StreamRef) {
+    let (d, r, c) = (dst.to_le_bytes(), src.to_le_bytes(), n.to_le_bytes());
+    launch_args(s, inc, &[&d, &r, &c], n, stream);
+}
+
+/// `fill(a, base)`, then `rounds` increments bouncing between `a` and `b` (each reads what the
+/// one before wrote, so any reordering within the stream shows), ending in `a`: every element
+/// is `base + i + rounds`.
+fn chain(
+    s: &Session,
+    fns: (u64, u64),
+    bufs: (u64, u64),
+    base: u32,
+    n: u32,
+    rounds: u32,
+    st: StreamRef,
+) {
+    let (fill, inc) = fns;
+    let (a, b) = bufs;
+    fill_on(s, fill, a, base, n, st);
+    for r in 0..rounds {
+        if r % 2 == 0 {
+            inc_on(s, inc, b, a, n, st);
+        } else {
+            inc_on(s, inc, a, b, n, st);
+        }
+    }
+}
+
+fn expect_chain(got: &[u32], base: u32, rounds: u32) {
+    for (i, &v) in got.iter().enumerate() {
+        assert_eq!(v, base + i as u32 + rounds, "element {i}");
+    }
+}
+
+const PER_THREAD_DEFAULT: StreamRef = StreamRef {
+    handle: 0,
+    per_thread_default: true,
+};
+
+#[test]
+fn threads_on_their_own_streams_keep_each_streams_order_through_their_lanes() {
+    let node = Node::start();
+    let s = std::sync::Arc::new(session(&node));
+    let ctx = state::current_context();
+    let inc_m = s.lock().load_module(INC_PTX.as_bytes().to_vec()).unwrap();
+    let fill_m = s.lock().load_module(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let inc = s.lock().function(inc_m, "inc").unwrap();
+    let fill = s.lock().function(fill_m, "fill").unwrap();
+    const N: u32 = 256;
+    const ROUNDS: u32 = 300; // over 64 KiB of frames per stream: lanes fill and drain
+    let threads: Vec<_> = (0..4u32)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                state::set_current_context(ctx);
+                let mut bufs = Vec::new();
+                for _ in 0..4 {
+                    bufs.push(s.lock().alloc(u64::from(N) * 4).unwrap());
+                }
+                let st = s.lock().create_stream(1, 0).unwrap();
+                let own = StreamRef::legacy(st);
+                // Interleaved: this thread's stream and its per-thread default stream.
+                for k in 0..3u32 {
+                    let base = 1000 * (t * 10 + k);
+                    chain(&s, (fill, inc), (bufs[0], bufs[1]), base, N, ROUNDS, own);
+                    chain(
+                        &s,
+                        (fill, inc),
+                        (bufs[2], bufs[3]),
+                        base + 7,
+                        N,
+                        ROUNDS,
+                        PER_THREAD_DEFAULT,
+                    );
+                    s.lock().synchronize_stream(st).unwrap();
+                    s.lock().synchronize_stream(2).unwrap(); // CU_STREAM_PER_THREAD
+                    expect_chain(&read_u32s(&s, bufs[0], N as usize), base, ROUNDS);
+                    expect_chain(&read_u32s(&s, bufs[2], N as usize), base + 7, ROUNDS);
+                }
+                // A launch on the stream after it is destroyed is refused, lane or not.
+                s.lock().destroy_stream(st).unwrap();
+                let l = KernelLaunch {
+                    function: fill,
+                    grid: [1, 1, 1],
+                    block: [1, 1, 1],
+                    shared_mem: 0,
+                    stream: own,
+                    attributes: Vec::new(),
+                };
+                let r = s.launch_kernel(l, &mut |_| Ok(vec![0; 16]));
+                assert_eq!(status(r), INVALID_HANDLE);
+            })
+        })
+        .collect();
+    // Meanwhile this thread synchronizes the whole context, again and again.
+    for _ in 0..20 {
+        s.lock().synchronize(SyncScope::Context(0)).unwrap();
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    s.lock().synchronize(SyncScope::Context(0)).unwrap();
+    drop(s);
+    assert_eq!(node.ended_with(), 0);
+}
+
+#[test]
+fn an_event_recorded_on_one_thread_orders_a_stream_waiting_on_another() {
+    let node = Node::start();
+    let s = std::sync::Arc::new(session(&node));
+    let ctx = state::current_context();
+    let inc_m = s.lock().load_module(INC_PTX.as_bytes().to_vec()).unwrap();
+    let fill_m = s.lock().load_module(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let inc = s.lock().function(inc_m, "inc").unwrap();
+    let fill = s.lock().function(fill_m, "fill").unwrap();
+    const N: u32 = 1024;
+    let (x, scratch, y) = {
+        let mut g = s.lock();
+        (
+            g.alloc(u64::from(N) * 4).unwrap(),
+            g.alloc(u64::from(N) * 4).unwrap(),
+            g.alloc(u64::from(N) * 4).unwrap(),
+        )
+    };
+    let (tx, rx) = mpsc::channel::<u64>();
+    let producer = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            state::set_current_context(ctx);
+            let st = s.lock().create_stream(1, 0).unwrap();
+            for round in 0..5u32 {
+                let ev = s.lock().create_event(0).unwrap();
+                // Launches through the lane (granted by the first), then the event.
+                chain(
+                    &s,
+                    (fill, inc),
+                    (x, scratch),
+                    round * 100_000,
+                    N,
+                    40,
+                    StreamRef::legacy(st),
+                );
+                s.lock().record_event(ev, st).unwrap();
+                tx.send(ev).unwrap();
+                // Nothing more on x until the consumer is done with this round.
+                s.lock().synchronize_event(ev).unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let consumer = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            state::set_current_context(ctx);
+            let st = s.lock().create_stream(1, 0).unwrap();
+            for round in 0..5u32 {
+                let ev = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+                s.lock().stream_wait_event(st, ev).unwrap();
+                inc_on(&s, inc, y, x, N, StreamRef::legacy(st));
+                s.lock().synchronize_stream(st).unwrap();
+                expect_chain(&read_u32s(&s, y, N as usize), round * 100_000, 41);
+            }
+        })
+    };
+    producer.join().unwrap();
+    consumer.join().unwrap();
+    assert!(s.lanes().registered() >= 1);
+}
+
+#[test]
+fn a_stream_that_starts_capturing_stops_using_its_lane() {
+    let node = Node::start();
+    let s = session(&node);
+    let m = s.lock().load_module(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let fill = s.lock().function(m, "fill").unwrap();
+    let out = s.lock().alloc(64 * 4).unwrap();
+    let st = s.lock().create_stream(1, 0).unwrap();
+    let own = StreamRef::legacy(st);
+    fill_on(&s, fill, out, 1, 64, own); // grants the lane
+    fill_on(&s, fill, out, 2, 64, own); // through the lane
+    s.lock().synchronize_stream(st).unwrap();
+    assert_eq!(read_u32s(&s, out, 64)[0], 2);
+    s.lock().begin_capture(st).unwrap();
+    fill_on(&s, fill, out, 3, 64, own); // recorded, not run
+    let graph = s.lock().end_capture(st).unwrap();
+    assert_eq!(s.lock().graph_len(graph).unwrap(), 1);
+    s.lock().synchronize_stream(st).unwrap();
+    assert_eq!(
+        read_u32s(&s, out, 64)[0],
+        2,
+        "a captured launch does not run"
+    );
+    let exec = s.lock().instantiate(graph).unwrap();
+    // SAFETY: the graph names no host memory or host functions.
+    unsafe { s.lock().launch_graph(exec, st) }.unwrap();
+    s.lock().synchronize_stream(st).unwrap();
+    assert_eq!(read_u32s(&s, out, 64)[0], 3, "it runs with its graph");
+    // After the capture the stream gets its lane again.
+    fill_on(&s, fill, out, 4, 64, own);
+    fill_on(&s, fill, out, 5, 64, own);
+    s.lock().synchronize_stream(st).unwrap();
+    assert_eq!(read_u32s(&s, out, 64)[63], 5 + 63);
+}
+
+#[test]
+fn a_fault_of_a_launch_through_a_lane_is_reported_by_the_next_synchronize() {
+    let node = Node::start();
+    let s = session(&node);
+    let m = s.lock().load_module(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let fill = s.lock().function(m, "fill").unwrap();
+    let out = s.lock().alloc(64 * 4).unwrap();
+    let st = s.lock().create_stream(1, 0).unwrap();
+    let own = StreamRef::legacy(st);
+    fill_on(&s, fill, out, 1, 64, own); // grants the lane
+    fill_on(&s, fill, 0x10, 1, 64, own); // through the lane, to an address nobody has
+    assert_eq!(status(s.lock().synchronize_stream(st)), ILLEGAL_ADDRESS);
 }

@@ -1,8 +1,14 @@
 //! Process-wide state: whether `cuInit` ran, and the session (connected lazily, reconnected in
 //! a forked child).
+//!
+//! Every export asks for the session, so finding it takes no process-wide lock: each thread
+//! keeps the session it last got, valid until the process forks (a `pthread_atfork` child
+//! handler counts forks; the child's first call connects anew, as the pid check in `connect`
+//! does for the slow path).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
 
 use gpufuse_client::state::Inner;
 use gpufuse_client::{ClientError, Session, SessionConfig};
@@ -24,15 +30,65 @@ pub fn init() -> Result<(), CUresult> {
     Ok(())
 }
 
+/// How many times this process has forked (counted in the child).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn forked_child() {
+    FORKS.fetch_add(1, Ordering::AcqRel);
+}
+
+thread_local! {
+    /// The session this thread last got, and the fork count it was got at.
+    static MINE: RefCell<Option<(u64, Arc<Session>)>> = const { RefCell::new(None) };
+}
+
 /// The session, for every call after `cuInit`.
 pub fn session() -> Result<Arc<Session>, CUresult> {
+    with_session(|s| Ok(s.clone()))
+}
+
+/// Runs `f` on the session (every call after `cuInit`), without the process-wide lock once
+/// this thread has found it.
+pub fn with_session<T>(
+    f: impl FnOnce(&Arc<Session>) -> Result<T, CUresult>,
+) -> Result<T, CUresult> {
     if !INITIALIZED.load(Ordering::Acquire) {
         return Err(NOT_INITIALIZED);
     }
-    connect()
+    let forks = FORKS.load(Ordering::Acquire);
+    let mut f = Some(f);
+    let mut call = |s: &Arc<Session>| match f.take() {
+        Some(f) => f(s),
+        None => Err(crate::status::NOT_INITIALIZED),
+    };
+    // A call from a thread-local destructor (an allocator's cache freed at thread exit) finds
+    // no cache and goes the slow way.
+    let cached = MINE.try_with(|m| {
+        let mine = m.try_borrow().ok()?;
+        let (_, s) = mine.as_ref().filter(|(at, _)| *at == forks)?;
+        // This thread's own reference: no shared counter is touched.
+        Some(call(s))
+    });
+    if let Ok(Some(r)) = cached {
+        return r;
+    }
+    let s = connect()?;
+    let _ = MINE.try_with(|m| {
+        if let Ok(mut mine) = m.try_borrow_mut() {
+            *mine = Some((forks, s.clone()));
+        }
+    });
+    call(&s)
 }
 
 fn connect() -> Result<Arc<Session>, CUresult> {
+    static AT_FORK: Once = Once::new();
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a handler that only increments an atomic (async-signal-safe, as a
+        // handler run in a forked child must be); the library is never unloaded while the
+        // process can fork.
+        unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+    });
     let pid = std::process::id();
     let mut slot = SESSION.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((owner, s)) = slot.as_ref() {
@@ -67,9 +123,10 @@ fn connect() -> Result<Arc<Session>, CUresult> {
 
 /// Runs `f` on the locked session: the one call into the client core an export makes.
 pub fn with_core<T>(f: impl FnOnce(&mut Inner) -> Result<T, ClientError>) -> Result<T, CUresult> {
-    let s = session()?;
-    let mut g = s.lock();
-    f(&mut g).map_err(client_err)
+    with_session(|s| {
+        let mut g = s.lock();
+        f(&mut g).map_err(client_err)
+    })
 }
 
 /// The status for a client error. A lost connection fails every later call the same way: say

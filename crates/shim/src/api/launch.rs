@@ -1,16 +1,19 @@
 //! Kernel launches: arguments are packed at the device-side offsets the function's layout
-//! gives and sent as one quiet request.
+//! gives and sent as one quiet request. A launch on a stream other than the legacy default
+//! stream goes through the stream's lane, without the session lock (`gpufuse_client::lanes`);
+//! the `_ptsz` exports name the calling thread's per-thread default stream with NULL.
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use gpufuse_client::launch::{pack_params, LaunchConfig as ClientLaunch, MAX_PARAM_BYTES};
+use gpufuse_client::lanes::StreamRef;
+use gpufuse_client::launch::{pack_params, KernelLaunch, MAX_PARAM_BYTES};
 use gpufuse_client::ClientError;
 
 use crate::api::context::client_err;
 use crate::api::module::CUfunction;
-use crate::api::stream::{stream_id, CUstream};
+use crate::api::stream::CUstream;
 use crate::ffi::{host_bytes, read, read_at};
-use crate::global::session;
+use crate::global::with_session;
 use crate::guard::guard;
 use crate::status::{CUresult, INVALID_VALUE};
 
@@ -70,7 +73,7 @@ struct Dims {
 fn launch(
     f: CUfunction,
     dims: Dims,
-    stream: CUstream,
+    stream: StreamRef,
     params: *const *const c_void,
     extra: *const *const c_void,
     attributes: Vec<(u32, [u64; 8])>,
@@ -92,23 +95,33 @@ fn launch(
             return Err(COOPERATIVE_LAUNCH_TOO_LARGE);
         }
     }
-    let s = session()?;
-    let mut g = s.lock();
-    let st = stream_id(&g, stream)?;
-    let (function, layout) = g.launch_layout(f as usize as u64).map_err(client_err)?;
-    let packed = pack(&layout, params, extra)?;
-    let config = ClientLaunch {
+    let launch = KernelLaunch {
+        function: f as usize as u64,
         grid: dims.grid,
         block: dims.block,
         shared_mem: dims.shared_mem,
-        stream: st,
+        stream,
         attributes,
     };
-    g.launch(function, config, packed).map_err(client_err)
+    with_session(|s| {
+        s.launch_kernel(launch, &mut |layout| {
+            pack(layout, params, extra).map_err(ClientError::Cuda)
+        })
+        .map_err(client_err)
+    })
+}
+
+/// The stream a launch export names: NULL is the per-thread default stream through a `_ptsz`
+/// export, the legacy default stream otherwise.
+fn stream_ref(stream: CUstream, per_thread_default: bool) -> StreamRef {
+    StreamRef {
+        handle: stream as usize as u64,
+        per_thread_default,
+    }
 }
 
 macro_rules! launch_kernel {
-    ($($name:ident),*) => {$(
+    ($($name:ident: $per_thread:expr),*) => {$(
         #[no_mangle]
         pub unsafe extern "C" fn $name(
             f: CUfunction,
@@ -119,15 +132,15 @@ macro_rules! launch_kernel {
             params: *const *const c_void,
             extra: *const *const c_void,
         ) -> CUresult {
-            guard(|| launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz], shared_mem }, stream, params, extra, Vec::new()))
+            guard(|| launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz], shared_mem }, stream_ref(stream, $per_thread), params, extra, Vec::new()))
         }
     )*};
 }
 
-launch_kernel!(cuLaunchKernel, cuLaunchKernel_ptsz);
+launch_kernel!(cuLaunchKernel: false, cuLaunchKernel_ptsz: true);
 
 macro_rules! launch_cooperative {
-    ($($name:ident),*) => {$(
+    ($($name:ident: $per_thread:expr),*) => {$(
         #[no_mangle]
         pub unsafe extern "C" fn $name(
             f: CUfunction,
@@ -138,7 +151,7 @@ macro_rules! launch_cooperative {
             params: *const *const c_void,
         ) -> CUresult {
             let coop = vec![(LAUNCH_ATTRIBUTE_COOPERATIVE, [1, 0, 0, 0, 0, 0, 0, 0])];
-            guard(|| launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz], shared_mem }, stream, params, std::ptr::null(), coop))
+            guard(|| launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz], shared_mem }, stream_ref(stream, $per_thread), params, std::ptr::null(), coop))
         }
     )*};
 }
@@ -147,7 +160,10 @@ const LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
 /// `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`.
 const COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
 
-launch_cooperative!(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz);
+launch_cooperative!(
+    cuLaunchCooperativeKernel: false,
+    cuLaunchCooperativeKernel_ptsz: true
+);
 
 /// `CUlaunchConfig` (generated from NVIDIA's header).
 pub type LaunchConfig = gpufuse_cuda_types::structs::CUlaunchConfig;
@@ -180,6 +196,7 @@ fn launch_ex(
     f: CUfunction,
     params: *const *const c_void,
     extra: *const *const c_void,
+    per_thread_default: bool,
 ) -> Result<(), CUresult> {
     let c = read(config)?;
     let mut attributes = Vec::with_capacity(c.num_attrs as usize);
@@ -195,7 +212,7 @@ fn launch_ex(
             block,
             shared_mem: c.shared_mem_bytes,
         },
-        c.h_stream,
+        stream_ref(c.h_stream, per_thread_default),
         params,
         extra,
         attributes,
@@ -209,7 +226,7 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     params: *const *const c_void,
     extra: *const *const c_void,
 ) -> CUresult {
-    guard(|| launch_ex(config, f, params, extra))
+    guard(|| launch_ex(config, f, params, extra, false))
 }
 
 #[no_mangle]
@@ -219,7 +236,7 @@ pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
     params: *const *const c_void,
     extra: *const *const c_void,
 ) -> CUresult {
-    guard(|| launch_ex(config, f, params, extra))
+    guard(|| launch_ex(config, f, params, extra, true))
 }
 
 include!(concat!(env!("OUT_DIR"), "/aliases_launch.rs"));
