@@ -142,6 +142,19 @@ pub trait Device: Send {
             "this backend cannot rebuild a session's state",
         ))
     }
+    /// [`Device::capture`] without the allocations' contents (each `contents` empty): the
+    /// session's layout, which [`Device::rebuild`] makes on a fresh device with those ranges
+    /// zeroed, for a migration that copies the contents itself while the session runs
+    /// (pre-copy). A backend without it captures everything.
+    fn capture_layout(&mut self) -> Result<DeviceImage, CaptureRefused> {
+        self.capture()
+    }
+    /// The start addresses of the resident ranges ([`Device::resident`]) the last launch
+    /// looked up (read or written: a superset of what it wrote), or `None` when the device
+    /// cannot tell (then any range may have been written).
+    fn last_launch_touched(&self) -> Option<Vec<u64>> {
+        None
+    }
 }
 
 /// A kernel launch as the device runs it.
