@@ -155,6 +155,13 @@ pub trait Device: Send {
     fn last_launch_touched(&self) -> Option<Vec<u64>> {
         None
     }
+    /// After the session moved away: takes every resident range out of this device, returned
+    /// as one owner the caller may drop elsewhere (giving a large range's pages back takes a
+    /// while), or `None` when the backend frees them only through [`Device::free`]. The device
+    /// serves nothing afterwards.
+    fn detach_memory(&mut self) -> Option<Box<dyn Send>> {
+        None
+    }
 }
 
 /// A kernel launch as the device runs it.

@@ -275,11 +275,28 @@ impl Session<'_> {
     fn switch_to(&mut self, target: Box<dyn Device>) {
         // Output the old device had not handed over yet travels with the session.
         let pending = self.device.take_output();
-        let mut old = std::mem::replace(&mut self.device, DeviceSlot::Moved(target));
-        for (ptr, _) in old.resident() {
-            if old.free(ptr).is_err() {
-                // Mapped VMM memory and the device's own ranges: dropped with their contents.
-                let _ = old.evict(ptr);
+        match std::mem::replace(&mut self.device, DeviceSlot::Moved(target)) {
+            // A device the session moved to before: dropped whole, off the session's path
+            // (giving a large range's pages back takes a while).
+            DeviceSlot::Moved(old) => {
+                // If no thread can start, the closure (and the device) is dropped here.
+                let _ = std::thread::Builder::new()
+                    .name("gpufuse-drop-device".into())
+                    .spawn(move || drop(old));
+            }
+            DeviceSlot::Given(old) => {
+                if let Some(memory) = old.detach_memory() {
+                    let _ = std::thread::Builder::new()
+                        .name("gpufuse-drop-device".into())
+                        .spawn(move || drop(memory));
+                }
+                for (ptr, _) in old.resident() {
+                    if old.free(ptr).is_err() {
+                        // Mapped VMM memory and the device's own ranges: dropped with their
+                        // contents.
+                        let _ = old.evict(ptr);
+                    }
+                }
             }
         }
         if !pending.is_empty() {

@@ -659,6 +659,10 @@ impl Device for EmuDevice {
     fn last_launch_touched(&self) -> Option<Vec<u64>> {
         Some(self.last_touched.clone())
     }
+
+    fn detach_memory(&mut self) -> Option<Box<dyn Send>> {
+        Some(Box::new(std::mem::take(&mut self.allocations)))
+    }
 }
 
 /// The interpreter's view of a texture or surface object; an option it does not honour is
