@@ -120,6 +120,7 @@ def test_a_running_session_migrates_to_the_other_device(programs, elastic_server
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         assert f"runs on device {target}" in res.stdout, res.stdout
+        assert "round(s) of pre-copy" in res.stdout, res.stdout
         st = elastic_server.status()
         assert st["sessions"][0]["device"] == target
         assert st["devices"][1 - target]["used_bytes"] == 0

@@ -1,4 +1,5 @@
-//! `gpufuse-bench elastic [--sizes 256MiB,1GiB,4GiB]`: scale to zero and migration, measured
+//! `gpufuse-bench elastic [--sizes 256MiB,1GiB,4GiB] [--only warm-up|migration]`: scale to
+//! zero and migration, measured
 //! through a real `gpufuse serve` on emulated GPUs.
 //!
 //! - Warm-up: a session holding N bytes idles past `--idle-ttl` (its memory goes to host
@@ -7,8 +8,10 @@
 //!   disk against reading a file of the same size from the same directory, both measured in
 //!   the same run. Target: from host within 1.5x of the copy + under 50 ms.
 //! - Migration: the same session moves to the node's other device (`gpufuse migrate`'s
-//!   request) while a steady stream of kernels runs; total time and stop time as the node
-//!   reports them, and the longest stall the client saw on its kernels meanwhile.
+//!   request, with pre-copy) while a steady stream of kernels writes a small working buffer
+//!   (the large one stays untouched, as a model's weights do); total time, stop time, rounds
+//!   and the bytes copied in the stop as the node reports them, the longest stall the client
+//!   saw on its kernels meanwhile, and a plain copy of the session's bytes in the same run.
 
 use std::time::{Duration, Instant};
 
@@ -34,13 +37,20 @@ pub fn run(args: &[String]) -> Result<()> {
             .map(|s| parse_size(s).with_context(|| format!("bad size {s:?}")))
             .collect::<Result<_>>()?;
     }
+    let only = match args.iter().position(|a| a == "--only") {
+        None => None,
+        Some(i) => match args.get(i + 1).map(String::as_str) {
+            Some(p @ ("warm-up" | "migration")) => Some(p),
+            other => bail!("--only takes warm-up or migration, not {other:?}"),
+        },
+    };
     let swap = std::env::temp_dir().join(format!("gpufuse-bench-swap-{}", std::process::id()));
     std::fs::create_dir_all(&swap)?;
     let _cleanup = Cleanup(swap.clone());
     let swap_arg = swap.to_string_lossy().to_string();
     println!("gpufuse elastic benchmark (timings on a shared machine: compare within a row)\n");
     println!("== scale to zero: warm-up of an idle session ==");
-    for &size in &sizes {
+    for &size in sizes.iter().filter(|_| only != Some("migration")) {
         let copy = copy_time(size);
         let (_host_server, host) =
             Server::start_with(&["--devices", "emu:2:8GiB", "--idle-ttl", "300ms"])?;
@@ -74,17 +84,23 @@ pub fn run(args: &[String]) -> Result<()> {
             ms(warm_disk) / ms(read)
         );
     }
-    println!("\n== migration between the two devices of a node, under a steady kernel load ==");
-    for &size in &sizes {
+    println!("\n== migration between the two devices of a node, with pre-copy, under a steady kernel load ==");
+    for &size in sizes.iter().filter(|_| only != Some("warm-up")) {
+        let copy = copy_time(size);
         let (_server, addr) = Server::start_with(&["--devices", "emu:2:8GiB"])?;
-        let (total, stop, stall) = migrate_under_load(&addr, size)?;
+        let m = migrate_under_load(&addr, size)?;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
-            "{:>8}: total {:8.1} ms, stop {:8.1} ms, longest kernel stall seen by the client {:8.1} ms",
+            "{:>8}: total {:8.1} ms ({:4.2}x the plain copy {:8.1} ms), stop {:7.1} ms \
+             copying {:6.1} KiB after {} round(s), longest kernel stall seen by the client {:7.1} ms",
             human(size),
-            ms(total),
-            ms(stop),
-            ms(stall)
+            ms(m.total),
+            ms(m.total) / ms(copy),
+            ms(copy),
+            m.figures.stop_us as f64 / 1e3,
+            m.figures.stop_bytes as f64 / 1024.0,
+            m.figures.rounds,
+            ms(m.stall)
         );
     }
     Ok(())
@@ -212,11 +228,31 @@ fn warm_up(addr: &Address, size: u64, disk: bool) -> Result<Duration> {
     }
 }
 
-/// Moves a filled session between the node's devices while a thread launches kernels; returns
-/// (total, stop as the worker measured it, longest gap between the client's kernel completions).
-fn migrate_under_load(addr: &Address, size: u64) -> Result<(Duration, Duration, Duration)> {
+/// A move's figures as the bench saw them.
+struct MoveSeen {
+    total: Duration,
+    figures: gpufuse_proto::MoveFigures,
+    /// The longest gap between the client's kernel completions.
+    stall: Duration,
+}
+
+/// Moves a filled session between the node's devices while a thread launches kernels that
+/// write a small working buffer.
+fn migrate_under_load(addr: &Address, size: u64) -> Result<MoveSeen> {
     let (mut conn, id) = open(addr)?;
-    let ptr = fill(&mut conn, size)?;
+    let big = fill(&mut conn, size)?;
+    let ReplyBody::Ptr(ptr) = conn.call(&Request::MemAlloc {
+        device: 0,
+        size: 4096,
+    })?
+    else {
+        bail!("alloc");
+    };
+    conn.call(&Request::MemcpyHtoD {
+        dst: ptr,
+        stream: 0,
+        data: &[0x5a; 4],
+    })?;
     let image = BUMP_PTX.as_bytes();
     let hash: [u8; 32] =
         sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
@@ -234,7 +270,7 @@ fn migrate_under_load(addr: &Address, size: u64) -> Result<(Duration, Duration, 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load = {
         let stop = stop.clone();
-        std::thread::spawn(move || -> Result<(Duration, u32)> {
+        std::thread::spawn(move || -> Result<(Duration, Connection)> {
             let mut longest = Duration::ZERO;
             let mut last = Instant::now();
             let mut n = 0u32;
@@ -266,7 +302,7 @@ fn migrate_under_load(addr: &Address, size: u64) -> Result<(Duration, Duration, 
             if got != want {
                 bail!("after the move the counter is {got:#x}, want {want:#x}");
             }
-            Ok((longest, n))
+            Ok((longest, conn))
         })
     };
     std::thread::sleep(Duration::from_millis(300));
@@ -289,11 +325,26 @@ fn migrate_under_load(addr: &Address, size: u64) -> Result<(Duration, Duration, 
     let total = t.elapsed();
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (stall, _) = load
+    let (stall, mut conn) = load
         .join()
         .map_err(|_| anyhow::anyhow!("load thread panicked"))??;
+    let ReplyBody::Data(d) = conn.call(&Request::MemcpyDtoH {
+        src: big + size - 4,
+        size: 4,
+        stream: 0,
+    })?
+    else {
+        bail!("read back");
+    };
+    if d != [0x5a; 4] {
+        bail!("the untouched buffer changed across the move");
+    }
     match answer {
-        ServerHello::Migrated { stop_us, .. } => Ok((total, Duration::from_micros(stop_us), stall)),
+        ServerHello::MigratedWith { figures, .. } => Ok(MoveSeen {
+            total,
+            figures,
+            stall,
+        }),
         ServerHello::Refused { reason } => bail!("the move was refused: {reason}"),
         _ => bail!("unexpected answer to the move"),
     }

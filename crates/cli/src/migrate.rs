@@ -42,9 +42,34 @@ pub fn migrate(a: MigrateArgs) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        ServerHello::MigratedWith {
+            session,
+            device,
+            total_us,
+            figures: f,
+        } => {
+            println!(
+                "session {session} runs on device {device} now (stopped {:.1} ms of {:.1} ms; \
+                 {} round(s) of pre-copy moved {} while it ran, the stop {})",
+                f.stop_us as f64 / 1e3,
+                total_us as f64 / 1e3,
+                f.rounds,
+                human(f.precopied_bytes),
+                human(f.stop_bytes),
+            );
+            Ok(())
+        }
         ServerHello::Refused { reason } => {
             anyhow::bail!("the gpufuse server at {} refused: {reason}", a.server)
         }
         _ => Err(ClientError::UnexpectedReply.into()),
+    }
+}
+
+fn human(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
     }
 }

@@ -142,6 +142,26 @@ pub trait Device: Send {
             "this backend cannot rebuild a session's state",
         ))
     }
+    /// [`Device::capture`] without the allocations' contents (each `contents` empty): the
+    /// session's layout, which [`Device::rebuild`] makes on a fresh device with those ranges
+    /// zeroed, for a migration that copies the contents itself while the session runs
+    /// (pre-copy). A backend without it captures everything.
+    fn capture_layout(&mut self) -> Result<DeviceImage, CaptureRefused> {
+        self.capture()
+    }
+    /// The start addresses of the resident ranges ([`Device::resident`]) the last launch
+    /// looked up (read or written: a superset of what it wrote), or `None` when the device
+    /// cannot tell (then any range may have been written).
+    fn last_launch_touched(&self) -> Option<Vec<u64>> {
+        None
+    }
+    /// After the session moved away: takes every resident range out of this device, returned
+    /// as one owner the caller may drop elsewhere (giving a large range's pages back takes a
+    /// while), or `None` when the backend frees them only through [`Device::free`]. The device
+    /// serves nothing afterwards.
+    fn detach_memory(&mut self) -> Option<Box<dyn Send>> {
+        None
+    }
 }
 
 /// A kernel launch as the device runs it.

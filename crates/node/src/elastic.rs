@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpufuse_proto::{
-    decode_owned, encode_frame, ControlAnswer, FrameKind, NodeCommand, ServerHello,
+    decode_owned, encode_frame, ControlAnswer, FrameKind, MoveOutcome, NodeCommand, ServerHello,
 };
 use gpufuse_transport::Conn;
 
@@ -110,6 +110,24 @@ impl CommandLine {
     /// busy past the deadline, or answered nonsense (the line is then unusable for this
     /// command's answer: a late answer is skipped by its id next time).
     pub fn ask(&self, cmd: NodeCommand, timeout: Duration) -> Option<ControlAnswer> {
+        self.exchange(cmd, timeout, |body| decode_owned(body).ok())
+    }
+
+    /// [`CommandLine::ask`] for `MigrateWithFigures`, answered by a [`MoveOutcome`].
+    pub fn ask_move(&self, device: u32, timeout: Duration) -> Option<MoveOutcome> {
+        self.exchange(
+            NodeCommand::MigrateWithFigures { device },
+            timeout,
+            |body| decode_owned(body).ok(),
+        )
+    }
+
+    fn exchange<T>(
+        &self,
+        cmd: NodeCommand,
+        timeout: Duration,
+        decode: impl Fn(&[u8]) -> Option<T>,
+    ) -> Option<T> {
         let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let (conn, next) = &mut *g;
         let id = *next;
@@ -125,7 +143,7 @@ impl CommandLine {
                 .set_read_timeout(Some(left.max(Duration::from_millis(1))));
             let (h, body) = conn.recv().ok()?;
             if h.kind == FrameKind::ControlReply && h.request_id == id {
-                return decode_owned(body).ok();
+                return decode(body);
             }
             // An answer to an earlier command that timed out: skipped.
         }
@@ -328,13 +346,14 @@ pub fn migrate(state: &Shared, id: u64, target: u32) -> ServerHello {
         }
         (line, rec.device, bytes)
     };
-    // The worker stops between requests, captures, rebuilds on the target and switches.
-    let answer = line.ask(NodeCommand::Migrate { device: target }, MIGRATE_WAIT);
-    let stop_us = match answer {
-        Some(a) if a.ok => a.value,
-        Some(_) => {
+    // The worker copies the session's memory to the target while it runs (pre-copy), then
+    // stops between requests, copies what is still dirty and switches.
+    let answer = line.ask_move(target, MIGRATE_WAIT);
+    let figures = match answer {
+        Some(MoveOutcome::Moved(f)) => f,
+        Some(MoveOutcome::Refused { reason }) => {
             return refused(format!(
-                "session {id} cannot move (its worker's log says why); it stays on device {source}"
+                "session {id} cannot move: {reason}; it stays on device {source}"
             ))
         }
         None => {
@@ -374,14 +393,16 @@ pub fn migrate(state: &Shared, id: u64, target: u32) -> ServerHello {
         from = source,
         to = target,
         bytes,
-        stop_us,
+        stop_us = figures.stop_us,
+        rounds = figures.rounds,
+        stop_bytes = figures.stop_bytes,
         "session moved"
     );
-    ServerHello::Migrated {
+    ServerHello::MigratedWith {
         session: id,
         device: target,
-        stop_us,
         total_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        figures,
     }
 }
 

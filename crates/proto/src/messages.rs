@@ -208,9 +208,45 @@ pub enum ServerHello {
         stop_us: u64,
         total_us: u64,
     },
+    /// A `Migrate` hello's session runs on `device` now, moved with pre-copy: the move took
+    /// `total_us` (microseconds), `figures` say how long the session stopped and what was
+    /// copied while it ran and during the stop.
+    MigratedWith {
+        session: u64,
+        device: u32,
+        total_us: u64,
+        figures: MoveFigures,
+    },
     /// The answer to `EndClaim`: how many sessions of the claim were ended.
     ClaimEnded {
         sessions: u32,
+    },
+}
+
+/// What a move with pre-copy did (`docs/migration.md`): the session's memory was copied while
+/// it ran, in `rounds` (the first copies everything, each next one what device work could
+/// have written since), then the session stopped for `stop_us` microseconds, in which the
+/// `stop_bytes` still dirty were copied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveFigures {
+    pub stop_us: u64,
+    pub rounds: u32,
+    /// The session's device memory.
+    pub bytes: u64,
+    /// Bytes copied while the session ran (every round together).
+    pub precopied_bytes: u64,
+    /// Bytes copied during the stop.
+    pub stop_bytes: u64,
+}
+
+/// A worker's answer to [`NodeCommand::MigrateWithFigures`] (a frame of kind
+/// [`crate::FrameKind::ControlReply`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MoveOutcome {
+    Moved(MoveFigures),
+    /// The session stays where it was, untouched, for `reason`.
+    Refused {
+        reason: String,
     },
 }
 
@@ -799,6 +835,9 @@ pub enum NodeCommand {
     /// rebuild on the target, switch. `ok` false with nothing changed if it cannot move;
     /// `value` is the stop time in microseconds.
     Migrate { device: u32 },
+    /// [`NodeCommand::Migrate`], answered by a [`MoveOutcome`] instead of a
+    /// [`ControlAnswer`]: the move's figures, or why the session cannot move.
+    MigrateWithFigures { device: u32 },
 }
 
 /// The node's answer to a [`ControlRequest`] (frames of kind

@@ -9,6 +9,7 @@ use gpufuse_proto::{
 };
 use gpufuse_transport::{Conn, TransportError};
 
+use crate::migrate::{Dirt, PreCopy};
 use crate::{heartbeat, DeviceOpener, ElasticConfig, HtodTarget, Ledger, Session, WorkerError};
 
 /// What an elastic session has beyond a plain one: its TTLs and swap directory, the node's
@@ -75,6 +76,8 @@ pub fn serve_elastic(
             .map(|s| Conn::new(gpufuse_transport::Stream::Unix(s))),
         open_device: elastic.open_device,
         out: Vec::new(),
+        moving: None,
+        last_step: std::time::Instant::now(),
     };
     let result = run(&mut conn, &mut session, &mut out, &mut beat, &mut node);
     session.release_all();
@@ -110,6 +113,8 @@ fn run(
 ) -> Result<(), WorkerError> {
     let mut last_check = std::time::Instant::now();
     loop {
+        // A move in progress copies a bounded step between requests (`migrate.rs`).
+        node.gap(session);
         if !conn.has_frame() {
             beat.busy(false);
             node.wait_for_client(conn, session, beat)?;
@@ -123,6 +128,8 @@ fn run(
                 tracing::info!("the client is gone: dropping its queued work");
                 return Err(WorkerError::Transport(TransportError::Closed));
             }
+            // A client that never pauses still hears the node's commands (a move).
+            node.poll(session);
         }
         // Idle while waiting for the client (no heartbeats), busy from its next frame on.
         beat.busy(conn.has_frame());
@@ -143,6 +150,13 @@ fn run(
                     match session.htod_target(dst, stream, u64::from(header.tail)) {
                         HtodTarget::Write(bytes) => {
                             conn.recv_tail_into(head, bytes)?;
+                            node.note(
+                                session,
+                                Dirt::Range {
+                                    start: dst,
+                                    len: u64::from(header.tail),
+                                },
+                            );
                             continue;
                         }
                         HtodTarget::Discard => {
@@ -174,7 +188,11 @@ fn run(
             } if !quiet => Some((request_ring, reply_ring)),
             _ => None,
         };
+        let dirt = node.moving.is_some().then(|| Dirt::of(&req));
         let reply = session.dispatch(req, quiet);
+        if let Some(dirt) = dirt {
+            node.note(session, dirt);
+        }
         let attach = shm_offer.map(|(req_ring, reply_ring)| adopt_shm(conn, req_ring, reply_ring));
         if session.holds_lease() && !conn.poll_frame() {
             // Nothing more has arrived: do not hold the device while waiting for the client.
@@ -259,7 +277,25 @@ struct Commands {
     conn: Option<Conn>,
     open_device: Option<DeviceOpener>,
     out: Vec<u8>,
+    /// A move with pre-copy in progress; answered when it ends.
+    moving: Option<Move>,
+    /// When the last pre-copy step ended (steps are spaced while requests arrive).
+    last_step: std::time::Instant,
 }
+
+/// A move the node asked for, in progress.
+struct Move {
+    /// The command's id, for its answer.
+    id: u64,
+    device: u32,
+    /// Answer with a [`gpufuse_proto::MoveOutcome`] (else a `ControlAnswer`).
+    with_figures: bool,
+    precopy: PreCopy,
+}
+
+/// While requests keep arriving, pre-copy steps are at least this far apart, so that the
+/// session's own requests get most of the time.
+const STEP_GAP: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// What woke a worker waiting for its client.
 enum Woken {
@@ -279,7 +315,12 @@ impl Commands {
         beat: &heartbeat::Heartbeat,
     ) -> Result<(), WorkerError> {
         loop {
-            let timeout = session.idle_tick();
+            let timeout = if self.moving.is_some() {
+                // Copy on while the client is quiet; no idle steps during a move.
+                Some(std::time::Duration::ZERO)
+            } else {
+                session.idle_tick()
+            };
             if self.conn.is_none() && timeout.is_none() {
                 return Ok(());
             }
@@ -294,6 +335,103 @@ impl Commands {
                 beat.busy(true);
                 self.answer(session);
                 beat.busy(false);
+            }
+            if self.moving.is_some() {
+                beat.busy(true);
+                self.advance(session);
+                beat.busy(false);
+            }
+        }
+    }
+
+    /// Answers a command that arrived while requests keep coming.
+    fn poll(&mut self, session: &mut Session) {
+        if self
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.has_frame() || ready_now(c))
+        {
+            self.answer(session);
+        }
+    }
+
+    /// Records what the request that just ran could have written, for a move in progress.
+    fn note(&mut self, session: &Session, dirt: Dirt) {
+        if let Some(m) = self.moving.as_mut() {
+            session.precopy_note(&mut m.precopy, dirt);
+        }
+    }
+
+    /// Between requests: one pre-copy step, if the last one was long enough ago.
+    fn gap(&mut self, session: &mut Session) {
+        if self.moving.is_some() && self.last_step.elapsed() >= STEP_GAP {
+            self.advance(session);
+        }
+    }
+
+    /// One pre-copy step, or the stop once the rounds are over; answers the node when the
+    /// move ends (moved, or refused with nothing changed).
+    fn advance(&mut self, session: &mut Session) {
+        let Some(mut m) = self.moving.take() else {
+            return;
+        };
+        let device = m.device;
+        let opener = &mut self.open_device;
+        let mut open = || match opener.as_mut() {
+            Some(o) => o(device),
+            None => Err("this worker cannot open another device".to_string()),
+        };
+        let ended = if m.precopy.ready() {
+            Some(session.precopy_finish(m.precopy, &mut open))
+        } else {
+            match session.precopy_step(&mut m.precopy, &mut open) {
+                Ok(()) => {
+                    self.moving = Some(m);
+                    self.last_step = std::time::Instant::now();
+                    return;
+                }
+                Err(why) => Some(Err(why)),
+            }
+        };
+        if let Some(result) = ended {
+            self.answer_move(m.id, m.with_figures, device, result);
+        }
+    }
+
+    fn answer_move(
+        &mut self,
+        id: u64,
+        with_figures: bool,
+        device: u32,
+        result: Result<gpufuse_proto::MoveFigures, String>,
+    ) {
+        use gpufuse_proto::{ControlAnswer, MoveOutcome};
+        if let Err(why) = &result {
+            tracing::warn!(device, "the session cannot move: {why}");
+        }
+        self.out.clear();
+        if with_figures {
+            let outcome = match result {
+                Ok(f) => MoveOutcome::Moved(f),
+                Err(reason) => MoveOutcome::Refused { reason },
+            };
+            encode_frame(&mut self.out, FrameKind::ControlReply, 0, id, &outcome);
+        } else {
+            let answer = match result {
+                Ok(f) => ControlAnswer {
+                    ok: true,
+                    value: f.stop_us,
+                },
+                Err(_) => ControlAnswer {
+                    ok: false,
+                    value: 0,
+                },
+            };
+            encode_frame(&mut self.out, FrameKind::ControlReply, 0, id, &answer);
+        }
+        if let Some(conn) = self.conn.as_mut() {
+            if conn.send(&self.out).is_err() {
+                self.conn = None;
             }
         }
     }
@@ -322,28 +460,41 @@ impl Commands {
             }
         };
         let answer = match cmd {
+            // A session being moved keeps its memory where the move copies it from.
+            NodeCommand::Evict { .. } if self.moving.is_some() => ControlAnswer {
+                ok: false,
+                value: 0,
+            },
             NodeCommand::Evict { bytes, to_disk } => ControlAnswer {
                 ok: true,
                 value: session.evict(bytes, to_disk),
             },
-            NodeCommand::Migrate { device } => {
-                let moved = match self.open_device.as_mut() {
-                    None => Err("this worker cannot open another device".to_string()),
-                    Some(open) => open(device).and_then(|d| session.migrate_to(d)),
-                };
-                match moved {
-                    Ok(stop) => ControlAnswer {
-                        ok: true,
-                        value: u64::try_from(stop.as_micros()).unwrap_or(u64::MAX),
-                    },
-                    Err(why) => {
-                        tracing::warn!(device, "the session cannot move: {why}");
-                        ControlAnswer {
-                            ok: false,
-                            value: 0,
-                        }
+            NodeCommand::Migrate { device } | NodeCommand::MigrateWithFigures { device } => {
+                let with_figures = matches!(cmd, NodeCommand::MigrateWithFigures { .. });
+                let begun = if self.moving.is_some() {
+                    Err("the session is being moved already".to_string())
+                } else {
+                    match self.open_device.as_mut() {
+                        None => Err("this worker cannot open another device".to_string()),
+                        Some(open) => open(device).and_then(|d| session.precopy_begin(d)),
                     }
+                };
+                match begun {
+                    Ok(precopy) => {
+                        // Answered when the move ends (`advance`).
+                        self.moving = Some(Move {
+                            id,
+                            device,
+                            with_figures,
+                            precopy,
+                        });
+                        self.last_step = std::time::Instant::now()
+                            .checked_sub(STEP_GAP)
+                            .unwrap_or_else(std::time::Instant::now);
+                    }
+                    Err(why) => self.answer_move(id, with_figures, device, Err(why)),
                 }
+                return;
             }
         };
         self.out.clear();

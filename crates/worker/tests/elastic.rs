@@ -383,3 +383,95 @@ fn tempdir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// A move with pre-copy under a steady kernel load: the session keeps launching while its
+/// memory is copied; the stop copies only what kernels wrote since (the module variable and
+/// the small buffer the kernel stores to, not the large untouched one); every byte is intact
+/// and no kernel's update is lost.
+#[test]
+fn a_move_with_precopy_copies_only_what_was_dirty_in_the_stop() {
+    use gpufuse_proto::MoveOutcome;
+    const BIG: u64 = 64 << 20;
+    let mut s = start(ElasticConfig::default(), false);
+    s.load();
+    let big = s.alloc(BIG);
+    let want = pattern(BIG as usize, 6);
+    for (i, part) in want.chunks(8 << 20).enumerate() {
+        s.write(big + (i as u64) * (8 << 20), part);
+    }
+    let small = s.alloc(64 << 10);
+    let mut count = s.bump(small);
+    assert_eq!(count, 8);
+    let mut out = Vec::new();
+    encode_frame(
+        &mut out,
+        FrameKind::Control,
+        0,
+        77,
+        &NodeCommand::MigrateWithFigures { device: 1 },
+    );
+    s.node.send(&out).unwrap();
+    let mut late = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let figures = loop {
+        assert!(std::time::Instant::now() < deadline, "the move never ended");
+        // The steady load: a launch, a synchronize and a read, again and again.
+        let next = s.bump(small);
+        assert_eq!(
+            next,
+            count + 1,
+            "a kernel's update was lost across the move"
+        );
+        count = next;
+        if let Some(f) = late {
+            // A few launches after the answer: the session runs on the target.
+            if count >= f + 3 {
+                break late_figures(&mut s);
+            }
+            continue;
+        }
+        if s.node.poll_frame() {
+            late = Some(count);
+        }
+    };
+    fn late_figures(s: &mut Setup) -> gpufuse_proto::MoveFigures {
+        let (h, body) = s.node.recv().unwrap();
+        assert_eq!((h.kind, h.request_id), (FrameKind::ControlReply, 77));
+        match gpufuse_proto::decode_owned::<MoveOutcome>(body).unwrap() {
+            MoveOutcome::Moved(f) => f,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(figures.rounds >= 1, "{figures:?}");
+    assert!(figures.bytes > BIG, "{figures:?}");
+    assert!(figures.precopied_bytes >= BIG, "{figures:?}");
+    assert!(
+        figures.stop_bytes <= (64 << 10) + 64,
+        "the stop copied more than what kernels wrote: {figures:?}"
+    );
+    let got = s.read(big, BIG);
+    assert!(got == want, "the untouched buffer changed across the move");
+    // A move while the session has changed its layout meanwhile is still whole: a second
+    // move back, with an allocation made during its pre-copy.
+    out.clear();
+    encode_frame(
+        &mut out,
+        FrameKind::Control,
+        0,
+        78,
+        &NodeCommand::MigrateWithFigures { device: 0 },
+    );
+    s.node.send(&out).unwrap();
+    let extra = s.alloc(3 << 20);
+    s.write(extra, &pattern(3 << 20, 9));
+    let (h, body) = s.node.recv().unwrap();
+    assert_eq!(h.request_id, 78);
+    match gpufuse_proto::decode_owned::<MoveOutcome>(body).unwrap() {
+        MoveOutcome::Moved(f) => assert!(f.bytes >= BIG + (3 << 20), "{f:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.read(extra, 3 << 20), pattern(3 << 20, 9));
+    assert!(s.read(big, BIG) == want);
+    assert_eq!(s.bump(small), count + 1);
+    s.finish();
+}

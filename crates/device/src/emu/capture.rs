@@ -16,6 +16,15 @@ fn refused(status: Status, why: impl Into<String>) -> CaptureRefused {
 }
 
 pub(super) fn capture(d: &mut EmuDevice) -> Result<DeviceImage, CaptureRefused> {
+    capture_with(d, true)
+}
+
+/// The layout only: every allocation's contents left empty (rebuilt zeroed).
+pub(super) fn capture_layout(d: &mut EmuDevice) -> Result<DeviceImage, CaptureRefused> {
+    capture_with(d, false)
+}
+
+fn capture_with(d: &mut EmuDevice, contents: bool) -> Result<DeviceImage, CaptureRefused> {
     if !d.evicted.is_empty() {
         return Err(refused(
             status::INVALID_VALUE,
@@ -34,7 +43,11 @@ pub(super) fn capture(d: &mut EmuDevice) -> Result<DeviceImage, CaptureRefused> 
         .map(|(&addr, w)| AllocationImage {
             addr,
             size: w.len() as u64,
-            contents: w.bytes().to_vec(),
+            contents: if contents {
+                w.bytes().to_vec()
+            } else {
+                Vec::new()
+            },
         })
         .collect();
     let (physical, next_physical, reserved) = d.vmm.capture();
@@ -96,14 +109,23 @@ pub(super) fn rebuild(d: &mut EmuDevice, image: &DeviceImage) -> Result<(), Capt
         )
     };
     for a in &image.allocations {
-        if a.contents.len() as u64 != a.size || a.addr < base || a.addr + a.size > end {
+        // No contents: a layout image ([`crate::Device::capture_layout`]), rebuilt zeroed.
+        let layout_only = a.contents.is_empty();
+        if (!layout_only && a.contents.len() as u64 != a.size)
+            || a.addr < base
+            || a.addr.saturating_add(a.size) > end
+        {
             return Err(refused(
                 status::INVALID_VALUE,
                 format!("allocation {:#x} of {} bytes is malformed", a.addr, a.size),
             ));
         }
-        d.allocations
-            .insert(a.addr, Words::from_bytes(&a.contents).ok_or_else(oom)?);
+        let words = if layout_only {
+            Words::zeroed(usize::try_from(a.size).map_err(|_| oom())?)
+        } else {
+            Words::from_bytes(&a.contents)
+        };
+        d.allocations.insert(a.addr, words.ok_or_else(oom)?);
     }
     d.vmm
         .rebuild(&image.physical, image.next_physical, &image.reserved)
@@ -275,5 +297,42 @@ mod tests {
         let mut got = vec![0u8; 100_003];
         d.read(p, &mut got).unwrap();
         assert_eq!(got, pattern(100_003, 5));
+    }
+
+    /// A layout image rebuilds the ranges zeroed at the same addresses (pre-copy fills them);
+    /// a launch reports the ranges it looked up and not the ones it never reached.
+    #[test]
+    fn a_layout_rebuilds_zeroed_and_launches_name_what_they_touched() {
+        let mut a = EmuDevice::new(0, 1 << 30, BASE, WINDOW);
+        let m = a.load_module(PTX.as_bytes()).unwrap();
+        let out = a.alloc(64).unwrap();
+        let untouched = a.alloc(1 << 20).unwrap();
+        a.write(untouched, &pattern(1 << 20, 3)).unwrap();
+        assert_eq!(a.last_launch_touched(), Some(vec![]));
+        assert_eq!(bump(&mut a, m, out), 8);
+        let (counter, _) = a.global(m, "counter").unwrap();
+        let mut touched = a.last_launch_touched().unwrap();
+        touched.sort();
+        let mut want = vec![out, counter];
+        want.sort();
+        assert_eq!(
+            touched, want,
+            "the variable and the output, not the big range"
+        );
+
+        let layout = a.capture_layout().unwrap();
+        assert!(layout.allocations.iter().all(|x| x.contents.is_empty()));
+        let mut b = EmuDevice::new(1, 1 << 30, BASE, WINDOW);
+        b.rebuild(&layout).unwrap();
+        assert_eq!(b.resident(), a.resident());
+        let mut got = vec![1u8; 1 << 20];
+        b.read(untouched, &mut got).unwrap();
+        assert!(got.iter().all(|&x| x == 0));
+        b.write(untouched, a.view(untouched, 1 << 20).unwrap())
+            .unwrap();
+        b.write(counter, a.view(counter, 4).unwrap()).unwrap();
+        assert_eq!(bump(&mut b, m, out), 9);
+        b.read(untouched, &mut got).unwrap();
+        assert_eq!(got, pattern(1 << 20, 3));
     }
 }

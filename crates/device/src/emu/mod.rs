@@ -71,6 +71,8 @@ pub struct EmuDevice {
     evicted: BTreeMap<u64, u64>,
     /// The start of the session's address window.
     window_base: u64,
+    /// The allocations the last launch looked up ([`Device::last_launch_touched`]).
+    last_touched: Vec<u64>,
 }
 
 /// Device-side `printf` output one launch may produce (CUDA's default printf FIFO); what
@@ -81,6 +83,9 @@ const PRINTF_FIFO: usize = 1 << 20;
 /// address.
 struct Memory<'a> {
     regions: Vec<(u64, &'a [AtomicU64], u64)>,
+    /// Which regions the launch looked up (pre-copy's dirty tracking: a kernel reaches device
+    /// memory only through [`gpufuse_ptx::DeviceMemory::region`]).
+    touched: Vec<std::sync::atomic::AtomicBool>,
     printed: std::sync::Mutex<Vec<u8>>,
     heap: Option<&'a gpufuse_ptx::Heap>,
     textures: &'a HashMap<u64, gpufuse_ptx::Texture>,
@@ -94,11 +99,15 @@ impl<'a> Memory<'a> {
         textures: &'a HashMap<u64, gpufuse_ptx::Texture>,
         cancel: Option<&'a std::sync::atomic::AtomicBool>,
     ) -> Self {
+        let allocations_len = allocations.len();
         Memory {
             regions: allocations
                 .iter_mut()
                 .map(|(&start, w)| (start, w.len() as u64, w))
                 .map(|(start, len, w)| (start, w.atomic(), len))
+                .collect(),
+            touched: std::iter::repeat_with(Default::default)
+                .take(allocations_len)
                 .collect(),
             printed: std::sync::Mutex::new(Vec::new()),
             heap,
@@ -111,8 +120,18 @@ impl<'a> Memory<'a> {
 impl gpufuse_ptx::DeviceMemory for Memory<'_> {
     fn region(&self, addr: u64) -> Option<gpufuse_ptx::Region<'_>> {
         let i = self.regions.partition_point(|r| r.0 <= addr);
-        let &(start, words, len) = self.regions.get(i.checked_sub(1)?)?;
-        (addr - start < len).then_some(gpufuse_ptx::Region { start, len, words })
+        let i = i.checked_sub(1)?;
+        let &(start, words, len) = self.regions.get(i)?;
+        if addr - start >= len {
+            return None;
+        }
+        // Read first: regions looked up again stay shared in every thread's cache.
+        if let Some(t) = self.touched.get(i) {
+            if !t.load(std::sync::atomic::Ordering::Relaxed) {
+                t.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        Some(gpufuse_ptx::Region { start, len, words })
     }
 
     fn print(&self, text: &[u8]) {
@@ -154,6 +173,7 @@ impl EmuDevice {
             texture_descs: HashMap::new(),
             evicted: BTreeMap::new(),
             window_base: base,
+            last_touched: Vec::new(),
             vmm: vmm::Vmm::default(),
             model: model::default_model(),
         }
@@ -445,6 +465,7 @@ impl Device for EmuDevice {
     }
 
     fn launch(&mut self, l: &KernelLaunch) -> Result<Duration, DeviceError> {
+        self.last_touched.clear();
         let m = self.modules.get(&l.module).ok_or(INVALID_HANDLE)?;
         let k = m
             .layout
@@ -535,6 +556,13 @@ impl Device for EmuDevice {
         let result = program.launch_with(
             l.function, &cfg, l.params, &mem, &symbols, threads, workspace,
         );
+        self.last_touched = mem
+            .regions
+            .iter()
+            .zip(&mem.touched)
+            .filter(|(_, t)| t.load(std::sync::atomic::Ordering::Relaxed))
+            .map(|(r, _)| r.0)
+            .collect();
         // printf output reaches the application even when the launch then faults.
         let printed = mem.printed.into_inner().unwrap_or_else(|p| p.into_inner());
         if self.output.len() < 16 * PRINTF_FIFO {
@@ -622,6 +650,18 @@ impl Device for EmuDevice {
 
     fn rebuild(&mut self, image: &DeviceImage) -> Result<(), CaptureRefused> {
         capture::rebuild(self, image)
+    }
+
+    fn capture_layout(&mut self) -> Result<DeviceImage, CaptureRefused> {
+        capture::capture_layout(self)
+    }
+
+    fn last_launch_touched(&self) -> Option<Vec<u64>> {
+        Some(self.last_touched.clone())
+    }
+
+    fn detach_memory(&mut self) -> Option<Box<dyn Send>> {
+        Some(Box::new(std::mem::take(&mut self.allocations)))
     }
 }
 

@@ -28,42 +28,33 @@ pub struct Words {
 }
 
 impl Words {
-    /// Zeroed memory of `len` bytes, or `None` when the host has no room.
+    /// Zeroed memory of `len` bytes, or `None` when the host has no room. The words come
+    /// zeroed from the allocator (fresh pages for a large range, touched only when first
+    /// written), so a large allocation costs nothing until it is used.
     pub fn zeroed(len: usize) -> Option<Words> {
         let n = len.div_ceil(8);
-        let mut v: Vec<u64> = Vec::new();
-        v.try_reserve_exact(n).ok()?;
-        v.resize(n, 0);
-        Some(Words {
-            words: v.into_boxed_slice(),
-            len,
-        })
+        if n == 0 {
+            return Some(Words {
+                words: Box::new([]),
+                len,
+            });
+        }
+        let layout = std::alloc::Layout::array::<u64>(n).ok()?;
+        // SAFETY: the layout has a nonzero size (n > 0); a null result is handled.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u64>();
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: `p` was allocated by the global allocator with the layout of `[u64; n]`,
+        // and its `n` words are initialized (zeroed); the box takes ownership of it.
+        let words = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) };
+        Some(Words { words, len })
     }
 
-    /// A copy of `bytes`, or `None` when the host has no room. The words come zeroed from the
-    /// allocator (fresh pages, not written twice), then the bytes are copied in once.
+    /// A copy of `bytes`, or `None` when the host has no room: zeroed words
+    /// ([`Words::zeroed`], not written twice), then the bytes copied in once.
     pub fn from_bytes(bytes: &[u8]) -> Option<Words> {
-        let n = bytes.len().div_ceil(8);
-        let mut w = if n == 0 {
-            Words {
-                words: Box::new([]),
-                len: 0,
-            }
-        } else {
-            let layout = std::alloc::Layout::array::<u64>(n).ok()?;
-            // SAFETY: the layout has a nonzero size (n > 0); a null result is handled.
-            let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u64>();
-            if p.is_null() {
-                return None;
-            }
-            // SAFETY: `p` was allocated by the global allocator with the layout of `[u64; n]`,
-            // and its `n` words are initialized (zeroed); the box takes ownership of it.
-            let words = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) };
-            Words {
-                words,
-                len: bytes.len(),
-            }
-        };
+        let mut w = Words::zeroed(bytes.len())?;
         w.bytes_mut().copy_from_slice(bytes);
         Some(w)
     }
