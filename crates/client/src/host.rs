@@ -193,6 +193,11 @@ impl Inner {
     pub fn host_unregister(&mut self, p: usize) -> Result<(), ClientError> {
         match self.host.get(&p) {
             Some(h) if h.registered => {
+                // Staged asynchronous copies into it land first: the application may free
+                // the memory once this returns.
+                if self.conn.has_pending_copies() {
+                    let _ = self.conn.call_raw(&Request::Ping);
+                }
                 self.host.remove(&p);
                 Ok(())
             }
