@@ -142,4 +142,48 @@ impl Session {
         self.conn.quiet(&Request::MemFree { ptr: src })?;
         Ok((size * reps) as f64 / s / (1u64 << 30) as f64)
     }
+
+    /// Copies between page-locked memory of the session's host arena and the device, GiB/s:
+    /// (host to device, device to host), each copy as `cuMemcpyHtoD`/`cuMemcpyDtoH` send it
+    /// (the request naming the arena, then a round trip: the copy is done when it returns).
+    /// `None` when the session has no arena (not on the shared-memory transport).
+    pub fn pinned_gib_s(&mut self, size: usize, reps: usize) -> Result<Option<(f64, f64)>> {
+        let Some(arena) = self.conn.host_arena().cloned() else {
+            return Ok(None);
+        };
+        let Some(host) = arena.alloc(size) else {
+            bail!("the host arena has no {size} bytes free");
+        };
+        let offset = arena
+            .offset_of(host as usize, size)
+            .context("arena offset")?;
+        arena.write(offset, &vec![7u8; size]);
+        let dev = self.alloc(size)?;
+        let mut timed = |req: &Request| -> Result<f64> {
+            self.conn.quiet(req)?;
+            self.conn.call(&Request::Ping)?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                self.conn.quiet(req)?;
+                self.conn.call(&Request::Ping)?;
+            }
+            Ok((size * reps) as f64 / t.elapsed().as_secs_f64() / (1u64 << 30) as f64)
+        };
+        let h2d = timed(&Request::MemcpyHtoDHost {
+            dst: dev,
+            stream: 0,
+            offset,
+            size: size as u64,
+        })?;
+        let d2h = timed(&Request::MemcpyDtoHHost {
+            src: dev,
+            stream: 0,
+            offset,
+            size: size as u64,
+        })?;
+        self.conn.quiet(&Request::MemFree { ptr: dev })?;
+        self.conn.call(&Request::Ping)?;
+        arena.free(host, size);
+        Ok(Some((h2d, d2h)))
+    }
 }

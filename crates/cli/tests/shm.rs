@@ -272,3 +272,145 @@ fn a_worker_killed_while_its_client_waits_is_an_error_not_a_hang() {
     );
     eventually("the session is released", || sessions(&s) == 0);
 }
+
+/// The host arena's block of `size` bytes, and its offset.
+fn arena_block(c: &Connection, size: usize) -> (*mut u8, u64) {
+    let arena = c.host_arena().expect("a shm session has a host arena");
+    let p = arena.alloc(size).expect("room in the arena");
+    (p, arena.offset_of(p as usize, size).unwrap())
+}
+
+#[test]
+fn pinned_copies_go_through_the_host_arena_intact_both_ways() {
+    let s = start("pinned");
+    let mut c = open(&Address::Unix(s.sock.clone()), Transport::Shm);
+    let size = 3 * DEFAULT_RING + 12345;
+    let arena = c.host_arena().unwrap().clone();
+    let (_, src) = arena_block(&c, size);
+    let (_, dst) = arena_block(&c, size);
+    let data: Vec<u8> = (0..size).map(|i| (i * 13 + i / 4096) as u8).collect();
+    assert!(arena.write(src, &data));
+    let dev = alloc(&mut c, size as u64);
+    // Host arena to device; read back the ordinary way (through the rings).
+    c.quiet(&Request::MemcpyHtoDHost {
+        dst: dev,
+        stream: 0,
+        offset: src,
+        size: size as u64,
+    })
+    .unwrap();
+    let mut back = vec![0u8; size];
+    c.call_read_into(
+        &Request::MemcpyDtoH {
+            src: dev,
+            size: size as u64,
+            stream: 0,
+        },
+        &mut back,
+    )
+    .unwrap();
+    assert!(back == data, "host arena -> device changed the bytes");
+    // Device to the host arena, in place once a later call is answered.
+    let other: Vec<u8> = data.iter().map(|b| b ^ 0xA5).collect();
+    c.quiet_with_tail(
+        &Request::MemcpyHtoD {
+            dst: dev,
+            stream: 0,
+            data: &[],
+        },
+        &other,
+    )
+    .unwrap();
+    c.quiet(&Request::MemcpyDtoHHost {
+        src: dev,
+        stream: 0,
+        offset: dst,
+        size: size as u64,
+    })
+    .unwrap();
+    let reply = c.call_raw(&Request::Ping).unwrap();
+    assert_eq!((reply.status, reply.deferred_error), (0, None));
+    let mut got = vec![0u8; size];
+    assert!(arena.read(dst, &mut got));
+    assert!(got == other, "device -> host arena changed the bytes");
+    // A session over the socket has no arena; the request is an error there.
+    let mut socket = open(&Address::Unix(s.sock.clone()), Transport::Socket);
+    assert!(socket.host_arena().is_none());
+    let dev2 = alloc(&mut socket, 4096);
+    socket
+        .quiet(&Request::MemcpyHtoDHost {
+            dst: dev2,
+            stream: 0,
+            offset: 0,
+            size: 4096,
+        })
+        .unwrap();
+    let reply = socket.call_raw(&Request::Ping).unwrap();
+    assert_eq!(
+        reply.deferred_error,
+        Some(1),
+        "no arena: CUDA_ERROR_INVALID_VALUE"
+    );
+}
+
+#[test]
+fn a_bogus_arena_offset_is_an_error_and_the_session_goes_on() {
+    let s = start("bogus-arena");
+    let mut c = open(&Address::Unix(s.sock.clone()), Transport::Shm);
+    let len = c.host_arena().unwrap().len() as u64;
+    let dev = alloc(&mut c, 1 << 20);
+    let bogus = [
+        (len - 100, 4096),     // runs past the end
+        (len, 1),              // starts at the end
+        (u64::MAX - 10, 4096), // wraps around
+        (0, u64::MAX),         // larger than everything
+    ];
+    for (offset, size) in bogus {
+        for req in [
+            Request::MemcpyHtoDHost {
+                dst: dev,
+                stream: 0,
+                offset,
+                size,
+            },
+            Request::MemcpyDtoHHost {
+                src: dev,
+                stream: 0,
+                offset,
+                size,
+            },
+        ] {
+            c.quiet(&req).unwrap();
+            let reply = c.call_raw(&Request::Ping).unwrap();
+            assert_eq!(
+                reply.deferred_error,
+                Some(1),
+                "{req:?}: CUDA_ERROR_INVALID_VALUE"
+            );
+        }
+    }
+    // The session goes on: a good copy through the arena still works.
+    let (p, off) = arena_block(&c, 4096);
+    let arena = c.host_arena().unwrap().clone();
+    assert!(arena.write(off, &[0x77; 4096]));
+    c.quiet(&Request::MemcpyHtoDHost {
+        dst: dev + 8192,
+        stream: 0,
+        offset: off,
+        size: 4096,
+    })
+    .unwrap();
+    let mut back = vec![0u8; 4096];
+    c.call_read_into(
+        &Request::MemcpyDtoH {
+            src: dev + 8192,
+            size: 4096,
+            stream: 0,
+        },
+        &mut back,
+    )
+    .unwrap();
+    assert!(back.iter().all(|&b| b == 0x77));
+    assert!(arena.free(p, 4096));
+    assert_eq!(sessions(&s), 1);
+}

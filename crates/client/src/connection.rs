@@ -124,6 +124,8 @@ pub struct Connection {
     async_error: Option<CUresult>,
     /// How long a call may go without hearing from the worker ([`call_timeout`]).
     silence: std::time::Duration,
+    /// The host arena the worker maps too (shared-memory sessions only: `host.rs`).
+    arena: Option<std::sync::Arc<gpufuse_transport::arena::HostArena>>,
 }
 
 impl Connection {
@@ -203,6 +205,9 @@ impl Connection {
         let region = ShmRegion::create(DEFAULT_RING, DEFAULT_RING)
             .map_err(|e| ClientError::Shm(format!("cannot create the mapping: {e}")))?;
         let (request_ring, reply_ring) = region.ring_bytes();
+        let arena = crate::host::new_arena();
+        let mut fds = region.fds();
+        fds.extend(arena.as_ref().map(|a| a.fd()));
         self.flush()?;
         let id = self.next_id;
         self.next_id += 1;
@@ -218,7 +223,7 @@ impl Connection {
             },
         );
         self.conn
-            .send_with_fds(&frame, &region.fds())
+            .send_with_fds(&frame, &fds)
             .map_err(|e| self.lost(e.into()))?;
         self.next_reply_header()?;
         let (header, body) = match self.conn.recv() {
@@ -239,7 +244,13 @@ impl Connection {
             return Err(ClientError::UnexpectedReply);
         }
         self.set_call_timeout(self.silence);
+        self.arena = arena;
         Ok(())
+    }
+
+    /// The host arena of this session's worker, if it has one (see `host.rs`).
+    pub fn host_arena(&self) -> Option<&std::sync::Arc<gpufuse_transport::arena::HostArena>> {
+        self.arena.as_ref()
     }
 
     /// Performs the handshake on a connected stream.
@@ -255,6 +266,7 @@ impl Connection {
             next_tag: 1,
             async_error: None,
             silence: call_timeout(),
+            arena: None,
         };
         let mut frame = Vec::new();
         encode_frame(&mut frame, FrameKind::Hello, 0, 0, hello);
@@ -598,6 +610,11 @@ impl Connection {
             },
         );
         tag
+    }
+
+    /// Whether quiet device-to-host copies wait for their data (a synchronous reply).
+    pub fn has_pending_copies(&self) -> bool {
+        !self.pending_copies.is_empty()
     }
 
     /// Takes the first asynchronous error reported since the last call of this.

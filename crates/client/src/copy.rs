@@ -1,6 +1,8 @@
 //! Copies and memsets. Host-to-device data, device-to-device copies and memsets are quiet;
 //! synchronous device-to-host copies are round trips; asynchronous ones into page-locked memory
-//! are staged by the worker and land with the next synchronizing reply. Under stream capture
+//! are staged by the worker and land with the next synchronizing reply. Page-locked memory in
+//! the session's host arena (shared-memory sessions, `host.rs`) is copied by the worker in
+//! place: the requests name arena offsets and carry no data. Under stream capture
 //! each is recorded into the graph instead. Every one reaches the device through the device-work
 //! choke point (`work.rs`).
 
@@ -8,6 +10,7 @@ use gpufuse_proto::{Request, MAX_COPY_CHUNK};
 
 use crate::error::ClientError;
 use crate::graph::Op;
+use crate::host::ARENA_SYNC_HTOD_MIN;
 use crate::state::Inner;
 use crate::status::INVALID_VALUE;
 
@@ -24,6 +27,21 @@ impl Inner {
             return Ok(());
         }
         self.managed_to_device()?;
+        if src.len() >= ARENA_SYNC_HTOD_MIN {
+            if let Some(offset) = self.arena_offset(src.as_ptr() as usize, src.len()) {
+                // Page-locked memory the worker maps: it copies from there. The application
+                // may reuse the source once this returns, so it waits for a reply, after which
+                // the worker has read it.
+                self.conn.quiet(&Request::MemcpyHtoDHost {
+                    dst,
+                    stream,
+                    offset,
+                    size: src.len() as u64,
+                })?;
+                self.conn.call_raw(&Request::Ping)?;
+                return Ok(());
+            }
+        }
         for (i, chunk) in src.chunks(MAX_COPY_CHUNK).enumerate() {
             let req = Request::MemcpyHtoD {
                 dst: dst + (i * MAX_COPY_CHUNK) as u64,
@@ -32,6 +50,40 @@ impl Inner {
             };
             self.conn.quiet(&req)?;
         }
+        Ok(())
+    }
+
+    /// An asynchronous host-to-device copy of `src` to `dst` on `stream`. From page-locked
+    /// memory of the connection's host arena, the worker reads the source when the copy runs,
+    /// in stream order, so it must stay unchanged until then (CUDA's contract for asynchronous
+    /// copies from page-locked memory); any other source is copied before this returns.
+    pub fn copy_to_device_async(
+        &mut self,
+        dst: u64,
+        src: &[u8],
+        stream: u64,
+    ) -> Result<(), ClientError> {
+        let offset = match self.arena_offset(src.as_ptr() as usize, src.len()) {
+            Some(offset) if !src.is_empty() => offset,
+            _ => return self.copy_to_device(dst, src, stream),
+        };
+        self.check_device_range(dst, src.len() as u64)?;
+        let op = Op::HtoD {
+            dst,
+            src_host: src.as_ptr() as usize,
+            len: src.len(),
+        };
+        if self.graphs.record(stream, op).is_none() {
+            return Ok(());
+        }
+        self.managed_to_device()?;
+        self.conn.quiet(&Request::MemcpyHtoDHost {
+            dst,
+            stream,
+            offset,
+            size: src.len() as u64,
+        })?;
+        self.arena_copies_queued();
         Ok(())
     }
 
@@ -47,6 +99,19 @@ impl Inner {
         self.check_device_range(src, dst.len() as u64)?;
         self.not_capturing(stream)?;
         self.managed_to_device()?;
+        if let Some(offset) = self.arena_offset(dst.as_ptr() as usize, dst.len()) {
+            if !dst.is_empty() {
+                // The worker writes it in place; the reply to the call after it says it has.
+                self.conn.quiet(&Request::MemcpyDtoHHost {
+                    src,
+                    stream,
+                    offset,
+                    size: dst.len() as u64,
+                })?;
+                self.conn.call_raw(&Request::Ping)?;
+                return self.synchronized();
+            }
+        }
         for (i, chunk) in dst.chunks_mut(MAX_COPY_CHUNK).enumerate() {
             let req = Request::MemcpyDtoH {
                 src: src + (i * MAX_COPY_CHUNK) as u64,
@@ -84,6 +149,20 @@ impl Inner {
         };
         if self.graphs.record(stream, op).is_none() {
             return Ok(());
+        }
+        if len > 0 {
+            if let Some(offset) = self.arena_offset(dst as usize, len) {
+                // Page-locked memory the worker maps: written there in stream order.
+                self.managed_to_device()?;
+                self.conn.quiet(&Request::MemcpyDtoHHost {
+                    src,
+                    stream,
+                    offset,
+                    size: len as u64,
+                })?;
+                self.arena_copies_queued();
+                return Ok(());
+            }
         }
         if self.find_host(dst as usize).is_none() {
             let dst = if len == 0 {

@@ -3,8 +3,18 @@
 //! same address), and `cuMemHostRegister` records the application's own. Asynchronous copies
 //! to page-locked memory are filled at the next synchronization; to pageable memory they
 //! complete before returning.
+//!
+//! On the shared-memory transport, `cuMemHostAlloc` carves its blocks from the session's host
+//! arena ([`gpufuse_transport::arena`]), which the worker maps too: copies between them and the
+//! device name arena offsets (`MemcpyHtoDHost`, `MemcpyDtoHHost`) and move no bytes through the
+//! rings (`copy.rs`). Registered memory (`cuMemHostRegister`) is the application's own and
+//! cannot move into the arena; its copies travel through the rings as pageable memory's do
+//! (docs/protocol.md, "Transports", says why not `process_vm_readv`).
 
 use std::alloc::Layout;
+use std::sync::{Arc, Mutex};
+
+use gpufuse_transport::arena::HostArena;
 
 use gpufuse_proto::ReplyBody;
 use gpufuse_proto::Request;
@@ -20,7 +30,60 @@ const HOST_ALIGN: usize = 4096;
 /// `CU_MEMHOSTALLOC_DEVICEMAP`.
 pub const HOST_ALLOC_DEVICEMAP: u32 = 0x02;
 
+/// Every host arena this process made, while blocks of it are handed out or a connection
+/// holds it: the application keeps pointers into an arena past its session's connection (a
+/// reconnect, a refused attach), so the mapping lives as long as this process needs it.
+static ARENAS: Mutex<Vec<Arc<HostArena>>> = Mutex::new(Vec::new());
+
+fn arenas() -> std::sync::MutexGuard<'static, Vec<Arc<HostArena>>> {
+    ARENAS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A new host arena for a session moving to the shared-memory transport
+/// ([`gpufuse_transport::arena::default_size`]; `None` when turned off or when the system
+/// refuses the mapping: pinned memory is then ordinary host memory).
+pub(crate) fn new_arena() -> Option<Arc<HostArena>> {
+    let size = gpufuse_transport::arena::default_size();
+    if size == 0 {
+        return None;
+    }
+    let arena = Arc::new(HostArena::create(size).ok()?);
+    let mut all = arenas();
+    // Arenas no connection holds and with nothing handed out are unmapped.
+    all.retain(|a| Arc::strong_count(a) > 1 || a.in_use() > 0);
+    all.push(arena.clone());
+    Some(arena)
+}
+
+/// The arena of this process that `p` lies in.
+fn arena_of(p: usize) -> Option<Arc<HostArena>> {
+    arenas()
+        .iter()
+        .find(|a| a.offset_of(p, 1).is_some())
+        .cloned()
+}
+
+/// Host-to-device copies from the arena at least this large use it when synchronous (a round
+/// trip tells that the worker has read them); smaller ones are cheaper copied into the rings.
+pub const ARENA_SYNC_HTOD_MIN: usize = 256 * 1024;
+
 impl Inner {
+    /// The arena offset of `[p, p+len)` when it lies in page-locked memory of the connection's
+    /// host arena (so the worker reaches it).
+    pub(crate) fn arena_offset(&self, p: usize, len: usize) -> Option<u64> {
+        let arena = self.conn.host_arena()?;
+        let off = arena.offset_of(p, len)?;
+        let (base, h) = self.find_host(p)?;
+        (!h.registered && !h.device_mapped && p + len <= base + h.size).then_some(off)
+    }
+
+    /// Notes that quiet copies naming the arena may still be queued for the worker.
+    pub(crate) fn arena_copies_queued(&self) {
+        if let Some(a) = self.conn.host_arena() {
+            a.reads_queued(true);
+        }
+    }
+
     /// `cuMemHostAlloc`: `size` bytes of page-locked memory.
     pub fn host_alloc(&mut self, size: usize, flags: u32) -> Result<*mut u8, ClientError> {
         let size = size.max(1);
@@ -38,6 +101,18 @@ impl Inner {
                 },
             );
             return Ok(p as usize as *mut u8);
+        }
+        if let Some(p) = self.conn.host_arena().and_then(|a| a.alloc(size)) {
+            self.host.insert(
+                p as usize,
+                HostAllocation {
+                    size,
+                    flags,
+                    registered: false,
+                    device_mapped: false,
+                },
+            );
+            return Ok(p);
         }
         let layout = Layout::from_size_align(size, HOST_ALIGN)
             .map_err(|_| ClientError::Cuda(OUT_OF_MEMORY))?;
@@ -66,7 +141,23 @@ impl Inner {
                 self.free(p as u64)
             }
             Some(h) if !h.registered => {
+                // Copies still queued into or out of it (quiet arena copies, staged
+                // asynchronous ones) finish first: one round trip, after which the worker has
+                // run them and their data has landed, so nothing touches the block once it is
+                // given back. A lost connection is reported by the next call; the memory is
+                // freed all the same.
+                let queued = arena_of(p).is_some_and(|a| a.reads_queued(false));
+                if queued || self.conn.has_pending_copies() {
+                    let _ = self.conn.call_raw(&Request::Ping);
+                }
                 self.host.remove(&p);
+                if let Some(arena) = arena_of(p) {
+                    return if arena.free(p as *mut u8, h.size) {
+                        Ok(())
+                    } else {
+                        Err(INVALID_VALUE.into())
+                    };
+                }
                 let layout = Layout::from_size_align(h.size, HOST_ALIGN)
                     .map_err(|_| ClientError::Cuda(INVALID_VALUE))?;
                 // SAFETY: `p` was returned by `alloc_zeroed` with this layout in `host_alloc`
@@ -102,6 +193,11 @@ impl Inner {
     pub fn host_unregister(&mut self, p: usize) -> Result<(), ClientError> {
         match self.host.get(&p) {
             Some(h) if h.registered => {
+                // Staged asynchronous copies into it land first: the application may free
+                // the memory once this returns.
+                if self.conn.has_pending_copies() {
+                    let _ = self.conn.call_raw(&Request::Ping);
+                }
                 self.host.remove(&p);
                 Ok(())
             }

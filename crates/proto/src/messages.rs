@@ -549,8 +549,29 @@ pub enum Request<'a> {
     /// Sync. Moves the session to the shared-memory transport: the frame arrives over the
     /// unix socket with the mapping and its doorbells attached (`SCM_RIGHTS`), rings of the
     /// sizes given; after a reply with status 0 both sides use the rings
-    /// (`gpufuse_transport::shm`). Any other status: the socket carries on.
+    /// (`gpufuse_transport::shm`). Any other status: the socket carries on. A sixth
+    /// descriptor, if sent, is the client's host arena (`gpufuse_transport::arena`), which
+    /// [`Request::MemcpyHtoDHost`] and [`Request::MemcpyDtoHHost`] then name offsets in.
     ShmAttach { request_ring: u64, reply_ring: u64 },
+    /// Quiet. Copies `size` bytes of the session's host arena from `offset` (page-locked memory
+    /// of a client on the shared-memory transport, which the worker maps: see
+    /// `gpufuse_transport::arena`) to `dst` on `stream`, so no data crosses. An arena range
+    /// outside the arena, or a session without one, is `CUDA_ERROR_INVALID_VALUE`.
+    MemcpyHtoDHost {
+        dst: u64,
+        stream: u64,
+        offset: u64,
+        size: u64,
+    },
+    /// Quiet. Copies `size` bytes at `src` into the session's host arena at `offset` (the
+    /// reverse of [`Request::MemcpyHtoDHost`]): the bytes are in place once the reply to a
+    /// later synchronous request comes.
+    MemcpyDtoHHost {
+        src: u64,
+        stream: u64,
+        offset: u64,
+        size: u64,
+    },
 }
 
 /// Texture and surface objects (`cuTexObjectCreate`, `cuSurfObjectCreate`): the memory, its
@@ -671,6 +692,8 @@ impl<'a> Request<'a> {
             Request::TexObjectCreate { .. } => 42,
             Request::TexObjectDestroy { .. } => 43,
             Request::ShmAttach { .. } => 44,
+            Request::MemcpyHtoDHost { .. } => 45,
+            Request::MemcpyDtoHHost { .. } => 46,
         }
     }
 
@@ -686,6 +709,8 @@ impl<'a> Request<'a> {
                 | Request::MemUnmap { .. }
                 | Request::ModuleImagePart { .. }
                 | Request::MemcpyHtoD { .. }
+                | Request::MemcpyHtoDHost { .. }
+                | Request::MemcpyDtoHHost { .. }
                 | Request::MemcpyDtoHAsync { .. }
                 | Request::MemcpyDtoD { .. }
                 | Request::Memcpy2DDtoD { .. }

@@ -1,6 +1,7 @@
 //! Framed transports: unix sockets, shared-memory rings for a client on the node's host
 //! ([`shm`]), TCP and TCP with TLS (`tcp+tls:`, rustls: see [`tls`]), all carrying
-//! [`gpufuse_proto`] frames.
+//! [`gpufuse_proto`] frames; and the host arena ([`arena`]), a local client's pinned memory that
+//! its worker maps too.
 //!
 //! A [`Conn`] reads whole frames out of a buffered stream (many small frames cost one read
 //! system call) and writes pre-encoded frames. It knows nothing about the messages; it checks
@@ -12,10 +13,11 @@
 
 #![deny(unsafe_code)] // allowed three times in conn.rs: `recv_fd_now`, a non-blocking read,
                       // `peek_exact`, a read that consumes nothing, and `poll_hang_up`, a poll
-                      // that reads nothing; and in `shm`, the one module that touches the
-                      // shared mapping
+                      // that reads nothing; and in `shm` and `arena`, the modules that
+                      // touch shared mappings
 
 mod address;
+pub mod arena;
 mod conn;
 pub mod shm;
 pub mod tls;

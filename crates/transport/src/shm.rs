@@ -73,6 +73,9 @@ const WRITER_PARKED: usize = 384;
 /// The doorbells, in the order they travel: for each ring, "data" (its reader waits on it)
 /// and "space" (its writer waits on it).
 const BELLS: usize = 4;
+/// The descriptors of a region ([`ShmRegion::fds`]): the mapping and the doorbells. A client
+/// may send one more after them, its host arena ([`crate::arena`]).
+pub const DESCRIPTORS: usize = 1 + BELLS;
 const fn data_bell(r: usize) -> usize {
     2 * r
 }

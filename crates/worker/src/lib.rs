@@ -286,6 +286,18 @@ impl<'a> Session<'a> {
             // The serving loop takes it (`serve.rs`) on a unix socket; anywhere else (TCP, a
             // worker driven in process) there is nothing to attach.
             ShmAttach { .. } => Err(gpufuse_device::status::NOT_SUPPORTED),
+            MemcpyHtoDHost {
+                dst,
+                stream,
+                offset,
+                size,
+            } => none(self.memcpy_htod_host(dst, stream, offset, size)),
+            MemcpyDtoHHost {
+                src,
+                stream,
+                offset,
+                size,
+            } => none(self.memcpy_dtoh_host(src, stream, offset, size)),
         }
     }
 

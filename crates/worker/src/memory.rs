@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use gpufuse_device::status as st;
 use gpufuse_proto::{Rect, ReplyBody};
+use gpufuse_transport::arena::HostArena;
 
 use crate::{Session, R};
 
@@ -27,6 +28,8 @@ pub(crate) struct MemoryBooks {
     /// Allocations by address: their sizes.
     pub(crate) allocations: HashMap<u64, u64>,
     pub(crate) vmm: VmmBooks,
+    /// The client's host arena (its page-locked memory), on the shared-memory transport.
+    pub(crate) arena: Option<HostArena>,
 }
 
 impl MemoryBooks {
@@ -36,6 +39,7 @@ impl MemoryBooks {
             used: 0,
             allocations: HashMap::new(),
             vmm: VmmBooks::default(),
+            arena: None,
         }
     }
 }
@@ -181,6 +185,69 @@ impl Session<'_> {
         out.resize(size as usize, 0);
         self.device.read(src, &mut out)?;
         Ok(ReplyBody::Data(out))
+    }
+
+    /// From now on, copies may name offsets in `arena`, the client's page-locked memory.
+    pub fn set_host_arena(&mut self, arena: HostArena) {
+        self.memory.arena = Some(arena);
+    }
+
+    /// `MemcpyHtoDHost`: one copy from the client's arena into device memory. The arena range
+    /// comes from the client and is checked against the arena's size.
+    pub(crate) fn memcpy_htod_host(
+        &mut self,
+        dst: u64,
+        stream: u64,
+        offset: u64,
+        size: u64,
+    ) -> R<()> {
+        self.check_htod(dst, stream, size)?;
+        let arena = self.memory.arena.as_ref().ok_or(st::INVALID_VALUE)?;
+        arena.checked(offset, size).ok_or(st::INVALID_VALUE)?;
+        if size == 0 {
+            return Ok(());
+        }
+        match self.device.view_mut(dst, size) {
+            Some(bytes) => {
+                arena.read(offset, bytes);
+                Ok(())
+            }
+            None => {
+                let mut data = vec![0u8; size as usize];
+                arena.read(offset, &mut data);
+                self.device.write(dst, &data)
+            }
+        }
+    }
+
+    /// `MemcpyDtoHHost`: one copy from device memory into the client's arena (checked as
+    /// [`Session::memcpy_htod_host`]'s).
+    pub(crate) fn memcpy_dtoh_host(
+        &mut self,
+        src: u64,
+        stream: u64,
+        offset: u64,
+        size: u64,
+    ) -> R<()> {
+        self.check_stream(stream)?;
+        self.check_range(src, size)?;
+        let arena = self.memory.arena.as_ref().ok_or(st::INVALID_VALUE)?;
+        arena.checked(offset, size).ok_or(st::INVALID_VALUE)?;
+        if size == 0 {
+            return Ok(());
+        }
+        match self.device.view(src, size) {
+            Some(bytes) => {
+                arena.write(offset, bytes);
+                Ok(())
+            }
+            None => {
+                let mut data = vec![0u8; size as usize];
+                self.device.read(src, &mut data)?;
+                arena.write(offset, &data);
+                Ok(())
+            }
+        }
     }
 
     pub(crate) fn memcpy_dtoh_async(

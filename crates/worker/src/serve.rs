@@ -212,7 +212,10 @@ fn run(
                 conn.send(out).map_err(TransportError::from)?;
             }
             match attach {
-                Ok(stream) => {
+                Ok((stream, arena)) => {
+                    if let Some(arena) = arena {
+                        session.set_host_arena(arena);
+                    }
                     let clone = stream.clone();
                     if conn
                         .replace_stream(gpufuse_transport::Stream::Shm(stream))
@@ -530,18 +533,34 @@ fn ready_now(c: &Conn) -> bool {
 }
 
 /// The rings a client offered with `ShmAttach` (its descriptors came with the request's bytes),
-/// checked and mapped. Only over a unix socket: a client elsewhere has nothing to share.
+/// and its host arena if it sent one, checked and mapped. Only over a unix socket: a client
+/// elsewhere has nothing to share.
 fn adopt_shm(
     conn: &mut Conn,
     request_ring: u64,
     reply_ring: u64,
-) -> Result<gpufuse_transport::shm::ShmStream, String> {
-    use gpufuse_transport::shm::{ShmRegion, Side};
-    let fds = conn.take_fds();
+) -> Result<
+    (
+        gpufuse_transport::shm::ShmStream,
+        Option<gpufuse_transport::arena::HostArena>,
+    ),
+    String,
+> {
+    use gpufuse_transport::shm::{ShmRegion, Side, DESCRIPTORS};
+    let mut fds = conn.take_fds();
     let gpufuse_transport::Stream::Unix(sock) = conn.stream() else {
         return Err("the session's connection is not a unix socket".into());
     };
     let sock = sock.try_clone().map_err(|e| e.to_string())?;
+    // A sixth descriptor: the client's host arena (its page-locked memory).
+    let arena = match fds.len() {
+        n if n == DESCRIPTORS + 1 => Some(fds.pop().expect("counted")),
+        _ => None,
+    };
     let region = ShmRegion::adopt(fds, request_ring, reply_ring).map_err(|e| e.to_string())?;
-    Ok(region.into_stream(sock, Side::Worker))
+    let arena = arena
+        .map(gpufuse_transport::arena::HostArena::adopt)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    Ok((region.into_stream(sock, Side::Worker), arena))
 }

@@ -34,6 +34,22 @@ pub(crate) fn htod(
         .map_err(client_err)
 }
 
+/// An asynchronous host-to-device copy: from page-locked memory the worker maps, it reads the
+/// source when the copy runs (CUDA's contract: unchanged until the stream is synchronized).
+pub(crate) fn htod_async(
+    g: &mut Inner,
+    dst: u64,
+    src: *const c_void,
+    n: usize,
+    stream: u64,
+) -> Result<(), CUresult> {
+    // SAFETY: the source argument, `n` bytes; read during this call unless it is page-locked
+    // memory, which stays mapped for the process's life and unchanged until the stream is
+    // synchronized, as CUDA requires of asynchronous copies.
+    g.copy_to_device_async(dst, unsafe { host_bytes(src, n) }?, stream)
+        .map_err(client_err)
+}
+
 pub(crate) fn dtoh_sync(
     g: &mut Inner,
     dst: &mut [u8],
@@ -97,7 +113,7 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     n: usize,
     stream: CUstream,
 ) -> CUresult {
-    guard(|| with(stream, |g, st| htod(g, dst, src, n, st)))
+    guard(|| with(stream, |g, st| htod_async(g, dst, src, n, st)))
 }
 
 #[no_mangle]
@@ -152,7 +168,8 @@ pub(crate) fn unified(
     let src_dev = g.find_allocation(src, 1).is_some();
     match (dst_dev, src_dev) {
         (true, true) => dtod(g, dst, src, n as u64, stream),
-        (true, false) => htod(g, dst, src as usize as *const c_void, n, stream),
+        (true, false) if sync => htod(g, dst, src as usize as *const c_void, n, stream),
+        (true, false) => htod_async(g, dst, src as usize as *const c_void, n, stream),
         (false, true) if sync => dtoh_sync(
             g,
             // SAFETY: the destination argument, `n` bytes, used during this call only.
