@@ -9,10 +9,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
 /// 7: the pool (node agents, redirects and grants, the pool's status), elastic sessions
 /// (node commands, migration, swapped bytes in a session's status). 8: a node's status carries
 /// the sessions waiting for capacity (`gpufuse serve`'s own controller).
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 /// The protocol versions this build speaks. Both sides check every header against it; the
 /// node refuses a hello outside it with a reason naming both sides' versions.
-pub const SUPPORTED_VERSIONS: std::ops::RangeInclusive<u16> = 8..=PROTOCOL_VERSION;
+pub const SUPPORTED_VERSIONS: std::ops::RangeInclusive<u16> = 9..=PROTOCOL_VERSION;
 /// Largest body accepted from the wire. A 64 MiB copy chunk plus its envelope fits.
 pub const MAX_BODY_LEN: u32 = 64 * 1024 * 1024 + 64 * 1024;
 /// Host-to-device copies larger than this are split into several requests.

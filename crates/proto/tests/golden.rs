@@ -303,6 +303,24 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 reply_ring: 1 << 22,
             },
         ),
+        (
+            "MemcpyHtoDHost",
+            Request::MemcpyHtoDHost {
+                dst: 0x7f00_0000_1000,
+                stream: 2,
+                offset: 1 << 20,
+                size: 4096,
+            },
+        ),
+        (
+            "MemcpyDtoHHost",
+            Request::MemcpyDtoHHost {
+                src: 0x7f00_0000_1000,
+                stream: 2,
+                offset: 1 << 20,
+                size: 4096,
+            },
+        ),
     ]
 }
 
@@ -364,6 +382,8 @@ const REQUESTS: &[(&str, &str)] = &[
     ),
     ("TexObjectDestroy", "2b09"),
     ("ShmAttach", "2c8080800280808002"),
+    ("MemcpyHtoDHost", "2d80a0808080e01f028080408020"),
+    ("MemcpyDtoHHost", "2e80a0808080e01f028080408020"),
 ];
 
 #[test]
@@ -530,6 +550,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
                 device: 1,
             },
         ),
+        ("SessionKind::EndClaim", SessionKind::EndClaim),
     ] {
         out.push((n, body(&k)));
     }
@@ -562,6 +583,33 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
             device: 1,
             stop_us: 1500,
             total_us: 4096,
+        }),
+    ));
+    let figures = MoveFigures {
+        stop_us: 1500,
+        rounds: 2,
+        bytes: 1 << 28,
+        precopied_bytes: 1 << 29,
+        stop_bytes: 4096,
+    };
+    out.push((
+        "ServerHello::MigratedWith",
+        body(&ServerHello::MigratedWith {
+            session: 3,
+            device: 1,
+            total_us: 4096,
+            figures,
+        }),
+    ));
+    out.push((
+        "ServerHello::ClaimEnded",
+        body(&ServerHello::ClaimEnded { sessions: 2 }),
+    ));
+    out.push(("MoveOutcome::Moved", body(&MoveOutcome::Moved(figures))));
+    out.push((
+        "MoveOutcome::Refused",
+        body(&MoveOutcome::Refused {
+            reason: "no".into(),
         }),
     ));
     for (n, r) in [
@@ -616,6 +664,10 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
             },
         ),
         ("NodeCommand::Migrate", NodeCommand::Migrate { device: 1 }),
+        (
+            "NodeCommand::MigrateWithFigures",
+            NodeCommand::MigrateWithFigures { device: 1 },
+        ),
     ] {
         out.push((n, body(&c)));
     }
@@ -691,29 +743,34 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 const OTHERS: &[(&str, &str)] = &[
-        ("ReplyBody::None", "00"),
-        ("ReplyBody::Ptr", "018020"),
-        ("ReplyBody::Pitch", "0280208004"),
-        ("ReplyBody::MemInfo", "0380808080048080808008"),
-        ("ReplyBody::Data", "0404deadbeef"),
-        ("ReplyBody::Elapsed", "050000c03f"),
-        ("ReplyBody::NeedImage", "06"),
-        ("ReplyBody::Function", "0701000801008010"),
-        ("ReplyBody::Global", "08806004"),
-        ("ReplyBody::Launches", "0901016b010101200101000004deadbeef"),
-        ("Reply", "0001f80a010904deadbeef0368690a018020"),
-        ("ClientHello", "080001742a0170018080808004011e0002"),
-        ("SessionKind::Status", "01"),
-        ("SessionKind::Check", "02"),
-        ("SessionKind::End", "0303"),
-        ("SessionKind::Migrate", "050301"),
-        ("ServerHello::Accepted", "00010100036770750007070707070707070707070707070707808080800401028010"),
-        ("ServerHello::Refused", "01026e6f"),
-        ("ServerHello::Status", "02000100036770750180808080048080400707070707070707070707070707070709000040003201012a01700105616c6963652b008080400180808080043200011ee8070a640180200001016e0001022f63808080800402802001802002dc0b00"),
-        ("ServerHello::Admissible", "0301"),
-        ("ServerHello::Ended", "0403"),
-        ("ServerHello::Migrated", "080301dc0b8020"),
-        ("ControlRequest::Reserve", "008020"),
+    ("ReplyBody::None", "00"),
+    ("ReplyBody::Ptr", "018020"),
+    ("ReplyBody::Pitch", "0280208004"),
+    ("ReplyBody::MemInfo", "0380808080048080808008"),
+    ("ReplyBody::Data", "0404deadbeef"),
+    ("ReplyBody::Elapsed", "050000c03f"),
+    ("ReplyBody::NeedImage", "06"),
+    ("ReplyBody::Function", "0701000801008010"),
+    ("ReplyBody::Global", "08806004"),
+    ("ReplyBody::Launches", "0901016b010101200101000004deadbeef"),
+    ("Reply", "0001f80a010904deadbeef0368690a018020"),
+    ("ClientHello", "090001742a0170018080808004011e0002"),
+    ("SessionKind::Status", "01"),
+    ("SessionKind::Check", "02"),
+    ("SessionKind::End", "0303"),
+    ("SessionKind::Migrate", "050301"),
+    ("SessionKind::EndClaim", "06"),
+    ("ServerHello::Accepted", "00010100036770750007070707070707070707070707070707808080800401028010"),
+    ("ServerHello::Refused", "01026e6f"),
+    ("ServerHello::Status", "02000100036770750180808080048080400707070707070707070707070707070709000040003201012a01700105616c6963652b008080400180808080043200011ee8070a640180200001016e0001022f63808080800402802001802002dc0b00"),
+    ("ServerHello::Admissible", "0301"),
+    ("ServerHello::Ended", "0403"),
+    ("ServerHello::Migrated", "080301dc0b8020"),
+    ("ServerHello::MigratedWith", "0903018020dc0b02808080800180808080028020"),
+    ("ServerHello::ClaimEnded", "0a02"),
+    ("MoveOutcome::Moved", "00dc0b02808080800180808080028020"),
+    ("MoveOutcome::Refused", "01026e6f"),
+    ("ControlRequest::Reserve", "008020"),
     ("ControlRequest::Release", "018020"),
     ("ControlRequest::DeviceUsed", "02"),
     ("ControlRequest::Acquire", "03"),
@@ -724,13 +781,14 @@ const OTHERS: &[(&str, &str)] = &[
     ("ControlRequest::Images", "0801802002dc0b00"),
     ("NodeCommand::Evict", "00802001"),
     ("NodeCommand::Migrate", "0101"),
+    ("NodeCommand::MigrateWithFigures", "0201"),
     ("ControlAnswer", "01e807"),
-    ("FrameHeader", "4746555308000401040302010b0a00008877665544332211"),
+    ("FrameHeader", "4746555309000401040302010b0a00008877665544332211"),
     ("SessionKind::NodeAgent", "04"),
     ("ServerHello::Redirect", "0507756e69783a2f6e0167"),
     ("ServerHello::PoolStatus", "060762696e7061636b000000"),
     ("ServerHello::PoolAgent", "07020102e807"),
-    ("NodeReport", "016107756e69783a2f6101047a6f6e6501780100016d808080800480804080808080020a0080f104050101070301017400018080808002011902808040"),
+    ("NodeReport", "016107756e69783a2f6101047a6f6e6501780100016d808080800480804080808080020a0080f10405070707070707070707070707070707070101070301017400018080808002011902808040"),
     ("AgentAnswer::Ack", "00"),
 ];
 
