@@ -93,6 +93,9 @@ def test_a_program_asks_the_controller_and_runs_on_the_node_it_selected(programs
                          env=programs.env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, (res.stdout, res.stderr, pool.logs())
     assert "PASS vector_add" in res.stdout, res.stdout
+    # The controller learns that the first program ended from the node's next report.
+    pool.wait_for(lambda s: not any(x["state"] == "running" for x in s["sessions"]),
+                  "the first program's session gone")
     proc = _run(programs, pool, ["--selector", "zone=y", "--vram", "2GiB", "--tenant", "alice"],
                 [programs.rt[13], "hold_until_stdin"])
     try:
