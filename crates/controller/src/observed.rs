@@ -104,5 +104,6 @@ pub fn to_snapshot(pool: &PoolStatus, host: &str) -> PoolSnapshot {
             placement: Histogram::default(),
             nodes,
         }),
+        image_cache: None,
     }
 }

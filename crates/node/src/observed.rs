@@ -203,5 +203,22 @@ pub fn snapshot(state: &Shared, pool_of_one: bool) -> PoolSnapshot {
         sessions,
         pending,
         controller,
+        image_cache: image_cache(&s),
     }
+}
+
+/// The image cache's figures, when the node has a cache.
+fn image_cache(s: &crate::NodeState) -> Option<gpufuse_observe::ImageCacheSnapshot> {
+    let c = s.image_cache.status();
+    c.dir.as_ref()?;
+    Some(gpufuse_observe::ImageCacheSnapshot {
+        entries: c.entries,
+        bytes: c.bytes,
+        limit_bytes: c.limit_bytes,
+        received: c.counts.received,
+        received_bytes: c.counts.received_bytes,
+        hits: c.counts.hits,
+        hit_bytes: c.counts.hit_bytes,
+        corrupt: c.counts.corrupt,
+    })
 }

@@ -30,6 +30,6 @@ pub use history::{Point, Report, TenantReport};
 pub use prices::{Prices, PricesError};
 pub use server::{serve, HttpConfig, ObserveError, Observer, Options};
 pub use snapshot::{
-    ControllerSnapshot, DeviceSnapshot, Histogram, NodeSnapshot, PendingSnapshot, PoolSnapshot,
-    PoolSource, SessionSnapshot,
+    ControllerSnapshot, DeviceSnapshot, Histogram, ImageCacheSnapshot, NodeSnapshot,
+    PendingSnapshot, PoolSnapshot, PoolSource, SessionSnapshot,
 };

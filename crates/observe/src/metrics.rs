@@ -35,6 +35,14 @@ pub const METRIC_NAMES: &[&str] = &[
     "gpufuse_pool_sessions",
     "gpufuse_pool_placement_seconds",
     "gpufuse_nodes",
+    "gpufuse_image_cache_entries",
+    "gpufuse_image_cache_bytes",
+    "gpufuse_image_cache_limit_bytes",
+    "gpufuse_image_cache_received_total",
+    "gpufuse_image_cache_received_bytes_total",
+    "gpufuse_image_cache_hits_total",
+    "gpufuse_image_cache_hit_bytes_total",
+    "gpufuse_image_cache_corrupt_total",
 ];
 
 type Labels = Vec<(&'static str, String)>;
@@ -296,6 +304,67 @@ fn families(s: &PoolSnapshot) -> Vec<Family> {
                 .push((vec![("state", state.to_string())], Value::Gauge(n as f64)));
         }
         families.extend([pool, placement, nodes]);
+    }
+    if let Some(c) = &s.image_cache {
+        let one = |name, help, kind, v: u64| {
+            let mut f = Family::new(name, help, kind);
+            let value = match kind {
+                Counter => Value::Counter(v as f64),
+                _ => Value::Gauge(v as f64),
+            };
+            f.samples.push((vec![("node", s.host.clone())], value));
+            f
+        };
+        families.extend([
+            one(
+                "gpufuse_image_cache_entries",
+                "Module images in the node's image cache.",
+                Gauge,
+                c.entries,
+            ),
+            one(
+                "gpufuse_image_cache_bytes",
+                "Bytes of module images in the node's image cache.",
+                Gauge,
+                c.bytes,
+            ),
+            one(
+                "gpufuse_image_cache_limit_bytes",
+                "The image cache's size limit (--image-cache-size).",
+                Gauge,
+                c.limit_bytes,
+            ),
+            one(
+                "gpufuse_image_cache_received",
+                "Module images clients sent in full (not in the cache).",
+                Counter,
+                c.received,
+            ),
+            one(
+                "gpufuse_image_cache_received_bytes",
+                "Bytes of module images clients sent in full.",
+                Counter,
+                c.received_bytes,
+            ),
+            one(
+                "gpufuse_image_cache_hits",
+                "Module images found in the cache (only their hash was sent).",
+                Counter,
+                c.hits,
+            ),
+            one(
+                "gpufuse_image_cache_hit_bytes",
+                "Bytes of module images found in the cache.",
+                Counter,
+                c.hit_bytes,
+            ),
+            one(
+                "gpufuse_image_cache_corrupt",
+                "Cache entries found corrupt on read (dropped, sent again).",
+                Counter,
+                c.corrupt,
+            ),
+        ]);
     }
     families
 }

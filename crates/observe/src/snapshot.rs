@@ -178,6 +178,25 @@ pub struct PoolSnapshot {
     pub sessions: Vec<SessionSnapshot>,
     pub pending: Vec<PendingSnapshot>,
     pub controller: Option<ControllerSnapshot>,
+    /// The node's image cache (`gpufuse serve --image-cache`), when it has one.
+    #[serde(default)]
+    pub image_cache: Option<ImageCacheSnapshot>,
+}
+
+/// A node's module image cache: its size now and what its workers reported since it started.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ImageCacheSnapshot {
+    pub entries: u64,
+    pub bytes: u64,
+    pub limit_bytes: u64,
+    /// Images clients sent in full (the cache did not have them).
+    pub received: u64,
+    pub received_bytes: u64,
+    /// Images found in the cache (clients sent only their hash).
+    pub hits: u64,
+    pub hit_bytes: u64,
+    /// Entries found corrupt on read (dropped and sent again).
+    pub corrupt: u64,
 }
 
 /// A session's state from what a node knows: `running` (holds the device now), `active` (ran

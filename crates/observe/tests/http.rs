@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use gpufuse_observe::metrics::METRIC_NAMES;
 use gpufuse_observe::{
-    ControllerSnapshot, DeviceSnapshot, Histogram, NodeSnapshot, Options, PoolSnapshot, PoolSource,
-    SessionSnapshot,
+    ControllerSnapshot, DeviceSnapshot, Histogram, ImageCacheSnapshot, NodeSnapshot, Options,
+    PoolSnapshot, PoolSource, SessionSnapshot,
 };
 
 struct Fake(Mutex<PoolSnapshot>, Mutex<bool>);
@@ -71,6 +71,16 @@ fn pool() -> PoolSnapshot {
                 address: "tcp:h1:7000".into(),
             }],
         }),
+        image_cache: Some(ImageCacheSnapshot {
+            entries: 3,
+            bytes: 1 << 20,
+            limit_bytes: 2 << 30,
+            received: 3,
+            received_bytes: 1 << 20,
+            hits: 7,
+            hit_bytes: 5 << 20,
+            corrupt: 1,
+        }),
     }
 }
 
@@ -117,6 +127,10 @@ fn metrics_health_api_and_dashboard_are_served() {
         });
         assert!(exposed, "{name} is not exposed:\n{text}");
     }
+    assert_eq!(
+        sample(&text, "gpufuse_image_cache_hits_total", &["node=\"h1\""]),
+        Some(7.0)
+    );
     let dev = [
         "gpu=\"0\"",
         "UUID=\"GPU-00000000-0000-0000-0000-000000000001\"",
