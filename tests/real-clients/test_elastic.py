@@ -133,3 +133,47 @@ def test_a_running_session_migrates_to_the_other_device(programs, elastic_server
     finally:
         flag.touch()
     assert_ok(finish(proc), ["PASS elastic_workload"])
+
+
+@pytest.mark.kernel_results
+def test_a_running_session_migrates_to_another_node(programs, tmp_path):
+    """A CuPy program (CuPy's default pool, a stream-ordered pool, managed memory, a module
+    variable, event timings) moves from one `gpufuse serve` to another on this host while it
+    runs: the memory is copied while it waits, the stop comes at its next synchronous call,
+    it follows its session to the other node unaware, and every byte is intact there."""
+    a = support.Server("emu:1:256MiB")
+    b = support.Server("emu:1:256MiB")
+    a.start()
+    b.start()
+    try:
+        flag = tmp_path / "go"
+        proc = start(programs, a,
+                     [programs.python, PY / "elastic_workload.py", "64", "40", "0.05", "6",
+                      "--wait-file", flag])
+        try:
+            sess = wait_until("the session", lambda: a.status()["sessions"])[0]
+            wait_until("the workload's first steps",
+                       lambda: a.status()["sessions"][0]["device_time_us"] > 0)
+            mover = subprocess.Popen(
+                [str(support.GPUFUSE), "migrate", str(sess["id"]), "--to", f"{b.unix}:0",
+                 "--server", a.unix],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            # The memory is copied while the program waits; the stop waits for its next
+            # synchronous call, which comes once it goes on.
+            time.sleep(1.0)
+        finally:
+            flag.touch()
+        out, err = mover.communicate(timeout=180)
+        assert mover.returncode == 0, err
+        assert "runs on node" in out and "round(s) of pre-copy" in out, out
+        # The other node took the session and its client resumed it there.
+        wait_until("the client resumed on the other node",
+                   lambda: "its client resumed the moved session" in b.log_path.read_text())
+        res = finish(proc)
+        assert_ok(res, ["PASS elastic_workload"])
+        wait_until("the first node frees everything",
+                   lambda: not a.status()["sessions"]
+                   and a.status()["devices"][0]["used_bytes"] == 0)
+    finally:
+        a.stop()
+        b.stop()

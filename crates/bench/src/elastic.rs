@@ -88,22 +88,38 @@ pub fn run(args: &[String]) -> Result<()> {
     for &size in sizes.iter().filter(|_| only != Some("warm-up")) {
         let copy = copy_time(size);
         let (_server, addr) = Server::start_with(&["--devices", "emu:2:8GiB"])?;
-        let m = migrate_under_load(&addr, size)?;
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        println!(
-            "{:>8}: total {:8.1} ms ({:4.2}x the plain copy {:8.1} ms), stop {:7.1} ms \
-             copying {:6.1} KiB after {} round(s), longest kernel stall seen by the client {:7.1} ms",
-            human(size),
-            ms(m.total),
-            ms(m.total) / ms(copy),
-            ms(copy),
-            m.figures.stop_us as f64 / 1e3,
-            m.figures.stop_bytes as f64 / 1024.0,
-            m.figures.rounds,
-            ms(m.stall)
-        );
+        let m = migrate_under_load(&addr, size, None)?;
+        print_move(size, &m, copy);
+    }
+    println!(
+        "\n== migration to another node (two gpufuse serve on unix sockets of this host), with \
+         pre-copy, under a steady kernel load =="
+    );
+    for &size in sizes.iter().filter(|_| only != Some("warm-up")) {
+        let copy = copy_time(size);
+        let (_a, a) = Server::start_with(&["--devices", "emu:1:8GiB"])?;
+        let (_b, b) = Server::start_with(&["--devices", "emu:1:8GiB"])?;
+        let m = migrate_under_load(&a, size, Some(&b))?;
+        print_move(size, &m, copy);
     }
     Ok(())
+}
+
+/// One row of a migration table.
+fn print_move(size: u64, m: &MoveSeen, copy: Duration) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "{:>8}: total {:8.1} ms ({:4.2}x the plain copy {:8.1} ms), stop {:7.1} ms \
+         copying {:6.1} KiB after {} round(s), longest kernel stall seen by the client {:7.1} ms",
+        human(size),
+        ms(m.total),
+        ms(m.total) / ms(copy),
+        ms(copy),
+        m.figures.stop_us as f64 / 1e3,
+        m.figures.stop_bytes as f64 / 1024.0,
+        m.figures.rounds,
+        ms(m.stall)
+    );
 }
 
 struct Cleanup(std::path::PathBuf);
@@ -236,9 +252,9 @@ struct MoveSeen {
     stall: Duration,
 }
 
-/// Moves a filled session between the node's devices while a thread launches kernels that
-/// write a small working buffer.
-fn migrate_under_load(addr: &Address, size: u64) -> Result<MoveSeen> {
+/// Moves a filled session between the node's devices (or, with `to_node`, to device 0 of that
+/// node) while a thread launches kernels that write a small working buffer.
+fn migrate_under_load(addr: &Address, size: u64, to_node: Option<&Address>) -> Result<MoveSeen> {
     let (mut conn, id) = open(addr)?;
     let big = fill(&mut conn, size)?;
     let ReplyBody::Ptr(ptr) = conn.call(&Request::MemAlloc {
@@ -312,16 +328,21 @@ fn migrate_under_load(addr: &Address, size: u64) -> Result<MoveSeen> {
         .find(|s| s.id == id)
         .map(|s| s.device)
         .context("no session")?;
-    let hello = Connection::hello(
-        SessionKind::Migrate {
+    let kind = match to_node {
+        None => SessionKind::Migrate {
             session: id,
             device: 1 - device,
         },
-        String::new(),
-        ResourceRequest::default(),
-    );
+        Some(node) => SessionKind::MigrateTo {
+            session: id,
+            node: node.to_string(),
+            device: 0,
+            token: String::new(),
+        },
+    };
+    let hello = Connection::hello(kind, String::new(), ResourceRequest::default());
     let t = Instant::now();
-    let answer = Connection::one_shot(addr, &hello)?;
+    let answer = Connection::one_shot_within(addr, &hello, Duration::from_secs(330))?;
     let total = t.elapsed();
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -340,11 +361,13 @@ fn migrate_under_load(addr: &Address, size: u64) -> Result<MoveSeen> {
         bail!("the untouched buffer changed across the move");
     }
     match answer {
-        ServerHello::MigratedWith { figures, .. } => Ok(MoveSeen {
-            total,
-            figures,
-            stall,
-        }),
+        ServerHello::MigratedWith { figures, .. } | ServerHello::MovedToNode { figures, .. } => {
+            Ok(MoveSeen {
+                total,
+                figures,
+                stall,
+            })
+        }
         ServerHello::Refused { reason } => bail!("the move was refused: {reason}"),
         _ => bail!("unexpected answer to the move"),
     }

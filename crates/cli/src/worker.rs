@@ -50,6 +50,10 @@ pub struct WorkerArgs {
     /// The node promises more device memory than it has (`--vram-oversubscribe`).
     #[arg(long)]
     oversubscribed: bool,
+    /// The session moves in from another node: the connection brings its state, and its
+    /// client resumes it with this key (`docs/migration.md`).
+    #[arg(long)]
+    incoming_key: Option<u64>,
 }
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
@@ -151,14 +155,26 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
         commands,
         open_device: Some(open_device),
     };
-    let result = gpufuse_worker::serve_elastic(
-        conn,
-        a.session,
-        device.as_mut(),
-        &mut ledger,
-        a.limit,
-        elastic,
-    );
+    let result = match a.incoming_key {
+        Some(key) => gpufuse_worker::serve_incoming(
+            conn,
+            a.session,
+            a.device_index,
+            device.as_mut(),
+            &mut ledger,
+            a.limit,
+            elastic,
+            key,
+        ),
+        None => gpufuse_worker::serve_elastic(
+            conn,
+            a.session,
+            device.as_mut(),
+            &mut ledger,
+            a.limit,
+            elastic,
+        ),
+    };
     if let Err(e) = &result {
         tracing::warn!(session = a.session, "session ended: {e}");
     }

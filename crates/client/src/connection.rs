@@ -126,6 +126,14 @@ pub struct Connection {
     silence: std::time::Duration,
     /// The host arena the worker maps too (shared-memory sessions only: `host.rs`).
     arena: Option<std::sync::Arc<gpufuse_transport::arena::HostArena>>,
+    /// The hello this session was opened with: a session that moves to another node says
+    /// hello there again (`Resume`).
+    hello: Option<ClientHello>,
+    /// The frame of the last synchronous request: sent again to the node a session moved to,
+    /// when the move answered it instead of running it ([`FrameKind::Moved`]).
+    last_sync: Vec<u8>,
+    /// Whether the session asked for the shared-memory transport (it asks again after a move).
+    transport: Transport,
 }
 
 impl Connection {
@@ -151,6 +159,7 @@ impl Connection {
             source,
         })?;
         let (mut c, accepted) = Self::handshake(stream, hello)?;
+        c.transport = transport;
         let unix = matches!(c.conn.stream(), gpufuse_transport::Stream::Unix(_));
         match transport {
             Transport::Socket => {}
@@ -190,6 +199,15 @@ impl Connection {
     /// tells whether the worker lives. A refusal (`ClientError::Cuda`) leaves the socket in
     /// use; any other error means the connection is lost.
     pub fn upgrade_to_shm(&mut self) -> Result<(), ClientError> {
+        self.upgrade_to_shm_with(None)
+    }
+
+    /// [`Connection::upgrade_to_shm`], offering the worker `arena` (the host arena of the
+    /// session's earlier connection, whose blocks the application holds) instead of a new one.
+    fn upgrade_to_shm_with(
+        &mut self,
+        keep: Option<std::sync::Arc<gpufuse_transport::arena::HostArena>>,
+    ) -> Result<(), ClientError> {
         use gpufuse_transport::shm::{ShmRegion, Side, DEFAULT_RING};
         if self.conn.stream().is_shm() {
             return Ok(());
@@ -205,7 +223,7 @@ impl Connection {
         let region = ShmRegion::create(DEFAULT_RING, DEFAULT_RING)
             .map_err(|e| ClientError::Shm(format!("cannot create the mapping: {e}")))?;
         let (request_ring, reply_ring) = region.ring_bytes();
-        let arena = crate::host::new_arena();
+        let arena = keep.or_else(crate::host::new_arena);
         let mut fds = region.fds();
         fds.extend(arena.as_ref().map(|a| a.fd()));
         self.flush()?;
@@ -267,6 +285,9 @@ impl Connection {
             async_error: None,
             silence: call_timeout(),
             arena: None,
+            hello: Some(hello.clone()),
+            last_sync: Vec::new(),
+            transport: Transport::Auto,
         };
         let mut frame = Vec::new();
         encode_frame(&mut frame, FrameKind::Hello, 0, 0, hello);
@@ -346,6 +367,15 @@ impl Connection {
     /// Sends `hello` to the node at `addr` and returns its answer: for the hellos the node
     /// answers itself (`Status`, `Check`, `End`).
     pub fn one_shot(addr: &Address, hello: &ClientHello) -> Result<ServerHello, ClientError> {
+        Self::one_shot_within(addr, hello, hello_timeout())
+    }
+
+    /// [`Connection::one_shot`] for a hello whose answer may take `timeout` (a move).
+    pub fn one_shot_within(
+        addr: &Address,
+        hello: &ClientHello,
+        timeout: std::time::Duration,
+    ) -> Result<ServerHello, ClientError> {
         let stream = addr.connect().map_err(|source| ClientError::Connect {
             addr: addr.to_string(),
             source,
@@ -354,7 +384,6 @@ impl Connection {
         let mut frame = Vec::new();
         encode_frame(&mut frame, FrameKind::Hello, 0, 0, hello);
         conn.send(&frame).map_err(|e| ClientError::Lost(e.into()))?;
-        let timeout = hello_timeout();
         let _ = conn.stream().set_read_timeout(Some(timeout));
         let (_, body) = conn.recv().map_err(|e| no_answer(e, timeout))?;
         decode_owned::<ServerHello>(body).map_err(ClientError::Protocol)
@@ -401,14 +430,63 @@ impl Connection {
 
     /// The header of the next frame that is not a heartbeat (those only say the worker is
     /// alive while it works; receiving them is what keeps a long call from timing out).
+    /// A session that moved to another node meanwhile is followed there ([`FrameKind::Moved`]).
     fn next_reply_header(&mut self) -> Result<gpufuse_proto::FrameHeader, ClientError> {
         loop {
             let header = self.conn.peek_header().map_err(|e| self.lost(e))?;
-            if header.kind != FrameKind::Heartbeat {
-                return Ok(header);
+            match header.kind {
+                FrameKind::Heartbeat => self.conn.skip_frame().map_err(|e| self.lost(e))?,
+                FrameKind::Moved => {
+                    let moved = match self.conn.recv() {
+                        Ok((_, body)) => decode_owned::<gpufuse_proto::Moved>(body)
+                            .map_err(ClientError::Protocol)?,
+                        Err(e) => return Err(self.lost(e)),
+                    };
+                    self.follow(moved)?;
+                }
+                _ => return Ok(header),
             }
-            self.conn.skip_frame().map_err(|e| self.lost(e))?;
         }
+    }
+
+    /// The session moved to another node (`docs/migration.md`): says hello there with the
+    /// move's key, keeps the transport it had (the shared-memory rings, with the same host
+    /// arena, when the node is on this host too), and sends the request the move answered
+    /// again. Everything the session sent before that request ran where it was; the request
+    /// and what follows run there.
+    fn follow(&mut self, moved: gpufuse_proto::Moved) -> Result<(), ClientError> {
+        let addr: Address = moved.address.parse().map_err(ClientError::BadAddress)?;
+        let hello = ClientHello {
+            kind: gpufuse_proto::SessionKind::Resume { key: moved.key },
+            ..self.hello.clone().ok_or(ClientError::UnexpectedReply)?
+        };
+        let stream = addr.connect().map_err(|source| ClientError::Connect {
+            addr: addr.to_string(),
+            source,
+        })?;
+        let (mut c, _accepted) = Self::handshake(stream, &hello)?;
+        let unix = matches!(c.conn.stream(), gpufuse_transport::Stream::Unix(_));
+        let was_shm = self.conn.stream().is_shm();
+        if unix && (was_shm || self.transport == Transport::Shm) {
+            match c.upgrade_to_shm_with(self.arena.clone()) {
+                Ok(()) => {}
+                Err(e) if self.transport == Transport::Shm => return Err(e),
+                Err(_) => {}
+            }
+        }
+        // The new connection's own requests (the rings' attach) are done; this one's request
+        // ids, queued copies and errors go on.
+        self.conn = c.conn;
+        self.arena = c.arena;
+        self.hello = Some(ClientHello {
+            kind: gpufuse_proto::SessionKind::Cuda,
+            ..hello
+        });
+        self.set_call_timeout(self.silence);
+        if let Err(e) = self.conn.send(&self.last_sync) {
+            return Err(self.lost(e.into()));
+        }
+        Ok(())
     }
 
     /// Queues a quiet request; it is sent with the next flush.
@@ -545,7 +623,14 @@ impl Connection {
     fn send_request(&mut self, req: &Request) -> Result<u64, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
+        let start = self.out.len();
         encode_frame(&mut self.out, FrameKind::Request, 0, id, req);
+        // Kept in case the session moves to another node before it runs (`follow`).
+        self.last_sync.clear();
+        self.last_sync.extend_from_slice(&self.out[start..]);
+        if self.last_sync.capacity() > 1 << 20 && self.last_sync.len() < 4096 {
+            self.last_sync.shrink_to(4096);
+        }
         self.flush()?;
         Ok(id)
     }

@@ -24,6 +24,7 @@ pub mod ask;
 mod claims;
 mod embedded;
 mod link;
+mod moves;
 pub mod observed;
 mod place;
 mod view;
@@ -277,15 +278,27 @@ impl Controller {
                 let reply = place::end(self, &hello, session);
                 answer(&mut conn, &reply);
             }
-            // Moves within a node are the node's (`gpufuse migrate --server NODE`); moves
-            // between nodes through the controller are not built yet (docs/migration.md).
+            // Moves within a node are the node's (`gpufuse migrate --server NODE`).
             SessionKind::Migrate { .. } => answer(
                 &mut conn,
                 &refused(
-                    "a controller does not move sessions yet: ask the session's node \
-                     (gpufuse migrate --server NODE_ADDR)"
+                    "through a controller, name the node too: gpufuse migrate ID --to \
+                     NODE:DEVICE (or ask the session's node: --server NODE_ADDR)"
                         .into(),
                 ),
+            ),
+            SessionKind::MigrateTo {
+                session,
+                ref node,
+                device,
+                ..
+            } => {
+                let reply = moves::migrate(self, &hello, session, node, device);
+                answer(&mut conn, &reply);
+            }
+            SessionKind::MoveIn { .. } | SessionKind::Resume { .. } => answer(
+                &mut conn,
+                &refused("this is a gpufuse controller: sessions move between nodes".into()),
             ),
             SessionKind::EndClaim => answer(
                 &mut conn,

@@ -14,7 +14,7 @@ use gpufuse_transport::{Address, Conn};
 use crate::{answer, refused, unix_now, Controller, PlacementAsk};
 
 /// How long a grant is good for: the client uses it at once.
-const GRANT_SECONDS: u64 = 30;
+pub(crate) const GRANT_SECONDS: u64 = 30;
 /// How long the controller waits for a node to end a preempted session.
 const END_TIMEOUT: Duration = Duration::from_secs(12);
 
@@ -328,11 +328,20 @@ fn end_victims(c: &Controller, victims: &[Victim]) -> Result<(), String> {
 }
 
 fn one_shot(address: &str, hello: &ClientHello) -> Result<ServerHello, String> {
+    one_shot_within(address, hello, END_TIMEOUT)
+}
+
+/// Sends `hello` to the node at `address` and returns its answer, waiting `timeout` for it.
+pub(crate) fn one_shot_within(
+    address: &str,
+    hello: &ClientHello,
+    timeout: Duration,
+) -> Result<ServerHello, String> {
     let addr: Address = address.parse().map_err(|e| format!("{e}"))?;
     let stream = addr
         .connect()
         .map_err(|e| format!("cannot reach {address}: {e}"))?;
-    let _ = stream.set_read_timeout(Some(END_TIMEOUT));
+    let _ = stream.set_read_timeout(Some(timeout));
     let mut conn = Conn::new(stream);
     let mut frame = Vec::new();
     encode_frame(&mut frame, FrameKind::Hello, 0, 0, hello);

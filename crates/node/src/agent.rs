@@ -76,8 +76,10 @@ struct AgentBooks {
     grant_key: Option<Vec<u8>>,
     /// The node's sessions that a grant admitted: node id -> (pool id, tenant).
     granted: HashMap<u64, (u64, String)>,
-    /// Grants already used (pool id -> their expiry): a grant starts one session.
-    used: HashMap<u64, u64>,
+    /// Grants already used (pool id and expiry -> expiry): a grant starts one session. A
+    /// session that moves here from another node comes with a grant of its own, for the same
+    /// pool id, issued later.
+    used: HashMap<(u64, u64), u64>,
 }
 
 /// Longest wait between connection attempts to the controller.
@@ -346,6 +348,9 @@ pub fn intercepts(link: &PoolLink, hello: &ClientHello) -> bool {
         SessionKind::Cuda => true,
         SessionKind::Check => link.local.is_some(),
         SessionKind::End { .. } => hello.token.starts_with(END_ORDER_KIND),
+        // A session moving in from another node needs a grant on a pool node; `gpufuse
+        // serve`'s own controller lets the node admit it on the device asked.
+        SessionKind::MoveIn { .. } => link.local.is_none(),
         _ => false,
     }
 }
@@ -449,7 +454,10 @@ pub fn serve_hello(
             }
             {
                 let mut b = link.books();
-                if b.used.insert(grant.session, grant.expires).is_some() {
+                if b.used
+                    .insert((grant.session, grant.expires), grant.expires)
+                    .is_some()
+                {
                     return refuse(&mut conn, "the grant was used already".into());
                 }
             }
@@ -471,6 +479,12 @@ fn admit_granted(
     state: &Shared,
     config: &NodeConfig,
 ) {
+    if let SessionKind::MoveIn { device, bytes, .. } = hello.kind {
+        // A session moving in brings its memory: the device must hold it.
+        if let Err(reason) = crate::spawn::room_for_incoming(state, device, bytes) {
+            return refuse(&mut conn, reason);
+        }
+    }
     let mut hello = hello;
     hello.resources.vram_bytes = grant.vram_bytes;
     hello.resources.compute_percent = grant.compute_percent;
@@ -510,5 +524,9 @@ fn admit_granted(
         .granted
         .insert(a.id, (grant.session, grant.tenant.clone()));
     let _ = conn.stream().set_read_timeout(None);
-    crate::spawn::run_worker(conn, tcp, a, grant.vram_bytes, state, config);
+    let incoming = match hello.kind {
+        SessionKind::MoveIn { window_base, .. } => Some(crate::spawn::Incoming::new(window_base)),
+        _ => None,
+    };
+    crate::spawn::run_worker(conn, tcp, a, grant.vram_bytes, state, config, incoming);
 }

@@ -122,19 +122,52 @@ impl CommandLine {
         )
     }
 
+    /// [`CommandLine::ask`] for `MigrateOut`, answered by a [`MoveOutcome`].
+    pub fn ask_move_out(&self, cmd: NodeCommand, timeout: Duration) -> Option<MoveOutcome> {
+        self.exchange(cmd, timeout, |body| decode_owned(body).ok())
+    }
+
+    /// Hands the worker of an incoming session its client's connection (`Adopt`, with the
+    /// descriptor attached).
+    pub fn hand_over(
+        &self,
+        fd: std::os::fd::OwnedFd,
+        tcp: bool,
+        timeout: Duration,
+    ) -> Option<ControlAnswer> {
+        self.exchange_with_fd(NodeCommand::Adopt { tcp }, Some(fd), timeout, |body| {
+            decode_owned(body).ok()
+        })
+    }
+
     fn exchange<T>(
         &self,
         cmd: NodeCommand,
         timeout: Duration,
         decode: impl Fn(&[u8]) -> Option<T>,
     ) -> Option<T> {
+        self.exchange_with_fd(cmd, None, timeout, decode)
+    }
+
+    fn exchange_with_fd<T>(
+        &self,
+        cmd: NodeCommand,
+        fd: Option<std::os::fd::OwnedFd>,
+        timeout: Duration,
+        decode: impl Fn(&[u8]) -> Option<T>,
+    ) -> Option<T> {
+        use std::os::fd::AsFd;
         let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let (conn, next) = &mut *g;
         let id = *next;
         *next += 1;
         let mut out = Vec::new();
         encode_frame(&mut out, FrameKind::Control, 0, id, &cmd);
-        conn.send(&out).ok()?;
+        match &fd {
+            Some(fd) => conn.send_with_fds(&out, &[fd.as_fd()]).ok()?,
+            None => conn.send(&out).ok()?,
+        }
+        drop(fd);
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.checked_duration_since(Instant::now())?;
@@ -163,6 +196,9 @@ pub struct SessionElastic {
     pub last_active: Instant,
     /// The session is waiting for room itself (never a victim then: it cannot answer).
     pub waiting: bool,
+    /// A session moved here from another node whose client has not resumed it yet: the
+    /// one-time key its `Resume` hello brings (`spawn::resume`).
+    pub incoming_key: Option<u64>,
 }
 
 impl Default for SessionElastic {
@@ -173,6 +209,7 @@ impl Default for SessionElastic {
             swapped_disk: 0,
             last_active: Instant::now(),
             waiting: false,
+            incoming_key: None,
         }
     }
 }
@@ -208,6 +245,78 @@ const EVICT_WAIT: Duration = Duration::from_secs(10);
 const ROOM_WAIT: Duration = Duration::from_secs(60);
 /// How long a move may take before the node gives up on its answer.
 const MIGRATE_WAIT: Duration = Duration::from_secs(300);
+
+/// Moves session `id` to device `device` of the node at `address` (`token`: the hello token
+/// there, a controller's grant in a pool): the worker copies the session there while it runs
+/// and hands it over at its client's next synchronous call (`gpufuse_worker`'s `remote.rs`).
+/// A refusal leaves the session where it was. The session's books here are released when
+/// its worker ends, once the client has gone to the other node.
+pub fn migrate_out(
+    state: &Shared,
+    id: u64,
+    address: &str,
+    device: u32,
+    token: &str,
+) -> ServerHello {
+    let refused = |reason: String| ServerHello::Refused { reason };
+    let started = Instant::now();
+    let (line, cmd, source) = {
+        let s = lock(state);
+        let Some(rec) = s.sessions.get(&id) else {
+            return refused(format!("there is no session {id}"));
+        };
+        if rec.elastic.incoming_key.is_some() {
+            return refused(format!(
+                "session {id} is still arriving from another node (its client has not resumed it)"
+            ));
+        }
+        let Some(line) = rec.elastic.commands.clone() else {
+            return refused(format!("session {id}'s worker takes no commands"));
+        };
+        let cmd = NodeCommand::MigrateOut {
+            address: address.to_string(),
+            token: token.to_string(),
+            device,
+            resources: gpufuse_proto::ResourceRequest {
+                vram_bytes: rec.limit,
+                compute_percent: rec.compute,
+                tflops: None,
+                qos: rec.qos,
+            },
+            pid: rec.pid,
+            program: rec.program.clone(),
+        };
+        (line, cmd, rec.device)
+    };
+    match line.ask_move_out(cmd, MIGRATE_WAIT) {
+        Some(MoveOutcome::MovedAway { session, figures }) => {
+            tracing::info!(
+                session = id,
+                to = address,
+                device,
+                new_session = session,
+                stop_us = figures.stop_us,
+                rounds = figures.rounds,
+                stop_bytes = figures.stop_bytes,
+                "session moved to another node"
+            );
+            ServerHello::MovedToNode {
+                session: id,
+                node: address.to_string(),
+                new_session: session,
+                device,
+                total_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                figures,
+            }
+        }
+        Some(MoveOutcome::Refused { reason }) => refused(format!(
+            "session {id} cannot move: {reason}; it stays on device {source}"
+        )),
+        Some(MoveOutcome::Moved(_)) | None => refused(format!(
+            "session {id}'s worker did not answer the move; it stays on device {source}"
+        )),
+    }
+}
 
 /// Session `id` needs `bytes` more on its device than is free: asks other sessions of the
 /// device, least recently active first and never one running a kernel, to move memory out.
@@ -356,7 +465,7 @@ pub fn migrate(state: &Shared, id: u64, target: u32) -> ServerHello {
                 "session {id} cannot move: {reason}; it stays on device {source}"
             ))
         }
-        None => {
+        Some(MoveOutcome::MovedAway { .. }) | None => {
             return refused(format!(
                 "session {id}'s worker did not answer the move; it stays on device {source}"
             ))

@@ -466,6 +466,10 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
     if !SUPPORTED_VERSIONS.contains(&hello.protocol_version) {
         return refuse_version(&mut conn, hello.protocol_version);
     }
+    // A client whose session moved here: its one-time key is its authority.
+    if let SessionKind::Resume { key } = hello.kind {
+        return spawn::resume(conn, key, state);
+    }
     // A Kubernetes claim's token: only while the claim is prepared here, only on its device.
     let pinned = match hello.kind {
         SessionKind::Cuda | SessionKind::Check => {
@@ -527,11 +531,41 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
             };
             answer(&mut conn, &reply);
         }
+        SessionKind::MigrateTo {
+            session,
+            ref node,
+            device,
+            ref token,
+        } => {
+            let reply = match elastic::may_manage(state, config, session, claims.as_ref()) {
+                Ok(()) => elastic::migrate_out(state, session, node, device, token),
+                Err(reason) => ServerHello::Refused { reason },
+            };
+            answer(&mut conn, &reply);
+        }
+        // Answered above.
+        SessionKind::Resume { .. } => {}
         SessionKind::EndClaim => {
             let reply = claims::end_claim(state, config, claims.as_ref(), &hello);
             answer(&mut conn, &reply);
         }
-        SessionKind::Cuda => {
+        SessionKind::Cuda | SessionKind::MoveIn { .. } => {
+            let incoming = match hello.kind {
+                SessionKind::MoveIn {
+                    session,
+                    device,
+                    window_base,
+                    bytes,
+                } => {
+                    tracing::info!(from_session = session, device, bytes, "a session moves in");
+                    if let Err(reason) = spawn::room_for_incoming(state, device, bytes) {
+                        return refuse(&mut conn, reason);
+                    }
+                    Some((device, spawn::Incoming::new(window_base)))
+                }
+                _ => None,
+            };
+            let allowed = |d: u32| allowed(d) && incoming.is_none_or(|(want, _)| want == d);
             if let Err(reason) = admin::bound_compute(&mut hello, claims.as_ref()) {
                 return refuse(&mut conn, reason);
             }
@@ -560,7 +594,8 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
             };
             admin::set_subject(state, a.id, claims.as_ref());
             set_timeout(conn.stream(), None);
-            spawn::run_worker(conn, tcp, a, limit, state, config);
+            let incoming = incoming.map(|(_, i)| i);
+            spawn::run_worker(conn, tcp, a, limit, state, config, incoming);
         }
     }
 }

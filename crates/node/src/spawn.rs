@@ -10,9 +10,51 @@ use std::sync::Arc;
 
 use crate::{lock, refuse, Admitted, DeviceQueue, NodeConfig, Shared, WINDOW};
 
+/// A session moving here from another node (a `MoveIn` hello): its worker starts at the
+/// session's own address window and receives its state on the connection; its client later
+/// resumes it with `key` (a `Resume` hello, [`resume`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Incoming {
+    pub window_base: u64,
+    pub key: u64,
+}
+
+/// Whether device `device` has room for the `bytes` a session moving in holds (its memory
+/// comes with it, slice or not), as a move between a node's devices checks.
+pub fn room_for_incoming(state: &Shared, device: u32, bytes: u64) -> Result<(), String> {
+    let s = lock(state);
+    let d = s
+        .devices
+        .get(device as usize)
+        .ok_or_else(|| format!("this node has no device {device}"))?;
+    let free = d.total.saturating_sub(d.used);
+    if bytes > free {
+        return Err(format!(
+            "device {device} has {} free; the session holds {}",
+            crate::admin::human_bytes(free),
+            crate::admin::human_bytes(bytes)
+        ));
+    }
+    Ok(())
+}
+
+impl Incoming {
+    /// For a session arriving at `window_base`, with a fresh one-time key.
+    pub fn new(window_base: u64) -> Self {
+        let random = gpufuse_auth::new_secret();
+        let mut key = [0u8; 8];
+        key.copy_from_slice(&random[..8]);
+        Self {
+            window_base,
+            key: u64::from_le_bytes(key),
+        }
+    }
+}
+
 /// Starts `gpufuse worker` for session `id` with the client connection as its stdin and a
 /// control socket as its stdout, serves the control socket until the worker exits, then
-/// releases everything the session held.
+/// releases everything the session held. `incoming`: the session moves in from another node
+/// (the connection is the leaving worker's, bringing its state).
 pub fn run_worker(
     mut conn: Conn,
     tcp: bool,
@@ -20,8 +62,10 @@ pub fn run_worker(
     limit: Option<u64>,
     state: &Shared,
     config: &NodeConfig,
+    incoming: Option<Incoming>,
 ) {
     let Admitted { id, device, base } = admitted;
+    let base = incoming.map_or(base, |i| i.window_base);
     let (total, kind, cc, queue, tenant, host) = {
         let s = lock(state);
         let tenant = s.sessions.get(&id).and_then(|r| r.subject.clone());
@@ -89,6 +133,9 @@ pub fn run_worker(
     if let Some(l) = limit {
         cmd.args(["--limit", &l.to_string()]);
     }
+    if let Some(i) = incoming {
+        cmd.args(["--incoming-key", &i.key.to_string()]);
+    }
     let commands_fd = {
         use std::os::fd::AsRawFd;
         commands_child.as_raw_fd()
@@ -152,6 +199,7 @@ pub fn run_worker(
     if let Some(s) = lock(state).sessions.get_mut(&id) {
         s.worker_pid = child.id();
         s.elastic.commands = Some(crate::elastic::CommandLine::new(commands));
+        s.elastic.incoming_key = incoming.map(|i| i.key);
     }
     crate::admin::log_started(state, id);
     serve_control(control, id, state, queue);
@@ -164,6 +212,44 @@ pub fn run_worker(
     let status = child.wait();
     crate::admin::log_ended(state, id, &status);
     release(state, id);
+}
+
+/// A client resumes its session, moved here from another node (a `Resume` hello with the key
+/// the move gave it): its connection goes to the worker that holds the session, which
+/// answers the hello. The key works once.
+pub fn resume(mut conn: Conn, key: u64, state: &Shared) {
+    let found = {
+        let mut s = lock(state);
+        s.sessions
+            .iter_mut()
+            .find(|(_, r)| r.elastic.incoming_key == Some(key))
+            .map(|(&id, r)| {
+                r.elastic.incoming_key = None;
+                (id, r.elastic.commands.clone())
+            })
+    };
+    let Some((id, Some(line))) = found else {
+        return refuse(
+            &mut conn,
+            "no session here is waiting for a client with that key (it was used, or the \
+             session ended)"
+                .into(),
+        );
+    };
+    // Plain TCP stays TCP; a TLS client's worker end is a unix socket pair (the relay carries
+    // the TLS), as for any session.
+    let tcp = conn.stream().is_tcp();
+    let _ = conn.stream().set_read_timeout(None);
+    let Some(fd) = conn_into_fd(conn, id) else {
+        return;
+    };
+    match line.hand_over(fd, tcp, std::time::Duration::from_secs(10)) {
+        Some(a) if a.ok => tracing::info!(session = id, "its client resumed the moved session"),
+        _ => tracing::warn!(
+            session = id,
+            "the moved session's worker did not take its client"
+        ),
+    }
 }
 
 /// The descriptor the worker serves its client on: the client's socket itself, or for TLS one

@@ -8,11 +8,13 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
 /// the bulk tail's length (bytes 12..16, reserved before); texture and surface objects.
 /// 7: the pool (node agents, redirects and grants, the pool's status), elastic sessions
 /// (node commands, migration, swapped bytes in a session's status). 8: a node's status carries
-/// the sessions waiting for capacity (`gpufuse serve`'s own controller).
-pub const PROTOCOL_VERSION: u16 = 9;
+/// the sessions waiting for capacity (`gpufuse serve`'s own controller). 9: pinned-memory
+/// arena copies, pre-copy moves, claim ends. 10: moves between nodes (`MoveIn`, `Resume`,
+/// `MigrateTo` hellos; `Move`, `MoveReply` and `Moved` frames).
+pub const PROTOCOL_VERSION: u16 = 10;
 /// The protocol versions this build speaks. Both sides check every header against it; the
 /// node refuses a hello outside it with a reason naming both sides' versions.
-pub const SUPPORTED_VERSIONS: std::ops::RangeInclusive<u16> = 9..=PROTOCOL_VERSION;
+pub const SUPPORTED_VERSIONS: std::ops::RangeInclusive<u16> = 10..=PROTOCOL_VERSION;
 /// Largest body accepted from the wire. A 64 MiB copy chunk plus its envelope fits.
 pub const MAX_BODY_LEN: u32 = 64 * 1024 * 1024 + 64 * 1024;
 /// Host-to-device copies larger than this are split into several requests.
@@ -38,6 +40,15 @@ pub enum FrameKind {
     Control = 6,
     /// The node's answer to a control request, with its id: [`crate::ControlAnswer`].
     ControlReply = 7,
+    /// A worker moving its session to another node sends its state to the worker there:
+    /// [`crate::MoveMessage`].
+    Move = 8,
+    /// The receiving worker's answer to a [`crate::MoveMessage::Commit`]: [`crate::MoveAck`].
+    MoveReply = 9,
+    /// Instead of a reply: the session has moved to another node, and the request this frame
+    /// answers (same id) was not run; the client says hello there ([`crate::Moved`]) and
+    /// sends the request again.
+    Moved = 10,
 }
 
 impl FrameKind {
@@ -50,6 +61,9 @@ impl FrameKind {
             5 => Self::Heartbeat,
             6 => Self::Control,
             7 => Self::ControlReply,
+            8 => Self::Move,
+            9 => Self::MoveReply,
+            10 => Self::Moved,
             other => return Err(ProtoError::UnknownFrameKind(other)),
         })
     }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub type Status = i32;
 
 /// Which kind of session a hello opens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SessionKind {
     /// A CUDA application: the connection is handed to a worker process.
     Cuda,
@@ -31,6 +31,32 @@ pub enum SessionKind {
     /// the hello's own token names, sent by the DRA plugin when the kubelet unprepares the
     /// claim: the node answers `ClaimEnded` once they are released.
     EndClaim,
+    /// A worker moving its session here from another node (`docs/migration.md`): the node
+    /// admits it on device `device` as it would a `Cuda` hello with the same token and
+    /// resources, and starts a worker for it at the session's address window `window_base`;
+    /// the connection then carries the session's state ([`MoveMessage`] frames). `session`
+    /// is the session's id on the node it leaves (for the logs); `bytes` what it holds there
+    /// (the device must have that much room, whatever its slice).
+    MoveIn {
+        session: u64,
+        device: u32,
+        window_base: u64,
+        bytes: u64,
+    },
+    /// A client whose session moved here ([`Moved`]): the connection is handed to the worker
+    /// that holds the session, which answers the hello. `key` is the one-time key the move
+    /// gave the client.
+    Resume { key: u64 },
+    /// A one-shot request to move session `session` to device `device` of another node
+    /// (`gpufuse migrate --to NODE:DEVICE`). At a node, `node` is the target node's address
+    /// and `token` the token to present there; at a controller, `node` is the target node's
+    /// name and the controller grants the place itself.
+    MigrateTo {
+        session: u64,
+        node: String,
+        device: u32,
+        token: String,
+    },
 }
 
 /// Quality-of-service level of a session.
@@ -221,6 +247,16 @@ pub enum ServerHello {
     ClaimEnded {
         sessions: u32,
     },
+    /// A `MigrateTo` hello's session runs on node `node` now, as that node's session
+    /// `new_session` on its device `device`; `figures` as for [`ServerHello::MigratedWith`].
+    MovedToNode {
+        session: u64,
+        node: String,
+        new_session: u64,
+        device: u32,
+        total_us: u64,
+        figures: MoveFigures,
+    },
 }
 
 /// What a move with pre-copy did (`docs/migration.md`): the session's memory was copied while
@@ -248,6 +284,55 @@ pub enum MoveOutcome {
     Refused {
         reason: String,
     },
+    /// Moved to another node ([`NodeCommand::MigrateOut`]), where it is session `session`.
+    MovedAway {
+        session: u64,
+        figures: MoveFigures,
+    },
+}
+
+/// What a worker moving its session to another node sends the worker there (frames of kind
+/// [`crate::FrameKind::Move`]), in this order: a layout, chunks of contents, the books.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MoveMessage {
+    /// A part of a layout (a device state image, encoded with its magic and version, without
+    /// the contents of its allocations), `total` bytes in all: once the parts add up to it,
+    /// the receiver starts over from that layout, rebuilt zeroed on a fresh device. In parts
+    /// because a layout holds the session's module images, which may exceed a frame.
+    Layout {
+        total: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// Contents of device memory at `addr`: `data`, or when it is empty the frame's tail.
+    Chunk {
+        addr: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// The session's books (the sending worker's tables, encoded by the worker), after the
+    /// last chunk: the receiver takes the session over and answers with a [`MoveAck`].
+    Commit(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// The move is off; the receiver frees what it built and ends.
+    Abort { reason: String },
+}
+
+/// The receiving worker's answer to [`MoveMessage::Commit`] (a frame of kind
+/// [`crate::FrameKind::MoveReply`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MoveAck {
+    /// It holds the session now; its client resumes with a `Resume { key }` hello.
+    Ready { key: u64 },
+    /// It cannot take the session (nothing of the session changed where it was).
+    Refused { reason: String },
+}
+
+/// The body of a [`crate::FrameKind::Moved`] frame: where the session runs now, and the key
+/// that resumes it there (a `Resume { key }` hello).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moved {
+    pub address: String,
+    pub key: u64,
 }
 
 /// A node's state as `gpufuse status` shows it.
@@ -851,7 +936,7 @@ pub enum ControlRequest {
 /// [`crate::FrameKind::Control`], answered by a [`ControlAnswer`] of kind
 /// [`crate::FrameKind::ControlReply`]). A worker reads commands only between requests, so a
 /// session running a kernel answers when the kernel ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeCommand {
     /// Move at least `bytes` of the session's device memory out (to disk if `to_disk`, else
     /// to host memory), releasing them from the ledger; `value` is the bytes released.
@@ -863,6 +948,22 @@ pub enum NodeCommand {
     /// [`NodeCommand::Migrate`], answered by a [`MoveOutcome`] instead of a
     /// [`ControlAnswer`]: the move's figures, or why the session cannot move.
     MigrateWithFigures { device: u32 },
+    /// Move the session to device `device` of the node at `address`: a `MoveIn` hello there
+    /// with `token`, the session's `resources`, `pid` and `program`; pre-copy over that
+    /// connection while the session runs; the stop at the client's next synchronous request,
+    /// which is answered with a [`Moved`] frame. Answered by a [`MoveOutcome`].
+    MigrateOut {
+        address: String,
+        token: String,
+        device: u32,
+        resources: ResourceRequest,
+        pid: u32,
+        program: String,
+    },
+    /// The client of an incoming session (a `Resume` hello) is here: its connection's
+    /// descriptor comes with this frame (`SCM_RIGHTS`); `tcp` says whether it is a TCP
+    /// socket. Answered by a [`ControlAnswer`].
+    Adopt { tcp: bool },
 }
 
 /// The node's answer to a [`ControlRequest`] (frames of kind

@@ -739,6 +739,108 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
         }),
     ));
     out.push(("AgentAnswer::Ack", body(&gpufuse_proto::AgentAnswer::Ack)));
+    // Moves between nodes (protocol 10).
+    for (n, k) in [
+        (
+            "SessionKind::MoveIn",
+            SessionKind::MoveIn {
+                session: 3,
+                device: 1,
+                window_base: 4096,
+                bytes: 1500,
+            },
+        ),
+        ("SessionKind::Resume", SessionKind::Resume { key: 5 }),
+        (
+            "SessionKind::MigrateTo",
+            SessionKind::MigrateTo {
+                session: 3,
+                node: "b".into(),
+                device: 1,
+                token: "t".into(),
+            },
+        ),
+    ] {
+        out.push((n, body(&k)));
+    }
+    out.push((
+        "ServerHello::MovedToNode",
+        body(&ServerHello::MovedToNode {
+            session: 3,
+            node: "b".into(),
+            new_session: 5,
+            device: 1,
+            total_us: 4096,
+            figures,
+        }),
+    ));
+    out.push((
+        "MoveOutcome::MovedAway",
+        body(&MoveOutcome::MovedAway {
+            session: 5,
+            figures,
+        }),
+    ));
+    for (n, c) in [
+        (
+            "NodeCommand::MigrateOut",
+            NodeCommand::MigrateOut {
+                address: "b".into(),
+                token: "t".into(),
+                device: 1,
+                resources: ResourceRequest {
+                    vram_bytes: Some(4096),
+                    compute_percent: Some(25),
+                    tflops: None,
+                    qos: Qos::High,
+                },
+                pid: 42,
+                program: "p".into(),
+            },
+        ),
+        ("NodeCommand::Adopt", NodeCommand::Adopt { tcp: true }),
+    ] {
+        out.push((n, body(&c)));
+    }
+    for (n, m) in [
+        (
+            "MoveMessage::Layout",
+            MoveMessage::Layout {
+                total: 4,
+                data: DATA.to_vec(),
+            },
+        ),
+        (
+            "MoveMessage::Chunk",
+            MoveMessage::Chunk {
+                addr: 4096,
+                data: Vec::new(),
+            },
+        ),
+        ("MoveMessage::Commit", MoveMessage::Commit(DATA.to_vec())),
+        (
+            "MoveMessage::Abort",
+            MoveMessage::Abort {
+                reason: "no".into(),
+            },
+        ),
+    ] {
+        out.push((n, body(&m)));
+    }
+    out.push(("MoveAck::Ready", body(&MoveAck::Ready { key: 5 })));
+    out.push((
+        "MoveAck::Refused",
+        body(&MoveAck::Refused {
+            reason: "no".into(),
+        }),
+    ));
+    out.push((
+        "Moved",
+        body(&Moved {
+            address: "b".into(),
+            key: 5,
+        }),
+    ));
     out
 }
 
@@ -754,7 +856,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("ReplyBody::Global", "08806004"),
     ("ReplyBody::Launches", "0901016b010101200101000004deadbeef"),
     ("Reply", "0001f80a010904deadbeef0368690a018020"),
-    ("ClientHello", "090001742a0170018080808004011e0002"),
+    ("ClientHello", "0a0001742a0170018080808004011e0002"),
     ("SessionKind::Status", "01"),
     ("SessionKind::Check", "02"),
     ("SessionKind::End", "0303"),
@@ -783,13 +885,27 @@ const OTHERS: &[(&str, &str)] = &[
     ("NodeCommand::Migrate", "0101"),
     ("NodeCommand::MigrateWithFigures", "0201"),
     ("ControlAnswer", "01e807"),
-    ("FrameHeader", "4746555309000401040302010b0a00008877665544332211"),
+    ("FrameHeader", "474655530a000401040302010b0a00008877665544332211"),
     ("SessionKind::NodeAgent", "04"),
     ("ServerHello::Redirect", "0507756e69783a2f6e0167"),
     ("ServerHello::PoolStatus", "060762696e7061636b000000"),
     ("ServerHello::PoolAgent", "07020102e807"),
     ("NodeReport", "016107756e69783a2f6101047a6f6e6501780100016d808080800480804080808080020a0080f10405070707070707070707070707070707070101070301017400018080808002011902808040"),
     ("AgentAnswer::Ack", "00"),
+    ("SessionKind::MoveIn", "0703018020dc0b"),
+    ("SessionKind::Resume", "0805"),
+    ("SessionKind::MigrateTo", "09030162010174"),
+    ("ServerHello::MovedToNode", "0b03016205018020dc0b02808080800180808080028020"),
+    ("MoveOutcome::MovedAway", "0205dc0b02808080800180808080028020"),
+    ("NodeCommand::MigrateOut", "030162017401018020011900022a0170"),
+    ("NodeCommand::Adopt", "0401"),
+    ("MoveMessage::Layout", "000404deadbeef"),
+    ("MoveMessage::Chunk", "01802000"),
+    ("MoveMessage::Commit", "0204deadbeef"),
+    ("MoveMessage::Abort", "03026e6f"),
+    ("MoveAck::Ready", "0005"),
+    ("MoveAck::Refused", "01026e6f"),
+    ("Moved", "016205"),
 ];
 
 #[test]

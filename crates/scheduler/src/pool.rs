@@ -435,6 +435,64 @@ impl Pool {
     }
 
     /// A waiting client gave up: its request leaves the queue.
+    /// Moves session `id` to device `device` of node `node` in the ledger (a live migration
+    /// the caller carried out, or is about to): its slice and share are charged there and no
+    /// longer where it was; `node_session` is its id on the new node once known. Refused
+    /// with the reason, the ledger unchanged, when the node is not ready or its device
+    /// cannot hold the slice or the share.
+    pub fn relocate(
+        &mut self,
+        id: SessionId,
+        node: &str,
+        device: u32,
+        node_session: Option<u64>,
+    ) -> Result<(), String> {
+        let s = self
+            .sessions
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| format!("there is no session {id} in the pool"))?;
+        let &n = self
+            .by_name
+            .get(node)
+            .ok_or_else(|| format!("there is no node {node} in the pool"))?;
+        let nd = &self.nodes[n as usize];
+        if nd.state != NodeState::Ready {
+            return Err(format!("node {node} is not ready"));
+        }
+        let p = nd
+            .position(device)
+            .ok_or_else(|| format!("node {node} has no device {device}"))?;
+        let d = &nd.devices[p];
+        let here = s.node == node && s.device == device;
+        if !here {
+            let mem = s.memory_charge();
+            let comp = s.compute_percent.unwrap_or(0);
+            if d.free_memory() < mem {
+                return Err(format!(
+                    "device {device} of node {node} has {} not promised; session {id} needs {}",
+                    human_bytes(d.free_memory()),
+                    human_bytes(mem)
+                ));
+            }
+            if d.free_compute() < comp {
+                return Err(format!(
+                    "device {device} of node {node} has {}% compute not promised; session {id} \
+                     needs {comp}%",
+                    d.free_compute()
+                ));
+            }
+        }
+        self.remove_session(id);
+        self.add_session(Session {
+            node: node.to_string(),
+            device,
+            node_session: node_session.or(if here { s.node_session } else { None }),
+            ..s
+        });
+        Ok(())
+    }
+
     pub fn cancel_pending(&mut self, id: SessionId) -> bool {
         let before = self.pending.len();
         self.pending.retain(|p| p.id != id);

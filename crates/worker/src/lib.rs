@@ -16,12 +16,14 @@
 //! Every launch path of the driver API (plain, `_ptsz`, `Ex`, cooperative, graph replays)
 //! arrives here as a `LaunchKernel` request.
 
+mod books;
 pub mod control;
 pub mod heartbeat;
 mod launch;
 mod memory;
 mod migrate;
 mod modules;
+mod remote;
 mod residency;
 mod serve;
 mod streams;
@@ -35,6 +37,7 @@ use gpufuse_transport::TransportError;
 
 pub use control::{ControlLedger, Ledger, LocalLedger};
 pub use migrate::DeviceOpener;
+pub use remote::serve_incoming;
 pub use residency::ElasticConfig;
 pub use serve::{refuse, serve, serve_elastic, Elastic};
 
@@ -125,6 +128,11 @@ impl<'a> Session<'a> {
     pub fn with_elastic(mut self, config: ElasticConfig, session: u64) -> Self {
         self.residency = residency::Residency::new(config, session);
         self
+    }
+
+    /// The session's id on its node.
+    pub fn session_id(&self) -> u64 {
+        self.residency.session
     }
 
     /// Bytes this session holds.

@@ -13,11 +13,12 @@
 //!    the layout checked unchanged (a session that allocated, freed or loaded meanwhile is
 //!    captured and rebuilt whole instead), and the session switches to the target.
 //!
-//! Anything that cannot move refuses the move before anything changed. Moving between nodes
-//! is described in `docs/migration.md`.
+//! Anything that cannot move refuses the move before anything changed. The same rounds move a
+//! session to another node ([`MoveTarget`]: `remote.rs` sends what they copy to the worker
+//! there); `docs/migration.md` describes both.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gpufuse_device::{Device, DeviceImage};
 use gpufuse_proto::{MoveFigures, Request};
@@ -27,6 +28,34 @@ use crate::{DeviceSlot, Session};
 /// Opens the node's device `index` for this session (same address window, same model): how a
 /// worker gets the target of a move.
 pub type DeviceOpener = Box<dyn FnMut(u32) -> Result<Box<dyn Device>, String> + Send>;
+
+/// Where a move copies the session: a fresh device of this node, or the worker on another
+/// node that takes the session over (`remote.rs`).
+pub trait MoveTarget {
+    /// Builds `image` (a layout without contents, or a whole capture), starting over.
+    fn rebuild(&mut self, image: &DeviceImage) -> Result<(), String>;
+    /// Writes `data` at `addr`, inside what the last rebuild built.
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), String>;
+}
+
+impl MoveTarget for Box<dyn Device> {
+    fn rebuild(&mut self, image: &DeviceImage) -> Result<(), String> {
+        Device::rebuild(&mut **self, image).map_err(|e| e.to_string())
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), String> {
+        Device::write(&mut **self, addr, data).map_err(|s| {
+            format!(
+                "copying {} bytes at {addr:#x} to the target failed (CUDA status {s})",
+                data.len()
+            )
+        })
+    }
+}
+
+/// Makes a move's target fresh again (the session's layout changed during pre-copy): a new
+/// device in its place, or the same remote worker, which starts over at the next layout.
+pub type Reopen<'a, T> = &'a mut dyn FnMut(&mut T) -> Result<(), String>;
 
 /// The unit of dirty tracking and copying: ranges are copied and marked dirty in chunks of
 /// this size (the last chunk of a range may be shorter).
@@ -117,8 +146,8 @@ impl Dirt {
 }
 
 /// A move in progress: the target being filled while the session runs.
-pub struct PreCopy {
-    target: Box<dyn Device>,
+pub struct PreCopy<T: MoveTarget = Box<dyn Device>> {
+    target: T,
     /// The layout the target was built from.
     layout: DeviceImage,
     /// The layout's ranges: start -> length.
@@ -139,7 +168,12 @@ pub struct PreCopy {
     started: Instant,
 }
 
-impl PreCopy {
+impl<T: MoveTarget> PreCopy<T> {
+    /// The target, the move given up.
+    pub fn into_target(self) -> T {
+        self.target
+    }
+
     fn chunks(&self, start: u64) -> impl Iterator<Item = u64> + '_ {
         let len = self.ranges.get(&start).copied().unwrap_or(0);
         (0..len.div_ceil(CHUNK)).map(move |k| start + k * CHUNK)
@@ -228,43 +262,25 @@ fn ranges_of(layout: &DeviceImage) -> BTreeMap<u64, u64> {
         .collect()
 }
 
-/// Copies `[addr, addr + len)` from `from` to `to`: in place where the backends let (host
-/// views), else through a buffer.
-fn copy_between(
+/// Copies `[addr, addr + len)` from `from` to `to`: in place where the backend lets (a host
+/// view), else through a buffer.
+fn copy_between<T: MoveTarget>(
     from: &mut dyn Device,
-    to: &mut dyn Device,
+    to: &mut T,
     addr: u64,
     len: u64,
 ) -> Result<(), String> {
-    let failed =
-        |s| format!("copying {len} bytes at {addr:#x} to the target failed (CUDA status {s})");
     if let Some(src) = from.view(addr, len) {
-        return to.write(addr, src).map_err(failed);
+        return to.write(addr, src);
     }
     let mut buf = vec![0u8; usize::try_from(len).map_err(|_| "a chunk too large".to_string())?];
-    from.read(addr, &mut buf).map_err(failed)?;
-    to.write(addr, &buf).map_err(failed)
+    from.read(addr, &mut buf).map_err(|s| {
+        format!("reading {len} bytes at {addr:#x} to move them failed (CUDA status {s})")
+    })?;
+    to.write(addr, &buf)
 }
 
 impl Session<'_> {
-    /// Moves the session onto `target` (a fresh device of the same window) all at once: the
-    /// whole state is captured and rebuilt during the stop. Returns the stop; on an error
-    /// nothing changed.
-    pub fn migrate_to(&mut self, mut target: Box<dyn Device>) -> Result<Duration, String> {
-        let stopped = Instant::now();
-        self.end_lease();
-        self.resident_for_move()?;
-        let image = self.device.capture().map_err(|e| e.to_string())?;
-        target.rebuild(&image).map_err(|e| e.to_string())?;
-        self.switch_to(target);
-        tracing::info!(
-            bytes = image.bytes(),
-            stop = ?stopped.elapsed(),
-            "session moved to another device"
-        );
-        Ok(stopped.elapsed())
-    }
-
     fn resident_for_move(&mut self) -> Result<(), String> {
         self.ensure_resident().map_err(|s| {
             format!("the session's memory cannot come back to move it (CUDA status {s})")
@@ -272,7 +288,7 @@ impl Session<'_> {
     }
 
     /// The session runs on `target` from now on; the old device's memory is freed.
-    fn switch_to(&mut self, target: Box<dyn Device>) {
+    pub(crate) fn switch_to(&mut self, target: Box<dyn Device>) {
         // Output the old device had not handed over yet travels with the session.
         let pending = self.device.take_output();
         match std::mem::replace(&mut self.device, DeviceSlot::Moved(target)) {
@@ -311,11 +327,11 @@ impl Session<'_> {
     /// Starts a move with pre-copy onto `target` (a fresh device of the same window): the
     /// session's layout is built there. Nothing changes on the session's own device; an error
     /// says why the session cannot move.
-    pub fn precopy_begin(&mut self, mut target: Box<dyn Device>) -> Result<PreCopy, String> {
+    pub fn precopy_begin<T: MoveTarget>(&mut self, mut target: T) -> Result<PreCopy<T>, String> {
         let started = Instant::now();
         self.resident_for_move()?;
         let layout = self.device.capture_layout().map_err(|e| e.to_string())?;
-        target.rebuild(&layout).map_err(|e| e.to_string())?;
+        target.rebuild(&layout)?;
         let ranges = ranges_of(&layout);
         let mut p = PreCopy {
             target,
@@ -337,7 +353,7 @@ impl Session<'_> {
 
     /// Records what the request that just ran could have written (`dirt`, from
     /// [`Dirt::of`] before it ran).
-    pub fn precopy_note(&self, p: &mut PreCopy, dirt: Dirt) {
+    pub fn precopy_note<T: MoveTarget>(&self, p: &mut PreCopy<T>, dirt: Dirt) {
         let touched = if dirt == Dirt::Launch {
             self.device.last_launch_touched()
         } else {
@@ -351,12 +367,12 @@ impl Session<'_> {
     }
 
     /// One gap's worth of pre-copy: up to [`STEP_BYTES`] copied, and the round's end when it
-    /// comes (the rounds end when the dirty set is small or stops shrinking). `open` gives a
-    /// fresh target when the layout changed. An error abandons the move (nothing changed).
-    pub fn precopy_step(
+    /// comes (the rounds end when the dirty set is small or stops shrinking). `reopen` makes
+    /// the target fresh when the layout changed. An error abandons the move (nothing changed).
+    pub fn precopy_step<T: MoveTarget>(
         &mut self,
-        p: &mut PreCopy,
-        open: &mut dyn FnMut() -> Result<Box<dyn Device>, String>,
+        p: &mut PreCopy<T>,
+        reopen: Reopen<'_, T>,
     ) -> Result<(), String> {
         if p.ready {
             return Ok(());
@@ -370,10 +386,9 @@ impl Session<'_> {
                     p.ready = true;
                     return Ok(());
                 }
-                let mut target = open()?;
+                reopen(&mut p.target)?;
                 self.resident_for_move()?;
-                target.rebuild(&layout).map_err(|e| e.to_string())?;
-                p.target = target;
+                p.target.rebuild(&layout)?;
                 p.ranges = ranges_of(&layout);
                 p.layout = layout;
                 p.dirty.clear();
@@ -391,7 +406,7 @@ impl Session<'_> {
                 break;
             };
             let len = p.chunk_len(chunk);
-            copy_between(&mut *self.device, &mut *p.target, chunk, len)?;
+            copy_between(&mut *self.device, &mut p.target, chunk, len)?;
             copied += len;
         }
         p.precopied += copied;
@@ -415,23 +430,28 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// The stop: copies what is still dirty, checks the layout, switches to the target. A
-    /// session whose layout changed since the target was built is captured and rebuilt whole
-    /// on a fresh target from `open`. On an error nothing changed.
-    pub fn precopy_finish(
+    /// The stop: copies what is still dirty and checks the layout; the caller then switches
+    /// to the target (or hands the session to it). A session whose layout changed since the
+    /// target was built is captured whole and rebuilt on the target made fresh by `reopen`.
+    /// On an error nothing changed. Returns the figures (the stop so far) and the target.
+    pub fn precopy_finish<T: MoveTarget>(
         &mut self,
-        mut p: PreCopy,
-        open: &mut dyn FnMut() -> Result<Box<dyn Device>, String>,
-    ) -> Result<MoveFigures, String> {
+        mut p: PreCopy<T>,
+        reopen: Reopen<'_, T>,
+    ) -> Result<(MoveFigures, T), String> {
         let stopped = Instant::now();
         self.end_lease();
         self.resident_for_move()?;
         let layout = self.device.capture_layout().map_err(|e| e.to_string())?;
         let bytes: u64 = layout.allocations.iter().map(|a| a.size).sum();
         let stop_bytes = if layout != p.layout {
-            let target = open()?;
-            let whole = self.migrate_to(target)?;
-            tracing::info!(stop = ?whole, "the layout changed during pre-copy: moved whole");
+            reopen(&mut p.target)?;
+            let image = self.device.capture().map_err(|e| e.to_string())?;
+            p.target.rebuild(&image)?;
+            tracing::info!(
+                bytes = image.bytes(),
+                "the layout changed during pre-copy: moved whole"
+            );
             bytes
         } else {
             let left: BTreeSet<u64> = std::mem::take(&mut p.current)
@@ -441,10 +461,9 @@ impl Session<'_> {
             let mut copied = 0;
             for chunk in left {
                 let len = p.chunk_len(chunk);
-                copy_between(&mut *self.device, &mut *p.target, chunk, len)?;
+                copy_between(&mut *self.device, &mut p.target, chunk, len)?;
                 copied += len;
             }
-            self.switch_to(p.target);
             copied
         };
         let stop = stopped.elapsed();
@@ -457,13 +476,16 @@ impl Session<'_> {
             total = ?p.started.elapsed(),
             "session moved to another device with pre-copy"
         );
-        Ok(MoveFigures {
-            stop_us: u64::try_from(stop.as_micros()).unwrap_or(u64::MAX),
-            rounds: p.rounds,
-            bytes,
-            precopied_bytes: p.precopied,
-            stop_bytes,
-        })
+        Ok((
+            MoveFigures {
+                stop_us: u64::try_from(stop.as_micros()).unwrap_or(u64::MAX),
+                rounds: p.rounds,
+                bytes,
+                precopied_bytes: p.precopied,
+                stop_bytes,
+            },
+            p.target,
+        ))
     }
 }
 
@@ -474,6 +496,7 @@ mod tests {
     use gpufuse_device::emu::EmuDevice;
 
     fn precopy_over(ranges: &[(u64, u64)]) -> PreCopy {
+        let target: Box<dyn Device> = Box::new(EmuDevice::new(0, 1 << 30, 0, 1 << 40));
         let layout = DeviceImage {
             window: (0, 0, u64::MAX),
             allocations: ranges
@@ -493,7 +516,7 @@ mod tests {
             workspace: None,
         };
         PreCopy {
-            target: Box::new(EmuDevice::new(0, 1 << 30, 0, 1 << 40)),
+            target,
             ranges: ranges_of(&layout),
             layout,
             current: BTreeSet::new(),

@@ -39,7 +39,7 @@ enum Away {
 pub(crate) struct Residency {
     pub(crate) config: ElasticConfig,
     /// Session id, for swap file names.
-    session: u64,
+    pub(crate) session: u64,
     away: BTreeMap<u64, Away>,
     host: u64,
     disk: u64,

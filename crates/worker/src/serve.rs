@@ -10,6 +10,7 @@ use gpufuse_proto::{
 use gpufuse_transport::{Conn, TransportError};
 
 use crate::migrate::{Dirt, PreCopy};
+use crate::remote::{Leaving, RemoteTarget};
 use crate::{heartbeat, DeviceOpener, ElasticConfig, HtodTarget, Ledger, Session, WorkerError};
 
 /// What an elastic session has beyond a plain one: its TTLs and swap directory, the node's
@@ -48,6 +49,20 @@ pub fn serve_elastic(
     elastic: Elastic,
 ) -> Result<(), WorkerError> {
     let info = device.info(limit);
+    greet(&mut conn, session_id, &info)?;
+    let session = Session::new(device, ledger, limit).with_elastic(elastic.config, session_id);
+    let commands = elastic
+        .commands
+        .map(|s| Conn::new(gpufuse_transport::Stream::Unix(s)));
+    serve_session(conn, session, commands, elastic.open_device)
+}
+
+/// Answers a hello: the session is accepted, on `info`'s device.
+pub(crate) fn greet(
+    conn: &mut Conn,
+    session_id: u64,
+    info: &gpufuse_proto::DeviceInfo,
+) -> Result<(), WorkerError> {
     let mut out = Vec::new();
     encode_frame(
         &mut out,
@@ -56,36 +71,56 @@ pub fn serve_elastic(
         0,
         &ServerHello::Accepted {
             session_id,
-            devices: vec![info],
+            devices: vec![info.clone()],
         },
     );
     conn.send(&out).map_err(TransportError::from)?;
     // A local client may send its shared mapping's descriptors (`ShmAttach`).
     conn.accept_fds();
+    Ok(())
+}
+
+/// Serves `session` on `conn` (its hello answered) until the client leaves or the session
+/// moves to another node, then frees everything it held here.
+pub(crate) fn serve_session(
+    mut conn: Conn,
+    mut session: Session,
+    commands: Option<Conn>,
+    open_device: Option<DeviceOpener>,
+) -> Result<(), WorkerError> {
+    let mut out = Vec::new();
     let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut beat = heartbeat::Heartbeat::start(
         conn.stream().try_clone().map_err(TransportError::from)?,
         cancel.clone(),
     )
     .map_err(TransportError::from)?;
-    let mut session = Session::new(device, ledger, limit).with_elastic(elastic.config, session_id);
     session.set_cancel(cancel);
     let mut node = Commands {
-        conn: elastic
-            .commands
-            .map(|s| Conn::new(gpufuse_transport::Stream::Unix(s))),
-        open_device: elastic.open_device,
+        conn: commands,
+        open_device,
         out: Vec::new(),
         moving: None,
+        leaving: None,
+        moved_away: false,
         last_step: std::time::Instant::now(),
     };
     let result = run(&mut conn, &mut session, &mut out, &mut beat, &mut node);
     session.release_all();
+    if node.moved_away {
+        // The client was told where its session went; it hangs up once it has read that.
+        beat.busy(false);
+        let _ = conn.wait_readable(None, Some(MOVED_HANGUP_WAIT));
+        return Ok(());
+    }
     match result {
         Err(WorkerError::Transport(TransportError::Closed)) => Ok(()),
         other => other,
     }
 }
+
+/// How long a worker whose session moved to another node waits for its client to hang up.
+const MOVED_HANGUP_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Answers the hello with a refusal (the worker could not open its device).
 pub fn refuse(mut conn: Conn, reason: String) -> Result<(), WorkerError> {
@@ -168,6 +203,19 @@ fn run(
                 }
             }
         }
+        // A move to another node stops at a synchronous request (the client then waits and
+        // sends nothing more): the request is answered by where the session went, and runs
+        // there.
+        if header.kind == FrameKind::Request && !header.is_quiet() && node.leaving_ready() {
+            let head = header.message_len() as usize;
+            let attach = matches!(
+                decode_borrowed::<Request>(conn.peek_body(head)?),
+                Ok(Request::ShmAttach { .. })
+            );
+            if !attach && node.leave(session, conn, header.request_id, beat)? {
+                return Ok(());
+            }
+        }
         let (header, body) = conn.recv()?;
         if header.kind != FrameKind::Request {
             return Err(WorkerError::UnexpectedFrame(header.kind));
@@ -188,7 +236,7 @@ fn run(
             } if !quiet => Some((request_ring, reply_ring)),
             _ => None,
         };
-        let dirt = node.moving.is_some().then(|| Dirt::of(&req));
+        let dirt = node.is_moving().then(|| Dirt::of(&req));
         let reply = session.dispatch(req, quiet);
         if let Some(dirt) = dirt {
             node.note(session, dirt);
@@ -282,6 +330,10 @@ struct Commands {
     out: Vec<u8>,
     /// A move with pre-copy in progress; answered when it ends.
     moving: Option<Move>,
+    /// A move to another node in progress.
+    leaving: Option<Leave>,
+    /// The session was handed to another node.
+    moved_away: bool,
     /// When the last pre-copy step ended (steps are spaced while requests arrive).
     last_step: std::time::Instant,
 }
@@ -295,6 +347,18 @@ struct Move {
     with_figures: bool,
     precopy: PreCopy,
 }
+
+/// A move to another node the node asked for, in progress.
+struct Leave {
+    id: u64,
+    precopy: PreCopy<RemoteTarget>,
+    /// When the rounds ended: the stop waits for a synchronous request from then on.
+    ready_since: Option<std::time::Instant>,
+}
+
+/// How long a move to another node waits, once its rounds are done, for the client's next
+/// synchronous request (where it stops); past that it is called off.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// While requests keep arriving, pre-copy steps are at least this far apart, so that the
 /// session's own requests get most of the time.
@@ -318,7 +382,10 @@ impl Commands {
         beat: &heartbeat::Heartbeat,
     ) -> Result<(), WorkerError> {
         loop {
-            let timeout = if self.moving.is_some() {
+            let timeout = if self.leaving_ready() {
+                // Waiting for the client's next synchronous request; a deadline to look at.
+                Some(std::time::Duration::from_millis(50))
+            } else if self.is_moving() {
                 // Copy on while the client is quiet; no idle steps during a move.
                 Some(std::time::Duration::ZERO)
             } else {
@@ -339,12 +406,23 @@ impl Commands {
                 self.answer(session);
                 beat.busy(false);
             }
-            if self.moving.is_some() {
+            if self.is_moving() {
                 beat.busy(true);
                 self.advance(session);
                 beat.busy(false);
             }
         }
+    }
+
+    /// Whether a move (to another device or node) is in progress.
+    fn is_moving(&self) -> bool {
+        self.moving.is_some() || self.leaving.is_some()
+    }
+
+    /// Whether a move to another node has copied what it can while the session runs: it
+    /// stops at the next synchronous request.
+    fn leaving_ready(&self) -> bool {
+        self.leaving.as_ref().is_some_and(|l| l.precopy.ready())
     }
 
     /// Answers a command that arrived while requests keep coming.
@@ -363,11 +441,14 @@ impl Commands {
         if let Some(m) = self.moving.as_mut() {
             session.precopy_note(&mut m.precopy, dirt);
         }
+        if let Some(l) = self.leaving.as_mut() {
+            session.precopy_note(&mut l.precopy, dirt);
+        }
     }
 
     /// Between requests: one pre-copy step, if the last one was long enough ago.
     fn gap(&mut self, session: &mut Session) {
-        if self.moving.is_some() && self.last_step.elapsed() >= STEP_GAP {
+        if self.is_moving() && self.last_step.elapsed() >= STEP_GAP {
             self.advance(session);
         }
     }
@@ -375,17 +456,30 @@ impl Commands {
     /// One pre-copy step, or the stop once the rounds are over; answers the node when the
     /// move ends (moved, or refused with nothing changed).
     fn advance(&mut self, session: &mut Session) {
+        if self.leaving.is_some() {
+            return self.advance_leaving(session);
+        }
         let Some(mut m) = self.moving.take() else {
             return;
         };
         let device = m.device;
         let opener = &mut self.open_device;
-        let mut open = || match opener.as_mut() {
-            Some(o) => o(device),
-            None => Err("this worker cannot open another device".to_string()),
+        let mut open = |t: &mut Box<dyn Device>| -> Result<(), String> {
+            *t = match opener.as_mut() {
+                Some(o) => o(device)?,
+                None => return Err("this worker cannot open another device".to_string()),
+            };
+            Ok(())
         };
         let ended = if m.precopy.ready() {
-            Some(session.precopy_finish(m.precopy, &mut open))
+            Some(
+                session
+                    .precopy_finish(m.precopy, &mut open)
+                    .map(|(figures, target)| {
+                        session.switch_to(target);
+                        figures
+                    }),
+            )
         } else {
             match session.precopy_step(&mut m.precopy, &mut open) {
                 Ok(()) => {
@@ -398,6 +492,123 @@ impl Commands {
         };
         if let Some(result) = ended {
             self.answer_move(m.id, m.with_figures, device, result);
+        }
+    }
+
+    /// One pre-copy step of a move to another node; once its rounds are done, the move waits
+    /// for a synchronous request ([`Commands::leave`]), for [`STOP_WAIT`] at most.
+    fn advance_leaving(&mut self, session: &mut Session) {
+        let Some(mut l) = self.leaving.take() else {
+            return;
+        };
+        if l.precopy.ready() {
+            let since = *l.ready_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() < STOP_WAIT {
+                self.leaving = Some(l);
+                return;
+            }
+            let why = format!(
+                "the application made no synchronous CUDA call within {} s of the copy; a \
+                 move between nodes stops the session at one",
+                STOP_WAIT.as_secs()
+            );
+            l.precopy.into_target().abort(&why);
+            return self.answer_outcome(l.id, gpufuse_proto::MoveOutcome::Refused { reason: why });
+        }
+        // A remote target starts over by itself at the next layout.
+        match session.precopy_step(&mut l.precopy, &mut |_| Ok(())) {
+            Ok(()) => {
+                self.leaving = Some(l);
+                self.last_step = std::time::Instant::now();
+            }
+            Err(why) => {
+                tracing::warn!("the session cannot move to the other node: {why}");
+                self.answer_outcome(l.id, gpufuse_proto::MoveOutcome::Refused { reason: why });
+            }
+        }
+    }
+
+    /// The stop of a move to another node, at synchronous request `id` of the client: the
+    /// dirty remainder and the books go over; once the target holds the session the client
+    /// is told where it went (the request runs there). `Ok(true)`: the session left; `false`:
+    /// it stays here, untouched, and the request runs here.
+    fn leave(
+        &mut self,
+        session: &mut Session,
+        client: &mut Conn,
+        id: u64,
+        beat: &heartbeat::Heartbeat,
+    ) -> Result<bool, WorkerError> {
+        use gpufuse_proto::MoveOutcome;
+        let Some(l) = self.leaving.take() else {
+            return Ok(false);
+        };
+        let stopped = std::time::Instant::now();
+        let handed =
+            session
+                .precopy_finish(l.precopy, &mut |_| Ok(()))
+                .and_then(|(figures, mut target)| {
+                    let books = session.books_for_move().encode();
+                    match target.commit(books) {
+                        Ok(key) => Ok((figures, target, key)),
+                        Err(why) => {
+                            target.abort(&why);
+                            Err(why)
+                        }
+                    }
+                });
+        let (mut figures, target, key) = match handed {
+            Ok(h) => h,
+            Err(why) => {
+                tracing::warn!("the session cannot move to the other node: {why}");
+                self.answer_outcome(l.id, MoveOutcome::Refused { reason: why });
+                return Ok(false);
+            }
+        };
+        self.out.clear();
+        encode_frame(
+            &mut self.out,
+            FrameKind::Moved,
+            0,
+            id,
+            &gpufuse_proto::Moved {
+                address: target.address.clone(),
+                key,
+            },
+        );
+        {
+            let _writing = beat.writing();
+            client.send(&self.out).map_err(TransportError::from)?;
+        }
+        session.forget_moved();
+        self.moved_away = true;
+        figures.stop_us = u64::try_from(stopped.elapsed().as_micros()).unwrap_or(u64::MAX);
+        tracing::info!(
+            to = %target.address,
+            session = target.session,
+            stop_us = figures.stop_us,
+            rounds = figures.rounds,
+            stop_bytes = figures.stop_bytes,
+            "the session moved to another node"
+        );
+        self.answer_outcome(
+            l.id,
+            MoveOutcome::MovedAway {
+                session: target.session,
+                figures,
+            },
+        );
+        Ok(true)
+    }
+
+    /// Answers the node's move command `id`.
+    fn answer_outcome(&mut self, id: u64, outcome: gpufuse_proto::MoveOutcome) {
+        self.out.clear();
+        encode_frame(&mut self.out, FrameKind::ControlReply, 0, id, &outcome);
+        if let Some(conn) = self.conn.as_mut() {
+            if conn.send(&self.out).is_err() {
+                self.conn = None;
+            }
         }
     }
 
@@ -464,17 +675,19 @@ impl Commands {
         };
         let answer = match cmd {
             // A session being moved keeps its memory where the move copies it from.
-            NodeCommand::Evict { .. } if self.moving.is_some() => ControlAnswer {
-                ok: false,
-                value: 0,
-            },
+            NodeCommand::Evict { .. } if self.moving.is_some() || self.leaving.is_some() => {
+                ControlAnswer {
+                    ok: false,
+                    value: 0,
+                }
+            }
             NodeCommand::Evict { bytes, to_disk } => ControlAnswer {
                 ok: true,
                 value: session.evict(bytes, to_disk),
             },
             NodeCommand::Migrate { device } | NodeCommand::MigrateWithFigures { device } => {
                 let with_figures = matches!(cmd, NodeCommand::MigrateWithFigures { .. });
-                let begun = if self.moving.is_some() {
+                let begun = if self.is_moving() {
                     Err("the session is being moved already".to_string())
                 } else {
                     match self.open_device.as_mut() {
@@ -499,6 +712,56 @@ impl Commands {
                 }
                 return;
             }
+            NodeCommand::MigrateOut {
+                address,
+                token,
+                device,
+                resources,
+                pid,
+                program,
+            } => {
+                let begun = if self.is_moving() {
+                    Err("the session is being moved already".to_string())
+                } else {
+                    let to = Leaving {
+                        address: &address,
+                        token: &token,
+                        device,
+                        resources,
+                        pid,
+                        program: &program,
+                        session: session.session_id(),
+                        bytes: session.used(),
+                    };
+                    session
+                        .identity()
+                        .and_then(|(base, info)| RemoteTarget::connect(&to, base, &info))
+                        .and_then(|t| session.precopy_begin(t))
+                };
+                match begun {
+                    Ok(precopy) => {
+                        tracing::info!(to = %address, device, "moving the session to another node");
+                        self.leaving = Some(Leave {
+                            id,
+                            precopy,
+                            ready_since: None,
+                        });
+                        self.last_step = std::time::Instant::now()
+                            .checked_sub(STEP_GAP)
+                            .unwrap_or_else(std::time::Instant::now);
+                    }
+                    Err(reason) => {
+                        tracing::warn!(to = %address, "the session cannot move: {reason}");
+                        self.answer_outcome(id, gpufuse_proto::MoveOutcome::Refused { reason });
+                    }
+                }
+                return;
+            }
+            // Only an incoming session's worker is handed a client.
+            NodeCommand::Adopt { .. } => ControlAnswer {
+                ok: false,
+                value: 0,
+            },
         };
         self.out.clear();
         encode_frame(&mut self.out, FrameKind::ControlReply, 0, id, &answer);
