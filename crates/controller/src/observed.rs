@@ -107,3 +107,23 @@ pub fn to_snapshot(pool: &PoolStatus, host: &str) -> PoolSnapshot {
         image_cache: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use gpufuse_scheduler::NodeState;
+
+    /// `gpufuse_nodes` has a sample for each of the scheduler's node states, and only those.
+    #[test]
+    fn the_metrics_node_states_are_the_schedulers() {
+        let names: Vec<&str> = [NodeState::Ready, NodeState::Lost]
+            .into_iter()
+            .map(|s| {
+                // A new state fails to compile here: add it to the list and to NODE_STATES.
+                match s {
+                    NodeState::Ready | NodeState::Lost => s.name(),
+                }
+            })
+            .collect();
+        assert_eq!(names, gpufuse_observe::snapshot::NODE_STATES);
+    }
+}
