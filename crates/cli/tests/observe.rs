@@ -1,6 +1,7 @@
 //! `gpufuse serve --http` as a process: its metrics agree with `gpufuse status`, every query
 //! of the Grafana dashboard names a series it exposes, a refused session is shown with its
-//! reason, `gpufuse report` bills the session, and JSON logs carry the session's span.
+//! reason and a waiting one as pending, `gpufuse report` bills the session, and JSON logs
+//! carry the session's span.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream;
@@ -410,4 +411,94 @@ fn json_logs_carry_the_session_span_in_node_and_worker() {
             .is_some_and(|m| m.contains("ended"))),
         "{lines:#?}"
     );
+}
+
+/// The first sample of `name` whose line contains every one of `with`, if there is one.
+fn sample_now(s: &Server, name: &str, with: &[&str]) -> Option<f64> {
+    let (_, text) = get(s, "/metrics");
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.split(['{', ' ']).next() == Some(name) && with.iter().all(|w| l.contains(w)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn eventually_sample(s: &Server, name: &str, with: &[&str], want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let v = sample_now(s, name, with);
+        if v == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}{with:?} is {v:?}, not {want}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A session (`token` may ask to wait) with a VRAM slice of `vram` bytes.
+fn sliced(addr: &Address, token: &str, vram: u64) -> Result<Connection, String> {
+    let hello = Connection::hello(
+        SessionKind::Cuda,
+        token.into(),
+        ResourceRequest {
+            vram_bytes: Some(vram),
+            ..Default::default()
+        },
+    );
+    let (mut c, _) = Connection::open(addr, &hello).map_err(|e| e.to_string())?;
+    c.quiet(&Request::CtxCreate {
+        ctx: 1,
+        device: 0,
+        flags: 0,
+    })
+    .map_err(|e| e.to_string())?;
+    Ok(c)
+}
+
+#[test]
+fn a_session_waiting_in_serves_queue_is_pending_in_metrics_and_the_snapshot() {
+    let s = start("pending", &[], Stdio::null());
+    let first = sliced(&s.addr, "", 768 << 20).unwrap();
+    eventually_sample(&s, "gpufuse_pool_sessions", &["state=\"running\""], 1.0);
+    assert_eq!(
+        sample_now(&s, "gpufuse_pool_sessions", &["state=\"pending\""]),
+        Some(0.0)
+    );
+    // 512 MiB fits nowhere while the first holds 768 MiB of the 1 GiB: it waits, visibly.
+    let addr = s.addr.clone();
+    let waiter =
+        std::thread::spawn(move || sliced(&addr, "gfp1;wait=20;token=", 512 << 20).map(|_| ()));
+    eventually_sample(&s, "gpufuse_pool_sessions", &["state=\"pending\""], 1.0);
+    let (_, snap) = get(&s, "/api/v1/snapshot");
+    let snap: serde_json::Value = serde_json::from_str(&snap).unwrap();
+    let waiting: Vec<&serde_json::Value> = snap["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["state"] == "pending")
+        .collect();
+    assert_eq!(waiting.len(), 1, "{snap}");
+    assert!(
+        waiting[0]["what"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("session ")),
+        "{snap}"
+    );
+    assert!(
+        waiting[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("512 MiB")),
+        "{snap}"
+    );
+    // The same queue `gpufuse status` shows.
+    let status = Connection::query_status(&s.addr, String::new()).unwrap();
+    assert_eq!(status.pending.len(), 1);
+    assert_eq!(waiting[0]["reason"], status.pending[0].reason.as_str());
+    // Placed once the first leaves: no longer pending.
+    drop(first);
+    waiter.join().unwrap().expect("placed once capacity freed");
+    eventually_sample(&s, "gpufuse_pool_sessions", &["state=\"pending\""], 0.0);
 }

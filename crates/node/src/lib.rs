@@ -268,6 +268,7 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
             state: state.clone(),
             // A node under a controller leaves the pool's series to the controller.
             pool_of_one: config.pool.as_ref().is_none_or(|l| l.local.is_some()),
+            local: config.pool.as_ref().and_then(|l| l.local.clone()),
         };
         gpufuse_observe::serve(http.addr, Arc::new(source), http.options.clone())?;
     }

@@ -2,14 +2,15 @@
 //! [`PoolSnapshot`], and the few figures only the node sees as they happen (how long placing
 //! a session took, refusals and why, when each session started).
 //!
-//! A standalone `gpufuse serve` is a pool of one node: it reports its placements and its
-//! sessions by state as the controller's series (`gpufuse_pool_*`, `gpufuse_nodes`). A node
-//! run under a controller leaves those to the controller (`pool_of_one: false`).
+//! A standalone `gpufuse serve` is a pool of one node: it reports its placements, its
+//! sessions by state (those waiting in its embedded controller's queue as `pending`) as the
+//! controller's series (`gpufuse_pool_*`, `gpufuse_nodes`). A node run under a controller
+//! leaves those to the controller (`pool_of_one: false`).
 //!
 //! Every control request of every worker (ledger, launch queue) takes the node's lock, so a
 //! scrape holds it only to copy the figures it needs ([`Figures::copy`]); the launch queues'
-//! figures and the image cache's directory are read after the lock is released
-//! ([`Figures::build`]).
+//! figures, the image cache's directory and the embedded controller's queue are read after
+//! the lock is released ([`Figures::build`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -19,7 +20,9 @@ use gpufuse_observe::{
     ControllerSnapshot, DeviceSnapshot, Histogram, NodeSnapshot, PendingSnapshot, PoolSnapshot,
     PoolSource, SessionSnapshot,
 };
+use gpufuse_proto::PoolPendingView;
 
+use crate::agent::LocalController;
 use crate::image_cache::ImageCacheBooks;
 use crate::scheduler::WAIT_BOUNDS_US;
 use crate::{lock, DeviceQueue, DeviceState, NodeState, Shared};
@@ -90,17 +93,23 @@ pub struct NodeSource {
     pub state: Shared,
     /// Whether to report the `gpufuse_pool_*` series as a pool of one (`gpufuse serve`).
     pub pool_of_one: bool,
+    /// `gpufuse serve`'s embedded controller: the sessions waiting in its queue are shown as
+    /// pending.
+    pub local: Option<Arc<dyn LocalController>>,
 }
 
 impl PoolSource for NodeSource {
     fn snapshot(&self) -> PoolSnapshot {
-        snapshot(&self.state, self.pool_of_one)
+        let figures = Figures::copy(&self.state);
+        // The embedded controller has its own lock: asked with the node's released.
+        let waiting = self.local.as_ref().map(|l| l.pending()).unwrap_or_default();
+        figures.build(self.pool_of_one, &waiting)
     }
 }
 
-/// The node's devices and sessions now.
+/// The node's devices and sessions now (without an embedded controller's queue).
 pub fn snapshot(state: &Shared, pool_of_one: bool) -> PoolSnapshot {
-    Figures::copy(state).build(pool_of_one)
+    Figures::copy(state).build(pool_of_one, &[])
 }
 
 /// One session's figures, copied under the node's lock.
@@ -185,8 +194,9 @@ impl Figures {
     }
 
     /// The snapshot: the launch queues' figures (each queue's own lock, briefly) and the
-    /// image cache's directory are read now.
-    pub fn build(self, pool_of_one: bool) -> PoolSnapshot {
+    /// image cache's directory are read now. `waiting`: the sessions in an embedded
+    /// controller's queue (`gpufuse serve`).
+    pub fn build(self, pool_of_one: bool, waiting: &[PoolPendingView]) -> PoolSnapshot {
         let host = self.host;
         let bounds: Vec<f64> = WAIT_BOUNDS_US.iter().map(|&b| b as f64 / 1e6).collect();
         let mut sessions: Vec<SessionSnapshot> = self
@@ -256,24 +266,26 @@ impl Figures {
                 }
             })
             .collect();
-        // The refusals of the last hour, newest first.
-        let pending: Vec<PendingSnapshot> = self
-            .refused
-            .into_iter()
-            .filter(|(age, ..)| *age < REFUSAL_AGE)
-            .rev()
-            .map(|(age, what, tenant, reason)| PendingSnapshot {
-                what,
-                tenant,
-                reason,
-                age_seconds: age.as_secs_f64(),
-                state: "refused".into(),
-            })
-            .collect();
+        // Waiting sessions first (oldest first within each QoS, as the queue retries them),
+        // then the refusals of the last hour, newest first.
+        let mut pending: Vec<PendingSnapshot> = waiting.iter().map(pending_of).collect();
+        pending.extend(
+            self.refused
+                .into_iter()
+                .filter(|(age, ..)| *age < REFUSAL_AGE)
+                .rev()
+                .map(|(age, what, tenant, reason)| PendingSnapshot {
+                    what,
+                    tenant,
+                    reason,
+                    age_seconds: age.as_secs_f64(),
+                    state: "refused".into(),
+                }),
+        );
         let controller = pool_of_one.then(|| ControllerSnapshot {
             sessions_by_state: vec![
                 ("running".into(), sessions.len() as u64),
-                ("pending".into(), 0),
+                ("pending".into(), waiting.len() as u64),
             ],
             placement: self.placement,
             nodes: vec![NodeSnapshot {
@@ -292,6 +304,18 @@ impl Figures {
             controller,
             image_cache: image_cache(&self.image_cache),
         }
+    }
+}
+
+/// A session waiting in the embedded controller's queue, as the dashboard shows it (as a
+/// controller's own `--http` does: `crates/controller/src/observed.rs`).
+fn pending_of(p: &PoolPendingView) -> PendingSnapshot {
+    PendingSnapshot {
+        what: format!("session {}", p.id),
+        tenant: p.tenant.clone(),
+        reason: p.reason.clone(),
+        age_seconds: p.waiting_ms as f64 / 1000.0,
+        state: "pending".into(),
     }
 }
 
@@ -362,9 +386,18 @@ mod tests {
         let (state, id) = node_with_a_session_and_a_cached_image(&dir);
         let figures = Figures::copy(&state);
         let held = lock(&state);
+        let waiting = vec![PoolPendingView {
+            id: 9,
+            tenant: "bob".into(),
+            vram_bytes: Some(2 << 30),
+            compute_percent: None,
+            qos: "medium".into(),
+            reason: "no device has 2 GiB free".into(),
+            waiting_ms: 1500,
+        }];
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            let _ = tx.send(figures.build(true));
+            let _ = tx.send(figures.build(true, &waiting));
         });
         let snap = rx
             .recv_timeout(Duration::from_secs(10))
@@ -379,10 +412,18 @@ mod tests {
         assert_eq!(s.state, "idle");
         assert_eq!(snap.devices[0].sessions, 1);
         assert_eq!(snap.devices[0].memory_promised_bytes, 64 << 20);
+        // The embedded controller's queue is the pool of one's pending sessions.
+        let p = &snap.pending[0];
+        assert_eq!(
+            (p.what.as_str(), p.tenant.as_str(), p.state.as_str()),
+            ("session 9", "bob", "pending")
+        );
+        assert_eq!(p.reason, "no device has 2 GiB free");
+        assert_eq!(p.age_seconds, 1.5);
         let c = snap.controller.expect("a pool of one");
         assert_eq!(
             c.sessions_by_state,
-            [("running".to_string(), 1), ("pending".to_string(), 0)]
+            [("running".to_string(), 1), ("pending".to_string(), 1)]
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
