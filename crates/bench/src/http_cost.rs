@@ -7,6 +7,9 @@
 //! fresh session measuring quiet launches and the synchronous round trip; the medians are
 //! compared. Alternating rounds is what makes the ratio mean something on a shared machine,
 //! where two runs minutes apart differ by more than the effect looked for.
+//!
+//! Sessions use the shared-memory rings (the default for a local client);
+//! `GPUFUSE_TRANSPORT=socket` measures over the unix socket instead.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,16 +33,14 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         (9, 1_000_000, 20_000)
     };
+    let transport = gpufuse_client::Transport::from_env()?;
     let http = format!("127.0.0.1:{}", free_tcp_port()?);
     let (_plain, plain_addr) = Server::start_with(&[])?;
     let (_observed, observed_addr) = Server::start_with(&["--http", &http])?;
     let scrapes = Arc::new(AtomicU64::new(0));
     scrape_forever(http.clone(), scrapes.clone());
-    println!(
-        "gpufuse --http cost ({}): {rounds} alternating rounds, /metrics scraped every 100 ms",
-        if quick { "quick" } else { "full" }
-    );
     let (mut launch, mut rt) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+    let mut over = None;
     for round in 0..rounds {
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for which in order {
@@ -48,7 +49,21 @@ pub fn run(args: &[String]) -> Result<()> {
             } else {
                 &observed_addr
             };
-            let mut s = remote::Session::open(addr, gpufuse_client::Transport::Auto)?;
+            let mut s = remote::Session::open(addr, transport)?;
+            if over.is_none() {
+                over = Some(s.transport());
+                println!(
+                    "gpufuse --http cost ({}): {rounds} alternating rounds over {}, /metrics scraped every 100 ms",
+                    if quick { "quick" } else { "full" },
+                    s.transport()
+                );
+            }
+            if over != Some(s.transport()) {
+                bail!(
+                    "sessions on different transports: {over:?} and {}",
+                    s.transport()
+                );
+            }
             rt[which].push(s.round_trip_us(pings)?);
             launch[which].push(s.quiet_launch_rate(launches)?.0);
         }

@@ -31,6 +31,11 @@ impl Session {
         Ok(Self { conn })
     }
 
+    /// The transport the session is on: `shm`, `unix`, `tcp` or `tcp+tls`.
+    pub fn transport(&self) -> &'static str {
+        self.conn.transport()
+    }
+
     pub fn round_trip_us(&mut self, n: usize) -> Result<f64> {
         for _ in 0..n / 10 {
             self.conn.call(&Request::Ping)?;

@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
-use gpufuse_observe::top::{bar, bytes, seconds, KeyOutcome, View, HELP};
+use gpufuse_observe::top::{
+    bar, bytes, nodes_line, pending_count, place, program, seconds, KeyOutcome, View, HELP,
+};
 use gpufuse_observe::PoolSnapshot;
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
@@ -13,7 +15,8 @@ use ratatui::widgets::{Block, Cell, Paragraph, Row, Table};
 
 #[derive(clap::Args)]
 pub struct TopArgs {
-    /// The node (or controller) to watch, as for `gpufuse status`.
+    /// The node to watch, or a controller (the pool: its nodes, their devices, the sessions
+    /// placed and waiting), as for `gpufuse status`.
     #[arg(long, env = "GPUFUSE_SERVER", required_unless_present = "http")]
     server: Option<gpufuse_transport::Address>,
     /// Read the richer figures (tenants, throttled time, promised memory) from a process's
@@ -34,10 +37,29 @@ pub fn fetch(a: &TopArgs) -> anyhow::Result<PoolSnapshot> {
     match (&a.http, &a.server) {
         (Some(http), _) => crate::report::get_json(http, "/api/v1/snapshot"),
         (None, Some(server)) => {
-            let s = gpufuse_client::Connection::query_status(server, a.token.clone())?;
-            Ok(from_status(&s, &server.to_string()))
+            use gpufuse_client::Connection;
+            let hello = Connection::hello(
+                gpufuse_proto::SessionKind::Status,
+                a.token.clone(),
+                Default::default(),
+            );
+            snapshot_of(Connection::one_shot(server, &hello)?, &server.to_string())
         }
         (None, None) => anyhow::bail!("give --server or --http"),
+    }
+}
+
+/// A status answer as a snapshot: a node's (`Status`) or a controller's pool (`PoolStatus`:
+/// its nodes, their devices, the placed sessions and the pending ones).
+fn snapshot_of(reply: gpufuse_proto::ServerHello, server: &str) -> anyhow::Result<PoolSnapshot> {
+    use gpufuse_client::ClientError;
+    match reply {
+        gpufuse_proto::ServerHello::Status(s) => Ok(from_status(&s, server)),
+        gpufuse_proto::ServerHello::PoolStatus(p) => {
+            Ok(gpufuse_controller::observed::to_snapshot(&p, server))
+        }
+        gpufuse_proto::ServerHello::Refused { reason } => Err(ClientError::Refused(reason).into()),
+        _ => Err(ClientError::UnexpectedReply.into()),
     }
 }
 
@@ -156,8 +178,10 @@ fn draw(f: &mut ratatui::Frame, where_: &str, snap: &anyhow::Result<PoolSnapshot
             return;
         }
     };
+    let nodes = nodes_line(s);
     let rows = Layout::vertical([
         Constraint::Length(1),
+        Constraint::Length(u16::from(nodes.is_some())),
         Constraint::Length(s.devices.len() as u16 + 3),
         Constraint::Min(3),
         Constraint::Length(1),
@@ -171,21 +195,37 @@ fn draw(f: &mut ratatui::Frame, where_: &str, snap: &anyhow::Result<PoolSnapshot
     f.render_widget(
         Paragraph::new(Line::styled(
             format!(
-                "gpufuse top  {where_}  policy {}  devices {}  sessions {}  busy {:.0}%",
-                s.compute_policy,
+                "gpufuse top  {where_}  {}devices {}  sessions {}  pending {}  busy {:.0}%",
+                // A controller places sessions; the launch-queue policy is each node's.
+                if s.compute_policy.is_empty() {
+                    String::new()
+                } else {
+                    format!("policy {}  ", s.compute_policy)
+                },
                 s.devices.len(),
                 s.sessions.len(),
+                pending_count(s),
                 100.0 * busy
             ),
             bold,
         )),
         rows[0],
     );
+    if let Some(n) = nodes {
+        f.render_widget(Paragraph::new(n), rows[1]);
+    }
+    let gpu_width = s
+        .devices
+        .iter()
+        .map(|d| place(s, &d.node, d.index).len())
+        .max()
+        .unwrap_or(0)
+        .max(3) as u16;
     let devices = Table::new(
         s.devices.iter().map(|d| {
             let mem = d.memory_used_bytes as f64 / d.memory_total_bytes.max(1) as f64;
             Row::new(vec![
-                Cell::from(d.index.to_string()),
+                Cell::from(place(s, &d.node, d.index)),
                 Cell::from(d.model.clone()),
                 Cell::from(format!(
                     "{} {}/{}",
@@ -202,7 +242,7 @@ fn draw(f: &mut ratatui::Frame, where_: &str, snap: &anyhow::Result<PoolSnapshot
             ])
         }),
         [
-            Constraint::Length(3),
+            Constraint::Length(gpu_width),
             Constraint::Length(24),
             Constraint::Length(36),
             Constraint::Length(18),
@@ -211,7 +251,7 @@ fn draw(f: &mut ratatui::Frame, where_: &str, snap: &anyhow::Result<PoolSnapshot
     )
     .header(Row::new(["gpu", "model", "memory", "busy", "sessions"]).style(bold))
     .block(Block::bordered().title(" devices "));
-    f.render_widget(devices, rows[1]);
+    f.render_widget(devices, rows[2]);
     let shown = view.sessions(s);
     let sessions = Table::new(
         shown.iter().map(|x| {
@@ -227,8 +267,8 @@ fn draw(f: &mut ratatui::Frame, where_: &str, snap: &anyhow::Result<PoolSnapshot
             Row::new(vec![
                 Cell::from(format!("#{}", x.id)),
                 Cell::from(x.tenant.clone()),
-                Cell::from(format!("{} ({})", x.program, x.pid)),
-                Cell::from(x.device.to_string()),
+                Cell::from(program(x)),
+                Cell::from(place(s, &x.node, x.device)),
                 Cell::from(x.qos.clone()),
                 Cell::from(
                     x.compute_share
@@ -249,7 +289,7 @@ fn draw(f: &mut ratatui::Frame, where_: &str, snap: &anyhow::Result<PoolSnapshot
             Constraint::Length(6),
             Constraint::Length(10),
             Constraint::Min(16),
-            Constraint::Length(3),
+            Constraint::Length(gpu_width),
             Constraint::Length(8),
             Constraint::Length(5),
             Constraint::Length(26),
@@ -290,6 +330,6 @@ fn draw(f: &mut ratatui::Frame, where_: &str, snap: &anyhow::Result<PoolSnapshot
             )
         }
     )));
-    f.render_widget(sessions, rows[2]);
-    f.render_widget(Paragraph::new(HELP), rows[3]);
+    f.render_widget(sessions, rows[3]);
+    f.render_widget(Paragraph::new(HELP), rows[4]);
 }

@@ -1,6 +1,8 @@
 //! `gpufuse serve --http` as a process: its metrics agree with `gpufuse status`, every query
 //! of the Grafana dashboard names a series it exposes, a refused session is shown with its
-//! reason, `gpufuse report` bills the session, and JSON logs carry the session's span.
+//! reason and a waiting one as pending, `gpufuse report` bills the session, and JSON logs
+//! carry the session's span. `gpufuse top --server CONTROLLER` shows the pool, read off a
+//! pseudo-terminal.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream;
@@ -410,4 +412,306 @@ fn json_logs_carry_the_session_span_in_node_and_worker() {
             .is_some_and(|m| m.contains("ended"))),
         "{lines:#?}"
     );
+}
+
+/// The first sample of `name` whose line contains every one of `with`, if there is one.
+fn sample_now(s: &Server, name: &str, with: &[&str]) -> Option<f64> {
+    let (_, text) = get(s, "/metrics");
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.split(['{', ' ']).next() == Some(name) && with.iter().all(|w| l.contains(w)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn eventually_sample(s: &Server, name: &str, with: &[&str], want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let v = sample_now(s, name, with);
+        if v == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}{with:?} is {v:?}, not {want}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A session (`token` may ask to wait) with a VRAM slice of `vram` bytes.
+fn sliced(addr: &Address, token: &str, vram: u64) -> Result<Connection, String> {
+    let hello = Connection::hello(
+        SessionKind::Cuda,
+        token.into(),
+        ResourceRequest {
+            vram_bytes: Some(vram),
+            ..Default::default()
+        },
+    );
+    let (mut c, _) = Connection::open(addr, &hello).map_err(|e| e.to_string())?;
+    c.quiet(&Request::CtxCreate {
+        ctx: 1,
+        device: 0,
+        flags: 0,
+    })
+    .map_err(|e| e.to_string())?;
+    Ok(c)
+}
+
+#[test]
+fn a_session_waiting_in_serves_queue_is_pending_in_metrics_and_the_snapshot() {
+    let s = start("pending", &[], Stdio::null());
+    let first = sliced(&s.addr, "", 768 << 20).unwrap();
+    eventually_sample(&s, "gpufuse_pool_sessions", &["state=\"running\""], 1.0);
+    assert_eq!(
+        sample_now(&s, "gpufuse_pool_sessions", &["state=\"pending\""]),
+        Some(0.0)
+    );
+    // 512 MiB fits nowhere while the first holds 768 MiB of the 1 GiB: it waits, visibly.
+    let addr = s.addr.clone();
+    let waiter =
+        std::thread::spawn(move || sliced(&addr, "gfp1;wait=20;token=", 512 << 20).map(|_| ()));
+    eventually_sample(&s, "gpufuse_pool_sessions", &["state=\"pending\""], 1.0);
+    let (_, snap) = get(&s, "/api/v1/snapshot");
+    let snap: serde_json::Value = serde_json::from_str(&snap).unwrap();
+    let waiting: Vec<&serde_json::Value> = snap["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["state"] == "pending")
+        .collect();
+    assert_eq!(waiting.len(), 1, "{snap}");
+    assert!(
+        waiting[0]["what"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("session ")),
+        "{snap}"
+    );
+    assert!(
+        waiting[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("512 MiB")),
+        "{snap}"
+    );
+    // The same queue `gpufuse status` shows.
+    let status = Connection::query_status(&s.addr, String::new()).unwrap();
+    assert_eq!(status.pending.len(), 1);
+    assert_eq!(waiting[0]["reason"], status.pending[0].reason.as_str());
+    // Placed once the first leaves: no longer pending.
+    drop(first);
+    waiter.join().unwrap().expect("placed once capacity freed");
+    eventually_sample(&s, "gpufuse_pool_sessions", &["state=\"pending\""], 0.0);
+}
+
+/// A pseudo-terminal of `rows` x `cols`: (its controller side, a file of its terminal side).
+fn pty(rows: u16, cols: u16) -> (std::fs::File, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    // SAFETY: posix_openpt returns a new descriptor this function owns (checked), which the
+    // calls below use and the File then owns; ptsname_r writes at most `name.len()` bytes.
+    unsafe {
+        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(m >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
+        let master = std::fs::File::from_raw_fd(m);
+        assert_eq!(libc::grantpt(m), 0);
+        assert_eq!(libc::unlockpt(m), 0);
+        let mut name = [0 as libc::c_char; 128];
+        assert_eq!(libc::ptsname_r(m, name.as_mut_ptr(), name.len()), 0);
+        let size = libc::winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        assert_eq!(libc::ioctl(m, libc::TIOCSWINSZ, &size), 0);
+        let path = std::ffi::CStr::from_ptr(name.as_ptr())
+            .to_str()
+            .unwrap()
+            .to_string();
+        let terminal = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open(path)
+            .unwrap();
+        (master, terminal)
+    }
+}
+
+/// What a terminal program wrote, its escape sequences (cursor moves, styles) each read as
+/// one space and runs of spaces as one.
+fn screen_text(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    let mut it = String::from_utf8_lossy(bytes)
+        .chars()
+        .collect::<Vec<_>>()
+        .into_iter();
+    while let Some(c) = it.next() {
+        if c == '\u{1b}' {
+            match it.next() {
+                Some('[') => {
+                    for c in it.by_ref() {
+                        if ('\u{40}'..='\u{7e}').contains(&c) {
+                            break;
+                        }
+                    }
+                }
+                Some(']') => {
+                    for c in it.by_ref() {
+                        if c == '\u{7}' {
+                            break;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            out.push(' ');
+        } else if c.is_control() {
+            out.push(' ');
+        } else {
+            out.push(c);
+        }
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn top_over_a_controller_shows_the_pools_nodes_devices_and_sessions() {
+    use std::io::{Read, Write};
+    let dir = std::env::temp_dir().join(format!("gpufuse-observe-top-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ctrl = format!("unix:{}", dir.join("c.sock").display());
+    let node_sock = dir.join("n.sock");
+    /// The controller and the node, ended (and the directory removed) however the test ends.
+    struct Reap(Vec<Child>, std::path::PathBuf);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+    let mut reap = Reap(Vec::new(), dir.clone());
+    let spawn = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_gpufuse"))
+            .args(args)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    reap.0.push(spawn(&[
+        "controller",
+        "--listen",
+        &ctrl,
+        "--heartbeat-ms",
+        "100",
+    ]));
+    let node_listen = format!("unix:{}", node_sock.display());
+    let images = dir.join("images").display().to_string();
+    reap.0.push(spawn(&[
+        "node",
+        "--controller",
+        &ctrl,
+        "--listen",
+        &node_listen,
+        "--devices",
+        "emu:1:1GiB",
+        "--name",
+        "gpu-a",
+        "--image-cache",
+        &images,
+    ]));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while UnixStream::connect(&node_sock).is_err() {
+        assert!(Instant::now() < deadline, "the node did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Asked of the controller, placed on the node (the client follows the redirect).
+    let ctrl_addr: Address = ctrl.parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let _session = loop {
+        match sliced(&ctrl_addr, "", 256 << 20) {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no session placed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+
+    // Once the controller has heard of the session, top's first screen shows it whole.
+    let hello = Connection::hello(SessionKind::Status, String::new(), Default::default());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let placed = match Connection::one_shot(&ctrl_addr, &hello).unwrap() {
+            gpufuse_proto::ServerHello::PoolStatus(p) => {
+                p.sessions.iter().any(|s| s.state == "running")
+            }
+            other => panic!("a controller answered {other:?}"),
+        };
+        if placed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the session never ran");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let (mut master, terminal) = pty(40, 160);
+    let mut top = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
+        .args(["top", "--server", &ctrl, "--interval", "0.2"])
+        .stdin(terminal.try_clone().unwrap())
+        .stdout(terminal.try_clone().unwrap())
+        .stderr(terminal)
+        .spawn()
+        .unwrap();
+    let written = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut reader = master.try_clone().unwrap();
+    let sink = written.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    let wanted = [
+        "nodes: gpu-a ready",
+        "devices 1 sessions 1",
+        "gpu-a/0",
+        "gpufuse emulated GPU",
+        "#1 default - gpu-a/0",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let text = screen_text(&written.lock().unwrap());
+        if wanted.iter().all(|w| text.contains(w)) {
+            break text;
+        }
+        if let Some(status) = top.try_wait().unwrap() {
+            panic!("gpufuse top exited ({status}): {text}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the screen lacks one of {wanted:?}: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(text.matches("gpu-a/0").count() >= 2, "{text}");
+    master.write_all(b"q").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = top.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "gpufuse top did not quit on q");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    drop(reap);
 }

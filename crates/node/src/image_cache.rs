@@ -35,20 +35,25 @@ impl ImageCacheBooks {
         t.corrupt += c.corrupt;
     }
 
-    /// The cache as `gpufuse status` shows it (its size read from the directory now).
+    /// The cache as `gpufuse status` shows it (its size read from the directory now: not
+    /// under the node's lock, where a copy of the books is read instead).
     pub fn status(&self) -> ImageCacheStatus {
-        let Some(cache) = &self.cache else {
-            return ImageCacheStatus {
-                counts: self.counts,
-                ..Default::default()
-            };
-        };
-        let usage = cache.usage();
+        let usage = self.cache.as_ref().map(|c| c.usage()).unwrap_or_default();
         ImageCacheStatus {
-            dir: Some(cache.dir().display().to_string()),
-            limit_bytes: cache.limit(),
             entries: usage.entries,
             bytes: usage.bytes,
+            ..self.counted()
+        }
+    }
+
+    /// The directory, limit and the workers' counts, without reading the directory (`entries`
+    /// and `bytes` are 0).
+    pub fn counted(&self) -> ImageCacheStatus {
+        ImageCacheStatus {
+            dir: self.cache.as_ref().map(|c| c.dir().display().to_string()),
+            limit_bytes: self.cache.as_ref().map_or(0, |c| c.limit()),
+            entries: 0,
+            bytes: 0,
             counts: self.counts,
         }
     }

@@ -145,6 +145,9 @@ pub struct NodeState {
 }
 
 impl NodeState {
+    /// The node's status, read under its lock: everything but the image cache's size on
+    /// disk (`image_cache` has the workers' counts, its `entries` and `bytes` are 0), which
+    /// [`node_status`] reads after the lock is released.
     pub fn status(&self) -> NodeStatus {
         let percent_of_second = |us: u64| (us.min(1_000_000) / 10_000) as u32;
         NodeStatus {
@@ -204,9 +207,21 @@ impl NodeState {
             },
             notes: self.notes.clone(),
             pending: Vec::new(),
-            image_cache: self.image_cache.status(),
+            image_cache: self.image_cache.counted(),
         }
     }
+}
+
+/// The node's status as `gpufuse status` shows it: [`NodeState::status`] under the node's
+/// lock, then the image cache's directory (listed and every entry's size read) with the lock
+/// released, so that workers' control requests do not wait on the disk.
+pub fn node_status(state: &Shared) -> NodeStatus {
+    let (mut status, books) = {
+        let s = lock(state);
+        (s.status(), s.image_cache.clone())
+    };
+    status.image_cache = books.status();
+    status
 }
 
 pub type Shared = Arc<Mutex<NodeState>>;
@@ -253,6 +268,7 @@ pub fn serve(config: NodeConfig) -> Result<(), NodeError> {
             state: state.clone(),
             // A node under a controller leaves the pool's series to the controller.
             pool_of_one: config.pool.as_ref().is_none_or(|l| l.local.is_some()),
+            local: config.pool.as_ref().and_then(|l| l.local.clone()),
         };
         gpufuse_observe::serve(http.addr, Arc::new(source), http.options.clone())?;
     }
@@ -502,7 +518,7 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
     };
     match hello.kind {
         SessionKind::Status => {
-            let mut status = lock(state).status();
+            let mut status = node_status(state);
             if let Some(local) = config.pool.as_ref().and_then(|l| l.local.as_ref()) {
                 status.pending = local.pending();
             }

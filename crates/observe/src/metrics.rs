@@ -292,7 +292,7 @@ fn families(s: &PoolSnapshot) -> Vec<Family> {
             .push((Vec::new(), Value::Histogram(c.placement.clone())));
         let mut nodes = Family::new("gpufuse_nodes", "The pool's nodes by state.", Gauge);
         let mut by_state: std::collections::BTreeMap<&str, u64> = Default::default();
-        for state in ["ready", "unreachable", "draining"] {
+        for state in crate::snapshot::NODE_STATES {
             by_state.insert(state, 0);
         }
         for n in &c.nodes {
@@ -367,4 +367,39 @@ fn families(s: &PoolSnapshot) -> Vec<Family> {
         ]);
     }
     families
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{ControllerSnapshot, NodeSnapshot};
+
+    #[test]
+    fn nodes_are_counted_in_the_controllers_states() {
+        let node = |name: &str, state: &str| NodeSnapshot {
+            name: name.into(),
+            state: state.into(),
+            address: String::new(),
+        };
+        let snap = PoolSnapshot {
+            controller: Some(ControllerSnapshot {
+                nodes: vec![node("a", "ready"), node("b", "lost"), node("c", "ready")],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let text = render(&snap);
+        let mut lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("gpufuse_nodes{"))
+            .collect();
+        lines.sort_unstable();
+        assert_eq!(
+            lines,
+            [
+                "gpufuse_nodes{state=\"lost\"} 1.0",
+                "gpufuse_nodes{state=\"ready\"} 2.0"
+            ]
+        );
+    }
 }

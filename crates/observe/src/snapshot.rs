@@ -152,10 +152,15 @@ pub struct PendingSnapshot {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeSnapshot {
     pub name: String,
-    /// `ready`, `unreachable`, `draining`, ...
+    /// One of [`NODE_STATES`].
     pub state: String,
     pub address: String,
 }
+
+/// The states a controller's node is in (`gpufuse_scheduler::NodeState`): `ready`
+/// (heartbeating; sessions are placed there) or `lost` (silent past the heartbeat timeout, or
+/// its link closed). `gpufuse_nodes` has a sample for each, 0 included.
+pub const NODE_STATES: [&str; 2] = ["ready", "lost"];
 
 /// A controller's figures: the pool's sessions by state, placement times, nodes by state.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -159,6 +159,54 @@ impl View {
     }
 }
 
+/// Whether `snap` is a pool of several nodes (a controller's view) rather than one node's.
+fn is_pool(snap: &PoolSnapshot) -> bool {
+    snap.role == "controller"
+}
+
+/// Where a device or a session is: its device index in a node's view, `node/index` in a
+/// controller's.
+pub fn place(snap: &PoolSnapshot, node: &str, device: u32) -> String {
+    if is_pool(snap) {
+        format!("{node}/{device}")
+    } else {
+        device.to_string()
+    }
+}
+
+/// The nodes a controller's view holds, with their states (`nodes: a ready, b lost`); `None`
+/// for a node's view.
+pub fn nodes_line(snap: &PoolSnapshot) -> Option<String> {
+    let c = snap.controller.as_ref().filter(|_| is_pool(snap))?;
+    let nodes: Vec<String> = c
+        .nodes
+        .iter()
+        .map(|n| format!("{} {}", n.name, n.state))
+        .collect();
+    Some(format!(
+        "nodes: {}",
+        if nodes.is_empty() {
+            "none registered".to_string()
+        } else {
+            nodes.join(", ")
+        }
+    ))
+}
+
+/// A session's program and pid; `-` where the view does not carry them (a controller's).
+pub fn program(s: &SessionSnapshot) -> String {
+    if s.program.is_empty() {
+        "-".into()
+    } else {
+        format!("{} ({})", s.program, s.pid)
+    }
+}
+
+/// Sessions waiting for capacity.
+pub fn pending_count(snap: &PoolSnapshot) -> usize {
+    snap.pending.iter().filter(|p| p.state == "pending").count()
+}
+
 /// `[#####.....]`, `width` cells inside the brackets.
 pub fn bar(ratio: f64, width: usize) -> String {
     let r = if ratio.is_finite() {
@@ -252,6 +300,52 @@ mod tests {
         assert_eq!(ids(&v, &s), [3]);
         v.key('\u{1b}');
         assert_eq!(ids(&v, &s), [1, 2, 3]);
+    }
+
+    #[test]
+    fn a_controllers_view_names_each_devices_node_and_lists_the_nodes() {
+        use crate::snapshot::{ControllerSnapshot, NodeSnapshot, PendingSnapshot};
+        let node = |name: &str, state: &str| NodeSnapshot {
+            name: name.into(),
+            state: state.into(),
+            address: String::new(),
+        };
+        let mut pool = PoolSnapshot {
+            role: "controller".into(),
+            controller: Some(ControllerSnapshot {
+                nodes: vec![node("gpu-a", "ready"), node("gpu-b", "lost")],
+                ..Default::default()
+            }),
+            pending: vec![
+                PendingSnapshot {
+                    state: "pending".into(),
+                    ..Default::default()
+                },
+                PendingSnapshot {
+                    state: "refused".into(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(place(&pool, "gpu-b", 1), "gpu-b/1");
+        assert_eq!(
+            nodes_line(&pool).as_deref(),
+            Some("nodes: gpu-a ready, gpu-b lost")
+        );
+        assert_eq!(pending_count(&pool), 1);
+        let unnamed = SessionSnapshot::default();
+        assert_eq!(program(&unnamed), "-");
+        // A node's own view (`gpufuse serve` is a pool of one) keeps the device index alone.
+        pool.role = "node".into();
+        assert_eq!(place(&pool, "gpu-b", 1), "1");
+        assert_eq!(nodes_line(&pool), None);
+        let named = SessionSnapshot {
+            program: "train.py".into(),
+            pid: 42,
+            ..Default::default()
+        };
+        assert_eq!(program(&named), "train.py (42)");
     }
 
     #[test]

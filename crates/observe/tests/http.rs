@@ -193,10 +193,16 @@ fn metrics_health_api_and_dashboard_are_served() {
         sample(&text, "gpufuse_nodes", &["state=\"ready\""]),
         Some(1.0)
     );
+    // The controller's node states, each with a sample (0 included), and no others.
     assert_eq!(
-        sample(&text, "gpufuse_nodes", &["state=\"unreachable\""]),
+        sample(&text, "gpufuse_nodes", &["state=\"lost\""]),
         Some(0.0)
     );
+    let node_states: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("gpufuse_nodes{"))
+        .collect();
+    assert_eq!(node_states.len(), 2, "{node_states:?}");
 
     assert_eq!(get(addr, "/healthz"), (200, "ok\n".into()));
     assert_eq!(get(addr, "/readyz").0, 200);
