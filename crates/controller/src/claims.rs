@@ -2,9 +2,13 @@
 //! (`gpufuse controller --kubernetes`) drives. A namespace's `GPUQuota` becomes that tenant's
 //! quota in the controller's pool, and each allocated `ResourceClaim` is charged to it
 //! ([`gpufuse_scheduler::Pool::charge_claim`]), so a claim and a `gpufuse run --tenant`
-//! session count against one quota, with the same checks and messages.
+//! session count against one quota, with the same checks and messages. A `GPUPool` becomes a
+//! node group with its placement policy ([`gpufuse_scheduler::Pool::set_group`]), so the
+//! sessions the controller places on its nodes are placed by that policy.
 
-use gpufuse_scheduler::{ClaimCharge, TenantQuota, TenantUsage};
+use std::collections::BTreeSet;
+
+use gpufuse_scheduler::{ClaimCharge, NodeGroup, Policy, TenantQuota, TenantUsage};
 
 use crate::Controller;
 
@@ -21,6 +25,34 @@ impl Controller {
         b.pool.set_quotas(q);
         // Waiting sessions are checked against the new limits.
         self.reschedule(&mut b);
+    }
+
+    /// Places sessions on `nodes` (the pool's node names) by `policy` rather than the
+    /// controller's `--policy`, as node group `name` (replacing a group of that name).
+    pub fn set_node_group(&self, name: &str, nodes: BTreeSet<String>, policy: Policy) {
+        self.books()
+            .pool
+            .set_group(name, NodeGroup { nodes, policy });
+    }
+
+    /// Node group `name`'s nodes go back to the controller's policy.
+    pub fn remove_node_group(&self, name: &str) -> bool {
+        self.books().pool.remove_group(name)
+    }
+
+    /// The node groups and their policies, by name.
+    pub fn node_groups(&self) -> Vec<(String, NodeGroup)> {
+        let b = self.books();
+        b.pool
+            .groups()
+            .iter()
+            .map(|(k, g)| (k.clone(), g.clone()))
+            .collect()
+    }
+
+    /// The policy that places sessions on node `node`.
+    pub fn policy_of(&self, node: &str) -> Policy {
+        self.books().pool.policy_of(node)
     }
 
     /// Charges a claim to its tenant under `key` (its uid), or says which limit it is over.

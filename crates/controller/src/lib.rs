@@ -2,10 +2,11 @@
 //! session's data.
 //!
 //! - Nodes (`gpufuse node --controller ADDR`) open a link, register their devices, labels and
-//!   sessions, and report every heartbeat ([`link`]). A node silent for the node timeout (5 s
-//!   by default) or whose link closes is lost: nothing is placed there and its sessions show
-//!   as lost until it reports again. The node is the truth for its own sessions, so a
-//!   restarted controller learns every running session from the nodes' registrations.
+//!   sessions, and report every heartbeat ([`link`]). A node silent for the node timeout
+//!   (4.8 s by default: marked lost within 5 s) or whose link closes is lost: nothing is
+//!   placed there and its sessions show as lost until it reports again. The node is the
+//!   truth for its own sessions, so a restarted controller learns every running session
+//!   from the nodes' registrations.
 //! - A client's `Cuda` hello is placed by the scheduler (`gpufuse-scheduler`: quotas,
 //!   filters, policy) and answered with a redirect to the node and a signed grant
 //!   ([`place`]); the client says hello again there and from then on talks to the node
@@ -53,7 +54,7 @@ pub struct ControllerConfig {
     pub token_secret: Option<Vec<u8>>,
     /// How often nodes report.
     pub heartbeat: Duration,
-    /// Silence after which a node is lost (5 s).
+    /// Silence after which a node is lost (4.8 s: with the ticker's [`TICK`], within 5 s).
     pub node_timeout: Duration,
     /// How long a session may wait for capacity when its client names no wait
     /// (`gpufuse run --wait`): a little under the client's default hello timeout (10 s).
@@ -63,7 +64,7 @@ pub struct ControllerConfig {
 
 impl ControllerConfig {
     /// A controller on `listen` with the defaults: balanced, no quotas, open, 1 s
-    /// heartbeats, nodes lost after 5 s, 8 s waits.
+    /// heartbeats, nodes lost within 5 s of their last report, 8 s waits.
     pub fn new(listen: Vec<Address>) -> Self {
         Self {
             listen,
@@ -71,7 +72,7 @@ impl ControllerConfig {
             quotas: QuotaFile::default(),
             token_secret: None,
             heartbeat: Duration::from_secs(1),
-            node_timeout: Duration::from_secs(5),
+            node_timeout: DEFAULT_NODE_TIMEOUT,
             default_wait: Duration::from_secs(8),
             tls: None,
         }
@@ -115,6 +116,11 @@ struct Inner {
 #[derive(Clone)]
 pub struct Controller(Arc<Inner>);
 
+/// The default node timeout: a node is marked lost at the first tick after it, so within
+/// `DEFAULT_NODE_TIMEOUT + TICK` (4.9 s) of its last report.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(4_800);
+/// How often the ticker looks for lost nodes, expired starts and what the queue now fits.
+pub const TICK: Duration = Duration::from_millis(100);
 /// Most connections the controller serves at once (waiting clients hold one each).
 const MAX_CONNECTIONS: usize = 1024;
 /// How long a connection has to send its hello.
@@ -174,11 +180,11 @@ impl Controller {
         self.0.changed.notify_all();
     }
 
-    /// The ticker: lost nodes, expired starts, the queue, every 100 ms.
+    /// The ticker: lost nodes, expired starts, the queue, every [`TICK`].
     fn start_ticker(&self) {
         let ticker = self.clone();
         std::thread::spawn(move || loop {
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(TICK);
             let mut b = ticker.books();
             ticker.reschedule(&mut b);
         });

@@ -13,17 +13,35 @@ use serde::{Deserialize, Serialize};
 /// The API group of gpufuse's resources.
 pub const GROUP: &str = "gpufuse.dev";
 
-/// How a pool places sessions on its GPUs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// How the pool controller places sessions on the pool's nodes (`gpufuse controller
+/// --policy`, for these nodes only); absent: the controller's own policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Placement {
-    /// The GPU with the most free memory first: sessions spread out (the node's own policy).
-    #[default]
+    /// The fullest GPU that fits first: sessions pack onto few GPUs, whole GPUs stay free for
+    /// large requests (`binpack`).
+    Binpack,
+    /// The emptiest, least busy GPU first: the least interference (`spread`).
     Spread,
-    /// The fullest GPU that fits first: GPUs left whole for large claims.
+    /// The fullest node, the emptiest GPU on it (`balanced`).
+    Balanced,
+    /// The former name of `Binpack`.
     Pack,
 }
 
-/// How far a pool may promise more than it has.
+impl Placement {
+    /// The scheduler's policy.
+    pub fn policy(self) -> gpufuse_scheduler::Policy {
+        match self {
+            Placement::Binpack | Placement::Pack => gpufuse_scheduler::Policy::Binpack,
+            Placement::Spread => gpufuse_scheduler::Policy::Spread,
+            Placement::Balanced => gpufuse_scheduler::Policy::Balanced,
+        }
+    }
+}
+
+/// How far a pool may promise more than it has, as its status counts capacity. What a node
+/// promises is its own (`gpufuse node --vram-oversubscribe`; compute never past 100% of a
+/// device), and the node enforces it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Oversubscription {
@@ -68,8 +86,10 @@ pub struct GPUPoolSpec {
     /// Labels a node must have to be in the pool (every node when empty).
     #[serde(default)]
     pub node_selector: BTreeMap<String, String>,
-    #[serde(default)]
-    pub placement: Placement,
+    /// Absent: the controller's own policy (`gpufuse controller --policy`, balanced by
+    /// default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
     #[serde(default)]
     pub oversubscription: Oversubscription,
 }

@@ -5,10 +5,12 @@
 //! and release claims, read usage); [`ControllerPool`] is it over a controller's pool, the
 //! same scheduler core and ledger the standalone controller places sessions in, so a claim
 //! and a `gpufuse run --tenant NAMESPACE` session count against one quota. A tenant is a
-//! namespace.
+//! namespace. A `GPUPool` with a `placement` makes its nodes a node group of that scheduler
+//! with that policy: the sessions the controller places on them are placed by it.
 //!
 //! One pass ([`Operator::reconcile`]) reads everything it needs (pools, quotas, nodes, the
-//! driver's ResourceSlices, ResourceClaims) and converges: quotas into the backend, each
+//! driver's ResourceSlices, ResourceClaims) and converges: pools' policies and quotas into the
+//! backend (a pool or quota deleted is removed there), each
 //! allocated claim of the driver admitted or refused (a claim over quota gets the
 //! [`QUOTA_REFUSED_ANNOTATION`] and a Warning Event `OverQuota`; the DRA plugin will not
 //! prepare it), claims gone released, and statuses written where they changed. [`run`] makes a
@@ -37,8 +39,11 @@ use crate::{DRIVER_NAME, QUOTA_REFUSED_ANNOTATION};
 /// A pool's policy as the scheduler takes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolPolicy {
+    /// The Kubernetes nodes its selector matches (a gpufuse node registers under its
+    /// Kubernetes node's name: `gpufuse node --name "$NODE_NAME"`).
     pub nodes: BTreeSet<String>,
-    pub placement: Placement,
+    /// `None`: the controller's own policy.
+    pub placement: Option<Placement>,
     pub oversubscription: Oversubscription,
 }
 
@@ -73,8 +78,11 @@ pub struct Usage {
 
 /// The pool's scheduler, as the operator drives it.
 pub trait PoolBackend: Send + Sync {
+    /// Places sessions on the pool's nodes by its placement policy.
     fn set_policy(&self, pool: &str, policy: PoolPolicy);
     fn remove_policy(&self, pool: &str);
+    /// The pools whose policy is set.
+    fn pools(&self) -> Vec<String>;
     /// Sets a tenant's quota from its GPUQuota (`None`: the GPUQuota is gone).
     fn set_tenant_quota(&self, tenant: &str, quota: Option<TenantQuota>);
     /// The tenants whose quota a GPUQuota set.
@@ -134,12 +142,27 @@ pub fn scheduler_quota(q: &TenantQuota) -> gpufuse_scheduler::TenantQuota {
 }
 
 impl PoolBackend for ControllerPool {
+    /// The pool's nodes become a node group of the controller's scheduler with the pool's
+    /// policy (no group without one: the controller's policy places there already).
     fn set_policy(&self, pool: &str, policy: PoolPolicy) {
+        match policy.placement {
+            Some(p) => self
+                .controller
+                .set_node_group(pool, policy.nodes.clone(), p.policy()),
+            None => {
+                self.controller.remove_node_group(pool);
+            }
+        }
         lock(&self.policies).insert(pool.into(), policy);
     }
 
     fn remove_policy(&self, pool: &str) {
+        self.controller.remove_node_group(pool);
         lock(&self.policies).remove(pool);
+    }
+
+    fn pools(&self) -> Vec<String> {
+        lock(&self.policies).keys().cloned().collect()
     }
 
     fn set_tenant_quota(&self, tenant: &str, quota: Option<TenantQuota>) {
@@ -340,6 +363,15 @@ impl<B: PoolBackend> Operator<B> {
         }
 
         // Pools first, so pool usage sees their nodes.
+        let pool_names: BTreeSet<String> = pools
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        for gone in self.backend.pools() {
+            if !pool_names.contains(&gone) {
+                self.backend.remove_policy(&gone);
+            }
+        }
         for p in &pools {
             let name = p.metadata.name.clone().unwrap_or_default();
             let members: BTreeSet<String> = nodes

@@ -241,6 +241,32 @@ mod tests {
         assert_eq!(d["attributes"]["gpufuse.dev/emulated"]["bool"], true);
     }
 
+    /// The chart's hand-written DeviceClass (deploy/helm/gpufuse/templates/deviceclass.yaml)
+    /// is the one `device_class()` makes (`gpufuse operator device-class`): its name, driver
+    /// selector and extended resource, Helm's lines (the `if`, the labels) aside.
+    #[test]
+    fn the_charts_device_class_is_device_class() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/helm/gpufuse/templates/deviceclass.yaml");
+        let template = std::fs::read_to_string(&path).unwrap();
+        let plain: String = template
+            .lines()
+            .filter(|l| !l.contains("{{"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let chart: serde_json::Value = serde_saphyr::from_str(&plain).unwrap();
+        let ours = serde_json::to_value(device_class()).unwrap();
+        for key in ["apiVersion", "kind", "spec"] {
+            assert_eq!(
+                chart[key],
+                ours[key],
+                "{}: {key} is not what slice::device_class() makes",
+                path.display()
+            );
+        }
+        assert_eq!(chart["metadata"]["name"], ours["metadata"]["name"]);
+    }
+
     #[test]
     fn device_class_selects_the_driver_and_names_the_extended_resource() {
         let v = serde_json::to_value(device_class()).unwrap();

@@ -363,3 +363,123 @@ async fn a_gpuquota_in_the_controllers_ledger_refuses_a_standalone_session_over_
     ));
     task.abort();
 }
+
+/// A GPUPool's placement places the controller's sessions on its nodes: a controller whose
+/// own policy is binpack, with two gpufuse nodes named after their Kubernetes nodes; the
+/// GPUPool `inference` (nodes labelled `gpufuse.dev/pool=inference`: node-a) spreads. Two
+/// sessions on node-a go to its two GPUs, two on node-b share one; the GPUPool deleted,
+/// node-a packs again.
+#[tokio::test]
+async fn a_gpupools_placement_places_the_controllers_sessions_on_its_nodes() {
+    use gpufuse_proto::{NodeReport, PoolDeviceReport};
+    let api = FakeApiServer::start().await.unwrap();
+    api.insert(
+        "v1/nodes",
+        "",
+        node("node-a", json!({"gpufuse.dev/pool": "inference"})),
+    );
+    api.insert("v1/nodes", "", node("node-b", json!({})));
+    api.insert(
+        POOLS,
+        "",
+        json!({
+            "apiVersion": "gpufuse.dev/v1alpha1", "kind": "GPUPool",
+            "metadata": {"name": "inference"},
+            "spec": {"nodeSelector": {"gpufuse.dev/pool": "inference"}, "placement": "Spread"}
+        }),
+    );
+
+    let mut config = gpufuse_controller::ControllerConfig::new(vec![]);
+    config.policy = gpufuse_scheduler::Policy::Binpack;
+    let controller = gpufuse_controller::Controller::new(config);
+    // The gpufuse nodes register under their Kubernetes nodes' names (in process here; over
+    // a link from `gpufuse node --name "$NODE_NAME"` in a cluster).
+    for (name, zone) in [("node-a", "a"), ("node-b", "b")] {
+        controller.report_local(&NodeReport {
+            name: name.into(),
+            address: format!("unix:/run/{name}.sock"),
+            labels: [("zone".to_string(), zone.to_string())].into(),
+            devices: (0..2)
+                .map(|index| PoolDeviceReport {
+                    index,
+                    model: "gpufuse emulated B200".into(),
+                    memory_total_bytes: 16 << 30,
+                    memory_used_bytes: 0,
+                    memory_promised_bytes: 0,
+                    compute_capability: (10, 0),
+                    capacity_mtflops: 80_000,
+                    utilization_percent: 0,
+                    uuid: [index as u8 + 1; 16],
+                })
+                .collect(),
+            sessions: vec![],
+        });
+    }
+    let op = Operator {
+        client: api.client(),
+        backend: ControllerPool::new(controller.clone()),
+        instance: "test".into(),
+    };
+    let task = tokio::spawn(operator::run(
+        op,
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+    ));
+    eventually("the GPUPool's policy in the scheduler", || {
+        controller.policy_of("node-a") == gpufuse_scheduler::Policy::Spread
+    })
+    .await;
+    assert_eq!(
+        controller.policy_of("node-b"),
+        gpufuse_scheduler::Policy::Binpack
+    );
+    let groups = controller.node_groups();
+    assert_eq!(groups.len(), 1);
+    assert_eq!(groups[0].0, "inference");
+    assert_eq!(groups[0].1.nodes, ["node-a".to_string()].into());
+
+    // `gpufuse run --server CONTROLLER --selector zone=Z --vram 2GiB`, placed as the
+    // controller places every `Cuda` hello.
+    let place = |zone: &str| {
+        let token = gpufuse_controller::PlacementAsk {
+            selector: [("zone".to_string(), zone.to_string())].into(),
+            ..Default::default()
+        }
+        .encode()
+        .unwrap();
+        let hello = gpufuse_client::Connection::hello(
+            gpufuse_proto::SessionKind::Cuda,
+            token,
+            gpufuse_proto::ResourceRequest {
+                vram_bytes: Some(2 << 30),
+                compute_percent: None,
+                tflops: None,
+                qos: Default::default(),
+            },
+        );
+        let g = controller.place_local(&hello, &mut || false).unwrap();
+        (g.node, g.device)
+    };
+    let (a1, a2) = (place("a"), place("a"));
+    assert_eq!((a1.0.as_str(), a2.0.as_str()), ("node-a", "node-a"));
+    assert_ne!(a1.1, a2.1, "the GPUPool spreads: {a1:?} {a2:?}");
+    let (b1, b2) = (place("b"), place("b"));
+    assert_eq!(b1, b2, "outside the GPUPool the controller packs");
+
+    // The GPUPool deleted: its nodes go back to the controller's policy.
+    let pools: Api<gpufuse_k8s::crd::GPUPool> = Api::all(api.client());
+    pools
+        .delete("inference", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the GPUPool's policy removed", || {
+        controller.node_groups().is_empty()
+    })
+    .await;
+    assert_eq!(
+        controller.policy_of("node-a"),
+        gpufuse_scheduler::Policy::Binpack
+    );
+    assert_eq!(place("a"), place("a"), "node-a packs again");
+    task.abort();
+}

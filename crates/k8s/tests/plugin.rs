@@ -288,3 +288,126 @@ async fn the_slice_is_published_once_and_replaced_when_the_devices_change() {
         "a change is a new pool generation"
     );
 }
+
+/// A claim shaped like the one kube-scheduler makes for an extended-resource request
+/// (`resources.limits: {gpufuse.dev/gpu: 1}` through the DeviceClass's
+/// `extendedResourceName`, KEP-5004): named `<pod>-extended-resources-<suffix>`, annotated
+/// `resource.kubernetes.io/extended-resource-claim`, owned by the pod, one request per
+/// container (`container-0-request-0`) with no capacity asked, and an allocation with no
+/// consumedCapacity and no shareID. It gets the whole device: all of its memory (in the
+/// slice's 1 MiB steps) and 100% of its compute, in the CDI spec, the token and the
+/// operator's charge.
+#[tokio::test]
+async fn an_extended_resource_claim_without_consumed_capacity_gets_the_whole_device() {
+    let api = FakeApiServer::start().await.unwrap();
+    let dir = TempDir::new("extended");
+    let name = "trainer-extended-resources-x7k2p";
+    api.insert(
+        CLAIMS,
+        "team-a",
+        serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {
+                "name": name,
+                "generateName": "trainer-extended-resources-",
+                "namespace": "team-a",
+                "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+                "ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Pod", "name": "trainer",
+                    "uid": "7d2c33b4-0000-4000-8000-000000000001",
+                    "controller": true, "blockOwnerDeletion": true
+                }]
+            },
+            "spec": {"devices": {"requests": [{
+                "name": "container-0-request-0",
+                "exactly": {
+                    "deviceClassName": "gpu.gpufuse.dev",
+                    "allocationMode": "ExactCount",
+                    "count": 1
+                }
+            }]}},
+        }),
+    );
+    let created = api.set_status(
+        CLAIMS,
+        "team-a",
+        name,
+        serde_json::json!({
+            "allocation": {
+                "devices": {"results": [{
+                    "request": "container-0-request-0",
+                    "driver": "gpu.gpufuse.dev",
+                    "pool": "node-a",
+                    "device": "gpu-0"
+                }]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["node-a"]}
+                ]}]}
+            },
+            "reservedFor": [{"resource": "pods", "name": "trainer",
+                             "uid": "7d2c33b4-0000-4000-8000-000000000001"}]
+        }),
+    );
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    // 16 GiB and a little: the whole device is its memory in whole MiB.
+    let memory = (16u64 << 30) + 123;
+    let whole = 16u64 << 30;
+    let preparer = Preparer {
+        node_name: "node-a".into(),
+        client: api.client(),
+        gpus: Arc::new(RwLock::new(vec![gpu(memory)])),
+        layout: cdi::Layout {
+            host_lib_dir: dir.path().join("lib"),
+            container_lib_dir: "/usr/local/gpufuse/lib".into(),
+            host_server: "unix:/var/run/gpufuse/node.sock".parse().unwrap(),
+            container_server: "unix:/var/run/gpufuse/node.sock".parse().unwrap(),
+        },
+        cdi_dir: dir.path().join("cdi"),
+        secret: SECRET.to_vec(),
+    };
+    let devices = preparer
+        .prepare(&gpufuse_k8s::prepare::ClaimRef {
+            namespace: "team-a".into(),
+            name: name.into(),
+            uid: uid.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(devices.len(), 1);
+    let d = &devices[0];
+    assert_eq!(d.request, "container-0-request-0");
+    assert_eq!((d.pool.as_str(), d.device.as_str()), ("node-a", "gpu-0"));
+    assert_eq!(d.share_id, None);
+
+    let spec_path = cdi::spec_path(&dir.path().join("cdi"), &uid);
+    let spec: cdi::Spec = serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
+    let env = cdi::environment(&spec, d.cdi_id.split_once('=').unwrap().1).unwrap();
+    let get = |k: &str| {
+        env.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {k} in {env:?}"))
+    };
+    assert_eq!(get("GPUFUSE_VRAM"), whole.to_string());
+    assert_eq!(get("GPUFUSE_COMPUTE"), "100");
+    assert_eq!(
+        get("GPUFUSE_VISIBLE_DEVICES"),
+        "GPU-00112233-4455-6677-8899-aabbccddeeff"
+    );
+    let token = gpufuse_auth::verify(SECRET, &get("GPUFUSE_TOKEN"), 0).unwrap();
+    assert_eq!(token.subject, format!("team-a/{name}"));
+    assert_eq!(token.max_vram_bytes, Some(whole));
+    assert_eq!(token.max_compute_percent, Some(100));
+
+    // The operator charges the namespace the same whole device.
+    let claim: k8s_openapi::api::resource::v1::ResourceClaim =
+        serde_json::from_value(api.get(CLAIMS, "team-a", name).unwrap()).unwrap();
+    let gpus = std::collections::BTreeMap::from([("node-a".to_string(), vec![gpu(memory)])]);
+    let usage = gpufuse_k8s::operator::claim_usage(&claim, &gpus).unwrap();
+    assert_eq!((usage.memory, usage.compute), (whole, 100));
+    assert_eq!(
+        (usage.tenant.as_str(), usage.node.as_str()),
+        ("team-a", "node-a")
+    );
+}

@@ -4,8 +4,8 @@
 //! Time is a number of milliseconds the caller passes in ([`Millis`]), so tests drive it with
 //! a simulated clock and the simulator ([`sim`]) replays a day of arrivals in a second. The
 //! controller (`gpufuse-controller`) feeds it what nodes report and carries out its
-//! decisions; the Kubernetes operator is meant to reuse it the same way (its GPUPool and
-//! GPUQuota resources map onto [`NodeSpec`] and [`QuotaFile`]).
+//! decisions; the Kubernetes operator reuses it the same way (a GPUPool is a [`NodeGroup`]
+//! with its policy, a GPUQuota a tenant of the [`QuotaFile`]).
 //!
 //! # The model
 //! - A [`Pool`] holds nodes ([`NodeSpec`]: name, address, labels, devices), each `ready` or
@@ -18,6 +18,9 @@
 //!   ([`QuotaFile`]), filters the devices, and places the session by the pool's [`Policy`]:
 //!   `binpack` (the fullest device that fits: frees whole GPUs), `spread` (the emptiest:
 //!   least interference) or `balanced` (the fullest node, the emptiest device inside it).
+//!   Node groups ([`NodeGroup`], [`Pool::set_group`]: a Kubernetes `GPUPool`) have a policy
+//!   of their own: each group's policy picks among its nodes, and the pool's policy picks
+//!   among the groups' picks (and the nodes in no group).
 //! - A request that fits nowhere waits in the pending queue with its reason
 //!   ([`Pool::pending`]); [`Pool::retry_pending`] places what fits after capacity frees. A
 //!   `high` or `critical` request that fits nowhere may instead preempt `low` sessions: the
@@ -39,7 +42,7 @@ pub mod sim;
 
 pub use gpufuse_proto::Qos;
 pub use pool::{
-    ClaimCharge, Decision, DeviceLoad, Pending, Placement, Pool, PoolDevice, PoolNode,
+    ClaimCharge, Decision, DeviceLoad, NodeGroup, Pending, Placement, Pool, PoolDevice, PoolNode,
     PreemptionPlan, Rejected, Session, SessionReport, SessionState, Victim, START_TIMEOUT_MS,
 };
 pub use quota::{human_bytes, parse_size, QuotaError, QuotaFile, TenantQuota, TenantUsage};

@@ -244,6 +244,23 @@ pub struct Pool {
     next_id: SessionId,
     devices_by_free: BTreeSet<DeviceKey>,
     nodes_by_free: BTreeSet<(u64, u32)>,
+    /// Node groups with a policy of their own (a Kubernetes `GPUPool`), by name.
+    groups: BTreeMap<String, NodeGroup>,
+    /// Each node's group (an index into `groups`' order), by node index; empty without groups.
+    group_of: Vec<Option<u32>>,
+    /// The groups' policies in `groups`' order.
+    group_policies: Vec<Policy>,
+}
+
+/// Nodes placed by a policy of their own rather than the pool's: a Kubernetes `GPUPool`
+/// (`gpufuse controller --kubernetes`). Inside a group its policy picks the device; between
+/// groups, and the nodes in none, the pool's policy picks the better of their picks.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeGroup {
+    /// The nodes in it, by name: a node not registered yet joins when it registers. A node in
+    /// several groups belongs to the first by name.
+    pub nodes: BTreeSet<String>,
+    pub policy: Policy,
 }
 
 impl Pool {
@@ -260,15 +277,74 @@ impl Pool {
             next_id: 1,
             devices_by_free: BTreeSet::new(),
             nodes_by_free: BTreeSet::new(),
+            groups: BTreeMap::new(),
+            group_of: Vec::new(),
+            group_policies: Vec::new(),
         }
     }
 
+    /// The pool's policy: for the nodes in no group, and between groups.
     pub fn policy(&self) -> Policy {
         self.policy
     }
     pub fn set_policy(&mut self, policy: Policy) {
         self.policy = policy;
     }
+
+    /// Places sessions on `group.nodes` by `group.policy` (replacing a group of that name).
+    pub fn set_group(&mut self, name: &str, group: NodeGroup) {
+        if self.groups.get(name) == Some(&group) {
+            return;
+        }
+        self.groups.insert(name.to_string(), group);
+        self.regroup();
+    }
+
+    /// Its nodes go back to the pool's policy (or to another group that has them).
+    pub fn remove_group(&mut self, name: &str) -> bool {
+        let removed = self.groups.remove(name).is_some();
+        if removed {
+            self.regroup();
+        }
+        removed
+    }
+
+    pub fn groups(&self) -> &BTreeMap<String, NodeGroup> {
+        &self.groups
+    }
+
+    /// The policy that places sessions on `node`: its group's, else the pool's.
+    pub fn policy_of(&self, node: &str) -> Policy {
+        self.by_name
+            .get(node)
+            .and_then(|&n| self.group_of.get(n as usize).copied().flatten())
+            .map_or(self.policy, |g| self.group_policies[g as usize])
+    }
+
+    /// Recomputes each node's group (after a group or a node came or went).
+    fn regroup(&mut self) {
+        (self.group_of, self.group_policies) = self.grouping();
+    }
+
+    /// Each node's group and the groups' policies, from the groups.
+    fn grouping(&self) -> (Vec<Option<u32>>, Vec<Policy>) {
+        let policies = self.groups.values().map(|g| g.policy).collect();
+        if self.groups.is_empty() {
+            return (Vec::new(), policies);
+        }
+        let of = self
+            .nodes
+            .iter()
+            .map(|n| {
+                self.groups
+                    .values()
+                    .position(|g| g.nodes.contains(&n.spec.name))
+                    .map(|g| g as u32)
+            })
+            .collect();
+        (of, policies)
+    }
+
     pub fn quotas(&self) -> &QuotaFile {
         &self.quotas
     }
@@ -548,6 +624,9 @@ impl Pool {
                     last_heard: now,
                 });
                 self.index(n);
+                if !self.groups.is_empty() {
+                    self.regroup();
+                }
                 n
             }
         };
@@ -836,14 +915,62 @@ impl Pool {
         (percent <= 100).then_some(Some(percent as u32))
     }
 
-    /// The device the policy picks for `req` (node, device position), or why none fits.
+    /// The device the policy picks for `req` (node, device position), or why none fits. With
+    /// node groups, each group's policy picks among its nodes (the pool's among the nodes in
+    /// none), and the pool's policy picks among those picks.
     fn choose(&self, req: &Request) -> Result<(u32, usize), String> {
+        let found = if self.groups.is_empty() {
+            self.choose_by(self.policy, req, None)
+        } else {
+            (0..=self.group_policies.len())
+                .filter_map(|g| {
+                    let (policy, group) = match self.group_policies.get(g) {
+                        Some(&p) => (p, Some(g as u32)),
+                        None => (self.policy, None),
+                    };
+                    self.choose_by(policy, req, Some(group))
+                })
+                .min_by_key(|&(n, p)| self.preference(n, p))
+        };
+        found.ok_or_else(|| self.why_not(req))
+    }
+
+    /// How the pool's policy ranks device `p` of node `n` against others that fit (less is
+    /// better): what each policy looks for first, by the same measures.
+    fn preference(&self, n: u32, p: usize) -> (u64, u64, u32, u32) {
+        let node = &self.nodes[n as usize];
+        let d = &node.devices[p];
+        let (free, node_free) = (d.free_memory(), node.free_memory());
+        match self.policy {
+            Policy::Binpack => (free, node_free, n, p as u32),
+            Policy::Spread => (
+                u64::MAX - free,
+                u64::from(d.load.utilization_percent),
+                d.sessions.len() as u32,
+                n,
+            ),
+            Policy::Balanced => (node_free, u64::MAX - free, n, p as u32),
+        }
+    }
+
+    /// The device `policy` picks for `req`; with `group`, only on the nodes of that group
+    /// (`Some(None)`: the nodes in no group).
+    fn choose_by(
+        &self,
+        policy: Policy,
+        req: &Request,
+        group: Option<Option<u32>>,
+    ) -> Option<(u32, usize)> {
         let need = req.vram_bytes.unwrap_or(1);
+        let in_group =
+            |n: u32| group.is_none_or(|g| self.group_of.get(n as usize).copied().flatten() == g);
         let feasible = |&(_, _, n, p): &DeviceKey| {
             let node = &self.nodes[n as usize];
-            Self::fits(&node.devices[p as usize], req) && Self::node_matches(node, req)
+            in_group(n)
+                && Self::fits(&node.devices[p as usize], req)
+                && Self::node_matches(node, req)
         };
-        let found = match self.policy {
+        match policy {
             Policy::Binpack => self
                 .devices_by_free
                 .range((need, 0, 0, 0)..)
@@ -874,7 +1001,7 @@ impl Pool {
             }
             Policy::Balanced => self.nodes_by_free.range((need, 0)..).find_map(|&(_, n)| {
                 let node = &self.nodes[n as usize];
-                if !Self::node_matches(node, req) {
+                if !in_group(n) || !Self::node_matches(node, req) {
                     return None;
                 }
                 node.devices
@@ -890,8 +1017,7 @@ impl Pool {
                     })
                     .map(|(p, _)| (n, p))
             }),
-        };
-        found.ok_or_else(|| self.why_not(req))
+        }
     }
 
     /// Why `req` fits on no device now: the first filter that leaves nothing.
@@ -1123,6 +1249,9 @@ impl Pool {
         }
         if devices_by_free != self.devices_by_free || nodes_by_free != self.nodes_by_free {
             return Err("the free-memory indexes are stale".into());
+        }
+        if self.grouping() != (self.group_of.clone(), self.group_policies.clone()) {
+            return Err("the nodes' groups are stale".into());
         }
         for p in &self.pending {
             if self.sessions.contains_key(&p.id) {

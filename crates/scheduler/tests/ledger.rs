@@ -28,6 +28,12 @@ enum Op {
     Register(u8),
     Tick(u64),
     Cancel(usize),
+    /// Nodes (a bit mask) in group g with policy q; an empty mask removes the group.
+    Group {
+        g: u8,
+        mask: u8,
+        q: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -40,6 +46,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..3).prop_map(Op::Register),
         1 => (1u64..20_000).prop_map(Op::Tick),
         1 => any::<usize>().prop_map(Op::Cancel),
+        1 => (0u8..2, 0u8..8, 0u8..3).prop_map(|(g, mask, q)| Op::Group { g, mask, q }),
     ]
 }
 
@@ -141,6 +148,15 @@ proptest! {
                     let ids: Vec<u64> = p.pending().iter().map(|x| x.id).collect();
                     if !ids.is_empty() {
                         p.cancel_pending(ids[i % ids.len()]);
+                    }
+                }
+                Op::Group { g, mask, q } => {
+                    let nodes: std::collections::BTreeSet<String> =
+                        (0..3).filter(|n| mask & (1 << n) != 0).map(|n| format!("n{n}")).collect();
+                    if nodes.is_empty() {
+                        p.remove_group(&format!("g{g}"));
+                    } else {
+                        p.set_group(&format!("g{g}"), gpufuse_scheduler::NodeGroup { nodes, policy: Policy::ALL[q as usize] });
                     }
                 }
             }

@@ -346,3 +346,84 @@ fn tflops_are_a_share_of_each_devices_capacity() {
     quota.register_node(node("big", 1, &[], "B200"), &[], &[], 0);
     assert!(matches!(quota.submit(&r, 0), Err(Rejected::Invalid(_))));
 }
+
+#[test]
+fn a_node_groups_policy_places_on_its_nodes_and_the_pools_elsewhere() {
+    use gpufuse_scheduler::NodeGroup;
+    let x = |gib| Request {
+        selector: [("zone".to_string(), "x".to_string())].into(),
+        ..ask(gib)
+    };
+    let y = |gib| Request {
+        selector: [("zone".to_string(), "y".to_string())].into(),
+        ..ask(gib)
+    };
+    let mut p = pool(Policy::Binpack);
+    // A group of node "a" that spreads (a GPUPool), and node "c" that registers later.
+    p.set_group(
+        "inference",
+        NodeGroup {
+            nodes: ["a".to_string(), "c".to_string()].into(),
+            policy: Policy::Spread,
+        },
+    );
+    assert_eq!(p.policy_of("a"), Policy::Spread);
+    assert_eq!(p.policy_of("b"), Policy::Binpack);
+    // On "a": one session a device (spread); on "b": both on one device (binpack).
+    let a1 = placed(&mut p, &x(2));
+    let a2 = placed(&mut p, &x(2));
+    assert_eq!(a1.0, "a");
+    assert_eq!(a2.0, "a");
+    assert_ne!(a1.1, a2.1, "spread inside the group");
+    let b1 = placed(&mut p, &y(2));
+    let b2 = placed(&mut p, &y(2));
+    assert_eq!(b1, b2, "binpack outside it");
+    p.check_invariants().unwrap();
+
+    // A node registering under a group's name joins it.
+    p.register_node(node("c", 2, &[("zone", "z")], "B200"), &[], &[], 0);
+    assert_eq!(p.policy_of("c"), Policy::Spread);
+    let z = |gib| Request {
+        selector: [("zone".to_string(), "z".to_string())].into(),
+        ..ask(gib)
+    };
+    assert_ne!(placed(&mut p, &z(1)), placed(&mut p, &z(1)));
+    p.check_invariants().unwrap();
+
+    // Between groups the pool's policy (binpack) picks: the fullest device that fits is
+    // b's (12 GiB free), not the group's own (spread) pick, a device of c with 15 GiB free.
+    assert_eq!(placed(&mut p, &ask(1)), b1);
+
+    // The group gone: its nodes pack again.
+    assert!(p.remove_group("inference"));
+    assert_eq!(p.policy_of("a"), Policy::Binpack);
+    let again = placed(&mut p, &x(1));
+    assert_eq!(placed(&mut p, &x(1)), again);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn between_groups_a_balanced_pool_prefers_the_fullest_node() {
+    use gpufuse_scheduler::NodeGroup;
+    let mut p = pool(Policy::Balanced);
+    for (name, node) in [("ga", "a"), ("gb", "b")] {
+        p.set_group(
+            name,
+            NodeGroup {
+                nodes: [node.to_string()].into(),
+                policy: Policy::Binpack,
+            },
+        );
+    }
+    // Node b gets a session: it is the fuller node, so the next one goes there too, onto the
+    // device that already has one (b's own binpack).
+    let first = placed(
+        &mut p,
+        &Request {
+            selector: [("zone".to_string(), "y".to_string())].into(),
+            ..ask(4)
+        },
+    );
+    assert_eq!(placed(&mut p, &ask(4)), first);
+    p.check_invariants().unwrap();
+}

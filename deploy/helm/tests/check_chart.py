@@ -65,6 +65,7 @@ VALUE_SETS = {
         "nodeTcpPort": 7070,
         "metrics": {"enabled": True, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
         "node": {"devices": "emu:2:16GiB", "nodeSelector": {"gpufuse.dev/node": "true"},
+                 "runtimeClassName": "nvidia",
                  "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                  "resources": {"limits": {"memory": "4Gi"}}},
         "tokenSecret": "00" * 32,
@@ -107,10 +108,16 @@ def check_values(label: str, values: dict) -> None:
                 validate_k8s(o)
         except Exception as e:
             raise AssertionError(f"{where}: {e}") from None
+    ds = next(o for o in objects if o["kind"] == "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0].get("env", [])}
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == "all", env
     if label == "everything":
-        ds = next(o for o in objects if o["kind"] == "DaemonSet")
-        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        args = pod["containers"][0]["args"]
         assert "--http=0.0.0.0:9400" in args and "--listen=tcp:0.0.0.0:7070" in args, args
+        assert pod.get("runtimeClassName") == "nvidia", pod.get("runtimeClassName")
+    else:
+        assert "runtimeClassName" not in pod, pod["runtimeClassName"]
 
 
 def lint() -> None:
