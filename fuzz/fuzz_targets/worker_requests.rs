@@ -7,13 +7,12 @@
 //! function handles 1..=4 ([`KERNELS`]): fuzzed launches run real kernels with fuzzed grids,
 //! blocks, shared memory, parameters and attributes. A launch that runs longer than
 //! [`LAUNCH_BUDGET`] is cancelled through the session's cancel flag (as when a client goes
-//! away), and at most [`MAX_LAUNCHES`] launches of one input run.
+//! away) by one watchdog thread, and at most [`MAX_LAUNCHES`] launches of one input run.
 #![no_main]
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use gpufuse_device::emu::EmuDevice;
 use gpufuse_proto::Request;
@@ -22,14 +21,15 @@ use libfuzzer_sys::fuzz_target;
 use sha2::{Digest, Sha256};
 
 const LIMIT: u64 = 64 << 20;
-const LAUNCH_BUDGET: Duration = Duration::from_millis(5);
+const LAUNCH_BUDGET: Duration = Duration::from_millis(2);
 const MAX_LAUNCHES: usize = 4;
 
 /// The kernels of [`MODULE`], bound to function handles 1, 2, ... in this order.
 const KERNELS: [&str; 4] = ["store", "spin", "reverse", "maybe_trap"];
 
 /// Global stores at fuzzed addresses (in the session's memory, outside it, misaligned), a loop
-/// as long as a parameter says and an atomic, shared memory with a barrier, and a trap.
+/// as long as a parameter says (up to 64 turns) and an atomic, shared memory with a barrier,
+/// and a trap.
 const MODULE: &str = r#".version 8.0
 .target sm_80
 .address_size 64
@@ -63,6 +63,7 @@ DONE:
   .reg .b64 %rd<2>;
   ld.param.u64 %rd1, [p];
   ld.param.u32 %r1, [iters];
+  min.u32 %r1, %r1, 64;
   mov.u32 %r2, 0;
 LOOP:
   setp.ge.u32 %p1, %r2, %r1;
@@ -116,12 +117,16 @@ END:
 
 /// Loads [`MODULE`] as module 1 and binds [`KERNELS`] to function handles 1, 2, ...
 fn preload(session: &mut Session) {
-    let image = format!("{MODULE}\0");
-    let hash: [u8; 32] = Sha256::digest(image.as_bytes()).into();
+    static IMAGE: OnceLock<(String, [u8; 32])> = OnceLock::new();
+    let (image, hash) = IMAGE.get_or_init(|| {
+        let image = format!("{MODULE}\0");
+        let hash = Sha256::digest(image.as_bytes()).into();
+        (image, hash)
+    });
     let loaded = session.handle(Request::ModuleLoad {
         module: 1,
         device: 0,
-        hash,
+        hash: *hash,
         image: Some(image.as_bytes()),
     });
     assert!(loaded.is_ok(), "the fixed module loads: {loaded:?}");
@@ -135,19 +140,52 @@ fn preload(session: &mut Session) {
     }
 }
 
-/// Runs one launch, cancelling it once it has run for [`LAUNCH_BUDGET`].
-fn launch(session: &mut Session, cancel: &Arc<AtomicBool>, req: Request, quiet: bool) {
-    cancel.store(false, Ordering::Relaxed);
-    let (done, wait) = mpsc::channel::<()>();
-    let flag = cancel.clone();
-    let watchdog = std::thread::spawn(move || {
-        if let Err(RecvTimeoutError::Timeout) = wait.recv_timeout(LAUNCH_BUDGET) {
-            flag.store(true, Ordering::Relaxed);
-        }
-    });
+/// One thread for the whole run: it sets the cancel flag of a launch still running at its
+/// deadline.
+struct Watchdog {
+    deadline: Mutex<Option<Instant>>,
+    wake: Condvar,
+    cancel: Arc<AtomicBool>,
+}
+
+fn watchdog() -> &'static Watchdog {
+    static W: OnceLock<&'static Watchdog> = OnceLock::new();
+    W.get_or_init(|| {
+        let w: &'static Watchdog = Box::leak(Box::new(Watchdog {
+            deadline: Mutex::new(None),
+            wake: Condvar::new(),
+            cancel: Arc::new(AtomicBool::new(false)),
+        }));
+        std::thread::spawn(move || {
+            let mut deadline = w.deadline.lock().unwrap();
+            loop {
+                deadline = match *deadline {
+                    None => w.wake.wait(deadline).unwrap(),
+                    Some(at) => match at.checked_duration_since(Instant::now()) {
+                        Some(left) if !left.is_zero() => {
+                            w.wake.wait_timeout(deadline, left).unwrap().0
+                        }
+                        _ => {
+                            w.cancel.store(true, Ordering::Relaxed);
+                            *deadline = None;
+                            deadline
+                        }
+                    },
+                };
+            }
+        });
+        w
+    })
+}
+
+/// Runs one launch, cancelled if it runs longer than [`LAUNCH_BUDGET`].
+fn launch(session: &mut Session, req: Request, quiet: bool) {
+    let w = watchdog();
+    w.cancel.store(false, Ordering::Relaxed);
+    *w.deadline.lock().unwrap() = Some(Instant::now() + LAUNCH_BUDGET);
+    w.wake.notify_one();
     let _ = session.dispatch(req, quiet);
-    drop(done);
-    watchdog.join().unwrap();
+    *w.deadline.lock().unwrap() = None;
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -157,9 +195,8 @@ fuzz_target!(|data: &[u8]| {
         used: 0,
     };
     {
-        let cancel = Arc::new(AtomicBool::new(false));
         let mut session = Session::new(&mut device, &mut ledger, Some(LIMIT));
-        session.set_cancel(cancel.clone());
+        session.set_cancel(watchdog().cancel.clone());
         preload(&mut session);
         let mut launches = 0;
         let mut rest = data;
@@ -176,7 +213,7 @@ fuzz_target!(|data: &[u8]| {
                     continue;
                 }
                 launches += 1;
-                launch(&mut session, &cancel, req, quiet);
+                launch(&mut session, req, quiet);
             } else {
                 let _ = session.dispatch(req, quiet);
             }
