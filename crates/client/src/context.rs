@@ -6,8 +6,47 @@ use gpufuse_proto::Request;
 
 use crate::error::ClientError;
 use crate::handles::{self, Kind};
-use crate::state::{self, Context, Inner};
-use crate::status::{INVALID_CONTEXT, INVALID_DEVICE};
+use crate::state::{self, Context, Inner, Session};
+use crate::status::{INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE};
+
+/// `CUlimit` values until the application sets them, by limit: stack size, printf FIFO size,
+/// malloc heap size, device runtime sync depth, pending launch count, max L2 fetch
+/// granularity, persisting L2 cache size, and one more. The emulated GPU has no use for them
+/// beyond answering; they are the session's, as there is one session per process.
+pub const DEFAULT_LIMITS: [usize; 8] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0, 0];
+
+/// `CU_LIMIT_PERSISTING_L2_CACHE_SIZE`.
+const LIMIT_PERSISTING_L2: i32 = 6;
+/// `CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE`.
+const MAX_PERSISTING_L2_CACHE_SIZE: i32 = 108;
+
+fn limit_index(limit: i32) -> Result<usize, ClientError> {
+    usize::try_from(limit)
+        .ok()
+        .filter(|&i| i < DEFAULT_LIMITS.len())
+        .ok_or(ClientError::Cuda(INVALID_VALUE))
+}
+
+impl Session {
+    /// `cuCtxGetLimit`.
+    pub fn limit(&self, limit: i32) -> Result<usize, ClientError> {
+        Ok(self.lock().limits[limit_index(limit)?])
+    }
+
+    /// `cuCtxSetLimit`. The persisting L2 cache size is capped at what may persist (device
+    /// attribute 108), as the driver caps it; the emulated GPU has no cache to set aside.
+    pub fn set_limit(&self, limit: i32, value: usize) -> Result<(), ClientError> {
+        let i = limit_index(limit)?;
+        let value = if limit == LIMIT_PERSISTING_L2 {
+            let max = self.attribute(0, MAX_PERSISTING_L2_CACHE_SIZE).unwrap_or(0);
+            value.min(usize::try_from(max).unwrap_or(0))
+        } else {
+            value
+        };
+        self.lock().limits[i] = value;
+        Ok(())
+    }
+}
 
 impl Inner {
     /// The device of `ctx`, or of the current context when `ctx` is 0.

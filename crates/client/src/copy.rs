@@ -4,15 +4,34 @@
 //! the session's host arena (shared-memory sessions, `host.rs`) is copied by the worker in
 //! place: the requests name arena offsets and carry no data. Under stream capture
 //! each is recorded into the graph instead. Every one reaches the device through the device-work
-//! choke point (`work.rs`).
+//! choke point (`work.rs`). 2-D copies ([`Inner::copy_2d`]) and 2-D memsets
+//! ([`Inner::memset_2d`]) too, their sizes from the application checked before they are used.
 
-use gpufuse_proto::{Request, MAX_COPY_CHUNK};
+use gpufuse_proto::{Rect, ReplyBody, Request, MAX_COPY_CHUNK};
 
 use crate::error::ClientError;
 use crate::graph::Op;
 use crate::host::ARENA_SYNC_HTOD_MIN;
 use crate::state::Inner;
-use crate::status::INVALID_VALUE;
+use crate::status::{INVALID_VALUE, NOT_SUPPORTED, UNKNOWN};
+
+/// One side of a 2-D copy: device memory (an allocation, or a CUDA array's rows) or host
+/// memory, the address of its first byte and its pitch in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Side2D {
+    pub device: bool,
+    pub ptr: u64,
+    pub pitch: u64,
+}
+
+/// The bytes `height` rows of `width` bytes at `pitch` span: `pitch * (height - 1) + width`,
+/// checked (`height` > 0).
+fn span_2d(pitch: u64, width: u64, height: u64) -> Result<u64, ClientError> {
+    pitch
+        .checked_mul(height - 1)
+        .and_then(|s| s.checked_add(width))
+        .ok_or_else(|| INVALID_VALUE.into())
+}
 
 impl Inner {
     /// A host-to-device copy of `src` to `dst` on `stream`, in frame-sized parts.
@@ -244,6 +263,180 @@ impl Inner {
             value,
             elem_size,
             count,
+            stream,
+        })
+    }
+
+    /// A 2-D copy of `height` rows of `width` bytes from `src` to `dst` on `stream`
+    /// (`cuMemcpy2D`; 3-D copies are one per slice). Device to device is quiet; host to device
+    /// sends the rows packed; device to host is a round trip, written row by row into the
+    /// destination, and, when `sync`, reports an asynchronous error like a synchronizing call;
+    /// host to host is copied here. A device side's pitch must hold a row; a host side's
+    /// pitch is at least the row. Not under stream capture. Larger than a frame: NOT_SUPPORTED.
+    ///
+    /// # Safety
+    /// A host side must be valid for `height` rows of `width` bytes at its pitch during this
+    /// call: readable for the source, writable for the destination (and they may overlap).
+    pub unsafe fn copy_2d(
+        &mut self,
+        src: Side2D,
+        dst: Side2D,
+        width: u64,
+        height: u64,
+        stream: u64,
+        sync: bool,
+    ) -> Result<(), ClientError> {
+        if width == 0 || height == 0 {
+            return Ok(());
+        }
+        self.not_capturing(stream)?;
+        if (src.device && src.pitch < width) || (dst.device && dst.pitch < width) {
+            return Err(INVALID_VALUE.into());
+        }
+        let (sp, dp) = (src.pitch.max(width), dst.pitch.max(width));
+        let (src_span, dst_span) = (span_2d(sp, width, height)?, span_2d(dp, width, height)?);
+        if src.device {
+            self.check_device_range(src.ptr, src_span)?;
+        }
+        if dst.device {
+            self.check_device_range(dst.ptr, dst_span)?;
+        }
+        // A host side lies in this process's address space: its span must fit one.
+        let host = |side: Side2D, span: u64| -> Result<(usize, usize), ClientError> {
+            let end = side.ptr.checked_add(span);
+            if side.ptr == 0 || end.is_none_or(|e| e > usize::MAX as u64) {
+                return Err(INVALID_VALUE.into());
+            }
+            Ok((side.ptr as usize, side.pitch.max(width) as usize))
+        };
+        let (w, h) = (width as usize, height as usize);
+        let rect = |ptr, pitch| Rect { ptr, pitch };
+        match (src.device, dst.device) {
+            (true, true) => self.device_work(&Request::Memcpy2DDtoD {
+                dst: rect(dst.ptr, dp),
+                src: rect(src.ptr, sp),
+                width,
+                height,
+                stream,
+            }),
+            (false, true) => {
+                let (base, pitch) = host(src, src_span)?;
+                let size = width.checked_mul(height).ok_or(INVALID_VALUE)?;
+                if size > MAX_COPY_CHUNK as u64 {
+                    return Err(NOT_SUPPORTED.into());
+                }
+                let mut packed = Vec::with_capacity(size as usize);
+                for row in 0..h {
+                    // SAFETY: row `row` of the source, `w` bytes, inside the span checked
+                    // above; this function's contract: readable during this call.
+                    packed.extend_from_slice(unsafe {
+                        std::slice::from_raw_parts((base + row * pitch) as *const u8, w)
+                    });
+                }
+                self.device_work(&Request::Memcpy2DHtoD {
+                    dst: rect(dst.ptr, dp),
+                    width,
+                    height,
+                    stream,
+                    data: &packed,
+                })
+            }
+            (true, false) => {
+                let (base, pitch) = host(dst, dst_span)?;
+                let size = width.checked_mul(height).ok_or(INVALID_VALUE)?;
+                if size > MAX_COPY_CHUNK as u64 {
+                    return Err(NOT_SUPPORTED.into());
+                }
+                let req = Request::Memcpy2DDtoH {
+                    src: rect(src.ptr, sp),
+                    width,
+                    height,
+                    stream,
+                };
+                let ReplyBody::Data(data) = self.device_call(&req)? else {
+                    return Err(UNKNOWN.into());
+                };
+                if data.len() as u64 != size {
+                    return Err(UNKNOWN.into());
+                }
+                for (row, chunk) in data.chunks(w).enumerate() {
+                    // SAFETY: row `row` of the destination, `w` bytes, inside the span checked
+                    // above; this function's contract: writable during this call.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            chunk.as_ptr(),
+                            (base + row * pitch) as *mut u8,
+                            w,
+                        )
+                    };
+                }
+                if sync {
+                    self.take_async_error()?;
+                }
+                Ok(())
+            }
+            (false, false) => {
+                let (src_base, sp) = host(src, src_span)?;
+                let (dst_base, dp) = host(dst, dst_span)?;
+                for row in 0..h {
+                    // SAFETY: row `row` of the source and the destination, `w` bytes each,
+                    // inside the spans checked above; this function's contract: valid during
+                    // this call; `copy` allows overlap.
+                    unsafe {
+                        std::ptr::copy(
+                            (src_base + row * sp) as *const u8,
+                            (dst_base + row * dp) as *mut u8,
+                            w,
+                        )
+                    };
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets `height` rows of `width` elements of `elem_size` (1, 2 or 4) bytes, `pitch` bytes
+    /// apart from `dst`, to `value` (`cuMemsetD2D*`). Under stream capture, one memset node
+    /// per row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn memset_2d(
+        &mut self,
+        dst: u64,
+        pitch: u64,
+        value: u32,
+        elem_size: u8,
+        width: u64,
+        height: u64,
+        stream: u64,
+    ) -> Result<(), ClientError> {
+        let row = width
+            .checked_mul(u64::from(elem_size))
+            .ok_or(INVALID_VALUE)?;
+        if width == 0 || height == 0 {
+            return Ok(());
+        }
+        if pitch < row {
+            return Err(INVALID_VALUE.into());
+        }
+        self.check_device_range(dst, span_2d(pitch, row, height)?)?;
+        if self.graphs.capturing(stream).is_some() {
+            for r in 0..height {
+                let op = Op::Memset {
+                    dst: dst + r * pitch,
+                    value,
+                    elem_size,
+                    count: width,
+                };
+                self.graphs.record(stream, op);
+            }
+            return Ok(());
+        }
+        self.device_work(&Request::Memset2D {
+            dst: Rect { ptr: dst, pitch },
+            value,
+            elem_size,
+            width,
+            height,
             stream,
         })
     }

@@ -213,6 +213,8 @@ pub struct Inner {
     /// The session's per-stream lanes ([`crate::lanes`]): the locked path grants them and
     /// invalidates them when something they rely on changes.
     pub(crate) lanes: Arc<Lanes>,
+    /// `CUlimit` values, by limit ([`crate::context::DEFAULT_LIMITS`]).
+    pub(crate) limits: [usize; 8],
 }
 
 impl Inner {
@@ -333,6 +335,7 @@ impl Session {
                 graphs: Default::default(),
                 placements: 0,
                 lanes,
+                limits: crate::context::DEFAULT_LIMITS,
             }),
         }
     }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use gpufuse_client::copy::Side2D;
 use gpufuse_client::lanes::StreamRef;
 use gpufuse_client::launch::{pack_params, KernelLaunch, LaunchConfig};
 use gpufuse_client::state::{self, Session, SessionConfig};
@@ -19,6 +20,7 @@ use gpufuse_worker::LocalLedger;
 const INVALID_VALUE: i32 = 1;
 const INVALID_CONTEXT: i32 = 201;
 const INVALID_HANDLE: i32 = 400;
+const NOT_SUPPORTED: i32 = 801;
 const ILLEGAL_ADDRESS: i32 = 700;
 
 /// `fill(u32 *out, u32 base, u32 n)`: `out[i] = base + i` for every thread `i < n`.
@@ -190,6 +192,184 @@ fn memory_round_trips_and_frees_everything_at_the_end() {
     }
     drop(s);
     assert_eq!(node.ended_with(), 0);
+}
+
+/// 2-D copies in every direction through the core: rows packed on the way to the device,
+/// unpacked into a host pitch on the way back, device to device and host to host at their
+/// pitches; what does not fit the pitch or the allocation, or overflows, is refused locally.
+#[test]
+fn two_dimensional_copies_keep_each_sides_pitch() {
+    let node = Node::start();
+    let s = session(&node);
+    let dev = |ptr, pitch| Side2D {
+        device: true,
+        ptr,
+        pitch,
+    };
+    let host = |buf: &[u8], pitch| Side2D {
+        device: false,
+        ptr: buf.as_ptr() as u64,
+        pitch,
+    };
+    let (w, h) = (5u64, 3u64);
+    // A host image of 3 rows, 8 bytes apart; the device's rows 16 bytes apart.
+    let src: Vec<u8> = (0..24).collect();
+    let mut g = s.lock();
+    let a = g.alloc(48).unwrap();
+    g.memset(a, 0xee, 1, 48, 0).unwrap();
+    // SAFETY: `src` holds 3 rows of 8 bytes; the device side is checked by the core.
+    unsafe { g.copy_2d(host(&src, 8), dev(a, 16), w, h, 0, true) }.unwrap();
+    let mut flat = vec![0u8; 48];
+    g.copy_from_device(&mut flat, a, 0).unwrap();
+    for r in 0..3 {
+        assert_eq!(&flat[r * 16..r * 16 + 5], &src[r * 8..r * 8 + 5], "row {r}");
+        assert!(flat[r * 16 + 5..r * 16 + 16].iter().all(|&b| b == 0xee));
+    }
+    // Device to device, into rows 8 bytes apart.
+    let b = g.alloc(24).unwrap();
+    g.memset(b, 0, 1, 24, 0).unwrap();
+    // SAFETY: no host side.
+    unsafe { g.copy_2d(dev(a, 16), dev(b, 8), w, h, 0, true) }.unwrap();
+    // Back to the host into rows 6 bytes apart: the gaps are left alone.
+    let mut back = vec![0xaau8; 18];
+    let out = Side2D {
+        device: false,
+        ptr: back.as_mut_ptr() as u64,
+        pitch: 6,
+    };
+    // SAFETY: `back` holds 3 rows of 6 bytes, written during the call only.
+    unsafe { g.copy_2d(dev(b, 8), out, w, h, 0, true) }.unwrap();
+    for r in 0..3 {
+        assert_eq!(&back[r * 6..r * 6 + 5], &src[r * 8..r * 8 + 5], "row {r}");
+        assert_eq!(back[r * 6 + 5], 0xaa);
+    }
+    // Host to host.
+    let mut copy = vec![0u8; 15];
+    let packed = Side2D {
+        device: false,
+        ptr: copy.as_mut_ptr() as u64,
+        pitch: 5,
+    };
+    // SAFETY: both host buffers are valid for the rows the copy names.
+    unsafe { g.copy_2d(host(&src, 8), packed, w, h, 0, true) }.unwrap();
+    assert_eq!(&copy[5..10], &src[8..13]);
+    // Refused: a device pitch narrower than a row, rows past the allocation, a span that
+    // overflows, a NULL host side; nothing at all for an empty copy.
+    // SAFETY: the host sides are `src`, or NULL and refused before any access.
+    unsafe {
+        assert_eq!(
+            status(g.copy_2d(host(&src, 8), dev(a, 4), w, h, 0, true)),
+            INVALID_VALUE
+        );
+        assert_eq!(
+            status(g.copy_2d(host(&src, 8), dev(a, 16), w, 4, 0, true)),
+            INVALID_VALUE
+        );
+        assert_eq!(
+            status(g.copy_2d(dev(a, u64::MAX / 2), dev(b, 8), w, h, 0, true)),
+            INVALID_VALUE
+        );
+        assert_eq!(
+            status(g.copy_2d(dev(a, 16), dev(b, 8), u64::MAX, h, 0, true)),
+            INVALID_VALUE
+        );
+        let null = Side2D {
+            device: false,
+            ptr: 0,
+            pitch: 8,
+        };
+        assert_eq!(
+            status(g.copy_2d(null, dev(a, 16), w, h, 0, true)),
+            INVALID_VALUE
+        );
+        g.copy_2d(null, dev(a, 16), 0, h, 0, true).unwrap();
+    }
+    // Larger than one frame: refused, as before.
+    let big = g.alloc(65 << 20).unwrap();
+    let mut sink = vec![0u8; 65 << 20];
+    let all = Side2D {
+        device: false,
+        ptr: sink.as_mut_ptr() as u64,
+        pitch: 1 << 20,
+    };
+    // SAFETY: `sink` holds the 65 rows of 1 MiB the copy names.
+    let too_big = unsafe { g.copy_2d(dev(big, 1 << 20), all, 1 << 20, 65, 0, true) };
+    assert_eq!(status(too_big), NOT_SUPPORTED);
+    drop(g);
+    drop(s);
+    assert_eq!(node.ended_with(), 0);
+}
+
+/// 2-D memsets: rows of elements at a pitch, the gaps untouched; checked sizes; under stream
+/// capture one memset node per row, run by each launch of the graph.
+#[test]
+fn two_dimensional_memsets_fill_rows_and_are_captured_row_by_row() {
+    let node = Node::start();
+    let s = session(&node);
+    let p = s.lock().alloc(64).unwrap();
+    s.lock().memset(p, 0, 1, 64, 0).unwrap();
+    // 3 rows of 2 u32 elements, 16 bytes apart.
+    s.lock().memset_2d(p, 16, 0x0102_0304, 4, 2, 3, 0).unwrap();
+    let words = read_u32s(&s, p, 16);
+    for r in 0..4 {
+        let want: &[u32] = if r < 3 { &[0x0102_0304; 2] } else { &[0; 2] };
+        assert_eq!(&words[r * 4..r * 4 + 2], want, "row {r}");
+        assert_eq!(&words[r * 4 + 2..r * 4 + 4], &[0, 0], "gap {r}");
+    }
+    let mut g = s.lock();
+    assert_eq!(status(g.memset_2d(p, 4, 1, 4, 2, 3, 0)), INVALID_VALUE);
+    assert_eq!(status(g.memset_2d(p, 16, 1, 4, 2, 5, 0)), INVALID_VALUE);
+    assert_eq!(
+        status(g.memset_2d(p, 16, 1, 4, u64::MAX / 2, 1, 0)),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        status(g.memset_2d(p, u64::MAX / 2, 1, 1, 1, 3, 0)),
+        INVALID_VALUE
+    );
+    g.memset_2d(p, 16, 1, 4, 0, 3, 0).unwrap();
+    // Captured: one node per row, nothing runs until the graph does.
+    let st = g.create_stream(0, 0).unwrap();
+    g.begin_capture(st).unwrap();
+    g.memset_2d(p, 16, 7, 1, 3, 2, st).unwrap();
+    let graph = g.end_capture(st).unwrap();
+    assert_eq!(g.graph_len(graph).unwrap(), 2);
+    drop(g);
+    assert_eq!(read_u32s(&s, p, 1)[0], 0x0102_0304);
+    let exec = s.lock().instantiate(graph).unwrap();
+    // SAFETY: the graph names no host memory or host functions.
+    unsafe { s.lock().launch_graph(exec, st) }.unwrap();
+    s.lock().synchronize_stream(st).unwrap();
+    let mut bytes = vec![0u8; 32];
+    s.lock().copy_from_device(&mut bytes, p, 0).unwrap();
+    assert_eq!(&bytes[..4], &[7, 7, 7, 0x01]);
+    assert_eq!(&bytes[16..20], &[7, 7, 7, 0x01]);
+    drop(s);
+    assert_eq!(node.ended_with(), 0);
+}
+
+/// `cuCtxGetLimit`/`cuCtxSetLimit` answer from the session: the driver's defaults, what the
+/// application set, the persisting L2 size capped at the device's maximum, unknown limits
+/// refused.
+#[test]
+fn limits_are_the_sessions_and_the_persisting_l2_size_is_capped() {
+    let node = Node::start();
+    let s = session(&node);
+    assert_eq!(s.limit(0).unwrap(), 1024, "stack size");
+    assert_eq!(s.limit(2).unwrap(), 8 << 20, "malloc heap size");
+    s.set_limit(0, 4096).unwrap();
+    assert_eq!(s.limit(0).unwrap(), 4096);
+    let max = s.attribute(0, 108).unwrap() as usize;
+    s.set_limit(6, usize::MAX).unwrap();
+    assert_eq!(s.limit(6).unwrap(), max);
+    s.set_limit(6, 0).unwrap();
+    assert_eq!(s.limit(6).unwrap(), 0);
+    for bad in [-1, 8, i32::MAX] {
+        assert_eq!(status(s.limit(bad)), INVALID_VALUE);
+        assert_eq!(status(s.set_limit(bad, 1)), INVALID_VALUE);
+    }
+    // Another session starts from the defaults.
+    assert_eq!(session(&node).limit(0).unwrap(), 1024);
 }
 
 #[test]

@@ -257,15 +257,12 @@ impl Controller {
                 )
             }
             Err(TransportError::Proto(ProtoError::VersionMismatch { theirs, .. })) => {
-                return answer(&mut conn, &refused(version_mismatch(theirs)));
+                return refuse_version(&mut conn, theirs);
             }
             Err(e) => return tracing::debug!("connection closed before its hello: {e}"),
         };
         if !SUPPORTED_VERSIONS.contains(&hello.protocol_version) {
-            return answer(
-                &mut conn,
-                &refused(version_mismatch(hello.protocol_version)),
-            );
+            return refuse_version(&mut conn, hello.protocol_version);
         }
         match hello.kind {
             SessionKind::Status => {
@@ -327,12 +324,20 @@ impl Controller {
     }
 }
 
-fn version_mismatch(theirs: u16) -> String {
-    format!(
-        "protocol version mismatch: the client speaks {theirs}, this controller speaks {}..={}",
+/// Refuses a client of another protocol version in the older of the two versions, as the
+/// node does: the frame header and `ServerHello::Refused` keep their layout across versions,
+/// so an older client reads the reason instead of failing on the header.
+fn refuse_version(conn: &mut Conn, theirs: u16) {
+    let reason = format!(
+        "protocol version mismatch: the client speaks {theirs}, this controller speaks {}..={} (upgrade the {})",
         SUPPORTED_VERSIONS.start(),
-        SUPPORTED_VERSIONS.end()
-    )
+        SUPPORTED_VERSIONS.end(),
+        if theirs < *SUPPORTED_VERSIONS.start() { "client" } else { "controller" }
+    );
+    let mut out = Vec::new();
+    encode_frame(&mut out, FrameKind::HelloReply, 0, 0, &refused(reason));
+    gpufuse_proto::set_frame_version(&mut out, theirs.min(gpufuse_proto::PROTOCOL_VERSION));
+    let _ = conn.send(&out);
 }
 
 fn refused(reason: String) -> ServerHello {

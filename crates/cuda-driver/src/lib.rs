@@ -143,7 +143,7 @@ impl Driver {
     pub fn status(e: &DriverError) -> CUresult {
         match e {
             DriverError::Cuda { code, .. } => *code,
-            _ => 999,
+            _ => gpufuse_cuda_types::CUDA_ERROR_UNKNOWN,
         }
     }
 

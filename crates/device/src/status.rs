@@ -1,26 +1,11 @@
-//! The CUDA status codes devices return.
+//! The CUDA status codes devices return: every `CUresult` value NVIDIA's `cuda.h` defines,
+//! under its short name (`INVALID_VALUE` for `CUDA_ERROR_INVALID_VALUE`), generated from the
+//! headers into `gpufuse-cuda-types` (`scripts/gen_cuda_types.py`), the same table the client
+//! core uses.
 
-pub type Status = i32;
+pub use gpufuse_cuda_types::short::*;
 
-pub const INVALID_VALUE: Status = 1;
-pub const OUT_OF_MEMORY: Status = 2;
-pub const INVALID_IMAGE: Status = 200;
-pub const NO_BINARY_FOR_GPU: Status = 209;
-pub const INVALID_PTX: Status = 218;
-pub const UNSUPPORTED_PTX_VERSION: Status = 222;
-pub const INVALID_HANDLE: Status = 400;
-pub const NOT_FOUND: Status = 500;
-pub const ILLEGAL_ADDRESS: Status = 700;
-pub const LAUNCH_OUT_OF_RESOURCES: Status = 701;
-/// A device-side `assert()` failed; sticky like a fault.
-pub const ASSERT: Status = 710;
-/// A load, store or atomic at an address not a multiple of its size; sticky like a fault.
-pub const MISALIGNED_ADDRESS: Status = 716;
-pub const INVALID_CONFIGURATION: Status = 9;
-pub const NOT_SUPPORTED: Status = 801;
-pub const LAUNCH_FAILED: Status = 719;
-pub const COOPERATIVE_LAUNCH_TOO_LARGE: Status = 720;
-pub const UNKNOWN: Status = 999;
+pub type Status = gpufuse_cuda_types::CUresult;
 
 /// A failed device operation: its CUDA status and, where the device can say more (the
 /// instruction a launch stopped at, the illegal address, what a module lacks to link), why.

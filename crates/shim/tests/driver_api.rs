@@ -81,6 +81,52 @@ fn driver_api_against_a_real_server() {
         );
         ok(memory::cuMemFree_v2(d), "free");
 
+        // 2-D copies and memsets through the exports (the client core packs and unpacks the
+        // rows): 3 host rows of 10 bytes into device rows 64 bytes apart, a 2-D memset beside
+        // them, and back into packed rows; a device pitch narrower than a row is refused.
+        let mut d2 = 0u64;
+        ok(memory::cuMemAlloc_v2(&mut d2, 256), "alloc 2d");
+        ok(copy::cuMemsetD8_v2(d2, 0, 256), "clear 2d");
+        let rows: Vec<u8> = (1..=30).collect();
+        let mut p: copy::Memcpy2D = std::mem::zeroed();
+        p.src_memory_type = 1;
+        p.src_host = rows.as_ptr().cast();
+        p.src_pitch = 10;
+        p.dst_memory_type = 2;
+        p.dst_device = d2;
+        p.dst_pitch = 64;
+        p.width_in_bytes = 8;
+        p.height = 3;
+        ok(copy::cuMemcpy2D_v2(&p), "2d htod");
+        ok(copy::cuMemsetD2D8_v2(d2 + 8, 64, 0xff, 2, 3), "memset 2d");
+        let mut packed_rows = vec![0u8; 30];
+        let mut q: copy::Memcpy2D = std::mem::zeroed();
+        q.src_memory_type = 2;
+        q.src_device = d2;
+        q.src_pitch = 64;
+        q.dst_memory_type = 1;
+        q.dst_host = packed_rows.as_mut_ptr().cast();
+        q.dst_pitch = 10;
+        q.width_in_bytes = 10;
+        q.height = 3;
+        ok(copy::cuMemcpy2D_v2(&q), "2d dtoh");
+        for r in 0..3 {
+            assert_eq!(&packed_rows[r * 10..r * 10 + 8], &rows[r * 10..r * 10 + 8]);
+            assert_eq!(&packed_rows[r * 10 + 8..r * 10 + 10], &[0xff, 0xff]);
+        }
+        q.src_pitch = 4;
+        assert_eq!(copy::cuMemcpy2D_v2(&q), 1, "a pitch narrower than a row");
+        ok(memory::cuMemFree_v2(d2), "free 2d");
+
+        // Limits are the session's: defaults, set, unknown refused.
+        let mut value = 0usize;
+        ok(context::cuCtxGetLimit(&mut value, 0), "get limit");
+        assert_eq!(value, 1024);
+        ok(context::cuCtxSetLimit(0, 2048), "set limit");
+        ok(context::cuCtxGetLimit(&mut value, 0), "get limit again");
+        assert_eq!(value, 2048);
+        assert_eq!(context::cuCtxGetLimit(&mut value, 99), 1);
+
         // Module and launches: the worker must receive the exact argument bytes.
         let ptx = CString::new(PTX).unwrap();
         let mut m = std::ptr::null_mut();

@@ -157,7 +157,10 @@ impl Session<'_> {
         if width == 0 || height == 0 || !matches!(elem_size, 4 | 8 | 16) {
             return Err(st::INVALID_VALUE);
         }
-        let pitch = width.div_ceil(512) * 512;
+        // `width` comes from the wire: rounding it up to the pitch must not wrap.
+        let pitch = width
+            .checked_next_multiple_of(512)
+            .ok_or(st::INVALID_VALUE)?;
         let ptr = self.alloc(pitch.checked_mul(height).ok_or(st::OUT_OF_MEMORY)?)?;
         Ok(ReplyBody::Pitch { ptr, pitch })
     }

@@ -202,6 +202,56 @@ fn zero_width_and_overflowing_2d_copies_are_answered_not_panics() {
     assert_eq!(w.join().unwrap(), 0);
 }
 
+/// `MemAllocPitch` rounds the width up to a 512-byte pitch; a width within 511 of `u64::MAX`
+/// panicked the worker in a debug build (in release it wrapped to a zero pitch, refused only
+/// because a zero-byte allocation is): the rounding is checked now.
+#[test]
+fn a_pitched_allocation_whose_pitch_overflows_is_invalid_not_a_panic() {
+    let (mut c, w) = pair();
+    for width in [u64::MAX, u64::MAX - 1, u64::MAX - 510] {
+        assert!(
+            matches!(
+                c.call(&Request::MemAllocPitch {
+                    device: 0,
+                    width,
+                    height: 1,
+                    elem_size: 4,
+                }),
+                Err(ClientError::Cuda(1))
+            ),
+            "width {width:#x}"
+        );
+    }
+    // A height that overflows `pitch * height` is out of memory, as before.
+    assert!(matches!(
+        c.call(&Request::MemAllocPitch {
+            device: 0,
+            width: 1 << 40,
+            height: 1 << 40,
+            elem_size: 4,
+        }),
+        Err(ClientError::Cuda(2))
+    ));
+    // The session still works, and an ordinary pitched allocation is rounded up.
+    match c
+        .call(&Request::MemAllocPitch {
+            device: 0,
+            width: 513,
+            height: 3,
+            elem_size: 4,
+        })
+        .unwrap()
+    {
+        ReplyBody::Pitch { ptr, pitch } => {
+            assert_eq!(pitch, 1024);
+            c.call(&Request::MemFree { ptr }).unwrap();
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(c);
+    assert_eq!(w.join().unwrap(), 0);
+}
+
 #[test]
 fn texture_objects_must_lie_in_an_allocation_and_exist_once() {
     use gpufuse_proto::{TexObjectDesc, TexSampler, TexShape};

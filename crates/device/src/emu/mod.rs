@@ -481,7 +481,14 @@ impl Device for EmuDevice {
             || l.grid[2] > 65535
             || l.grid.contains(&0)
         {
-            return Err(INVALID_CONFIGURATION.into());
+            // What NVIDIA's driver answers cuLaunchKernel with a block or grid it cannot run.
+            return Err(DeviceError::new(
+                INVALID_VALUE,
+                format!(
+                    "launch configuration grid {:?} block {:?} is out of range",
+                    l.grid, l.block
+                ),
+            ));
         }
         if l.shared_mem as i64 > self.model.shared_per_block_optin as i64 {
             return Err(INVALID_VALUE.into());
@@ -815,6 +822,48 @@ mod tests {
             d.load_module(b"\x7fELF\x02garbage").map_err(|e| e.status),
             Err(NO_BINARY_FOR_GPU)
         );
+    }
+
+    /// A block or grid the GPU cannot run is CUDA_ERROR_INVALID_VALUE, as NVIDIA's driver
+    /// answers cuLaunchKernel (it was 9, which is no CUresult at all); the edges still run.
+    #[test]
+    fn a_launch_configuration_out_of_range_is_invalid_value() {
+        let mut d = dev();
+        let ptx =
+            b".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{ ret; }\n\0";
+        let m = d.load_module(ptx).unwrap();
+        let launch = |d: &mut EmuDevice, grid: [u32; 3], block: [u32; 3]| {
+            d.launch(&KernelLaunch {
+                module: m,
+                function: "k",
+                grid,
+                block,
+                shared_mem: 0,
+                params: &[],
+                cooperative: false,
+                cancel: None,
+            })
+            .map(|_| ())
+            .map_err(|e| e.status)
+        };
+        for (grid, block) in [
+            ([1, 1, 1], [0, 1, 1]),
+            ([1, 1, 1], [1025, 1, 1]),
+            ([1, 1, 1], [32, 32, 2]),
+            ([1, 1, 1], [1, 1, 65]),
+            ([0, 1, 1], [32, 1, 1]),
+            ([1, 65536, 1], [32, 1, 1]),
+            ([1, 1, 65536], [32, 1, 1]),
+        ] {
+            assert_eq!(
+                launch(&mut d, grid, block),
+                Err(INVALID_VALUE),
+                "grid {grid:?} block {block:?}"
+            );
+        }
+        launch(&mut d, [1, 1, 1], [1024, 1, 1]).unwrap();
+        launch(&mut d, [1, 65535, 1], [1, 1, 64]).unwrap();
+        assert_eq!(INVALID_VALUE, gpufuse_cuda_types::CUDA_ERROR_INVALID_VALUE);
     }
 
     /// A fatbin with SASS for this GPU's architecture and PTX only for a newer one (how cuBLAS

@@ -1,7 +1,6 @@
 //! Contexts: primary contexts, created contexts, the per-thread current-context stack, limits.
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::Mutex;
 
 use gpufuse_client::state::{self, Inner};
 use gpufuse_client::work::SyncScope;
@@ -10,7 +9,7 @@ use crate::api::device::CUdevice;
 use crate::ffi::{out, out_opt};
 use crate::global::{session, with_core};
 use crate::guard::guard;
-use crate::status::{CUresult, INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE, SUCCESS};
+use crate::status::{CUresult, INVALID_CONTEXT, INVALID_DEVICE, SUCCESS};
 
 pub type CUcontext = *mut c_void;
 
@@ -37,11 +36,6 @@ pub fn current(g: &Inner) -> Result<(u64, u32), CUresult> {
 /// Makes sure the device's primary context exists on the worker; returns its handle.
 pub fn ensure_primary(g: &mut Inner, dev: u32) -> Result<u64, CUresult> {
     g.ensure_primary(dev).map_err(client_err)
-}
-
-/// Synchronizing calls report the first asynchronous error since the last one.
-pub fn async_error(g: &mut Inner) -> Result<(), CUresult> {
-    g.take_async_error().map_err(client_err)
 }
 
 fn device(dev: CUdevice) -> Result<u32, CUresult> {
@@ -273,39 +267,14 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult {
     })
 }
 
-/// `CUlimit` values, per process (the emulated GPU has no use for them beyond answering).
-const LIMIT_PERSISTING_L2: c_int = 6;
-
-static LIMITS: Mutex<[usize; 8]> = Mutex::new([1024, 1 << 20, 8 << 20, 2, 2048, 64, 0, 0]);
-
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUresult {
-    guard(|| {
-        let l = LIMITS.lock().unwrap_or_else(|e| e.into_inner());
-        out(
-            value,
-            *l.get(usize::try_from(limit).map_err(|_| INVALID_VALUE)?)
-                .ok_or(INVALID_VALUE)?,
-        )
-    })
+    guard(|| out(value, session()?.limit(limit).map_err(client_err)?))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
-    guard(|| {
-        // CU_LIMIT_PERSISTING_L2_CACHE_SIZE is capped at what may persist (attribute 108), as
-        // the driver caps it; the emulated GPU has no cache for it to set aside.
-        let value = if limit == LIMIT_PERSISTING_L2 {
-            let max = session()?.attribute(0, 108).unwrap_or(0);
-            value.min(usize::try_from(max).unwrap_or(0))
-        } else {
-            value
-        };
-        let mut l = LIMITS.lock().unwrap_or_else(|e| e.into_inner());
-        *l.get_mut(usize::try_from(limit).map_err(|_| INVALID_VALUE)?)
-            .ok_or(INVALID_VALUE)? = value;
-        Ok(())
-    })
+    guard(|| session()?.set_limit(limit, value).map_err(client_err))
 }
 
 #[no_mangle]

@@ -4,22 +4,16 @@
 
 use std::ffi::{c_int, c_void};
 
-use gpufuse_client::graph::Op;
+use gpufuse_client::copy::Side2D;
 use gpufuse_client::state::Inner;
-use gpufuse_proto::{Rect, ReplyBody, Request, MAX_COPY_CHUNK};
 
-use crate::api::context::{async_error, client_err};
+use crate::api::context::client_err;
 use crate::api::memory::CUdeviceptr;
 use crate::api::stream::{stream_id, CUstream};
 use crate::ffi::{host_bytes, host_bytes_mut, read};
 use crate::global::session;
 use crate::guard::guard;
-use crate::status::{CUresult, INVALID_VALUE, NOT_SUPPORTED, UNKNOWN};
-
-/// Checks that `[ptr, ptr+len)` lies in one of the session's allocations.
-fn check_device_range(g: &Inner, ptr: u64, len: u64) -> Result<(), CUresult> {
-    g.check_device_range(ptr, len).map_err(client_err)
-}
+use crate::status::{CUresult, INVALID_VALUE};
 
 pub(crate) fn htod(
     g: &mut Inner,
@@ -79,11 +73,6 @@ pub(crate) fn dtod(
     stream: u64,
 ) -> Result<(), CUresult> {
     g.copy_on_device(dst, src, len, stream).map_err(client_err)
-}
-
-/// Synchronous work cannot be captured into a graph.
-pub(crate) fn not_capturing(g: &Inner, stream: u64) -> Result<(), CUresult> {
-    g.not_capturing(stream).map_err(client_err)
 }
 
 /// Runs `f` with the session locked and the stream resolved.
@@ -230,15 +219,25 @@ pub(crate) fn side(
     y: usize,
     pitch: usize,
 ) -> Result<(bool, u64, usize), CUresult> {
-    let off = (y * pitch + x) as u64;
+    // `y` rows of `pitch` bytes and `x` bytes in: checked, they are the application's.
+    let at = |base: u64, pitch: usize| {
+        y.checked_mul(pitch)
+            .and_then(|o| o.checked_add(x))
+            .and_then(|o| base.checked_add(o as u64))
+            .ok_or(INVALID_VALUE)
+    };
     match kind {
-        MEM_HOST => Ok((false, host as u64 + off, pitch)),
-        MEM_DEVICE => Ok((true, device + off, pitch)),
-        MEM_UNIFIED => Ok((g.find_allocation(device, 1).is_some(), device + off, pitch)),
+        MEM_HOST => Ok((false, at(host as u64, pitch)?, pitch)),
+        MEM_DEVICE => Ok((true, at(device, pitch)?, pitch)),
+        MEM_UNIFIED => Ok((
+            g.find_allocation(device, 1).is_some(),
+            at(device, pitch)?,
+            pitch,
+        )),
         MEM_ARRAY => {
             let a = crate::api::array::array(g, array)?;
             let pitch = a.pitch as usize;
-            Ok((true, a.ptr + (y * pitch + x) as u64, pitch))
+            Ok((true, at(a.ptr, pitch)?, pitch))
         }
         _ => Err(INVALID_VALUE),
     }
@@ -248,12 +247,10 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
     let s = session()?;
     let mut g = s.lock();
     let st = stream_id(&g, stream)?;
-    let (w, h) = (p.width_in_bytes, p.height);
-    if w == 0 || h == 0 {
+    if p.width_in_bytes == 0 || p.height == 0 {
         return Ok(());
     }
-    not_capturing(&g, st)?;
-    let (src_dev, src, src_pitch) = side(
+    let (device, ptr, pitch) = side(
         &g,
         p.src_memory_type,
         p.src_host as usize,
@@ -263,7 +260,12 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
         p.src_y,
         p.src_pitch,
     )?;
-    let (dst_dev, dst, dst_pitch) = side(
+    let src = Side2D {
+        device,
+        ptr,
+        pitch: pitch as u64,
+    };
+    let (device, ptr, pitch) = side(
         &g,
         p.dst_memory_type,
         p.dst_host as usize,
@@ -273,97 +275,15 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
         p.dst_y,
         p.dst_pitch,
     )?;
-    let (sp, dp) = (src_pitch.max(w), dst_pitch.max(w));
-    if (src_dev && src_pitch < w) || (dst_dev && dst_pitch < w) {
-        return Err(INVALID_VALUE);
-    }
-    let span = |pitch: usize| (pitch * (h - 1) + w) as u64;
-    if src_dev {
-        check_device_range(&g, src, span(sp))?;
-    }
-    if dst_dev {
-        check_device_range(&g, dst, span(dp))?;
-    }
-    let rect = |ptr, pitch: usize| Rect {
+    let dst = Side2D {
+        device,
         ptr,
         pitch: pitch as u64,
     };
-    let (w64, h64) = (w as u64, h as u64);
-    match (src_dev, dst_dev) {
-        (true, true) => g
-            .device_work(&Request::Memcpy2DDtoD {
-                dst: rect(dst, dp),
-                src: rect(src, sp),
-                width: w64,
-                height: h64,
-                stream: st,
-            })
-            .map_err(client_err),
-        (false, true) => {
-            let mut packed = Vec::with_capacity(w * h);
-            for row in 0..h {
-                packed
-                    // SAFETY: row `row` of the copy's source, `w` bytes, read now.
-                    .extend_from_slice(unsafe {
-                        host_bytes((src as usize + row * sp) as *const c_void, w)
-                    }?);
-            }
-            if packed.len() > MAX_COPY_CHUNK {
-                return Err(NOT_SUPPORTED);
-            }
-            g.device_work(&Request::Memcpy2DHtoD {
-                dst: rect(dst, dp),
-                width: w64,
-                height: h64,
-                stream: st,
-                data: &packed,
-            })
-            .map_err(client_err)
-        }
-        (true, false) => {
-            if w * h > MAX_COPY_CHUNK {
-                return Err(NOT_SUPPORTED);
-            }
-            let req = Request::Memcpy2DDtoH {
-                src: rect(src, sp),
-                width: w64,
-                height: h64,
-                stream: st,
-            };
-            let ReplyBody::Data(data) = g.device_call(&req).map_err(client_err)? else {
-                return Err(UNKNOWN);
-            };
-            if data.len() != w * h {
-                return Err(UNKNOWN);
-            }
-            for (row, chunk) in data.chunks(w).enumerate() {
-                // SAFETY: row `row` of the copy's destination, `w` bytes, written now.
-                unsafe { host_bytes_mut((dst as usize + row * dp) as *mut c_void, w) }?
-                    .copy_from_slice(chunk);
-            }
-            if sync {
-                async_error(&mut g)?;
-            }
-            Ok(())
-        }
-        (false, false) => {
-            for row in 0..h {
-                if src == 0 || dst == 0 {
-                    return Err(INVALID_VALUE);
-                }
-                // SAFETY: row `row` of the copy's source and destination, `w` bytes each, not
-                // NULL, used now; `copy` allows overlap.
-                unsafe {
-                    std::ptr::copy(
-                        (src as usize + row * sp) as *const u8,
-                        (dst as usize + row * dp) as *mut u8,
-                        w,
-                    )
-                };
-            }
-            Ok(())
-        }
-    }
+    let (w, h) = (p.width_in_bytes as u64, p.height as u64);
+    // SAFETY: the host sides are the application's buffers of this call, `height` rows of
+    // `width` bytes at their pitch, as cuMemcpy2D's contract says; used during the call only.
+    unsafe { g.copy_2d(src, dst, w, h, st, sync) }.map_err(client_err)
 }
 
 #[no_mangle]
@@ -459,38 +379,16 @@ fn memset2d(
     stream: CUstream,
 ) -> Result<(), CUresult> {
     with(stream, |g, st| {
-        let w = width * elem as usize;
-        if width == 0 || height == 0 {
-            return Ok(());
-        }
-        if pitch < w {
-            return Err(INVALID_VALUE);
-        }
-        check_device_range(g, dst, (pitch * (height - 1) + w) as u64)?;
-        if g.is_capturing(st) {
-            for row in 0..height {
-                let op = Op::Memset {
-                    dst: dst + (row * pitch) as u64,
-                    value,
-                    elem_size: elem,
-                    count: width as u64,
-                };
-                g.capture_op(st, op);
-            }
-            return Ok(());
-        }
-        let req = Request::Memset2D {
-            dst: Rect {
-                ptr: dst,
-                pitch: pitch as u64,
-            },
+        g.memset_2d(
+            dst,
+            pitch as u64,
             value,
-            elem_size: elem,
-            width: width as u64,
-            height: height as u64,
-            stream: st,
-        };
-        g.device_work(&req).map_err(client_err)
+            elem,
+            width as u64,
+            height as u64,
+            st,
+        )
+        .map_err(client_err)
     })
 }
 
