@@ -1,14 +1,14 @@
 //! Everything a peer's bytes reach before a request is handled: the frame header, every
 //! message type's decoder (sessions' requests and replies, hellos, the worker-node control
-//! socket's `ControlRequest`/`NodeCommand`/`ControlAnswer`/`MoveOutcome`, and the pool's
-//! agent link), and the split of a bulk tail (declared by the header) from its
+//! socket's `ControlRequest`/`NodeCommand`/`ControlAnswer`/`MoveOutcome`, the pool's agent
+//! link, and a move between nodes' `MoveMessage`/`MoveAck`/`Moved`), and the split of a bulk tail (declared by the header) from its
 //! message. None may panic; what decodes must encode back to a frame that decodes to the same
 //! message.
 #![no_main]
 
 use gpufuse_proto::{
-    AgentAnswer, ClientHello, ControlAnswer, ControlRequest, MoveOutcome, NodeCommand, NodeReport,
-    Reply, Request, ServerHello,
+    AgentAnswer, ClientHello, ControlAnswer, ControlRequest, MoveAck, MoveMessage, MoveOutcome,
+    Moved, NodeCommand, NodeReport, Reply, Request, ServerHello,
 };
 use gpufuse_proto::{FrameHeader, FrameKind, HEADER_LEN};
 use libfuzzer_sys::fuzz_target;
@@ -55,6 +55,10 @@ fuzz_target!(|data: &[u8]| {
     // grants and end orders travel as signed JSON tokens, checked before they are decoded).
     round_trip!(NodeReport, FrameKind::Control, body);
     round_trip!(AgentAnswer, FrameKind::ControlReply, body);
+    // A move between nodes: the leaving worker's state stream, the answer, the client's note.
+    round_trip!(MoveMessage, FrameKind::Move, body);
+    round_trip!(MoveAck, FrameKind::MoveReply, body);
+    round_trip!(Moved, FrameKind::Moved, body);
     for tail in [0, 1, 8, body.len() / 2, body.len(), body.len() + 1] {
         let mut h = FrameHeader::new(FrameKind::Request, 0, body.len() as u32, 1);
         h.tail = tail as u32;
