@@ -221,10 +221,10 @@ mod tests {
             Err(ProtoError::BadMagic(_))
         ));
         let mut b = FrameHeader::new(FrameKind::Request, 0, 0, 0).encode();
-        b[6] = 9;
+        b[6] = 11;
         assert!(matches!(
             FrameHeader::decode(&b),
-            Err(ProtoError::UnknownFrameKind(9))
+            Err(ProtoError::UnknownFrameKind(11))
         ));
         b[6] = 0;
         assert!(matches!(
