@@ -186,18 +186,7 @@ fn a_session_moves_with_precopy_while_its_kernels_run() {
     let (c, id, big, counter) = session(&s);
     let from = status(&s).sessions[0].device;
     let to = 1 - from;
-    let (done, load) = keep_bumping(c, counter);
-    std::thread::sleep(Duration::from_millis(200));
-    let out = migrate(&s, id, &to.to_string());
-    std::thread::sleep(Duration::from_millis(200));
-    done.store(true, Ordering::Relaxed);
-    let (mut c, n) = load.join().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (mut c, n, stdout) = move_while_bumping(c, counter, &s.addr, id, &to.to_string());
     assert!(stdout.contains(&format!("runs on device {to}")), "{stdout}");
     assert!(stdout.contains("pre-copy"), "{stdout}");
     assert!(
@@ -262,6 +251,31 @@ fn keep_bumping(
     (done, load)
 }
 
+/// Moves session `id` (asked of `server`, `--to to`) while another thread keeps bumping the
+/// counter; the move must succeed. Returns the connection, the updates made and what
+/// `gpufuse migrate` printed.
+fn move_while_bumping(
+    c: Connection,
+    counter: u64,
+    server: &Address,
+    id: u64,
+    to: &str,
+) -> (Connection, u32, String) {
+    let (done, load) = keep_bumping(c, counter);
+    std::thread::sleep(Duration::from_millis(200));
+    let out = migrate_at(server, id, to);
+    std::thread::sleep(Duration::from_millis(300));
+    done.store(true, Ordering::Relaxed);
+    let (c, n) = load.join().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (c, n, stdout)
+}
+
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !f() {
@@ -281,18 +295,7 @@ fn a_session_moves_to_another_node_while_its_kernels_run() {
     let b = start_with("node-b", "emu:1:1GiB");
     let small = start_with("node-small", "emu:1:64MiB");
     let (c, id, big, counter) = session_at(&a.addr, ResourceRequest::default());
-    let (done, load) = keep_bumping(c, counter);
-    std::thread::sleep(Duration::from_millis(200));
-    let out = migrate(&a, id, &format!("{}:0", b.addr));
-    std::thread::sleep(Duration::from_millis(300));
-    done.store(true, Ordering::Relaxed);
-    let (mut c, n) = load.join().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (mut c, n, stdout) = move_while_bumping(c, counter, &a.addr, id, &format!("{}:0", b.addr));
     assert!(stdout.contains("runs on node"), "{stdout}");
     assert!(stdout.contains("pre-copy"), "{stdout}");
     assert!(n > 2, "the kernels ran during the test ({n})");
@@ -416,18 +419,8 @@ fn the_controller_moves_a_pool_session_to_another_node() {
         s["state"] == "running"
     });
     let to = if from == "na" { "nb" } else { "na" };
-    let (done, load) = keep_bumping(c, counter);
-    std::thread::sleep(Duration::from_millis(200));
-    let out = migrate_at(&ctrl_addr, pool_id, &format!("{to}:0"));
-    std::thread::sleep(Duration::from_millis(300));
-    done.store(true, Ordering::Relaxed);
-    let (mut c, n) = load.join().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (mut c, n, stdout) =
+        move_while_bumping(c, counter, &ctrl_addr, pool_id, &format!("{to}:0"));
     assert!(stdout.contains(&format!("runs on node {to}")), "{stdout}");
     check_big(&mut c, big);
     assert_eq!(bump(&mut c, counter), n + 1);
