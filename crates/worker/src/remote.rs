@@ -83,6 +83,8 @@ impl RemoteTarget {
         let stream = addr
             .connect()
             .map_err(|e| format!("cannot reach the target node at {addr}: {e}"))?;
+        // A target that stops reading must not stall the session forever.
+        let _ = stream.set_write_timeout(Some(COMMIT_WAIT));
         let mut conn = Conn::new(stream);
         let hello = ClientHello {
             protocol_version: PROTOCOL_VERSION,
@@ -243,6 +245,9 @@ pub fn serve_incoming(
 ) -> Result<(), WorkerError> {
     let info = device.info(limit);
     greet(&mut from, session_id, &info)?;
+    // A leaving worker that goes silent (it sends at least every pre-copy step, and waits at
+    // most 30 s for the stop) ends the move here instead of holding the slice forever.
+    let _ = from.stream().set_read_timeout(Some(COMMIT_WAIT));
     let config = elastic.config.clone();
     let mut session = Session::new(device, ledger, limit).with_elastic(config, session_id);
     let started = Instant::now();
@@ -304,6 +309,15 @@ fn receive(
             Ok(f) => f,
             Err(TransportError::Closed) => {
                 tracing::info!("the leaving worker went away before the session was handed over");
+                return Ok(false);
+            }
+            Err(TransportError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                tracing::warn!("the leaving worker went silent: the move is off");
                 return Ok(false);
             }
             Err(e) => return Err(e.into()),
