@@ -273,6 +273,7 @@ pub(crate) fn end(c: &Controller, hello: &ClientHello, id: u64) -> ServerHello {
                 .map(|n| n.spec.address.clone())
                 .unwrap_or_default(),
             node_session,
+            move_to: None,
         }
     };
     match end_victims(c, std::slice::from_ref(&victim)) {

@@ -36,10 +36,12 @@
 
 #![forbid(unsafe_code)]
 
+mod defrag;
 mod pool;
 mod quota;
 pub mod sim;
 
+pub use defrag::{DrainPlan, InFlight, Move, MoveEnd};
 pub use gpufuse_proto::Qos;
 pub use pool::{
     ClaimCharge, Decision, DeviceLoad, NodeGroup, Pending, Placement, Pool, PoolDevice, PoolNode,

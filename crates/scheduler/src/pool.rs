@@ -48,11 +48,22 @@ pub struct PoolNode {
     pub last_heard: Millis,
     /// Same order as `spec.devices`.
     pub devices: Vec<PoolDevice>,
+    /// Nothing new is placed here (`gpufuse node drain`); its sessions keep running until
+    /// they move. The controller's own memory: a restarted controller forgets it.
+    #[serde(default)]
+    pub cordoned: bool,
 }
 
 impl PoolNode {
+    /// Ready and not cordoned: sessions may be placed (or moved) here.
+    pub fn placeable(&self) -> bool {
+        self.state == NodeState::Ready && !self.cordoned
+    }
     fn free_memory(&self) -> u64 {
         self.devices.iter().map(PoolDevice::free_memory).sum()
+    }
+    pub(crate) fn position_of(&self, device_index: u32) -> Option<usize> {
+        self.position(device_index)
     }
     fn position(&self, device_index: u32) -> Option<usize> {
         self.devices
@@ -101,6 +112,12 @@ pub struct Session {
     /// The node's own id of the session (what `gpufuse kill` on that node takes), once
     /// reported.
     pub node_session: Option<u64>,
+    /// The node labels it asked for (`--selector`): a move keeps to nodes that have them.
+    #[serde(default)]
+    pub selector: BTreeMap<String, String>,
+    /// Bound to its device (a Kubernetes claim's allocated device): it never moves.
+    #[serde(default)]
+    pub pinned: bool,
 }
 
 impl Session {
@@ -182,16 +199,21 @@ pub struct Placement {
     pub qos: Qos,
 }
 
-/// A `low` session to end so that a `high` or `critical` one fits.
+/// A `low` session to move or end so that a `high` or `critical` one fits.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Victim {
     pub session: SessionId,
     pub node: String,
     pub address: String,
     pub node_session: u64,
+    /// Where it moves instead of ending (node, device): charged there already, until the
+    /// move is settled ([`Pool::finish_move`]).
+    #[serde(default)]
+    pub move_to: Option<(String, u32)>,
 }
 
-/// A placement that needs victims ended first (they are already out of the ledger).
+/// A placement that needs victims moved or ended first (they are out of the device's
+/// ledger already: moved ones are charged where they go).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PreemptionPlan {
     pub victims: Vec<Victim>,
@@ -234,7 +256,7 @@ pub const START_TIMEOUT_MS: Millis = 30_000;
 pub struct Pool {
     policy: Policy,
     quotas: QuotaFile,
-    nodes: Vec<PoolNode>,
+    pub(crate) nodes: Vec<PoolNode>,
     by_name: HashMap<String, u32>,
     sessions: BTreeMap<SessionId, Session>,
     pending: Vec<Pending>,
@@ -250,6 +272,8 @@ pub struct Pool {
     group_of: Vec<Option<u32>>,
     /// The groups' policies in `groups`' order.
     group_policies: Vec<Policy>,
+    /// Sessions on their way to another device ([`Pool::begin_move`]): charged at the target.
+    pub(crate) moving: BTreeMap<SessionId, crate::defrag::InFlight>,
 }
 
 /// Nodes placed by a policy of their own rather than the pool's: a Kubernetes `GPUPool`
@@ -280,6 +304,7 @@ impl Pool {
             groups: BTreeMap::new(),
             group_of: Vec::new(),
             group_policies: Vec::new(),
+            moving: BTreeMap::new(),
         }
     }
 
@@ -377,7 +402,7 @@ impl Pool {
 
     fn unindex(&mut self, n: u32) {
         let node = &self.nodes[n as usize];
-        if node.state != NodeState::Ready {
+        if !node.placeable() {
             return;
         }
         let nf = node.free_memory();
@@ -390,7 +415,7 @@ impl Pool {
 
     fn index(&mut self, n: u32) {
         let node = &self.nodes[n as usize];
-        if node.state != NodeState::Ready {
+        if !node.placeable() {
             return;
         }
         let nf = node.free_memory();
@@ -402,7 +427,7 @@ impl Pool {
     }
 
     /// Runs `f` on node `n` with the indexes kept right.
-    fn with_node<R>(&mut self, n: u32, f: impl FnOnce(&mut PoolNode) -> R) -> R {
+    pub(crate) fn with_node<R>(&mut self, n: u32, f: impl FnOnce(&mut PoolNode) -> R) -> R {
         self.unindex(n);
         let r = f(&mut self.nodes[n as usize]);
         self.index(n);
@@ -507,7 +532,34 @@ impl Pool {
 
     /// A session ended (its client left, it was killed): its charges go back.
     pub fn end_session(&mut self, id: SessionId) -> Option<Session> {
+        if self.moving.contains_key(&id) {
+            let s = self.sessions.get(&id).cloned();
+            self.finish_move(id, crate::MoveEnd::Ended);
+            return s;
+        }
         self.remove_session(id)
+    }
+
+    /// Records `s` where it says it is, unchecked (replacing its record).
+    pub(crate) fn put(&mut self, s: Session) {
+        self.remove_session(s.id);
+        self.add_session(s);
+    }
+
+    /// Node `name`'s index.
+    pub(crate) fn node_index(&self, name: &str) -> Result<u32, String> {
+        self.by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| format!("there is no node {name} in the pool"))
+    }
+
+    /// Devices of placeable nodes with at least `need` bytes unpromised, least free first
+    /// (node, device position).
+    pub(crate) fn devices_from(&self, need: u64) -> impl Iterator<Item = (u32, usize)> + '_ {
+        self.devices_by_free
+            .range((need, 0, 0, 0)..)
+            .map(|&(_, _, n, p)| (n, p as usize))
     }
 
     /// A waiting client gave up: its request leaves the queue.
@@ -535,6 +587,9 @@ impl Pool {
         let nd = &self.nodes[n as usize];
         if nd.state != NodeState::Ready {
             return Err(format!("node {node} is not ready"));
+        }
+        if nd.cordoned && nd.spec.name != s.node {
+            return Err(format!("node {node} is cordoned"));
         }
         let p = nd
             .position(device)
@@ -612,6 +667,7 @@ impl Pool {
                 for s in kept {
                     self.add_session(s);
                 }
+                self.reserve_moves_to(n);
                 n
             }
             None => {
@@ -622,6 +678,7 @@ impl Pool {
                     spec,
                     state: NodeState::Ready,
                     last_heard: now,
+                    cordoned: false,
                 });
                 self.index(n);
                 if !self.groups.is_empty() {
@@ -667,6 +724,14 @@ impl Pool {
                     .map_or(self.next_id, |s| s.id),
             };
             seen.push(id);
+            // A session on its way elsewhere: the move's outcome, not this report, settles
+            // where it is (its charge waits on the target meanwhile).
+            if self.moving.contains_key(&id) {
+                if let Some(s) = self.sessions.get_mut(&id).filter(|s| s.node == node) {
+                    s.state = SessionState::Running;
+                }
+                continue;
+            }
             let tenant = r
                 .tenant
                 .clone()
@@ -683,6 +748,12 @@ impl Pool {
                 state: SessionState::Running,
                 memory_used: r.memory_used,
                 node_session: Some(r.node_session),
+                selector: self
+                    .sessions
+                    .get(&id)
+                    .map(|s| s.selector.clone())
+                    .unwrap_or_default(),
+                pinned: self.sessions.get(&id).is_some_and(|s| s.pinned),
             };
             if self.sessions.get(&id) != Some(&fresh) {
                 self.remove_session(id);
@@ -693,6 +764,7 @@ impl Pool {
             .sessions
             .values()
             .filter(|s| s.node == node && !seen.contains(&s.id))
+            .filter(|s| !self.moving.contains_key(&s.id))
             .filter(|s| !matches!(s.state, SessionState::Starting { expires } if expires > now))
             .map(|s| s.id)
             .collect();
@@ -872,6 +944,8 @@ impl Pool {
             },
             memory_used: 0,
             node_session: None,
+            selector: req.selector.clone(),
+            pinned: req.device_uuid.is_some(),
         });
         placement
     }
@@ -1022,13 +1096,13 @@ impl Pool {
 
     /// Why `req` fits on no device now: the first filter that leaves nothing.
     fn why_not(&self, req: &Request) -> String {
-        let ready: Vec<&PoolNode> = self
-            .nodes
-            .iter()
-            .filter(|n| n.state == NodeState::Ready)
-            .collect();
+        let ready: Vec<&PoolNode> = self.nodes.iter().filter(|n| n.placeable()).collect();
         if ready.is_empty() {
-            return "no node is ready".into();
+            return if self.nodes.iter().any(|n| n.state == NodeState::Ready) {
+                "every ready node is cordoned (gpufuse node uncordon)".into()
+            } else {
+                "no node is ready".into()
+            };
         }
         let labelled: Vec<&PoolNode> = ready
             .into_iter()
@@ -1107,7 +1181,7 @@ impl Pool {
         let need = req.vram_bytes.unwrap_or(1);
         let mut best: Option<((usize, u64), Victims)> = None;
         for (n, node) in self.nodes.iter().enumerate() {
-            if node.state != NodeState::Ready || !Self::node_matches(node, req) {
+            if !node.placeable() || !Self::node_matches(node, req) {
                 continue;
             }
             for (p, d) in node.devices.iter().enumerate() {
@@ -1126,6 +1200,7 @@ impl Pool {
                         s.qos == Qos::Low
                             && s.state == SessionState::Running
                             && s.node_session.is_some()
+                            && !self.moving.contains_key(&s.id)
                     })
                     .collect();
                 low.sort_by_key(|s| {
@@ -1161,19 +1236,36 @@ impl Pool {
 
     fn preempt(&mut self, id: SessionId, req: &Request, now: Millis) -> Option<PreemptionPlan> {
         let (n, p, ids) = self.plan_preemption(req)?;
-        let node = &self.nodes[n as usize];
-        let victims = ids
-            .iter()
-            .filter_map(|v| self.sessions.get(v))
-            .map(|s| Victim {
-                session: s.id,
-                node: node.spec.name.clone(),
-                address: node.spec.address.clone(),
-                node_session: s.node_session.unwrap_or_default(),
-            })
-            .collect();
+        let (name, address) = {
+            let node = &self.nodes[n as usize];
+            (node.spec.name.clone(), node.spec.address.clone())
+        };
+        let mut victims = Vec::new();
         for v in &ids {
-            self.remove_session(*v);
+            let Some(s) = self.sessions.get(v).cloned() else {
+                continue;
+            };
+            // A victim that fits elsewhere moves there; one that fits nowhere is ended.
+            let target = match self.unmovable(&s) {
+                None => self.target_for(&s, &|tn, tp| (tn, tp) == (n, p)),
+                Some(_) => None,
+            };
+            let move_to = target.and_then(|(tn, tp)| {
+                let m = self.move_of(&s, tn, tp);
+                self.begin_move(s.id, &m.to_node, m.to_device, false)
+                    .ok()
+                    .map(|()| (m.to_node, m.to_device))
+            });
+            if move_to.is_none() {
+                self.remove_session(*v);
+            }
+            victims.push(Victim {
+                session: s.id,
+                node: name.clone(),
+                address: address.clone(),
+                node_session: s.node_session.unwrap_or_default(),
+                move_to,
+            });
         }
         let placement = self.place(id, req, n, p, now);
         Some(PreemptionPlan { victims, placement })
@@ -1220,8 +1312,13 @@ impl Pool {
                     .values()
                     .filter(|s| s.node == node.spec.name && s.device == d.spec.index)
                     .collect();
-                let mem: u64 = on.iter().map(|s| s.memory_charge()).sum();
-                let comp: u32 = on.iter().map(|s| s.compute_percent.unwrap_or(0)).sum();
+                let (res_mem, res_comp) = self.reserved_on(&node.spec.name, d.spec.index);
+                let mem: u64 = on.iter().map(|s| s.memory_charge()).sum::<u64>() + res_mem;
+                let comp: u32 = on
+                    .iter()
+                    .map(|s| s.compute_percent.unwrap_or(0))
+                    .sum::<u32>()
+                    + res_comp;
                 if mem != d.charged_memory || comp != d.charged_compute {
                     return Err(format!(
                         "device {}/{}: charged {} B {}% but sessions hold {mem} B {comp}%",
@@ -1239,7 +1336,7 @@ impl Pool {
                     ));
                 }
             }
-            if node.state == NodeState::Ready {
+            if node.placeable() {
                 let nf = node.free_memory();
                 nodes_by_free.insert((nf, n as u32));
                 for (p, d) in node.devices.iter().enumerate() {
@@ -1258,7 +1355,7 @@ impl Pool {
                 return Err(format!("request {} is both pending and placed", p.id));
             }
         }
-        Ok(())
+        self.check_moves()
     }
 }
 

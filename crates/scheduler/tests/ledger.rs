@@ -28,6 +28,11 @@ enum Op {
     Register(u8),
     Tick(u64),
     Cancel(usize),
+    Cordon(u8, bool),
+    /// A defragmentation round with this threshold, its moves begun.
+    Defrag(u32),
+    /// Settles the i-th move in flight: moved, stayed or ended.
+    Settle(usize, u8),
     /// Nodes (a bit mask) in group g with policy q; an empty mask removes the group.
     Group {
         g: u8,
@@ -47,6 +52,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (1u64..20_000).prop_map(Op::Tick),
         1 => any::<usize>().prop_map(Op::Cancel),
         1 => (0u8..2, 0u8..8, 0u8..3).prop_map(|(g, mask, q)| Op::Group { g, mask, q }),
+        1 => (0u8..3, any::<bool>()).prop_map(|(n, on)| Op::Cordon(n, on)),
+        1 => (10u32..90).prop_map(Op::Defrag),
+        2 => (any::<usize>(), 0u8..3).prop_map(|(i, k)| Op::Settle(i, k)),
     ]
 }
 
@@ -113,6 +121,7 @@ proptest! {
                     if let Ok(Decision::Placed(pl) | Decision::Preempt(gpufuse_scheduler::PreemptionPlan { placement: pl, .. })) = p.submit(&req, now) {
                         let node = p.node(&pl.node).unwrap();
                         prop_assert_eq!(node.state, NodeState::Ready);
+                        prop_assert!(!node.cordoned);
                         if let Some(z) = zone {
                             prop_assert_eq!(node.spec.labels["zone"].clone(), z.to_string());
                         }
@@ -150,6 +159,27 @@ proptest! {
                         p.cancel_pending(ids[i % ids.len()]);
                     }
                 }
+                Op::Cordon(n, on) => {
+                    p.cordon(&format!("n{n}"), on).unwrap();
+                }
+                Op::Defrag(th) => {
+                    for m in p.plan_defrag(th) {
+                        let _ = p.begin_move(m.session, &m.to_node, m.to_device, true);
+                    }
+                }
+                Op::Settle(i, k) => {
+                    let ids: Vec<u64> = p.moves_in_flight().map(|(id, _)| id).collect();
+                    if !ids.is_empty() {
+                        let id = ids[i % ids.len()];
+                        let end = match k {
+                            0 => gpufuse_scheduler::MoveEnd::Moved { node_session: id + 5000 },
+                            1 => gpufuse_scheduler::MoveEnd::Stayed,
+                            _ => gpufuse_scheduler::MoveEnd::Ended,
+                        };
+                        p.finish_move(id, end);
+                        p.retry_pending(now);
+                    }
+                }
                 Op::Group { g, mask, q } => {
                     let nodes: std::collections::BTreeSet<String> =
                         (0..3).filter(|n| mask & (1 << n) != 0).map(|n| format!("n{n}")).collect();
@@ -177,7 +207,7 @@ proptest! {
         p.retry_pending(now);
         let waiting: Vec<Request> = p.pending().iter().map(|x| x.request.clone()).collect();
         for req in waiting {
-            let free_somewhere = p.nodes().iter().filter(|n| n.state == NodeState::Ready).any(|n| {
+            let free_somewhere = p.nodes().iter().filter(|n| n.placeable()).any(|n| {
                 req.selector.iter().all(|(k, v)| n.spec.labels.get(k) == Some(v))
                     && n.devices.iter().any(|d| {
                         d.free_memory() >= req.vram_bytes.unwrap_or(1)
