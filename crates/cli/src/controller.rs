@@ -33,6 +33,20 @@ pub struct ControllerArgs {
     /// --wait`), in seconds; keep it under the clients' hello timeout (10 s by default).
     #[arg(long, default_value_t = 8)]
     default_wait: u64,
+    /// Defragment the pool: devices with less than PCT% of their memory promised are emptied
+    /// into other devices of their model when all their sessions fit there (moved live, their
+    /// programs unaware), freeing whole GPUs. A round every --defrag-interval, and every 2 s
+    /// while sessions wait for capacity. Off by default.
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    defrag: Option<u32>,
+    /// Seconds between defragmentation rounds.
+    #[arg(
+        long,
+        default_value_t = 30,
+        requires = "defrag",
+        value_name = "SECONDS"
+    )]
+    defrag_interval: u64,
     /// Also run the Kubernetes operator in this process (kube's client: in-cluster account,
     /// KUBECONFIG or ~/.kube/config): each namespace's GPUQuota becomes that tenant's quota
     /// here, and allocated ResourceClaims are charged to it, so claims and sessions share one
@@ -63,6 +77,8 @@ pub fn controller(a: ControllerArgs) -> anyhow::Result<()> {
     config.heartbeat = Duration::from_millis(a.heartbeat_ms);
     config.node_timeout = Duration::from_millis(a.node_timeout_ms);
     config.default_wait = Duration::from_secs(a.default_wait);
+    config.defrag = a.defrag;
+    config.defrag_interval = Duration::from_secs(a.defrag_interval.max(1));
     config.tls = a.tls.load()?;
     let controller = gpufuse_controller::Controller::new(config);
     // `--http`: the pool's metrics, health and dashboard, kept up while the controller serves.

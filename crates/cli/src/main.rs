@@ -2,6 +2,7 @@
 
 mod admin;
 mod controller;
+mod drain;
 mod k8s;
 mod migrate;
 mod node;
@@ -80,7 +81,8 @@ enum Command {
     #[command(after_help = LOGGING_HELP)]
     Controller(controller::ControllerArgs),
     /// Run a pool node: serve sessions on this machine's GPUs as `serve` does, placed by the
-    /// controller this node registers with.
+    /// controller this node registers with. `gpufuse node drain|cordon|uncordon NODE
+    /// --server CONTROLLER` manage a pool's node.
     #[command(after_help = LOGGING_HELP)]
     Node(node::NodeArgs),
     /// Replay a synthetic cluster trace against a simulated pool, per placement policy and

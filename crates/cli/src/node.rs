@@ -16,10 +16,13 @@ pub fn label(s: &str) -> Result<(String, String), String> {
 }
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct NodeArgs {
+    #[command(subcommand)]
+    action: Option<Box<crate::drain::NodeAction>>,
     /// The controller's address.
-    #[arg(long)]
-    controller: gpufuse_transport::Address,
+    #[arg(long, required = true)]
+    controller: Option<gpufuse_transport::Address>,
     /// The node's name in the pool (the host name by default).
     #[arg(long)]
     name: Option<String>,
@@ -50,6 +53,10 @@ pub(crate) fn host_name() -> String {
 }
 
 pub fn node(a: NodeArgs) -> anyhow::Result<()> {
+    if let Some(action) = a.action {
+        return crate::drain::run(*action);
+    }
+    let controller = a.controller.clone().context("--controller is required")?;
     let advertise = match a.advertise {
         Some(addr) => addr,
         None => {
@@ -66,7 +73,7 @@ pub fn node(a: NodeArgs) -> anyhow::Result<()> {
         }
     };
     let link = gpufuse_node::agent::PoolLink::new(
-        a.controller,
+        controller,
         a.name.unwrap_or_else(host_name),
         advertise.to_string(),
         a.label.into_iter().collect::<BTreeMap<_, _>>(),

@@ -18,10 +18,15 @@ pub fn print(p: &PoolStatus, json: bool) -> anyhow::Result<()> {
     println!("pool (policy {}): {} node(s)", p.policy, p.nodes.len());
     for n in &p.nodes {
         let labels: Vec<String> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let state = if n.cordoned {
+            format!("{},cordoned", n.state)
+        } else {
+            n.state.clone()
+        };
         println!(
             "  {} {:<5} {}  labels [{}]  last report {} ms ago",
             n.name,
-            n.state,
+            state,
             n.address,
             labels.join(","),
             n.last_heard_ms

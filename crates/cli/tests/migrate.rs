@@ -6,23 +6,18 @@
 //! `gpufuse node`s of a pool through their controller: the client follows its session to
 //! the other node without an error.
 
+mod moving;
+
 use std::os::unix::net::UnixStream;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use gpufuse_client::Connection;
-use gpufuse_proto::{Launch, NodeStatus, ReplyBody, Request, ResourceRequest, SessionKind};
+use gpufuse_proto::{NodeStatus, ResourceRequest};
 use gpufuse_transport::Address;
 
-/// A kernel that adds one to a word.
-const BUMP_PTX: &str = ".version 7.0\n.target sm_80\n.address_size 64\n\
-    .visible .entry bump(.param .u64 p)\n{\n.reg .b32 %r<2>;\n.reg .b64 %rd<2>;\n\
-    ld.param.u64 %rd1, [p];\nld.global.u32 %r1, [%rd1];\nadd.u32 %r1, %r1, 1;\n\
-    st.global.u32 [%rd1], %r1;\nret;\n}\n\0";
-
-const BIG: u64 = 96 << 20;
+use moving::*;
 
 struct Server {
     child: Child,
@@ -79,10 +74,6 @@ fn status(s: &Server) -> NodeStatus {
     Connection::query_status(&s.addr, String::new()).unwrap()
 }
 
-fn pattern(n: usize) -> Vec<u8> {
-    (0..n).map(|i| ((i * 13 + i / 4096) as u8) ^ 0x3c).collect()
-}
-
 fn migrate(s: &Server, id: u64, to: &str) -> std::process::Output {
     migrate_at(&s.addr, id, to)
 }
@@ -98,82 +89,6 @@ fn migrate_at(server: &Address, id: u64, to: &str) -> std::process::Output {
 /// The client's session: a large range filled with a pattern, a 4 KiB counter, `bump` loaded.
 fn session(s: &Server) -> (Connection, u64, u64, u64) {
     session_at(&s.addr, ResourceRequest::default())
-}
-
-fn session_at(addr: &Address, resources: ResourceRequest) -> (Connection, u64, u64, u64) {
-    let hello = Connection::hello(SessionKind::Cuda, String::new(), resources);
-    let (mut c, accepted) = Connection::open(addr, &hello).unwrap();
-    let ptr = |r| match r {
-        ReplyBody::Ptr(p) => p,
-        other => panic!("{other:?}"),
-    };
-    let big = ptr(c
-        .call(&Request::MemAlloc {
-            device: 0,
-            size: BIG,
-        })
-        .unwrap());
-    for (i, part) in pattern(BIG as usize).chunks(8 << 20).enumerate() {
-        c.call(&Request::MemcpyHtoD {
-            dst: big + (i as u64) * (8 << 20),
-            stream: 0,
-            data: part,
-        })
-        .unwrap();
-    }
-    let counter = ptr(c
-        .call(&Request::MemAlloc {
-            device: 0,
-            size: 4096,
-        })
-        .unwrap());
-    c.call(&Request::MemcpyHtoD {
-        dst: counter,
-        stream: 0,
-        data: &[0; 4],
-    })
-    .unwrap();
-    let image = BUMP_PTX.as_bytes();
-    let hash: [u8; 32] =
-        sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
-    c.call(&Request::ModuleLoad {
-        module: 1,
-        device: 0,
-        hash,
-        image: Some(image),
-    })
-    .unwrap();
-    c.call(&Request::ModuleGetFunction {
-        module: 1,
-        name: "bump",
-        function: 1,
-    })
-    .unwrap();
-    (c, accepted.session_id, big, counter)
-}
-
-fn bump(c: &mut Connection, counter: u64) -> u32 {
-    c.quiet(&Request::LaunchKernel(Launch {
-        function: 1,
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_mem: 0,
-        stream: 0,
-        params: &counter.to_le_bytes(),
-        attributes: Vec::new(),
-    }))
-    .unwrap();
-    match c
-        .call(&Request::MemcpyDtoH {
-            src: counter,
-            size: 4,
-            stream: 0,
-        })
-        .unwrap()
-    {
-        ReplyBody::Data(d) => u32::from_le_bytes(d.try_into().unwrap()),
-        other => panic!("{other:?}"),
-    }
 }
 
 /// A running session moves to the other device while its kernels run: the command reports
@@ -214,43 +129,6 @@ fn a_session_moves_with_precopy_while_its_kernels_run() {
 }
 
 /// Reads the large range back and compares it with the pattern.
-fn check_big(c: &mut Connection, big: u64) {
-    let want = pattern(BIG as usize);
-    for (i, part) in want.chunks(8 << 20).enumerate() {
-        let src = big + (i as u64) * (8 << 20);
-        match c
-            .call(&Request::MemcpyDtoH {
-                src,
-                size: part.len() as u64,
-                stream: 0,
-            })
-            .unwrap()
-        {
-            ReplyBody::Data(d) => assert!(d == part, "the large range changed at {src:#x}"),
-            other => panic!("{other:?}"),
-        }
-    }
-}
-
-/// Keeps bumping the counter on another thread until told to stop; every update must land.
-fn keep_bumping(
-    mut c: Connection,
-    counter: u64,
-) -> (Arc<AtomicBool>, std::thread::JoinHandle<(Connection, u32)>) {
-    let done = Arc::new(AtomicBool::new(false));
-    let stop = done.clone();
-    let load = std::thread::spawn(move || {
-        let mut n = 0u32;
-        while !stop.load(Ordering::Relaxed) {
-            let got = bump(&mut c, counter);
-            assert_eq!(got, n + 1, "a kernel's update was lost");
-            n = got;
-        }
-        (c, n)
-    });
-    (done, load)
-}
-
 /// Moves session `id` (asked of `server`, `--to to`) while another thread keeps bumping the
 /// counter; the move must succeed. Returns the connection, the updates made and what
 /// `gpufuse migrate` printed.
@@ -274,14 +152,6 @@ fn move_while_bumping(
         String::from_utf8_lossy(&out.stderr)
     );
     (c, n, stdout)
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// A running session moves to another `gpufuse serve` node while its kernels run: pre-copy
@@ -327,79 +197,84 @@ fn a_session_moves_to_another_node_while_its_kernels_run() {
     });
 }
 
+/// An idle session (its program makes no CUDA call during the move) moves to another node:
+/// the stop comes while the client is quiet, the first node's books let it go at once, and
+/// the quiet requests the client then sends (launches, a copy) still reach the first node's
+/// worker, which forwards them in order to the session's new worker; the next synchronous
+/// call sends the client on, and every result is there.
+#[test]
+fn an_idle_session_moves_to_another_node_and_what_it_sends_next_follows() {
+    let a = start_with("idle-a", "emu:1:1GiB");
+    let b = start_with("idle-b", "emu:1:1GiB");
+    let (mut c, id, big, counter) = session_at(&a.addr, ResourceRequest::default());
+    assert_eq!(bump(&mut c, counter), 1);
+    let out = migrate(&a, id, &format!("{}:0", b.addr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("runs on node"), "{stdout}");
+    // Node a let the session go; node b holds it, before its client knows.
+    let st = status(&a);
+    assert!(st.sessions.is_empty(), "{st:?}");
+    assert_eq!(st.devices[0].used_bytes, 0, "{st:?}");
+    let on_b = status(&b);
+    assert_eq!(on_b.sessions.len(), 1, "{on_b:?}");
+    assert!(on_b.devices[0].used_bytes >= BIG, "{on_b:?}");
+    // Quiet requests go to node a's worker, which forwards them; the read that follows is
+    // answered by node b.
+    for _ in 0..5 {
+        c.quiet(&gpufuse_proto::Request::LaunchKernel(
+            gpufuse_proto::Launch {
+                function: 1,
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                shared_mem: 0,
+                stream: 0,
+                params: &counter.to_le_bytes(),
+                attributes: Vec::new(),
+            },
+        ))
+        .unwrap();
+    }
+    c.quiet(&gpufuse_proto::Request::MemcpyHtoD {
+        dst: big,
+        stream: 0,
+        data: &[7; 16],
+    })
+    .unwrap();
+    assert_eq!(bump(&mut c, counter), 7);
+    let mut head = [0u8; 16];
+    head.copy_from_slice(&pattern(16));
+    let got = match c
+        .call(&gpufuse_proto::Request::MemcpyDtoH {
+            src: big,
+            size: 32,
+            stream: 0,
+        })
+        .unwrap()
+    {
+        gpufuse_proto::ReplyBody::Data(d) => d,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(&got[..16], &[7; 16]);
+    assert_eq!(&got[16..], &pattern(32)[16..]);
+    wait_until("node b's log says the client resumed", || {
+        status(&a).sessions.is_empty() && status(&b).sessions.len() == 1
+    });
+}
+
 /// A pool: a controller and two nodes. `gpufuse migrate POOL_ID --to NODE:DEVICE --server
 /// CONTROLLER` moves a running session to the other node: the controller charges the target,
 /// grants the place, and its status shows the session there; the client notices nothing.
 #[test]
 fn the_controller_moves_a_pool_session_to_another_node() {
-    let dir = std::env::temp_dir().join(format!("gpufuse-migrate-pool-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let ctrl = format!("unix:{}", dir.join("c.sock").display());
-    let gpufuse = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_gpufuse"))
-            .args(args)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let wait_socket = |p: &std::path::Path| {
-        wait_until(&format!("{} listens", p.display()), || {
-            UnixStream::connect(p).is_ok()
-        })
-    };
-    let mut children = vec![gpufuse(&[
-        "controller",
-        "--listen",
-        &ctrl,
-        "--heartbeat-ms",
-        "100",
-        "--node-timeout-ms",
-        "3000",
-    ])];
-    wait_socket(&dir.join("c.sock"));
-    for name in ["na", "nb"] {
-        let sock = dir.join(format!("{name}.sock"));
-        children.push(gpufuse(&[
-            "node",
-            "--controller",
-            &ctrl,
-            "--listen",
-            &format!("unix:{}", sock.display()),
-            "--devices",
-            "emu:1:1GiB",
-            "--name",
-            name,
-            "--image-cache",
-            &dir.join(format!("{name}-images")).display().to_string(),
-        ]));
-        wait_socket(&sock);
-    }
-    struct Reap(Vec<Child>, std::path::PathBuf);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            for c in &mut self.0 {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            let _ = std::fs::remove_dir_all(&self.1);
-        }
-    }
-    let _reap = Reap(children, dir.clone());
-    let ctrl_addr: Address = ctrl.parse().unwrap();
-    let pool_status = || -> serde_json::Value {
-        let o = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
-            .args(["status", "--server", &ctrl, "--json"])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        serde_json::from_slice(&o.stdout).unwrap()
-    };
-    wait_until("both nodes are ready", || {
-        pool_status()["nodes"]
-            .as_array()
-            .is_some_and(|n| n.len() == 2 && n.iter().all(|n| n["state"] == "ready"))
-    });
+    let mut pool = Pool::start("migrate-pool", &[]);
+    pool.add_node("na", "emu:1:1GiB");
+    pool.add_node("nb", "emu:1:1GiB");
+    let ctrl_addr = pool.addr();
     let (c, _node_session, big, counter) = session_at(
         &ctrl_addr,
         ResourceRequest {
@@ -410,13 +285,11 @@ fn the_controller_moves_a_pool_session_to_another_node() {
     let mut pool_id = 0;
     let mut from = String::new();
     wait_until("the pool shows the session running", || {
-        let st = pool_status();
-        let Some(s) = st["sessions"].as_array().and_then(|s| s.first().cloned()) else {
+        let Some((id, node, _)) = pool.running().first().cloned() else {
             return false;
         };
-        pool_id = s["id"].as_u64().unwrap_or(0);
-        from = s["node"].as_str().unwrap_or_default().to_string();
-        s["state"] == "running"
+        (pool_id, from) = (id, node);
+        true
     });
     let to = if from == "na" { "nb" } else { "na" };
     let (mut c, n, stdout) =
@@ -425,13 +298,7 @@ fn the_controller_moves_a_pool_session_to_another_node() {
     check_big(&mut c, big);
     assert_eq!(bump(&mut c, counter), n + 1);
     wait_until("the pool shows the session on the other node", || {
-        let st = pool_status();
-        st["sessions"].as_array().is_some_and(|s| {
-            s.len() == 1
-                && s[0]["id"] == pool_id
-                && s[0]["node"] == to
-                && s[0]["state"] == "running"
-        })
+        pool.running() == [(pool_id, to.to_string(), 0)]
     });
     // A move to a node that does not exist changes nothing.
     let out = migrate_at(&ctrl_addr, pool_id, "nowhere:0");

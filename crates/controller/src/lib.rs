@@ -60,6 +60,11 @@ pub struct ControllerConfig {
     /// (`gpufuse run --wait`): a little under the client's default hello timeout (10 s).
     pub default_wait: Duration,
     pub tls: Option<gpufuse_transport::ServerTls>,
+    /// Defragmentation (`--defrag PCT`): devices under PCT% promised are emptied into
+    /// others when all their sessions fit there, freeing whole GPUs. Off (`None`) by default.
+    pub defrag: Option<u32>,
+    /// How often a defragmentation round runs (sooner while sessions wait for capacity).
+    pub defrag_interval: Duration,
 }
 
 impl ControllerConfig {
@@ -75,6 +80,8 @@ impl ControllerConfig {
             node_timeout: DEFAULT_NODE_TIMEOUT,
             default_wait: Duration::from_secs(8),
             tls: None,
+            defrag: None,
+            defrag_interval: Duration::from_secs(30),
         }
     }
 }
@@ -121,6 +128,11 @@ pub struct Controller(Arc<Inner>);
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(4_800);
 /// How often the ticker looks for lost nodes, expired starts and what the queue now fits.
 pub const TICK: Duration = Duration::from_millis(100);
+/// How soon a defragmentation round follows the last one while sessions wait for capacity.
+pub const DEFRAG_PENDING_GAP: Duration = Duration::from_secs(2);
+/// The token subject of the pool's operator: on a controller that checks tokens, only its
+/// tokens may cordon and drain nodes, or move another tenant's sessions.
+pub const ADMIN_SUBJECT: &str = "admin";
 /// Most connections the controller serves at once (waiting clients hold one each).
 const MAX_CONNECTIONS: usize = 1024;
 /// How long a connection has to send its hello.
@@ -190,6 +202,60 @@ impl Controller {
         });
     }
 
+    /// The defragmenter (`--defrag`): a round every `defrag_interval`, or every
+    /// [`DEFRAG_PENDING_GAP`] while sessions wait for capacity; each round's moves are carried
+    /// out one at a time (`docs/pool.md`, "Defragmentation").
+    fn start_defragmenter(&self) {
+        let Some(threshold) = self.0.config.defrag else {
+            return;
+        };
+        let me = self.clone();
+        std::thread::spawn(move || {
+            let mut last = Instant::now();
+            loop {
+                std::thread::sleep(Duration::from_millis(500));
+                let waiting = !me.books().pool.pending().is_empty();
+                let gap = if waiting {
+                    DEFRAG_PENDING_GAP.min(me.0.config.defrag_interval)
+                } else {
+                    me.0.config.defrag_interval
+                };
+                if last.elapsed() < gap {
+                    continue;
+                }
+                me.defragment(threshold);
+                last = Instant::now();
+            }
+        });
+    }
+
+    /// One defragmentation round; the number of sessions moved.
+    pub fn defragment(&self, threshold: u32) -> usize {
+        let plan = self.books().pool.plan_defrag(threshold);
+        if plan.is_empty() {
+            return 0;
+        }
+        tracing::info!(
+            "defragmentation: {} move(s) to empty device(s) under {threshold}% promised",
+            plan.len()
+        );
+        let mut moved = 0;
+        for m in plan {
+            let begun = self
+                .books()
+                .pool
+                .begin_move(m.session, &m.to_node, m.to_device, true);
+            if let Err(reason) = begun {
+                tracing::info!("defragmentation: session {} stays: {reason}", m.session);
+                continue;
+            }
+            if moves::carry_out(self, m.session, gpufuse_scheduler::MoveEnd::Stayed).is_ok() {
+                moved += 1;
+            }
+        }
+        moved
+    }
+
     /// Binds every address, then serves until the process ends.
     pub fn serve(&self) -> Result<(), ControllerError> {
         let cfg = &self.0.config;
@@ -209,6 +275,7 @@ impl Controller {
             listeners.push(l);
         }
         self.start_ticker();
+        self.start_defragmenter();
         let open = Arc::new(AtomicUsize::new(0));
         let mut threads = Vec::new();
         for l in listeners {
@@ -299,6 +366,14 @@ impl Controller {
                 let reply = moves::migrate(self, &hello, session, node, device);
                 answer(&mut conn, &reply);
             }
+            SessionKind::Drain { ref node } => {
+                let reply = moves::drain(self, &hello, node);
+                answer(&mut conn, &reply);
+            }
+            SessionKind::Cordon { ref node, cordoned } => {
+                let reply = moves::cordon(self, &hello, node, cordoned);
+                answer(&mut conn, &reply);
+            }
             SessionKind::MoveIn { .. } | SessionKind::Resume { .. } => answer(
                 &mut conn,
                 &refused("this is a gpufuse controller: sessions move between nodes".into()),
@@ -310,6 +385,18 @@ impl Controller {
                         .into(),
                 ),
             ),
+        }
+    }
+
+    /// Whether `token` may cordon and drain nodes: anyone on an open controller; on one that
+    /// checks tokens, a token for [`ADMIN_SUBJECT`].
+    fn authorize_admin(&self, token: &str) -> Result<(), String> {
+        match self.authenticate(token)? {
+            Some(c) if c.subject != ADMIN_SUBJECT => Err(format!(
+                "a token for {:?} may not cordon or drain nodes; that takes a token for {ADMIN_SUBJECT:?} (gpufuse token issue --subject {ADMIN_SUBJECT})",
+                c.subject
+            )),
+            _ => Ok(()),
         }
     }
 

@@ -1,14 +1,20 @@
-//! `gpufuse migrate ID --to NODE:DEVICE --server CONTROLLER`: moves a pool session to a device
-//! of another node while its program runs (`docs/migration.md`). The controller checks the
-//! asker may manage the session, charges the session's slice and share on the target device
-//! in its ledger (refused, nothing changed, when they do not fit), signs a grant for the target
-//! node, and asks the session's node to move it there (a `MigrateTo` hello with the target's
-//! address and the grant); the nodes do the rest. A failed move gives the charge back.
-//! A target on the session's own node is a move between its devices, asked of that node.
+//! Moving pool sessions (`docs/migration.md`, `docs/pool.md`): an operator's move (`gpufuse
+//! migrate ID --to NODE:DEVICE --server CONTROLLER`), a drain (`gpufuse node drain NODE`), a
+//! defragmentation round (`--defrag`) and a preemption's victims all end up in [`carry_out`].
+//!
+//! The pool charges a move before it runs (`Pool::begin_move`: the target holds the
+//! session's slice and share, and its own device keeps them until it lands), the controller
+//! signs an order for the session's node (and a grant for the target node when the move
+//! leaves the node), asks the node to move it, and settles the ledger with the outcome. The
+//! nodes do the moving; the session's program notices nothing.
 
 use std::time::Duration;
 
-use gpufuse_proto::{ClientHello, Grant, ServerHello, SessionKind, GRANT_KIND, PROTOCOL_VERSION};
+use gpufuse_proto::{
+    ClientHello, DrainedSession, EndOrder, Grant, MoveFigures, ServerHello, SessionKind,
+    StuckSession, END_ORDER_KIND, GRANT_KIND, PROTOCOL_VERSION,
+};
+use gpufuse_scheduler::{MoveEnd, SessionId};
 
 use crate::place::{one_shot_within, GRANT_SECONDS};
 use crate::{refused, unix_now, Controller, PlacementAsk};
@@ -17,8 +23,18 @@ use crate::{refused, unix_now, Controller, PlacementAsk};
 /// client's next synchronous call).
 const MOVE_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// A move that landed.
+pub(crate) struct Landed {
+    pub node: String,
+    pub device: u32,
+    /// The session's id on its node now.
+    pub node_session: u64,
+    pub total_us: u64,
+    pub figures: MoveFigures,
+}
+
 /// A `MigrateTo` hello at the controller: session `id` (the pool's) to device `device` of
-/// node `node` (its name).
+/// node `node` (its name), asked by an operator or the session's tenant.
 pub(crate) fn migrate(
     c: &Controller,
     hello: &ClientHello,
@@ -31,44 +47,158 @@ pub(crate) fn migrate(
         Ok(cl) => cl,
         Err(reason) => return refused(reason),
     };
-    // Where it is, where it goes; the target charged before anything moves.
-    let (source, source_address, source_device, node_session, grant, target_address) = {
+    let within = {
         let mut b = c.books();
         let Some(s) = b.pool.session(id).cloned() else {
             return refused(format!("there is no session {id} in the pool"));
         };
         if let Some(cl) = &claims {
-            if cl.subject != s.tenant {
+            if cl.subject != s.tenant && cl.subject != crate::ADMIN_SUBJECT {
                 return refused(format!(
                     "session {id} belongs to another tenant; a token for {:?} may move only its own sessions",
                     cl.subject
                 ));
             }
         }
-        let Some(node_session) = s.node_session else {
-            return refused(format!(
-                "session {id} has not started on its node yet; try again"
-            ));
-        };
-        let source_address = b
-            .pool
-            .node(&s.node)
-            .map(|n| n.spec.address.clone())
-            .unwrap_or_default();
-        if s.node == node {
-            drop(b);
-            return within_node(&source_address, id, node, node_session, device);
-        }
-        let Some(target_address) = b.pool.node(node).map(|n| n.spec.address.clone()) else {
-            return refused(format!("there is no node {node} in the pool"));
-        };
-        if let Err(reason) = b.pool.relocate(id, node, device, None) {
+        if let Err(reason) = b.pool.begin_move(id, node, device, true) {
             return refused(format!("session {id} cannot move: {reason}"));
         }
+        s.node == node
+    };
+    match carry_out(c, id, MoveEnd::Stayed) {
+        Ok(l) if within => ServerHello::MigratedWith {
+            session: id,
+            device,
+            total_us: l.total_us,
+            figures: l.figures,
+        },
+        Ok(l) => ServerHello::MovedToNode {
+            session: id,
+            node: l.node,
+            new_session: l.node_session,
+            device: l.device,
+            total_us: l.total_us,
+            figures: l.figures,
+        },
+        Err(reason) => refused(reason),
+    }
+}
+
+/// Carries out the move of session `id` the pool has charged, and settles it: landed, or
+/// `on_failure` (the session stayed where it was, or, for a preemption's victim, ends).
+pub(crate) fn carry_out(
+    c: &Controller,
+    id: SessionId,
+    on_failure: MoveEnd,
+) -> Result<Landed, String> {
+    let ask = {
+        let b = c.books();
+        ask_node(c, &b.pool, id)
+    };
+    let answer = ask.and_then(|(source, address, hello, node_session, target)| {
+        tracing::info!(
+            "moving session {id} from {source} to {} device {}",
+            target.0,
+            target.1
+        );
+        let answer = one_shot_within(&address, &hello, MOVE_TIMEOUT)
+            .map_err(|e| format!("node {source}: {e}"))?;
+        match answer {
+            ServerHello::MovedToNode {
+                new_session,
+                total_us,
+                figures,
+                ..
+            } => Ok(Landed {
+                node: target.0,
+                device: target.1,
+                node_session: new_session,
+                total_us,
+                figures,
+            }),
+            ServerHello::MigratedWith {
+                total_us, figures, ..
+            } => Ok(Landed {
+                node: target.0,
+                device: target.1,
+                node_session,
+                total_us,
+                figures,
+            }),
+            ServerHello::Refused { reason } => Err(format!("node {source} refused: {reason}")),
+            other => Err(format!("node {source} answered {other:?}")),
+        }
+    });
+    let mut b = c.books();
+    match &answer {
+        Ok(l) => {
+            b.pool.finish_move(
+                id,
+                MoveEnd::Moved {
+                    node_session: l.node_session,
+                },
+            );
+            tracing::info!(
+                "session {id} moved to {} device {} (its session {} there)",
+                l.node,
+                l.device,
+                l.node_session
+            );
+        }
+        Err(reason) => {
+            tracing::warn!("session {id} did not move: {reason}");
+            b.pool.finish_move(id, on_failure);
+        }
+    }
+    c.reschedule(&mut b);
+    answer
+}
+
+type NodeAsk = (String, String, ClientHello, u64, (String, u32));
+
+/// The hello that asks session `id`'s node to carry out its charged move, signed by the
+/// controller: (source node, its address, the hello, the session's node id, target).
+fn ask_node(
+    c: &Controller,
+    pool: &gpufuse_scheduler::Pool,
+    id: SessionId,
+) -> Result<NodeAsk, String> {
+    let s = pool
+        .session(id)
+        .ok_or_else(|| format!("session {id} ended"))?;
+    let (_, m) = pool
+        .moves_in_flight()
+        .find(|(m, _)| *m == id)
+        .ok_or_else(|| format!("session {id} is not moving"))?;
+    let node_session = s
+        .node_session
+        .ok_or_else(|| format!("session {id} has not started on its node yet"))?;
+    let source = (m.from_node.clone(), m.from_device);
+    let source_address = pool
+        .node(&source.0)
+        .map(|n| n.spec.address.clone())
+        .ok_or_else(|| format!("there is no node {} in the pool", source.0))?;
+    let order = EndOrder {
+        node: source.0.clone(),
+        node_session,
+        expires: unix_now() + GRANT_SECONDS,
+    };
+    let order = gpufuse_auth::seal(&c.0.grant_key, END_ORDER_KIND, &order)
+        .map_err(|e| format!("cannot sign an order: {e}"))?;
+    let kind = if m.to_node == source.0 {
+        SessionKind::Migrate {
+            session: node_session,
+            device: m.to_device,
+        }
+    } else {
+        let target_address = pool
+            .node(&m.to_node)
+            .map(|n| n.spec.address.clone())
+            .ok_or_else(|| format!("there is no node {} in the pool", m.to_node))?;
         let grant = Grant {
             session: id,
-            node: node.to_string(),
-            device,
+            node: m.to_node.clone(),
+            device: m.to_device,
             vram_bytes: s.vram_limit,
             compute_percent: s.compute_percent,
             qos: s.qos,
@@ -76,103 +206,106 @@ pub(crate) fn migrate(
             // The grant is presented when the pre-copy starts, within the grant's life.
             expires: unix_now() + GRANT_SECONDS,
         };
-        let grant = match gpufuse_auth::seal(&c.0.grant_key, GRANT_KIND, &grant) {
-            Ok(g) => g,
-            Err(e) => {
-                let _ = b.pool.relocate(id, &s.node, s.device, Some(node_session));
-                return refused(format!("cannot sign a grant: {e}"));
-            }
-        };
-        (
-            s.node,
-            source_address,
-            s.device,
-            node_session,
-            grant,
-            target_address,
-        )
-    };
-    tracing::info!("moving session {id} from {source} to {node} device {device}");
-    let ask = ClientHello {
-        protocol_version: PROTOCOL_VERSION,
-        kind: SessionKind::MigrateTo {
+        let grant = gpufuse_auth::seal(&c.0.grant_key, GRANT_KIND, &grant)
+            .map_err(|e| format!("cannot sign a grant: {e}"))?;
+        SessionKind::MigrateTo {
             session: node_session,
             node: target_address,
-            device,
+            device: m.to_device,
             token: grant,
-        },
-        token: token.clone(),
+        }
+    };
+    let hello = ClientHello {
+        protocol_version: PROTOCOL_VERSION,
+        kind,
+        token: order,
         pid: std::process::id(),
-        program: "gpufuse controller (migrate)".into(),
+        program: "gpufuse controller (move)".into(),
         resources: Default::default(),
     };
-    let answer = one_shot_within(&source_address, &ask, MOVE_TIMEOUT);
-    let mut b = c.books();
-    let reply = match answer {
-        Ok(ServerHello::MovedToNode {
-            new_session,
-            total_us,
-            figures,
-            ..
-        }) => {
-            let _ = b.pool.relocate(id, node, device, Some(new_session));
-            tracing::info!("session {id} moved to {node} (its session {new_session} there)");
-            ServerHello::MovedToNode {
-                session: id,
-                node: node.to_string(),
-                new_session,
-                device,
-                total_us,
-                figures,
-            }
-        }
-        Ok(ServerHello::Refused { reason }) => {
-            let _ = b
-                .pool
-                .relocate(id, &source, source_device, Some(node_session));
-            refused(format!("node {source} refused: {reason}"))
-        }
-        Ok(other) => {
-            let _ = b
-                .pool
-                .relocate(id, &source, source_device, Some(node_session));
-            refused(format!("node {source} answered {other:?}"))
-        }
-        Err(e) => {
-            let _ = b
-                .pool
-                .relocate(id, &source, source_device, Some(node_session));
-            refused(format!("node {source}: {e}"))
-        }
-    };
-    c.reschedule(&mut b);
-    reply
+    Ok((
+        source.0,
+        source_address,
+        hello,
+        node_session,
+        (m.to_node.clone(), m.to_device),
+    ))
 }
 
-/// A move between two devices of the session's node, asked of that node.
-fn within_node(address: &str, id: u64, node: &str, node_session: u64, device: u32) -> ServerHello {
-    let ask = ClientHello {
-        protocol_version: PROTOCOL_VERSION,
-        kind: SessionKind::Migrate {
-            session: node_session,
-            device,
-        },
-        token: String::new(),
-        pid: std::process::id(),
-        program: "gpufuse controller (migrate)".into(),
-        resources: Default::default(),
+/// A `Drain` hello: cordons `node` and moves its sessions off, one at a time, largest first,
+/// each to where the pool would put it at that moment.
+pub(crate) fn drain(c: &Controller, hello: &ClientHello, node: &str) -> ServerHello {
+    if let Err(reason) = c.authorize_admin(&hello.token) {
+        return refused(reason);
+    }
+    let plan = {
+        let mut b = c.books();
+        if let Err(reason) = b.pool.cordon(node, true) {
+            return refused(reason);
+        }
+        match b.pool.plan_drain(node) {
+            Ok(p) => p,
+            Err(reason) => return refused(reason),
+        }
     };
-    match one_shot_within(address, &ask, MOVE_TIMEOUT) {
-        Ok(ServerHello::MigratedWith {
-            total_us, figures, ..
-        }) => ServerHello::MigratedWith {
-            session: id,
-            device,
-            total_us,
-            figures,
-        },
-        Ok(ServerHello::Refused { reason }) => refused(format!("node {node} refused: {reason}")),
-        Ok(other) => refused(format!("node {node} answered {other:?}")),
-        Err(e) => refused(format!("node {node}: {e}")),
+    tracing::info!(
+        "draining node {node}: {} session(s) to move, {} cannot",
+        plan.moves.len(),
+        plan.stuck.len()
+    );
+    let mut moved = Vec::new();
+    let mut stuck: Vec<StuckSession> = plan
+        .stuck
+        .iter()
+        .map(|(session, reason)| StuckSession {
+            session: *session,
+            reason: reason.clone(),
+        })
+        .collect();
+    for m in &plan.moves {
+        let begun = {
+            let mut b = c.books();
+            b.pool
+                .move_target(m.session)
+                .and_then(|(n, d)| b.pool.begin_move(m.session, &n, d, true))
+        };
+        let outcome = begun.and_then(|()| carry_out(c, m.session, MoveEnd::Stayed));
+        match outcome {
+            Ok(l) => moved.push(DrainedSession {
+                session: m.session,
+                node: l.node,
+                device: l.device,
+                total_us: l.total_us,
+                figures: l.figures,
+            }),
+            Err(reason) => stuck.push(StuckSession {
+                session: m.session,
+                reason,
+            }),
+        }
+    }
+    ServerHello::Drained {
+        node: node.to_string(),
+        moved,
+        stuck,
+    }
+}
+
+/// A `Cordon` hello.
+pub(crate) fn cordon(c: &Controller, hello: &ClientHello, node: &str, on: bool) -> ServerHello {
+    if let Err(reason) = c.authorize_admin(&hello.token) {
+        return refused(reason);
+    }
+    let mut b = c.books();
+    match b.pool.cordon(node, on) {
+        Ok(_) => {
+            tracing::info!("node {node} {}", if on { "cordoned" } else { "uncordoned" });
+            c.reschedule(&mut b);
+            ServerHello::Cordoned {
+                node: node.to_string(),
+                cordoned: on,
+            }
+        }
+        Err(reason) => refused(reason),
     }
 }

@@ -136,6 +136,7 @@ mod tests {
             name: name.into(),
             address: format!("tcp:{name}:7000"),
             state: state.into(),
+            cordoned: false,
             labels: Default::default(),
             last_heard_ms: 100,
             devices,

@@ -8,7 +8,7 @@ use gpufuse_proto::{
     decode_owned, encode_frame, ClientHello, EndOrder, FrameKind, Grant, ServerHello, SessionKind,
     END_ORDER_KIND, GRANT_KIND, PROTOCOL_VERSION,
 };
-use gpufuse_scheduler::{Decision, Placement, Request, Victim};
+use gpufuse_scheduler::{Decision, MoveEnd, Placement, Request, Victim};
 use gpufuse_transport::{Address, Conn};
 
 use crate::{answer, refused, unix_now, Controller, PlacementAsk};
@@ -161,7 +161,28 @@ pub(crate) fn decide(
         Err(e) => return Err(e.to_string()),
         Ok(Decision::Placed(p)) => p,
         Ok(Decision::Preempt(plan)) => {
-            if let Err(reason) = end_victims(c, &plan.victims) {
+            // Victims that fit elsewhere move there (at once, side by side); the others, and
+            // any whose move fails, are ended.
+            let (moving, mut ending): (Vec<Victim>, Vec<Victim>) =
+                plan.victims.into_iter().partition(|v| v.move_to.is_some());
+            let failed: Vec<Victim> = std::thread::scope(|scope| {
+                let moves: Vec<_> = moving
+                    .into_iter()
+                    .map(|v| {
+                        scope.spawn(move || {
+                            crate::moves::carry_out(c, v.session, MoveEnd::Ended)
+                                .err()
+                                .map(|_| v)
+                        })
+                    })
+                    .collect();
+                moves
+                    .into_iter()
+                    .filter_map(|h| h.join().ok().flatten())
+                    .collect()
+            });
+            ending.extend(failed);
+            if let Err(reason) = end_victims(c, &ending) {
                 tracing::warn!(
                     "preemption for session {}: {reason}",
                     plan.placement.session

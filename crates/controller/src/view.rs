@@ -11,6 +11,7 @@ pub(crate) fn snapshot(pool: &Pool, now: Millis) -> PoolStatus {
             name: n.spec.name.clone(),
             address: n.spec.address.clone(),
             state: n.state.name().into(),
+            cordoned: n.cordoned,
             labels: n.spec.labels.clone(),
             last_heard_ms: now.saturating_sub(n.last_heard),
             devices: n
@@ -30,14 +31,26 @@ pub(crate) fn snapshot(pool: &Pool, now: Millis) -> PoolStatus {
                 .collect(),
         })
         .collect();
+    let moving: std::collections::HashMap<u64, (String, u32)> = pool
+        .moves_in_flight()
+        .map(|(id, m)| (id, (m.from_node.clone(), m.from_device)))
+        .collect();
     let mut sessions: Vec<PoolSessionView> = pool
         .sessions()
-        .map(|s| PoolSessionView {
+        .map(|s| {
+            // A moving session runs where it came from until the move lands.
+            let (node, device, state) = match moving.get(&s.id) {
+                Some((n, d)) => (n.clone(), *d, "moving"),
+                None => (s.node.clone(), s.device, s.state.name()),
+            };
+            (s, node, device, state)
+        })
+        .map(|(s, node, device, state)| PoolSessionView {
             id: s.id,
             tenant: s.tenant.clone(),
-            node: Some(s.node.clone()),
-            device: Some(s.device),
-            state: s.state.name().into(),
+            node: Some(node),
+            device: Some(device),
+            state: state.into(),
             vram_limit_bytes: s.vram_limit,
             compute_percent: s.compute_percent,
             qos: s.qos.name().into(),

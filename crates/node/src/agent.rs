@@ -347,7 +347,11 @@ pub fn intercepts(link: &PoolLink, hello: &ClientHello) -> bool {
     match hello.kind {
         SessionKind::Cuda => true,
         SessionKind::Check => link.local.is_some(),
-        SessionKind::End { .. } => hello.token.starts_with(END_ORDER_KIND),
+        // The controller's signed order for one session: end it, or move it (a drain, a
+        // defragmentation round, a preemption's victim, an operator's move).
+        SessionKind::End { .. } | SessionKind::Migrate { .. } | SessionKind::MigrateTo { .. } => {
+            hello.token.starts_with(END_ORDER_KIND)
+        }
         // A session moving in from another node needs a grant on a pool node; `gpufuse
         // serve`'s own controller lets the node admit it on the device asked.
         SessionKind::MoveIn { .. } => link.local.is_none(),
@@ -374,10 +378,12 @@ pub fn serve_hello(
         );
     };
     match hello.kind {
-        SessionKind::End { session } => {
+        SessionKind::End { session }
+        | SessionKind::Migrate { session, .. }
+        | SessionKind::MigrateTo { session, .. } => {
             let order: EndOrder = match gpufuse_auth::open(&key, END_ORDER_KIND, &hello.token) {
                 Ok(o) => o,
-                Err(e) => return refuse(&mut conn, format!("bad end order: {e}")),
+                Err(e) => return refuse(&mut conn, format!("bad order: {e}")),
             };
             if order.node != link.name
                 || order.node_session != session
@@ -385,11 +391,28 @@ pub fn serve_hello(
             {
                 return refuse(
                     &mut conn,
-                    "the end order is for another session or expired".into(),
+                    "the controller's order is for another session or expired".into(),
                 );
             }
-            tracing::info!("the controller ends session {session} (preempted)");
-            let reply = crate::admin::end(state, config, session, None, &hello);
+            let reply = match hello.kind {
+                SessionKind::Migrate { device, .. } => {
+                    tracing::info!("the controller moves session {session} to device {device}");
+                    crate::elastic::migrate(state, session, device)
+                }
+                SessionKind::MigrateTo {
+                    ref node,
+                    device,
+                    ref token,
+                    ..
+                } => {
+                    tracing::info!("the controller moves session {session} to {node}");
+                    crate::elastic::migrate_out(state, session, node, device, token)
+                }
+                _ => {
+                    tracing::info!("the controller ends session {session} (preempted)");
+                    crate::admin::end(state, config, session, None, &hello)
+                }
+            };
             answer(&mut conn, &reply);
         }
         SessionKind::Check => {

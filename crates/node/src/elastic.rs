@@ -249,8 +249,8 @@ const MIGRATE_WAIT: Duration = Duration::from_secs(300);
 /// Moves session `id` to device `device` of the node at `address` (`token`: the hello token
 /// there, a controller's grant in a pool): the worker copies the session there while it runs
 /// and hands it over at its client's next synchronous call (`gpufuse_worker`'s `remote.rs`).
-/// A refusal leaves the session where it was. The session's books here are released when
-/// its worker ends, once the client has gone to the other node.
+/// A refusal leaves the session where it was. Once it moved, the session's books here are
+/// released at once; its worker ends when the client has gone to the other node.
 pub fn migrate_out(
     state: &Shared,
     id: u64,
@@ -300,6 +300,10 @@ pub fn migrate_out(
                 stop_bytes = figures.stop_bytes,
                 "session moved to another node"
             );
+            // It is the other node's now: its slice, share and place in the launch queue go
+            // back here at once (its worker stays only to send its client on, holding no
+            // device memory), and this node stops reporting it to a controller.
+            lock(state).end_session(id);
             ServerHello::MovedToNode {
                 session: id,
                 node: address.to_string(),

@@ -540,6 +540,12 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
             &mut conn,
             "this is a gpufuse node, not a controller (gpufuse node --controller ADDR)".into(),
         ),
+        SessionKind::Drain { .. } | SessionKind::Cordon { .. } => refuse(
+            &mut conn,
+            "nodes are cordoned and drained by their pool's controller: gpufuse node drain \
+             NODE --server CONTROLLER"
+                .into(),
+        ),
         SessionKind::Migrate { session, device } => {
             let reply = match elastic::may_manage(state, config, session, claims.as_ref()) {
                 Ok(()) => elastic::migrate(state, session, device),

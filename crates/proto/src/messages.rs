@@ -57,6 +57,14 @@ pub enum SessionKind {
         device: u32,
         token: String,
     },
+    /// A one-shot request to a controller (`gpufuse node drain NODE`): cordon node `node`
+    /// and move every session off it, each to the best device of its model elsewhere; the
+    /// controller answers `Drained` once every move has ended. A node refuses it.
+    Drain { node: String },
+    /// A one-shot request to a controller (`gpufuse node cordon|uncordon NODE`): place
+    /// nothing new on node `node` (`cordoned`), or place there again; its sessions keep
+    /// running. Answered `Cordoned`.
+    Cordon { node: String, cordoned: bool },
 }
 
 /// Quality-of-service level of a session.
@@ -257,6 +265,37 @@ pub enum ServerHello {
         total_us: u64,
         figures: MoveFigures,
     },
+    /// A `Drain` hello's node is cordoned; `moved` sessions run elsewhere now, `stuck` ones
+    /// are still there, each with the reason.
+    Drained {
+        node: String,
+        moved: Vec<DrainedSession>,
+        stuck: Vec<StuckSession>,
+    },
+    /// A `Cordon` hello's node is cordoned (or not) now.
+    Cordoned {
+        node: String,
+        cordoned: bool,
+    },
+}
+
+/// A session a drain (or a defragmentation round) moved: where it runs now and what the
+/// move cost it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainedSession {
+    /// The pool's id.
+    pub session: u64,
+    pub node: String,
+    pub device: u32,
+    pub total_us: u64,
+    pub figures: MoveFigures,
+}
+
+/// A session a drain could not move, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StuckSession {
+    pub session: u64,
+    pub reason: String,
 }
 
 /// What a move with pre-copy did (`docs/migration.md`): the session's memory was copied while
@@ -292,7 +331,9 @@ pub enum MoveOutcome {
 }
 
 /// What a worker moving its session to another node sends the worker there (frames of kind
-/// [`crate::FrameKind::Move`]), in this order: a layout, chunks of contents, the books.
+/// [`crate::FrameKind::Move`]), in this order: a layout, chunks of contents, the books; once
+/// the receiver holds the session, the quiet requests the client sent the old worker since
+/// (forwarded in order), and the end of them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MoveMessage {
     /// A part of a layout (a device state image, encoded with its magic and version, without
@@ -315,6 +356,12 @@ pub enum MoveMessage {
     Commit(#[serde(with = "serde_bytes")] Vec<u8>),
     /// The move is off; the receiver frees what it built and ends.
     Abort { reason: String },
+    /// After the receiver took the session over: a quiet request frame (header and body)
+    /// the client sent the old worker, which runs here, in order.
+    Forward(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// No more forwarded requests: the client has been told where its session went and
+    /// resumes it here.
+    Forwarded,
 }
 
 /// The receiving worker's answer to [`MoveMessage::Commit`] (a frame of kind

@@ -132,6 +132,8 @@ pub struct PoolNodeView {
     pub address: String,
     /// `ready` or `lost`.
     pub state: String,
+    /// Nothing new is placed here (`gpufuse node cordon`, `gpufuse node drain`).
+    pub cordoned: bool,
     pub labels: BTreeMap<String, String>,
     /// Milliseconds since its last report.
     pub last_heard_ms: u64,
@@ -161,7 +163,8 @@ pub struct PoolSessionView {
     /// `None` while pending.
     pub node: Option<String>,
     pub device: Option<u32>,
-    /// `pending`, `starting`, `running` or `lost`.
+    /// `pending`, `starting`, `running`, `moving` (to another device; `node` and `device`
+    /// say where it runs until the move lands) or `lost`.
     pub state: String,
     pub vram_limit_bytes: Option<u64>,
     pub compute_percent: Option<u32>,

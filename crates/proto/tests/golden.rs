@@ -824,6 +824,9 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
                 reason: "no".into(),
             },
         ),
+        // Forwarded requests after a quiet stop (protocol 11).
+        ("MoveMessage::Forward", MoveMessage::Forward(DATA.to_vec())),
+        ("MoveMessage::Forwarded", MoveMessage::Forwarded),
     ] {
         out.push((n, body(&m)));
     }
@@ -841,6 +844,46 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
             key: 5,
         }),
     ));
+    // Drain and cordon (protocol 11).
+    for (n, k) in [
+        (
+            "SessionKind::Drain",
+            SessionKind::Drain { node: "a".into() },
+        ),
+        (
+            "SessionKind::Cordon",
+            SessionKind::Cordon {
+                node: "a".into(),
+                cordoned: true,
+            },
+        ),
+    ] {
+        out.push((n, body(&k)));
+    }
+    out.push((
+        "ServerHello::Drained",
+        body(&ServerHello::Drained {
+            node: "a".into(),
+            moved: vec![gpufuse_proto::DrainedSession {
+                session: 3,
+                node: "b".into(),
+                device: 1,
+                total_us: 4096,
+                figures,
+            }],
+            stuck: vec![gpufuse_proto::StuckSession {
+                session: 4,
+                reason: "no".into(),
+            }],
+        }),
+    ));
+    out.push((
+        "ServerHello::Cordoned",
+        body(&ServerHello::Cordoned {
+            node: "a".into(),
+            cordoned: false,
+        }),
+    ));
     out
 }
 
@@ -856,7 +899,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("ReplyBody::Global", "08806004"),
     ("ReplyBody::Launches", "0901016b010101200101000004deadbeef"),
     ("Reply", "0001f80a010904deadbeef0368690a018020"),
-    ("ClientHello", "0a0001742a0170018080808004011e0002"),
+    ("ClientHello", "0b0001742a0170018080808004011e0002"),
     ("SessionKind::Status", "01"),
     ("SessionKind::Check", "02"),
     ("SessionKind::End", "0303"),
@@ -885,7 +928,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("NodeCommand::Migrate", "0101"),
     ("NodeCommand::MigrateWithFigures", "0201"),
     ("ControlAnswer", "01e807"),
-    ("FrameHeader", "474655530a000401040302010b0a00008877665544332211"),
+    ("FrameHeader", "474655530b000401040302010b0a00008877665544332211"),
     ("SessionKind::NodeAgent", "04"),
     ("ServerHello::Redirect", "0507756e69783a2f6e0167"),
     ("ServerHello::PoolStatus", "060762696e7061636b000000"),
@@ -903,9 +946,15 @@ const OTHERS: &[(&str, &str)] = &[
     ("MoveMessage::Chunk", "01802000"),
     ("MoveMessage::Commit", "0204deadbeef"),
     ("MoveMessage::Abort", "03026e6f"),
+    ("MoveMessage::Forward", "0404deadbeef"),
+    ("MoveMessage::Forwarded", "05"),
     ("MoveAck::Ready", "0005"),
     ("MoveAck::Refused", "01026e6f"),
     ("Moved", "016205"),
+    ("SessionKind::Drain", "0a0161"),
+    ("SessionKind::Cordon", "0b016101"),
+    ("ServerHello::Drained", "0c016101030162018020dc0b028080808001808080800280200104026e6f"),
+    ("ServerHello::Cordoned", "0d016100"),
 ];
 
 #[test]

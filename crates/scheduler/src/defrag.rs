@@ -18,6 +18,8 @@ use crate::SessionId;
 /// A move the pool has charged and not yet settled.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InFlight {
+    pub from_node: String,
+    pub from_device: u32,
     pub to_node: String,
     pub to_device: u32,
     /// The session stays charged where it is until the move lands, and the target holds a
@@ -137,6 +139,8 @@ impl Pool {
         self.moving.insert(
             id,
             InFlight {
+                from_node: s.node.clone(),
+                from_device: s.device,
                 to_node: node.to_string(),
                 to_device: device,
                 holds_source,

@@ -18,6 +18,7 @@
 
 mod books;
 pub mod control;
+mod forward;
 pub mod heartbeat;
 mod launch;
 mod memory;

@@ -30,6 +30,10 @@ pub(crate) struct MemoryBooks {
     pub(crate) vmm: VmmBooks,
     /// The client's host arena (its page-locked memory), on the shared-memory transport.
     pub(crate) arena: Option<HostArena>,
+    /// A session moved here whose client has not attached its arena yet: copies into the
+    /// arena that requests forwarded by the old worker made (arena offset, bytes read at the
+    /// time), written into the arena when the client attaches it.
+    pub(crate) arena_backlog: Option<Vec<(u64, Vec<u8>)>>,
 }
 
 impl MemoryBooks {
@@ -40,6 +44,7 @@ impl MemoryBooks {
             allocations: HashMap::new(),
             vmm: VmmBooks::default(),
             arena: None,
+            arena_backlog: None,
         }
     }
 }
@@ -192,7 +197,29 @@ impl Session<'_> {
 
     /// From now on, copies may name offsets in `arena`, the client's page-locked memory.
     pub fn set_host_arena(&mut self, arena: HostArena) {
+        for (offset, bytes) in self.memory.arena_backlog.take().unwrap_or_default() {
+            if arena.checked(offset, bytes.len() as u64).is_some() {
+                arena.write(offset, &bytes);
+            } else {
+                tracing::warn!(offset, "a forwarded copy does not fit the client's arena");
+            }
+        }
         self.memory.arena = Some(arena);
+    }
+
+    /// From now on until the client attaches its arena, copies into the arena are kept
+    /// (forwarded requests of a session that moved here; [`Session::set_host_arena`]).
+    pub(crate) fn await_host_arena(&mut self) {
+        self.memory.arena_backlog.get_or_insert_with(Vec::new);
+    }
+
+    /// Reads `size` bytes of the client's arena at `offset` (a forwarded copy from it).
+    pub(crate) fn arena_bytes(&self, offset: u64, size: u64) -> Option<Vec<u8>> {
+        let arena = self.memory.arena.as_ref()?;
+        arena.checked(offset, size)?;
+        let mut data = vec![0u8; size as usize];
+        arena.read(offset, &mut data);
+        Some(data)
     }
 
     /// `MemcpyHtoDHost`: one copy from the client's arena into device memory. The arena range
@@ -234,6 +261,14 @@ impl Session<'_> {
     ) -> R<()> {
         self.check_stream(stream)?;
         self.check_range(src, size)?;
+        if self.memory.arena.is_none() {
+            if let Some(backlog) = self.memory.arena_backlog.as_mut() {
+                let mut data = vec![0u8; size as usize];
+                self.device.read(src, &mut data)?;
+                backlog.push((offset, data));
+                return Ok(());
+            }
+        }
         let arena = self.memory.arena.as_ref().ok_or(st::INVALID_VALUE)?;
         arena.checked(offset, size).ok_or(st::INVALID_VALUE)?;
         if size == 0 {

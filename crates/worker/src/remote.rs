@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use gpufuse_device::{Device, DeviceImage};
 use gpufuse_proto::{
-    decode_owned, encode_frame, encode_frame_head, ClientHello, ControlAnswer, DeviceInfo,
-    FrameKind, MoveAck, MoveMessage, NodeCommand, ResourceRequest, ServerHello, SessionKind,
-    PROTOCOL_VERSION,
+    decode_owned, decode_request, encode_frame, encode_frame_head, ClientHello, ControlAnswer,
+    DeviceInfo, FrameHeader, FrameKind, MoveAck, MoveMessage, NodeCommand, ResourceRequest,
+    ServerHello, SessionKind, HEADER_LEN, PROTOCOL_VERSION,
 };
 use gpufuse_transport::{Address, Conn, Stream, TransportError};
 
@@ -156,6 +156,16 @@ impl RemoteTarget {
         }
     }
 
+    /// After the commit: a quiet request frame the client sent here, to run there.
+    pub(crate) fn forward(&mut self, frame: Vec<u8>) -> Result<(), String> {
+        self.send(&MoveMessage::Forward(frame))
+    }
+
+    /// After the commit: nothing more is forwarded (the client is told where to go next).
+    pub(crate) fn end_forwarding(&mut self) -> Result<(), String> {
+        self.send(&MoveMessage::Forwarded)
+    }
+
     /// Tells the target the move is off (it frees what it built); best effort, since a
     /// closed connection says the same.
     pub(crate) fn abort(mut self, reason: &str) {
@@ -252,6 +262,14 @@ pub fn serve_incoming(
     let mut session = Session::new(device, ledger, limit).with_elastic(config, session_id);
     let started = Instant::now();
     if !receive(&mut from, &mut session, device_index, &mut elastic, key)? {
+        session.release_all();
+        return Ok(());
+    }
+    // The client may have sent the old worker quiet requests since the stop (an idle
+    // session stops at any moment): they come forwarded, in order, before it resumes here.
+    // The old worker stays as long as its client is quiet, so no deadline.
+    let _ = from.stream().set_read_timeout(None);
+    if !run_forwarded(&mut from, &mut session)? {
         session.release_all();
         return Ok(());
     }
@@ -394,6 +412,57 @@ fn receive(
             MoveMessage::Abort { reason } => {
                 tracing::info!("the move was called off: {reason}");
                 return Ok(false);
+            }
+            MoveMessage::Forward(_) | MoveMessage::Forwarded => {
+                return refuse(from, "forwarded requests before the books".into());
+            }
+        }
+    }
+}
+
+/// Runs the requests the old worker forwards until it says the client comes; `Ok(false)`:
+/// the old worker went away first (its client ended), so the session ends.
+fn run_forwarded(from: &mut Conn, session: &mut Session) -> Result<bool, WorkerError> {
+    session.await_host_arena();
+    let mut forwarded = 0u64;
+    loop {
+        let (h, body) = match from.recv() {
+            Ok(f) => f,
+            Err(TransportError::Closed) => {
+                tracing::info!(forwarded, "the old worker ended before the client came");
+                return Ok(false);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if h.kind != FrameKind::Move {
+            return Err(WorkerError::UnexpectedFrame(h.kind));
+        }
+        match decode_owned::<MoveMessage>(body)? {
+            MoveMessage::Forward(frame) => {
+                let (head, rest) = frame
+                    .split_first_chunk::<HEADER_LEN>()
+                    .ok_or(WorkerError::UnexpectedFrame(FrameKind::Move))?;
+                let header = FrameHeader::decode(head)?;
+                if header.kind != FrameKind::Request || !header.is_quiet() {
+                    return Err(WorkerError::UnexpectedFrame(header.kind));
+                }
+                let req = decode_request(&header, rest)?;
+                // Quiet: an error is deferred to the client's next synchronous call, here.
+                let _ = session.dispatch(req, true);
+                if session.holds_lease() && !from.has_frame() {
+                    session.end_lease();
+                }
+                forwarded += 1;
+            }
+            MoveMessage::Forwarded => {
+                if forwarded > 0 {
+                    tracing::info!(forwarded, "ran the requests the old worker forwarded");
+                }
+                return Ok(true);
+            }
+            other => {
+                tracing::warn!("unexpected after the commit: {other:?}");
+                return Err(WorkerError::UnexpectedFrame(FrameKind::Move));
             }
         }
     }

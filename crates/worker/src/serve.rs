@@ -103,6 +103,7 @@ pub(crate) fn serve_session(
         moving: None,
         leaving: None,
         moved_away: false,
+        forwarding: None,
         last_step: std::time::Instant::now(),
     };
     let result = run(&mut conn, &mut session, &mut out, &mut beat, &mut node);
@@ -150,9 +151,17 @@ fn run(
     loop {
         // A move in progress copies a bounded step between requests (`migrate.rs`).
         node.gap(session);
-        if !conn.has_frame() {
+        // A client that keeps sending quiet requests is not waited for: the stop comes
+        // between two of them.
+        if node.leaving_ready_for(QUIET_STOP_BUSY) {
+            node.stop_quietly(session, beat);
+        }
+        if !conn.has_frame() && node.forwarding.is_none() {
             beat.busy(false);
             node.wait_for_client(conn, session, beat)?;
+        }
+        if let Some((target, key)) = node.forwarding.take() {
+            return crate::forward::forward(conn, session, target, key, beat);
         }
         // A client that died with launches still queued in the socket: its work is dropped at
         // once instead of holding the device for the others (CUDA abandons a dead process's
@@ -334,6 +343,10 @@ struct Commands {
     leaving: Option<Leave>,
     /// The session was handed to another node.
     moved_away: bool,
+    /// Handed over while the client was not waiting for an answer: the target and the key
+    /// the client resumes with; its quiet requests are forwarded until it next waits
+    /// (`forward.rs`).
+    forwarding: Option<(RemoteTarget, u64)>,
     /// When the last pre-copy step ended (steps are spaced while requests arrive).
     last_step: std::time::Instant,
 }
@@ -356,9 +369,9 @@ struct Leave {
     ready_since: Option<std::time::Instant>,
 }
 
-/// How long a move to another node waits, once its rounds are done, for the client's next
-/// synchronous request (where it stops); past that it is called off.
-const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a move to another node, its rounds done, waits for a pause in its client's
+/// requests (or a synchronous one) before it stops between two quiet ones.
+const QUIET_STOP_BUSY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// While requests keep arriving, pre-copy steps are at least this far apart, so that the
 /// session's own requests get most of the time.
@@ -398,6 +411,13 @@ impl Commands {
                 || match wait(client, self.conn.as_ref(), timeout) {
                     Woken::Client => return Ok(()),
                     Woken::Command => true,
+                    Woken::Timeout if self.leaving_ready() => {
+                        // The client is quiet: stop now, forward what it sends meanwhile.
+                        if self.stop_quietly(session, beat) {
+                            return Ok(());
+                        }
+                        false
+                    }
                     Woken::Timeout => false,
                 };
             if command {
@@ -423,6 +443,14 @@ impl Commands {
     /// stops at the next synchronous request.
     fn leaving_ready(&self) -> bool {
         self.leaving.as_ref().is_some_and(|l| l.precopy.ready())
+    }
+
+    /// Whether a move to another node has been ready to stop for `d` or longer.
+    fn leaving_ready_for(&self, d: std::time::Duration) -> bool {
+        self.leaving
+            .as_ref()
+            .and_then(|l| l.ready_since)
+            .is_some_and(|since| since.elapsed() >= d)
     }
 
     /// Answers a command that arrived while requests keep coming.
@@ -496,24 +524,17 @@ impl Commands {
     }
 
     /// One pre-copy step of a move to another node; once its rounds are done, the move waits
-    /// for a synchronous request ([`Commands::leave`]), for [`STOP_WAIT`] at most.
+    /// for its stop ([`Commands::leave`], [`Commands::stop_quietly`]).
     fn advance_leaving(&mut self, session: &mut Session) {
         let Some(mut l) = self.leaving.take() else {
             return;
         };
         if l.precopy.ready() {
-            let since = *l.ready_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() < STOP_WAIT {
-                self.leaving = Some(l);
-                return;
-            }
-            let why = format!(
-                "the application made no synchronous CUDA call within {} s of the copy; a \
-                 move between nodes stops the session at one",
-                STOP_WAIT.as_secs()
-            );
-            l.precopy.into_target().abort(&why);
-            return self.answer_outcome(l.id, gpufuse_proto::MoveOutcome::Refused { reason: why });
+            // The stop comes at the client's next synchronous request, when it goes quiet,
+            // or between its requests after [`QUIET_STOP_BUSY`].
+            l.ready_since.get_or_insert_with(std::time::Instant::now);
+            self.leaving = Some(l);
+            return;
         }
         // A remote target starts over by itself at the next layout.
         match session.precopy_step(&mut l.precopy, &mut |_| Ok(())) {
@@ -528,22 +549,18 @@ impl Commands {
         }
     }
 
-    /// The stop of a move to another node, at synchronous request `id` of the client: the
-    /// dirty remainder and the books go over; once the target holds the session the client
-    /// is told where it went (the request runs there). `Ok(true)`: the session left; `false`:
-    /// it stays here, untouched, and the request runs here.
-    fn leave(
+    /// The stop of a move to another node: the dirty remainder and the books go over; once
+    /// the target holds the session, its memory here is freed and the node is answered. The
+    /// target and the client's key, or `None`: the session stays here, untouched.
+    fn hand_over(
         &mut self,
         session: &mut Session,
-        client: &mut Conn,
-        id: u64,
         beat: &heartbeat::Heartbeat,
-    ) -> Result<bool, WorkerError> {
+    ) -> Option<(RemoteTarget, u64)> {
         use gpufuse_proto::MoveOutcome;
-        let Some(l) = self.leaving.take() else {
-            return Ok(false);
-        };
+        let l = self.leaving.take()?;
         let stopped = std::time::Instant::now();
+        beat.busy(true);
         let handed =
             session
                 .precopy_finish(l.precopy, &mut |_| Ok(()))
@@ -562,24 +579,9 @@ impl Commands {
             Err(why) => {
                 tracing::warn!("the session cannot move to the other node: {why}");
                 self.answer_outcome(l.id, MoveOutcome::Refused { reason: why });
-                return Ok(false);
+                return None;
             }
         };
-        self.out.clear();
-        encode_frame(
-            &mut self.out,
-            FrameKind::Moved,
-            0,
-            id,
-            &gpufuse_proto::Moved {
-                address: target.address.clone(),
-                key,
-            },
-        );
-        {
-            let _writing = beat.writing();
-            client.send(&self.out).map_err(TransportError::from)?;
-        }
         session.forget_moved();
         self.moved_away = true;
         figures.stop_us = u64::try_from(stopped.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -598,7 +600,37 @@ impl Commands {
                 figures,
             },
         );
+        Some((target, key))
+    }
+
+    /// The stop at synchronous request `id` of the client: after the hand-over the client is
+    /// told where its session went (the request runs there). `Ok(true)`: the session left;
+    /// `false`: it stays here, untouched, and the request runs here.
+    fn leave(
+        &mut self,
+        session: &mut Session,
+        client: &mut Conn,
+        id: u64,
+        beat: &heartbeat::Heartbeat,
+    ) -> Result<bool, WorkerError> {
+        let Some((target, key)) = self.hand_over(session, beat) else {
+            return Ok(false);
+        };
+        crate::forward::send_on(client, target, key, id, beat)?;
         Ok(true)
+    }
+
+    /// The stop while the client is not waiting for an answer (it may be sending quiet
+    /// requests meanwhile): after the hand-over, what it sends is forwarded until it waits.
+    /// Whether the session left.
+    fn stop_quietly(&mut self, session: &mut Session, beat: &heartbeat::Heartbeat) -> bool {
+        match self.hand_over(session, beat) {
+            Some(h) => {
+                self.forwarding = Some(h);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Answers the node's move command `id`.
