@@ -1114,6 +1114,16 @@ impl Pool {
                 .iter()
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
+            let cordoned = self
+                .nodes
+                .iter()
+                .any(|n| n.state == NodeState::Ready && n.cordoned && Self::node_matches(n, req));
+            if cordoned {
+                return format!(
+                    "the ready nodes with the labels {} are cordoned",
+                    sel.join(",")
+                );
+            }
             return format!("no ready node has the labels {}", sel.join(","));
         }
         let devices: Vec<&PoolDevice> = labelled
