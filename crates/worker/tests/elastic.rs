@@ -28,7 +28,7 @@ const PTX: &str = ".version 8.0\n.target sm_80\n.address_size 64\n\
     mov.u64 %rd1, counter;\nld.global.u32 %r1, [%rd1];\nadd.u32 %r1, %r1, 1;\n\
     st.global.u32 [%rd1], %r1;\nld.param.u64 %rd2, [p];\nst.global.u32 [%rd2], %r1;\nret;\n}\n\0";
 
-/// A kernel that calls device-side malloc (its module makes the session's device heap).
+/// A kernel that calls device-side malloc (its first launch makes the session's device heap).
 const HEAP_PTX: &str = ".version 8.0\n.target sm_80\n.address_size 64\n\
     .extern .func (.param .b64 func_retval0) malloc(.param .b64 malloc_param_0);\n\
     .visible .entry grab()\n{\n.reg .b64 %rd<3>;\nmov.u64 %rd1, 64;\n{\n\
