@@ -177,3 +177,209 @@ def test_a_running_session_migrates_to_another_node(programs, tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+# ---- graphs, VMM memory and in-flight work (elastic_graphs_vmm.py) ---------------------------
+
+GRAPHS_VMM = PY / "elastic_graphs_vmm.py"
+
+
+class Held:
+    """elastic_graphs_vmm.py running with a wait file, its output in files: it holds its
+    state (two instantiated graphs, VMM memory mapped and unmapped, work queued without a
+    synchronization) until `release()`."""
+
+    def __init__(self, programs, server, tmp_path, mib, seed, *extra, vram=None, name="held"):
+        self.flag = tmp_path / f"{name}.go"
+        self.out_path = tmp_path / f"{name}.out"
+        self.err_path = tmp_path / f"{name}.err"
+        e = dict(programs.env)
+        e.update(ENV)
+        argv = [programs.python, GRAPHS_VMM, str(mib), str(seed), "--wait-file", self.flag,
+                *extra]
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(client_argv(server.unix, argv, vram), env=e, cwd=HERE,
+                                         stdout=out, stderr=err, text=True)
+
+    def output(self):
+        return self.out_path.read_text()
+
+    def wait_queued(self, timeout=180.0):
+        def queued():
+            if self.proc.poll() is not None:
+                pytest.fail(f"the workload ended early ({self.proc.returncode})\n"
+                            f"{self.output()[-3000:]}\n{self.err_path.read_text()[-3000:]}")
+            return "QUEUED" in self.output()
+        wait_until("the workload to queue its work and wait", queued, timeout)
+
+    def release(self):
+        self.flag.touch()
+
+    def finish(self, timeout=240):
+        self.release()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"client timed out\n{self.output()[-3000:]}\n"
+                        f"{self.err_path.read_text()[-3000:]}")
+        res = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self.output(),
+                                          self.err_path.read_text())
+        assert_ok(res, ["GRAPHS checked", "QUEUED", "TIMED", "PASS elastic_graphs_vmm"])
+        return res
+
+
+def migrate(server, session, to, timeout=180):
+    return subprocess.run([str(support.GPUFUSE), "migrate", str(session), "--to", str(to),
+                           "--server", server.unix],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def only_session(server):
+    return wait_until("the session", lambda: server.status()["sessions"])[0]
+
+
+@pytest.mark.kernel_results
+def test_graphs_vmm_and_queued_work_survive_oversubscription(programs, one_device_server,
+                                                             tmp_path):
+    """A session holding instantiated graphs, mapped and unmapped VMM memory and work queued
+    without a synchronization waits while two others fill the device: it is swapped out
+    (to host memory and disk), then its graphs run again and every byte is right."""
+    server = one_device_server
+    held = Held(programs, server, tmp_path, 128, 1, vram="170MiB")
+    try:
+        held.wait_queued()
+        mine = only_session(server)["id"]
+        others = [start(programs, server,
+                        [programs.python, PY / "elastic_workload.py", "150", "4", "0.4",
+                         str(k)], vram="170MiB")
+                  for k in (2, 3)]
+
+        def evicted():
+            s = next(s for s in server.status()["sessions"] if s["id"] == mine)
+            return s["swapped_host_bytes"] + s["swapped_disk_bytes"] > 0 and s
+        swapped = wait_until("the waiting session swapped out", evicted, timeout=180)
+        assert swapped["used_bytes"] < 128 << 20, swapped
+    finally:
+        held.release()
+    held.finish()
+    for p in others:
+        assert_ok(finish(p), ["FILLED", "PASS elastic_workload"])
+
+
+@pytest.mark.kernel_results
+def test_graphs_vmm_and_queued_work_survive_scale_to_zero(programs, elastic_server, tmp_path):
+    held = Held(programs, elastic_server, tmp_path, 64, 2)
+    try:
+        held.wait_queued()
+
+        def swapped(kind):
+            ss = elastic_server.status()["sessions"]
+            return ss and ss[0][kind] > 0 and ss[0]["used_bytes"] == 0
+        wait_until("the session's memory in host memory", lambda: swapped("swapped_host_bytes"))
+        wait_until("the session's memory on disk", lambda: swapped("swapped_disk_bytes"))
+        dev = elastic_server.status()["devices"]
+        assert sum(d["used_bytes"] for d in dev) == 0, dev
+    finally:
+        held.release()
+    held.finish()
+
+
+@pytest.fixture
+def two_devices():
+    server = support.Server("emu:2:256MiB")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.kernel_results
+def test_graphs_vmm_and_queued_work_migrate_to_the_other_device(programs, two_devices, tmp_path):
+    """The move is asked right after the work was queued (a kernel of it may still run)."""
+    held = Held(programs, two_devices, tmp_path, 64, 3)
+    try:
+        held.wait_queued()
+        sess = only_session(two_devices)
+        target = 1 - sess["device"]
+        res = migrate(two_devices, sess["id"], target)
+        assert res.returncode == 0, res.stderr
+        assert f"runs on device {target}" in res.stdout, res.stdout
+        st = two_devices.status()
+        assert st["sessions"][0]["device"] == target
+        assert st["devices"][1 - target]["used_bytes"] == 0, st
+        assert st["devices"][target]["used_bytes"] >= 64 << 20, st
+    finally:
+        held.release()
+    held.finish()
+
+
+@pytest.mark.kernel_results
+def test_graphs_vmm_and_queued_work_migrate_to_another_node(programs, tmp_path):
+    """The stop comes at the program's first synchronization after the wait: the work it
+    queued before ran on the first node, the graphs it instantiated there run on the second."""
+    a = support.Server("emu:1:256MiB")
+    b = support.Server("emu:1:256MiB")
+    a.start()
+    b.start()
+    try:
+        held = Held(programs, a, tmp_path, 64, 4)
+        try:
+            held.wait_queued()
+            sess = only_session(a)
+            mover = subprocess.Popen(
+                [str(support.GPUFUSE), "migrate", str(sess["id"]), "--to", f"{b.unix}:0",
+                 "--server", a.unix],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            # The worker reads the move once the long kernel is done; then the copy runs
+            # while the program waits.
+            wait_until("the move to begin", lambda: "a session moves in" in b.log_path.read_text())
+            time.sleep(1.0)
+        finally:
+            held.release()
+        out, err = mover.communicate(timeout=180)
+        assert mover.returncode == 0, err
+        assert "runs on node" in out and "round(s) of pre-copy" in out, out
+        wait_until("the client resumed on the other node",
+                   lambda: "its client resumed the moved session" in b.log_path.read_text())
+        held.finish()
+        wait_until("the first node frees everything",
+                   lambda: not a.status()["sessions"]
+                   and a.status()["devices"][0]["used_bytes"] == 0)
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.kernel_results
+def test_a_session_that_cannot_move_stays_untouched(programs, tmp_path):
+    """A session whose kernels used device-side malloc (the heap's allocator state cannot be
+    captured yet): moving it to another device or another node fails with the reason, and it
+    goes on where it was, every byte right. Exporting memory to another process is refused by
+    the shim itself (the workload checks cuIpcGetMemHandle fails), so no session holds any."""
+    a = support.Server("emu:2:256MiB")
+    b = support.Server("emu:1:256MiB")
+    a.start()
+    b.start()
+    try:
+        held = Held(programs, a, tmp_path, 32, 5, "--device-malloc")
+        try:
+            held.wait_queued()
+            assert "DEVICE MALLOC used" in held.output()
+            before = only_session(a)
+            for to in (1 - before["device"], f"{b.unix}:0"):
+                res = migrate(a, before["id"], to)
+                assert res.returncode != 0, res.stdout
+                assert "device-side malloc" in res.stderr, res.stderr
+                st = a.status()
+                now = st["sessions"][0]
+                assert now["id"] == before["id"] and now["device"] == before["device"], now
+                assert now["used_bytes"] == before["used_bytes"], (before, now)
+                assert st["devices"][1 - before["device"]]["used_bytes"] == 0, st
+                assert not b.status()["sessions"], b.status()
+        finally:
+            held.release()
+        held.finish()
+    finally:
+        a.stop()
+        b.stop()

@@ -112,7 +112,10 @@ pub trait Device: Send {
     }
     /// Every range of device memory the session holds now, resident: its allocations, mapped
     /// VMM memory, module variables and what the device made for itself (the device heap, the
-    /// cooperative workspace), as (address, size).
+    /// cooperative workspace), as (address, size). Unmapped VMM physical memory, which has no
+    /// address, is named by a key outside every address window (the emulated GPU's
+    /// `PHYSICAL_KEY` bit with its id): it is evicted and brought back like a range, and is no
+    /// address to copy from.
     fn resident(&self) -> Vec<(u64, u64)> {
         Vec::new()
     }

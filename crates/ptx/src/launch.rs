@@ -22,7 +22,7 @@ fn round_up(x: u64, a: u64) -> u64 {
 
 /// The functions a kernel can reach through calls, the kernel first. An indirect call (through
 /// a function address) may reach every device function of the module.
-fn reachable(prog: &Program, kernel: usize) -> Vec<usize> {
+pub(crate) fn reachable(prog: &Program, kernel: usize) -> Vec<usize> {
     use crate::code::{
         ASSERT_CALLEE, FREE_CALLEE, INDIRECT_CALLEE, MALLOC_CALLEE, SET_CONDITIONAL_CALLEE,
         VPRINTF_CALLEE,

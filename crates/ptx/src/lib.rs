@@ -335,12 +335,24 @@ impl Module {
     /// Whether a function of the module calls device `malloc` or `free` (the device then
     /// provides a heap, [`DeviceMemory::heap`]).
     pub fn uses_heap(&self) -> bool {
-        use code::{FREE_CALLEE, MALLOC_CALLEE};
-        self.program.funcs.iter().any(|f| {
-            f.calls
-                .iter()
-                .any(|c| matches!(c.callee, MALLOC_CALLEE | FREE_CALLEE))
-        })
+        self.program.funcs.iter().any(calls_heap)
+    }
+
+    /// Whether `kernel`, or a function it can reach through calls (an indirect call may reach
+    /// any of the module's), calls device `malloc` or `free`: a launch of it needs the heap.
+    /// A name the module lacks answers like [`Module::uses_heap`].
+    pub fn kernel_uses_heap(&self, kernel: &str) -> bool {
+        match self
+            .program
+            .funcs
+            .iter()
+            .position(|f| f.is_entry && f.name == kernel)
+        {
+            Some(k) => launch::reachable(&self.program, k)
+                .into_iter()
+                .any(|f| calls_heap(&self.program.funcs[f])),
+            None => self.uses_heap(),
+        }
     }
 
     /// Module-scope `.global` and `.const` variables (the device allocates them).
@@ -570,4 +582,12 @@ impl DeviceMemory for VecMemory {
     fn cancel(&self) -> Option<&AtomicBool> {
         self.cancel.as_deref()
     }
+}
+
+/// Whether `f` itself calls device `malloc` or `free`.
+fn calls_heap(f: &code::Code) -> bool {
+    use code::{FREE_CALLEE, MALLOC_CALLEE};
+    f.calls
+        .iter()
+        .any(|c| matches!(c.callee, MALLOC_CALLEE | FREE_CALLEE))
 }

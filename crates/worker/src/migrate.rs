@@ -361,7 +361,10 @@ impl Session<'_> {
         };
         if dirt == Dirt::Everything {
             // Perhaps a layout change: looked at when the round ends.
-            p.restart = p.restart || self.device.resident().len() != p.ranges.len();
+            // (Unmapped VMM physical memory is resident without being a range.)
+            let unmapped = p.layout.physical.iter().filter(|x| x.mapped_at.is_none());
+            p.restart =
+                p.restart || self.device.resident().len() != p.ranges.len() + unmapped.count();
         }
         p.note(dirt, touched);
     }

@@ -28,7 +28,7 @@ const PTX: &str = ".version 8.0\n.target sm_80\n.address_size 64\n\
     mov.u64 %rd1, counter;\nld.global.u32 %r1, [%rd1];\nadd.u32 %r1, %r1, 1;\n\
     st.global.u32 [%rd1], %r1;\nld.param.u64 %rd2, [p];\nst.global.u32 [%rd2], %r1;\nret;\n}\n\0";
 
-/// A kernel that calls device-side malloc (its module makes the session's device heap).
+/// A kernel that calls device-side malloc (its first launch makes the session's device heap).
 const HEAP_PTX: &str = ".version 8.0\n.target sm_80\n.address_size 64\n\
     .extern .func (.param .b64 func_retval0) malloc(.param .b64 malloc_param_0);\n\
     .visible .entry grab()\n{\n.reg .b64 %rd<3>;\nmov.u64 %rd1, 64;\n{\n\
@@ -298,6 +298,79 @@ fn an_idle_session_scales_to_zero_and_warms_up_on_its_next_call() {
     assert_eq!(s.read(a, 3 << 20), pattern(3 << 20, 3));
     assert_eq!(s.ledger.used(), charged);
     assert_eq!(s.bump(a), 8);
+    s.finish();
+}
+
+/// VMM physical memory the session unmapped (its contents live on without an address) leaves
+/// the device with the rest when the session scales to zero, and maps again with every byte.
+#[test]
+fn unmapped_vmm_memory_scales_to_zero_too() {
+    let dir = tempdir("vmm");
+    let mut s = start(
+        ElasticConfig {
+            idle_ttl: Some(Duration::from_millis(100)),
+            idle_disk_ttl: Some(Duration::from_millis(400)),
+            swap_dir: Some(dir.clone()),
+            oversubscribed: false,
+        },
+        false,
+    );
+    const G: u64 = 2 << 20;
+    for handle in [11, 12] {
+        s.call(&Request::MemCreate {
+            handle,
+            device: 0,
+            size: G,
+        });
+    }
+    let va = match s.call(&Request::MemAddressReserve {
+        size: 2 * G,
+        align: 0,
+    }) {
+        ReplyBody::Ptr(p) => p,
+        other => panic!("{other:?}"),
+    };
+    for (k, handle) in [(0, 11), (1, 12)] {
+        s.call(&Request::MemMap {
+            ptr: va + k * G,
+            size: G,
+            handle,
+        });
+        s.write(va + k * G, &pattern(G as usize, 5 + k as u8));
+    }
+    // 12 unmapped: its bytes live on without an address.
+    s.client
+        .quiet(&Request::MemUnmap {
+            ptr: va + G,
+            size: G,
+        })
+        .unwrap();
+    assert_eq!(s.read(va, G), pattern(G as usize, 5));
+    let charged = s.ledger.used();
+    assert!(charged >= 2 * G, "{charged}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.ledger.used(), 0, "idle: all device memory given back");
+    assert_eq!(
+        s.ledger.swapped().0,
+        2 * G,
+        "mapped and unmapped in host memory"
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(s.ledger.swapped(), (0, 2 * G), "then on disk");
+    // The two swap places: every byte of each.
+    s.client
+        .quiet(&Request::MemUnmap { ptr: va, size: G })
+        .unwrap();
+    for (k, handle) in [(0, 12), (1, 11)] {
+        s.call(&Request::MemMap {
+            ptr: va + k * G,
+            size: G,
+            handle,
+        });
+    }
+    assert_eq!(s.ledger.used(), charged);
+    assert_eq!(s.read(va, G), pattern(G as usize, 6));
+    assert_eq!(s.read(va + G, G), pattern(G as usize, 5));
     s.finish();
 }
 

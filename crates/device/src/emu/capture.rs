@@ -281,6 +281,61 @@ mod tests {
         ));
     }
 
+    /// A module with a kernel that calls device `malloc` and one that does not: launching the
+    /// plain one makes no heap (the session stays movable, with nothing the application did
+    /// not ask for); once the other runs, a capture refuses with the reason.
+    #[test]
+    fn only_a_kernel_that_reaches_malloc_makes_the_session_unmovable() {
+        const HEAP_PTX: &str = ".version 8.0\n.target sm_80\n.address_size 64\n\
+            .extern .func (.param .b64 func_retval0) malloc(.param .b64 malloc_param_0);\n\
+            .visible .entry plain(.param .u64 p)\n{\n.reg .b32 %r<2>;\n.reg .b64 %rd<2>;\n\
+            ld.param.u64 %rd1, [p];\nmov.u32 %r1, 5;\nst.global.u32 [%rd1], %r1;\nret;\n}\n\
+            .func (.param .b64 r) take(.param .b64 n)\n{\n.reg .b64 %rd<3>;\n\
+            ld.param.u64 %rd1, [n];\n{\n.param .b64 a0;\nst.param.b64 [a0], %rd1;\n\
+            .param .b64 r0;\ncall.uni (r0), malloc, (a0);\nld.param.b64 %rd2, [r0];\n}\n\
+            st.param.b64 [r], %rd2;\nret;\n}\n\
+            .visible .entry grab(.param .u64 p)\n{\n.reg .b64 %rd<3>;\n\
+            ld.param.u64 %rd1, [p];\n{\n.param .b64 a0;\nst.param.b64 [a0], 16;\n\
+            .param .b64 r0;\ncall.uni (r0), take, (a0);\nld.param.b64 %rd2, [r0];\n}\n\
+            st.global.u64 [%rd1], %rd2;\nret;\n}\n\0";
+        let mut d = EmuDevice::new(0, 1 << 30, BASE, WINDOW);
+        let m = d.load_module(HEAP_PTX.as_bytes()).unwrap();
+        let out = d.alloc(64).unwrap();
+        let launch = |d: &mut EmuDevice, function| {
+            d.launch(&KernelLaunch {
+                module: m,
+                function,
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                shared_mem: 0,
+                params: &out.to_le_bytes(),
+                cooperative: false,
+                cancel: None,
+            })
+            .unwrap();
+        };
+        launch(&mut d, "plain");
+        let ranges = d.resident().len();
+        d.capture().expect("no heap: the session can move");
+        launch(&mut d, "grab");
+        let mut p = [0u8; 8];
+        d.read(out, &mut p).unwrap();
+        assert_ne!(
+            u64::from_le_bytes(p),
+            0,
+            "malloc (through a call) gave a block"
+        );
+        assert_eq!(
+            d.resident().len(),
+            ranges + 1,
+            "the heap, a range of its own"
+        );
+        let e = d.capture().unwrap_err();
+        assert_eq!(e.status, status::NOT_SUPPORTED);
+        assert!(e.why.contains("device-side malloc"), "{}", e.why);
+        assert!(d.capture_layout().is_err());
+    }
+
     /// Evicted contents leave device memory and come back at the same address, intact; a
     /// capture waits for them.
     #[test]

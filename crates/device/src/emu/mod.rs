@@ -56,7 +56,8 @@ pub struct EmuDevice {
     /// Device-side `printf` output not yet taken by the worker.
     output: Vec<u8>,
     /// The session's heap for `malloc`/`free` in kernels: reserved (8 MiB, CUDA's default) by
-    /// the first launch of a module that calls them, kept for the session's life.
+    /// the first launch of a kernel that can reach them (not any kernel of a module that
+    /// holds one: a session with a heap cannot move), kept for the session's life.
     heap: Option<gpufuse_ptx::Heap>,
     /// Live texture and surface objects by handle (`cuTexObjectCreate`, `cuSurfObjectCreate`),
     /// which kernels name in `tex`/`suld`/`sust` (`gpufuse_ptx::DeviceMemory::texture`).
@@ -534,7 +535,7 @@ impl Device for EmuDevice {
                 ));
             }
         }
-        if program.uses_heap() && self.heap.is_none() {
+        if self.heap.is_none() && program.kernel_uses_heap(l.function) {
             // Device memory like any allocation, but the application's calls never name it
             // (as on a GPU, heap blocks are not for cudaMemcpy or cudaFree).
             let size = gpufuse_ptx::DEFAULT_HEAP;
@@ -630,11 +631,21 @@ impl Device for EmuDevice {
         self.allocations
             .iter()
             .map(|(&a, w)| (a, w.len() as u64))
+            .chain(
+                self.vmm
+                    .unmapped()
+                    .map(|(id, size)| (vmm::PHYSICAL_KEY | id, size)),
+            )
             .collect()
     }
 
     fn evict(&mut self, ptr: u64) -> Result<Vec<u8>, Status> {
-        let words = self.allocations.remove(&ptr).ok_or(INVALID_VALUE)?;
+        let words = if ptr & vmm::PHYSICAL_KEY != 0 {
+            self.vmm.take_unmapped(ptr & !vmm::PHYSICAL_KEY)
+        } else {
+            self.allocations.remove(&ptr)
+        }
+        .ok_or(INVALID_VALUE)?;
         // A copy, as a GPU's would be (device to host), and the device memory goes back.
         let contents = words.bytes().to_vec();
         self.evicted.insert(ptr, contents.len() as u64);
@@ -646,8 +657,12 @@ impl Device for EmuDevice {
             return Err(INVALID_VALUE);
         }
         let words = words::Words::from_bytes(contents).ok_or(OUT_OF_MEMORY)?;
+        if ptr & vmm::PHYSICAL_KEY != 0 {
+            self.vmm.put_unmapped(ptr & !vmm::PHYSICAL_KEY, words)?;
+        } else {
+            self.allocations.insert(ptr, words);
+        }
         self.evicted.remove(&ptr);
-        self.allocations.insert(ptr, words);
         Ok(())
     }
 

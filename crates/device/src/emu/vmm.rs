@@ -17,6 +17,11 @@ use crate::status::*;
 /// Granularity of reservations and physical sizes: 2 MiB, as GPUs report it.
 pub const GRANULARITY: u64 = 2 << 20;
 
+/// How [`crate::Device::resident`] names unmapped physical memory (it has no address): this bit
+/// with the physical id, outside every address window. Eviction takes such contents out of
+/// device memory like a range's.
+pub const PHYSICAL_KEY: u64 = 1 << 63;
+
 #[derive(Default)]
 pub struct Vmm {
     /// Physical memory by id: its size, and its words while unmapped.
@@ -152,6 +157,32 @@ impl Vmm {
             }
         }
         Ok(())
+    }
+
+    /// Unmapped physical memory whose contents are on the device: (id, size).
+    pub fn unmapped(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.physical
+            .iter()
+            .filter(|(_, p)| p.words.is_some())
+            .map(|(&id, p)| (id, p.size))
+    }
+
+    /// Takes unmapped physical memory's contents out (eviction).
+    pub fn take_unmapped(&mut self, id: u64) -> Option<Words> {
+        self.physical.get_mut(&id)?.words.take()
+    }
+
+    /// Puts evicted unmapped contents back.
+    pub fn put_unmapped(&mut self, id: u64, words: Words) -> Result<(), Status> {
+        match self.physical.get_mut(&id) {
+            Some(p)
+                if p.words.is_none() && p.mapped_at.is_none() && words.len() as u64 == p.size =>
+            {
+                p.words = Some(words);
+                Ok(())
+            }
+            _ => Err(INVALID_VALUE),
+        }
     }
 
     /// The books as a captured image: physical memory (unmapped contents included) and
