@@ -316,6 +316,9 @@ pub fn migrate_out(
         Some(MoveOutcome::Refused { reason }) => refused(format!(
             "session {id} cannot move: {reason}; it stays on device {source}"
         )),
+        Some(MoveOutcome::Moved(_)) | None if !lock(state).sessions.contains_key(&id) => {
+            refused(format!("session {id} ended before the move could finish"))
+        }
         Some(MoveOutcome::Moved(_)) | None => refused(format!(
             "session {id}'s worker did not answer the move; it stays on device {source}"
         )),
