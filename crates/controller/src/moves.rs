@@ -170,8 +170,8 @@ fn ask_node(
         .moves_in_flight()
         .find(|(m, _)| *m == id)
         .ok_or_else(|| format!("session {id} is not moving"))?;
-    let node_session = s
-        .node_session
+    let node_session = m
+        .from_node_session
         .ok_or_else(|| format!("session {id} has not started on its node yet"))?;
     let source = (m.from_node.clone(), m.from_device);
     let source_address = pool

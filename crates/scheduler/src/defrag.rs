@@ -20,6 +20,8 @@ use crate::SessionId;
 pub struct InFlight {
     pub from_node: String,
     pub from_device: u32,
+    /// Its id on the node it leaves (what that node is asked to move).
+    pub from_node_session: Option<u64>,
     pub to_node: String,
     pub to_device: u32,
     /// The session stays charged where it is until the move lands, and the target holds a
@@ -141,6 +143,7 @@ impl Pool {
             InFlight {
                 from_node: s.node.clone(),
                 from_device: s.device,
+                from_node_session: s.node_session,
                 to_node: node.to_string(),
                 to_device: device,
                 holds_source,

@@ -337,6 +337,15 @@ fn preemption_moves_victims_that_fit_elsewhere_and_ends_the_rest() {
     assert_eq!(moved.len(), 1, "{plan:?}");
     assert_eq!(moved[0].move_to, Some(("b".to_string(), 0)));
     assert!(p.is_moving(moved[0].session));
+    // Its node is asked by the id it has there.
+    let (_, m) = p
+        .moves_in_flight()
+        .find(|(id, _)| *id == moved[0].session)
+        .unwrap();
+    assert_eq!(
+        (m.from_node.as_str(), m.from_node_session),
+        ("a", Some(moved[0].node_session))
+    );
     let ended = plan.victims.iter().find(|v| v.move_to.is_none()).unwrap();
     assert!(p.session(ended.session).is_none());
     assert_eq!(
