@@ -38,6 +38,11 @@ fn start(name: &str) -> Server {
 }
 
 fn start_with(name: &str, devices: &str) -> Server {
+    start_with_args(name, devices, &[])
+}
+
+/// A `gpufuse serve` on a unix socket in a directory of its own, with `extra` arguments.
+fn start_with_args(name: &str, devices: &str, extra: &[&str]) -> Server {
     let dir = std::env::temp_dir().join(format!("gpufuse-migrate-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("s.sock");
@@ -51,6 +56,7 @@ fn start_with(name: &str, devices: &str) -> Server {
             "--image-cache",
             &dir.join("images").display().to_string(),
         ])
+        .args(extra)
         .stderr(if std::env::var_os("GPUFUSE_TEST_LOGS").is_some() {
             Stdio::inherit()
         } else {
@@ -264,6 +270,53 @@ fn an_idle_session_moves_to_another_node_and_what_it_sends_next_follows() {
     wait_until("node b's log says the client resumed", || {
         status(&a).sessions.is_empty() && status(&b).sessions.len() == 1
     });
+}
+
+/// Two nodes whose listeners are `tcp+tls:` (certificates from `gpufuse certs`): the state
+/// stream between the workers and the client's hello at the new node both go over TLS,
+/// checked against the CA in `GPUFUSE_TLS_CA`.
+#[test]
+fn a_session_moves_between_nodes_over_tls() {
+    let certs = std::env::temp_dir().join(format!("gpufuse-migrate-certs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&certs);
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufuse"))
+        .args(["certs", "--dir"])
+        .arg(&certs)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The test's client and both nodes' workers check the nodes' certificate with this CA.
+    std::env::set_var("GPUFUSE_TLS_CA", certs.join("ca.pem"));
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (cert, key) = (certs.join("server.pem"), certs.join("server-key.pem"));
+    let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let tls_node = |name: &str| {
+        let port = free_port();
+        let listen = format!("tcp+tls:127.0.0.1:{port}");
+        let s = start_with_args(
+            name,
+            "emu:1:1GiB",
+            &["--listen", &listen, "--tls-cert", cert, "--tls-key", key],
+        );
+        (s, listen)
+    };
+    let (a, a_tls) = tls_node("tls-a");
+    let (b, b_tls) = tls_node("tls-b");
+    let a_addr: Address = a_tls.parse().unwrap();
+    let (c, id, big, counter) = session_at(&a_addr, ResourceRequest::default());
+    let (mut c, n, stdout) = move_while_bumping(c, counter, &a.addr, id, &format!("{b_tls}:0"));
+    assert!(stdout.contains("runs on node"), "{stdout}");
+    check_big(&mut c, big);
+    assert_eq!(bump(&mut c, counter), n + 1);
+    assert_eq!(status(&b).sessions.len(), 1);
+    wait_until("node a frees the moved session", || status(&a).sessions.is_empty());
+    let _ = std::fs::remove_dir_all(&certs);
 }
 
 /// A pool: a controller and two nodes. `gpufuse migrate POOL_ID --to NODE:DEVICE --server
