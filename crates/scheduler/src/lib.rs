@@ -43,7 +43,8 @@ pub mod sim;
 pub use gpufuse_proto::Qos;
 pub use pool::{
     ClaimCharge, Decision, DeviceLoad, NodeGroup, Pending, Placement, Pool, PoolDevice, PoolNode,
-    PreemptionPlan, Rejected, Session, SessionReport, SessionState, Victim, START_TIMEOUT_MS,
+    PreemptionPlan, Rejected, Session, SessionReport, SessionState, Victim, AGED_FENCES_MAX,
+    AGING_MS, START_TIMEOUT_MS,
 };
 pub use quota::{human_bytes, parse_size, QuotaError, QuotaFile, TenantQuota, TenantUsage};
 
