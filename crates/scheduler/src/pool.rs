@@ -933,7 +933,7 @@ impl Pool {
             .devices_by_free
             .iter()
             .rev()
-            .filter(|&&(free, ..)| free > 0)
+            .take_while(|&&(free, ..)| free > 0)
             .find(|&&(_, _, n, p)| {
                 let node = &self.nodes[n as usize];
                 let d = &node.devices[p as usize];
