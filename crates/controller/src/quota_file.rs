@@ -98,3 +98,71 @@ impl Controller {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use gpufuse_scheduler::{QuotaFile, TenantQuota};
+
+    use crate::{Controller, ControllerConfig};
+
+    fn sessions(c: &Controller, tenant: &str) -> Option<u32> {
+        c.books()
+            .pool
+            .quotas()
+            .for_tenant(tenant)
+            .and_then(|q| q.sessions)
+    }
+
+    #[test]
+    fn a_reloaded_file_keeps_what_the_operator_set_for_a_tenant() {
+        let mut config = ControllerConfig::new(Vec::new());
+        config.quotas =
+            QuotaFile::parse("[tenants.alice]\nsessions = 1\n[tenants.bob]\nsessions = 2\n")
+                .unwrap();
+        let c = Controller::new(config);
+        let five = TenantQuota {
+            sessions: Some(5),
+            ..Default::default()
+        };
+        c.set_tenant_quota("alice", Some(five));
+        c.reload_quotas(
+            QuotaFile::parse("[tenants.alice]\nsessions = 7\n[tenants.bob]\nsessions = 3\n")
+                .unwrap(),
+        );
+        assert_eq!(
+            sessions(&c, "alice"),
+            Some(5),
+            "the GPUQuota stays over the file"
+        );
+        assert_eq!(sessions(&c, "bob"), Some(3), "the file's new limit");
+        // The GPUQuota goes: the reloaded file's entry applies, not the first file's.
+        c.set_tenant_quota("alice", None);
+        assert_eq!(sessions(&c, "alice"), Some(7));
+        c.reload_quotas(QuotaFile::default());
+        assert_eq!(sessions(&c, "alice"), None);
+    }
+
+    #[test]
+    fn a_malformed_file_keeps_the_quotas_in_force() {
+        let dir = std::env::temp_dir().join(format!("gfquota-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("q.toml");
+        std::fs::write(&path, "[default]\nsessions = 2\n").unwrap();
+        let c = Controller::new(ControllerConfig::new(Vec::new()));
+        let mut seen = None;
+        c.look_at_quota_file(&path, &mut seen, false);
+        assert_eq!(sessions(&c, "anyone"), Some(2));
+        std::fs::write(&path, "[default]\nsesions = 3\n").unwrap();
+        c.look_at_quota_file(&path, &mut seen, false);
+        assert_eq!(sessions(&c, "anyone"), Some(2));
+        assert!(seen.as_deref().unwrap().contains("sesions"));
+        std::fs::remove_file(&path).unwrap();
+        c.look_at_quota_file(&path, &mut seen, true);
+        assert_eq!(sessions(&c, "anyone"), Some(2));
+        assert_eq!(seen, None);
+        std::fs::write(&path, "[default]\nsessions = 4\n").unwrap();
+        c.look_at_quota_file(&path, &mut seen, false);
+        assert_eq!(sessions(&c, "anyone"), Some(4));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
