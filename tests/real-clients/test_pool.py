@@ -4,7 +4,11 @@ byte) run through the shim, asking the controller and redirected to their node.
 `gpufuse run --server CONTROLLER`, an unmodified program whose GPUFUSE_SERVER names the
 controller, a preempted program that sees a CUDA error, a program whose node is lost (SIGSTOP)
 and comes back (SIGCONT), and a program that runs on while the controller is killed and a new
-one learns its session from the node."""
+one learns its session from the node. And small CuPy programs (pool_program.py, every element
+checked): placed per policy (binpack, spread, balanced) on the devices the policy picks, a quota
+file refusing a program over its tenant's quota (a CUDA error at init naming the limit) while
+one within it runs, and a program that fits nowhere waiting visibly as pending until another
+ends, then running right."""
 import json
 import os
 import shutil
@@ -17,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from support import GPUFUSE, HERE, NATIVE, ROOT
+from support import GPUFUSE, HERE, NATIVE, ROOT, TRANSPORT, load_deps_env
 from test_session_cleanup import _wait_for_ready
 
 pytestmark = pytest.mark.skipif(NATIVE, reason="the pool is gpufuse's own; nothing to compare natively")
@@ -32,29 +36,34 @@ def _wait_socket(path: Path, proc: subprocess.Popen) -> None:
 
 
 class Pool:
-    def __init__(self):
+    """A controller (`controller_args`: --policy, --quota-file) and nodes a (zone=x) and b
+    (zone=y), each with `devices`, registered one after the other."""
+
+    def __init__(self, devices: str = "emu:1:4GiB", controller_args=()):
         self.dir = Path(tempfile.mkdtemp(prefix="gpufuse-pool-"))
         self.ctrl = f"unix:{self.dir / 'c.sock'}"
         self.procs = []
+        self.controller_args = list(controller_args)
         self.start_controller()
         self.nodes = {}
         for name, label in (("a", "zone=x"), ("b", "zone=y")):
             log = open(self.dir / f"{name}.log", "w")
             n = subprocess.Popen([str(GPUFUSE), "node", "--controller", self.ctrl,
                                   "--listen", f"unix:{self.dir / (name + '.sock')}",
-                                  "--devices", "emu:1:4GiB", "--name", name, "--label", label],
+                                  "--devices", devices, "--name", name, "--label", label],
                                  stderr=log)
             self.procs.append(n)
             self.nodes[name] = n
             _wait_socket(self.dir / f"{name}.sock", n)
-        self.wait_for(lambda s: sum(n["state"] == "ready" for n in s["nodes"]) == 2,
-                      "both nodes registered")
+            self.wait_for(lambda s, name=name: any(x["name"] == name and x["state"] == "ready"
+                                                   for x in s["nodes"]), f"node {name} registered")
 
     def start_controller(self) -> subprocess.Popen:
         """A controller on the pool's socket (again, after `kill_controller`)."""
         log = open(self.dir / "controller.log", "a")
         c = subprocess.Popen([str(GPUFUSE), "controller", "--listen", self.ctrl,
-                              "--heartbeat-ms", "100", "--node-timeout-ms", "1500"],
+                              "--heartbeat-ms", "100", "--node-timeout-ms", "1500",
+                              *self.controller_args],
                              stderr=log)
         self.procs.append(c)
         self.controller = c
@@ -318,3 +327,209 @@ def test_a_program_keeps_running_through_a_controller_restart(programs, pool, tm
         raise
     finally:
         w.kill()
+
+
+# ---- placement per policy, quotas and the pending queue, with CuPy programs ------------------
+
+PROGRAM = HERE / "python" / "pool_program.py"
+N = 4096
+
+
+def _expected_sum(seed: int, hold: bool) -> int:
+    """What pool_program.py SEED prints as its sum, computed here in Python integers."""
+    ys = [3 * x + seed for x in range(N)]
+    return sum(y * y - x for x, y in zip(range(N), ys)) if hold else sum(ys)
+
+
+@pytest.fixture(scope="module")
+def cupy_env() -> dict:
+    """The environment CuPy programs run with (as `programs.env`, without building the nvcc
+    programs, which these tests do not use): NVRTC's libraries on the loader path, CuPy's
+    kernel cache in build/, PTX for the emulated GPU."""
+    deps = load_deps_env()
+    env = dict(os.environ)
+    env.pop("GPUFUSE_SERVER", None)
+    old = env.get("LD_LIBRARY_PATH", "")
+    env["LD_LIBRARY_PATH"] = ":".join([deps["GPUFUSE_NVRTC12_LIB"], deps["GPUFUSE_NVRTC13_LIB"]]
+                                      + ([old] if old else []))
+    env["CUPY_CACHE_DIR"] = str(HERE / "build" / "cupy-cache")
+    env["CUPY_COMPILE_WITH_PTX"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["GPUFUSE_TRANSPORT"] = TRANSPORT
+    env["POOL_TEST_PYTHON"] = deps["GPUFUSE_PY"]
+    return env
+
+
+class Program:
+    """pool_program.py SEED through `gpufuse run --server CONTROLLER ARGS`; with hold, it
+    stops (its session open) after its first kernel until `finish`."""
+
+    def __init__(self, pool, env, seed: int, args, hold: bool = True):
+        self.seed, self.hold = seed, hold
+        argv = [str(GPUFUSE), "run", "--server", pool.ctrl, *args, "--", str(env_python(env)),
+                str(PROGRAM), str(seed)] + (["--hold"] if hold else [])
+        self.proc = subprocess.Popen(argv, env=env, cwd=HERE, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def ready(self, timeout: float = 240) -> None:
+        """Waits for its READY line (fails, with its stderr, if it exits first)."""
+        _wait_for_ready(self.proc, timeout=timeout)
+
+    def finish(self, timeout: float = 240) -> None:
+        """Lets it go on and checks its result, number by number."""
+        try:
+            out, err = self.proc.communicate(b"go\n" if self.hold else None, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            pytest.fail(f"pool_program {self.seed} timed out: {out!r} {err.decode()[-3000:]}")
+        out, err = out.decode(), err.decode()
+        assert self.proc.returncode == 0, (out, err[-3000:])
+        want = f"PASS pool_program {self.seed} {_expected_sum(self.seed, self.hold)}"
+        assert want in out.splitlines(), (want, out, err[-3000:])
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def env_python(env: dict) -> str:
+    return env["POOL_TEST_PYTHON"]
+
+
+def _running(s: dict) -> list[dict]:
+    return sorted((x for x in s["sessions"] if x["state"] == "running"), key=lambda x: x["id"])
+
+
+@pytest.mark.kernel_results
+@pytest.mark.parametrize("policy", ["binpack", "spread", "balanced"])
+def test_programs_land_where_the_policy_says(cupy_env, policy):
+    # Two nodes of two 4 GiB GPUs; three programs of 1 GiB, each placed after the one before
+    # runs, so every decision sees the ones before it.
+    pool = Pool(devices="emu:2:4GiB", controller_args=["--policy", policy])
+    progs = []
+    try:
+        for i in range(3):
+            p = Program(pool, cupy_env, 11 + i, ["--vram", "1GiB", "--tenant", f"p{i}"])
+            progs.append(p)
+            p.ready()
+            s = pool.wait_for(lambda s, i=i: len(_running(s)) == i + 1, f"{i + 1} running")
+        where = [(x["node"], x["device"]) for x in _running(s)]
+        assert [x["tenant"] for x in _running(s)] == ["p0", "p1", "p2"], s
+        assert all(x["vram_limit_bytes"] == 1 << 30 for x in _running(s)), s
+        if policy == "binpack":
+            # The fullest device that fits: all three share the first one.
+            assert len(set(where)) == 1, where
+        elif policy == "spread":
+            # The emptiest device each time: three devices.
+            assert len(set(where)) == 3, where
+        else:
+            # The fullest node, the emptiest device on it: one node, both its devices.
+            assert len({n for n, _ in where}) == 1, where
+            assert where[0][1] != where[1][1] and len({d for _, d in where}) == 2, where
+        # The devices' books agree: each holds 1 GiB per program on it.
+        for node in s["nodes"]:
+            for d in node["devices"]:
+                n = where.count((node["name"], d["index"]))
+                assert (d["sessions"], d["memory_promised_bytes"]) == (n, n << 30), (node, where)
+        for p in progs:
+            p.finish()
+    except BaseException:
+        print(pool.logs())
+        raise
+    finally:
+        for p in progs:
+            p.kill()
+        pool.stop()
+
+
+@pytest.mark.kernel_results
+def test_a_quota_file_refuses_a_program_over_its_tenants_quota(cupy_env, tmp_path):
+    quota = tmp_path / "quota.toml"
+    quota.write_text('[tenants.alice]\nsessions = 1\nmax_session_vram = "1GiB"\n')
+    pool = Pool(controller_args=["--quota-file", str(quota)])
+    within = Program(pool, cupy_env, 21, ["--tenant", "alice"])
+    try:
+        within.ready()
+        s = pool.wait_for(lambda s: len(_running(s)) == 1, "alice's first program running")
+        (first,) = _running(s)
+        # No slice asked: the per-session maximum is its slice.
+        assert (first["tenant"], first["vram_limit_bytes"]) == ("alice", 1 << 30), s
+        # An unmodified program of alice's (GPUFUSE_SERVER names the controller, the tenant
+        # rides in GPUFUSE_TOKEN): its first CUDA call fails, and stderr names the limit.
+        env = dict(cupy_env)
+        env["LD_LIBRARY_PATH"] = f"{ROOT / 'target' / 'release' / 'gpufuse-shim'}:" \
+                                 f"{env.get('LD_LIBRARY_PATH', '')}"
+        env["GPUFUSE_SERVER"] = pool.ctrl
+        env["GPUFUSE_TOKEN"] = "gfp1;tenant=alice;token="
+        res = subprocess.run([str(env_python(env)), str(PROGRAM), "22"], env=env, cwd=HERE,
+                             capture_output=True, text=True, timeout=240)
+        assert res.returncode != 0, (res.stdout, res.stderr)
+        assert "PASS" not in res.stdout, res.stdout
+        assert 'tenant "alice" is at its session quota (sessions = 1): 1 session(s) hold it' \
+            in res.stderr, res.stderr[-3000:]
+        assert "CUDARuntimeError" in res.stderr or "CUDADriverError" in res.stderr, \
+            res.stderr[-3000:]
+        # Through `gpufuse run`: over the per-session maximum, refused before the program
+        # starts.
+        res = subprocess.run([str(GPUFUSE), "run", "--server", pool.ctrl, "--tenant", "alice",
+                              "--vram", "2GiB", "--", str(env_python(env)), str(PROGRAM), "23"],
+                             env=cupy_env, cwd=HERE, capture_output=True, text=True, timeout=240)
+        assert res.returncode != 0 and "PASS" not in res.stdout, (res.stdout, res.stderr)
+        assert "max_session_vram" in res.stderr and "was not started" in res.stderr, res.stderr
+        # Nothing of the refused programs is in the pool; alice's program runs on, right.
+        s = pool.status()
+        assert [x["tenant"] for x in s["sessions"]] == ["alice"] and s["pending"] == [], s
+        within.finish()
+        # Its session gone, alice may run another.
+        pool.wait_for(lambda s: s["sessions"] == [], "alice's session gone")
+        again = Program(pool, cupy_env, 24, ["--tenant", "alice"], hold=False)
+        again.finish()
+    except BaseException:
+        print(pool.logs())
+        raise
+    finally:
+        within.kill()
+        pool.stop()
+
+
+@pytest.mark.kernel_results
+def test_a_program_that_fits_nowhere_waits_pending_then_runs(cupy_env):
+    pool = Pool()
+    big = Program(pool, cupy_env, 31, ["--selector", "zone=x", "--vram", "3GiB"])
+    waiter = None
+    try:
+        big.ready()
+        pool.wait_for(lambda s: len(_running(s)) == 1, "the first program running")
+        # 1 GiB is left on zone=x's one device: a 2 GiB program waits (up to 120 s).
+        waiter = Program(pool, cupy_env, 32,
+                         ["--selector", "zone=x", "--vram", "2GiB", "--wait", "120"])
+        s = pool.wait_for(lambda s: len(s["pending"]) == 1, "the second program pending")
+        (p,) = s["pending"]
+        assert p["reason"] == "no device has 2 GiB of VRAM free (the most free on one device " \
+                              "is 1 GiB)", p
+        assert p["vram_bytes"] == 2 << 30, p
+        assert [x["state"] for x in s["sessions"] if x["id"] == p["id"]] == ["pending"], s
+        # It stays waiting while the first runs.
+        time.sleep(1)
+        s = pool.status()
+        assert len(s["pending"]) == 1 and s["pending"][0]["waiting_ms"] >= 1000, s
+        assert waiter.proc.poll() is None
+        # The first program ends: the second is placed on node a and completes, right.
+        big.finish()
+        waiter.ready()
+        s = pool.wait_for(lambda s: s["pending"] == [] and len(_running(s)) == 1,
+                          "the second program running")
+        (second,) = _running(s)
+        assert (second["id"], second["node"], second["vram_limit_bytes"]) == \
+            (p["id"], "a", 2 << 30), s
+        waiter.finish()
+    except BaseException:
+        print(pool.logs())
+        raise
+    finally:
+        big.kill()
+        if waiter is not None:
+            waiter.kill()
+        pool.stop()

@@ -15,7 +15,9 @@ pub struct ControllerArgs {
     /// busy GPU (least interference); balanced: the fullest node, the emptiest GPU on it.
     #[arg(long, default_value = "balanced")]
     policy: gpufuse_scheduler::Policy,
-    /// Tenant quotas (TOML: see docs/pool.md).
+    /// Tenant quotas (TOML: see docs/pool.md). Re-read when its contents change (looked at
+    /// every second) and on SIGHUP: new limits apply to new sessions and to those waiting; a
+    /// file that does not parse is logged and the quotas in force stay.
     #[arg(long, value_name = "FILE")]
     quota_file: Option<PathBuf>,
     /// Require tokens signed with the secret in this file from clients and nodes (`gpufuse
@@ -81,6 +83,9 @@ pub fn controller(a: ControllerArgs) -> anyhow::Result<()> {
     config.defrag_interval = Duration::from_secs(a.defrag_interval.max(1));
     config.tls = a.tls.load()?;
     let controller = gpufuse_controller::Controller::new(config);
+    if let Some(p) = &a.quota_file {
+        watch_quota_file(&controller, p)?;
+    }
     // `--http`: the pool's metrics, health and dashboard, kept up while the controller serves.
     let _http = match a.observe.config()? {
         Some(h) => Some(gpufuse_observe::serve(
@@ -99,5 +104,28 @@ pub fn controller(a: ControllerArgs) -> anyhow::Result<()> {
         None
     };
     controller.serve()?;
+    Ok(())
+}
+
+/// Keeps `controller`'s quotas those of the file at `path`: re-read when it changes and on
+/// SIGHUP (`gpufuse controller` and `gpufuse serve` with `--quota-file`).
+pub(crate) fn watch_quota_file(
+    controller: &gpufuse_controller::Controller,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut hup = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
+        .context("cannot handle SIGHUP")?;
+    std::thread::Builder::new()
+        .name("sighup".into())
+        .spawn(move || {
+            for _ in hup.forever() {
+                if tx.send(()).is_err() {
+                    return;
+                }
+            }
+        })
+        .context("cannot start the SIGHUP thread")?;
+    controller.watch_quota_file(path.to_path_buf(), gpufuse_controller::QUOTA_POLL, Some(rx));
     Ok(())
 }

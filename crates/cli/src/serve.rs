@@ -21,11 +21,14 @@ pub struct ServeCommand {
     #[arg(long, default_value = "balanced")]
     policy: gpufuse_scheduler::Policy,
     /// Tenant quotas (TOML: see docs/pool.md); a session's tenant is its token's subject or
-    /// `gpufuse run --tenant`.
+    /// `gpufuse run --tenant`. Re-read when its contents change (looked at every second) and
+    /// on SIGHUP; a file that does not parse is logged and the quotas in force stay.
     #[arg(long, value_name = "FILE")]
     quota_file: Option<PathBuf>,
     /// How long a session that fits nowhere waits for capacity when its client names no wait
-    /// (`gpufuse run --wait`), in seconds. 0: it is refused at once, with the reason.
+    /// (`gpufuse run --wait`), in seconds. 0 (the default): it is refused at once, with the
+    /// reason, as a full GPU answers; a pool's controller waits 8 s by default, its capacity
+    /// changing all the time (docs/pool.md). A client that asks to wait is queued either way.
     #[arg(long, default_value_t = 0, value_name = "SECONDS")]
     default_wait: u64,
 }
@@ -74,6 +77,9 @@ pub fn serve(a: ServeCommand) -> anyhow::Result<()> {
     cc.token_secret = a.node.token_secret()?;
     cc.default_wait = Duration::from_secs(a.default_wait);
     let controller = gpufuse_controller::Controller::new(cc);
+    if let Some(p) = &a.quota_file {
+        crate::controller::watch_quota_file(&controller, p)?;
+    }
     controller.start_embedded();
     let link = gpufuse_node::agent::PoolLink::in_process(
         crate::node::host_name(),

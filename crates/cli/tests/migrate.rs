@@ -284,7 +284,11 @@ fn a_session_moves_between_nodes_over_tls() {
         .arg(&certs)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The test's client and both nodes' workers check the nodes' certificate with this CA.
     std::env::set_var("GPUFUSE_TLS_CA", certs.join("ca.pem"));
     let free_port = || {
@@ -315,7 +319,9 @@ fn a_session_moves_between_nodes_over_tls() {
     check_big(&mut c, big);
     assert_eq!(bump(&mut c, counter), n + 1);
     assert_eq!(status(&b).sessions.len(), 1);
-    wait_until("node a frees the moved session", || status(&a).sessions.is_empty());
+    wait_until("node a frees the moved session", || {
+        status(&a).sessions.is_empty()
+    });
     let _ = std::fs::remove_dir_all(&certs);
 }
 

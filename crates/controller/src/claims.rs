@@ -15,8 +15,12 @@ use crate::Controller;
 impl Controller {
     /// Sets `tenant`'s quota (`None`: the quota file's limits for it apply again, if any).
     pub fn set_tenant_quota(&self, tenant: &str, quota: Option<TenantQuota>) {
-        let quota = quota.or_else(|| self.0.config.quotas.tenants.get(tenant).cloned());
         let mut b = self.books();
+        match &quota {
+            Some(q) => b.quota_overrides.insert(tenant.to_string(), q.clone()),
+            None => b.quota_overrides.remove(tenant),
+        };
+        let quota = quota.or_else(|| b.file_quotas.tenants.get(tenant).cloned());
         if b.pool.quotas().tenants.get(tenant) == quota.as_ref() {
             return;
         }

@@ -28,6 +28,7 @@ mod link;
 mod moves;
 pub mod observed;
 mod place;
+mod quota_file;
 mod view;
 
 use std::collections::HashMap;
@@ -43,6 +44,7 @@ use gpufuse_scheduler::{Millis, Placement, Policy, Pool, QuotaFile, SessionId};
 use gpufuse_transport::{Address, Conn, Stream, TransportError};
 
 pub use ask::PlacementAsk;
+pub use quota_file::QUOTA_POLL;
 
 /// What `gpufuse controller` was asked for.
 #[derive(Clone)]
@@ -106,6 +108,11 @@ struct Books {
     links: HashMap<String, u64>,
     /// How long placement decisions took (`gpufuse_pool_placement_seconds`).
     placement: gpufuse_observe::snapshot::Recorder,
+    /// The quota file's limits as last read (`--quota-file`; reloaded when it changes).
+    file_quotas: QuotaFile,
+    /// Tenants whose quota the Kubernetes operator set (a `GPUQuota`): they override the
+    /// file's entry for that tenant, across reloads of the file.
+    quota_overrides: std::collections::BTreeMap<String, gpufuse_scheduler::TenantQuota>,
 }
 
 struct Inner {
@@ -141,6 +148,7 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 impl Controller {
     pub fn new(config: ControllerConfig) -> Self {
         let pool = Pool::new(config.policy, config.quotas.clone());
+        let file_quotas = config.quotas.clone();
         Controller(Arc::new(Inner {
             config,
             books: Mutex::new(Books {
@@ -150,6 +158,8 @@ impl Controller {
                 placement: gpufuse_observe::snapshot::Recorder::new(
                     &gpufuse_observe::snapshot::PLACEMENT_BOUNDS,
                 ),
+                file_quotas,
+                quota_overrides: Default::default(),
             }),
             changed: Condvar::new(),
             epoch: Instant::now(),

@@ -22,7 +22,8 @@
 //!   of their own: each group's policy picks among its nodes, and the pool's policy picks
 //!   among the groups' picks (and the nodes in no group).
 //! - A request that fits nowhere waits in the pending queue with its reason
-//!   ([`Pool::pending`]); [`Pool::retry_pending`] places what fits after capacity frees. A
+//!   ([`Pool::pending`]); [`Pool::retry_pending`] places what fits after capacity frees (one
+//!   waiting past [`AGING_MS`] keeps the device it needs from younger requests). A
 //!   `high` or `critical` request that fits nowhere may instead preempt `low` sessions: the
 //!   device needing the fewest victims is found by simulating their release
 //!   ([`Pool::plan_preemption`]).
@@ -45,7 +46,8 @@ pub use defrag::{DrainPlan, InFlight, Move, MoveEnd};
 pub use gpufuse_proto::Qos;
 pub use pool::{
     ClaimCharge, Decision, DeviceLoad, NodeGroup, Pending, Placement, Pool, PoolDevice, PoolNode,
-    PreemptionPlan, Rejected, Session, SessionReport, SessionState, Victim, START_TIMEOUT_MS,
+    PreemptionPlan, Rejected, Session, SessionReport, SessionState, Victim, AGED_FENCES_MAX,
+    AGING_MS, START_TIMEOUT_MS,
 };
 pub use quota::{human_bytes, parse_size, QuotaError, QuotaFile, TenantQuota, TenantUsage};
 

@@ -251,6 +251,27 @@ type DeviceKey = (u64, u64, u32, u32);
 /// How long a placed session may take to show up in its node's reports.
 pub const START_TIMEOUT_MS: Millis = 30_000;
 
+/// How long a pending request waits before it holds back younger requests (of its QoS or
+/// lower) from the device where it could next fit ([`Pool::retry_pending`]): the queue's
+/// bound against starvation. A minute: well past a client's default wait (8 s), so only
+/// clients that asked to wait long (`gpufuse run --wait`) ever age.
+pub const AGING_MS: Millis = 60_000;
+
+/// Most devices kept for aged requests at once (the oldest of the highest QoS first): bounds
+/// the capacity that waits idle for them.
+pub const AGED_FENCES_MAX: usize = 16;
+
+/// A device kept for an aged pending request during one placement pass: its free memory and
+/// compute are charged to the fence, so nothing else lands there.
+#[derive(Debug)]
+struct Fence {
+    n: u32,
+    p: usize,
+    memory: u64,
+    compute: u32,
+    for_id: SessionId,
+}
+
 /// The pool: nodes, devices, sessions, pending requests, quotas and the policy.
 #[derive(Clone, Debug)]
 pub struct Pool {
@@ -826,24 +847,34 @@ impl Pool {
         self.quotas.admit(&req, self.tenant_usage(&req.tenant))?;
         let id = self.next_id;
         self.next_id += 1;
-        match self.choose(&req) {
-            Ok((n, p)) => Ok(Decision::Placed(self.place(id, &req, n, p, now))),
+        // Devices kept for requests of this QoS or higher that have waited past AGING_MS.
+        let fences = self.fence_aged(req.qos.rank(), now);
+        let decision = match self.choose(&req) {
+            Ok((n, p)) => Decision::Placed(self.place(id, &req, n, p, now)),
             Err(reason) => {
-                if req.qos.rank() >= Qos::High.rank() {
-                    if let Some(plan) = self.preempt(id, &req, now) {
-                        return Ok(Decision::Preempt(plan));
+                let held = self.held_back(&req, &fences);
+                let plan = match held {
+                    None if req.qos.rank() >= Qos::High.rank() => self.preempt(id, &req, now),
+                    _ => None,
+                };
+                match plan {
+                    Some(plan) => Decision::Preempt(plan),
+                    None => {
+                        let reason = held.unwrap_or(reason);
+                        self.pending.push(Pending {
+                            id,
+                            request: req,
+                            reason: reason.clone(),
+                            since: now,
+                        });
+                        self.sort_pending();
+                        Decision::Pending { id, reason }
                     }
                 }
-                self.pending.push(Pending {
-                    id,
-                    request: req,
-                    reason: reason.clone(),
-                    since: now,
-                });
-                self.sort_pending();
-                Ok(Decision::Pending { id, reason })
             }
-        }
+        };
+        self.unfence(fences);
+        Ok(decision)
     }
 
     /// Whether `req` would be accepted (placed now or queued): quota and shape checks only.
@@ -889,15 +920,27 @@ impl Pool {
             .sort_by_key(|p| (std::cmp::Reverse(p.request.qos.rank()), p.since, p.id));
     }
 
-    /// Places what now fits of the pending queue, highest QoS first, then oldest; a request
-    /// that does not fit does not hold back smaller ones behind it. Quotas are checked again
-    /// (the tenant's other sessions may have started meanwhile): a request now over quota
-    /// stays queued with that reason.
+    /// Places what now fits of the pending queue, highest QoS first, then oldest. A request
+    /// that does not fit does not hold back smaller ones behind it, until it has waited
+    /// [`AGING_MS`]: then the device where it could next fit is kept for it, and the requests
+    /// behind it (its QoS or lower) are not placed there (nor are new ones, [`Pool::submit`]),
+    /// so that device drains until it fits: no stream of small requests starves a big one.
+    /// Quotas are checked again, with the quotas in force now ([`Pool::set_quotas`]): a
+    /// request now over quota stays queued with that reason.
     pub fn retry_pending(&mut self, now: Millis) -> Vec<Placement> {
         let mut placed = Vec::new();
+        let mut fences = Vec::new();
         let mut i = 0;
         while i < self.pending.len() {
-            let req = self.pending[i].request.clone();
+            let req = match self.shape(&self.pending[i].request) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.pending[i].reason = e.to_string();
+                    i += 1;
+                    continue;
+                }
+            };
+            self.pending[i].request = req.clone();
             if let Err(e) = self.quotas.admit(&req, self.tenant_usage(&req.tenant)) {
                 self.pending[i].reason = e.to_string();
                 i += 1;
@@ -909,12 +952,113 @@ impl Pool {
                     placed.push(self.place(pend.id, &req, n, p, now));
                 }
                 Err(reason) => {
-                    self.pending[i].reason = reason;
+                    self.pending[i].reason = self.held_back(&req, &fences).unwrap_or(reason);
+                    if Self::aged(&self.pending[i], now) && fences.len() < AGED_FENCES_MAX {
+                        let id = self.pending[i].id;
+                        if let Some(f) = self.fence(id, &req) {
+                            fences.push(f);
+                        }
+                    }
                     i += 1;
                 }
             }
         }
+        self.unfence(fences);
         placed
+    }
+
+    /// Whether pending request `p` has waited long enough to hold back younger ones.
+    fn aged(p: &Pending, now: Millis) -> bool {
+        now.saturating_sub(p.since) >= AGING_MS
+    }
+
+    /// The devices kept for the aged requests waiting with `rank` or higher (at most
+    /// [`AGED_FENCES_MAX`], oldest of the highest QoS first): what a new request of that rank
+    /// may not take.
+    fn fence_aged(&mut self, rank: u8, now: Millis) -> Vec<Fence> {
+        let aged: Vec<(SessionId, Request)> = self
+            .pending
+            .iter()
+            .filter(|p| p.request.qos.rank() >= rank && Self::aged(p, now))
+            .filter(|p| {
+                self.quotas
+                    .admit(&p.request, self.tenant_usage(&p.request.tenant))
+                    .is_ok()
+            })
+            .take(AGED_FENCES_MAX)
+            .map(|p| (p.id, p.request.clone()))
+            .collect();
+        aged.into_iter()
+            .filter_map(|(id, req)| self.fence(id, &req))
+            .collect()
+    }
+
+    /// Keeps for request `id` the device where it could next fit: of the ready devices that
+    /// pass its filters and could hold it empty, the one with the most memory free (among
+    /// equals, on the emptiest node), not kept already. The kept device's free memory only
+    /// grows (nothing of the request's QoS or lower lands there), so the most free memory of
+    /// any device it could use never shrinks but by higher QoS: it fits once enough ends. Its free memory and compute are charged to the fence
+    /// until [`Pool::unfence`], so nothing else is placed there meanwhile.
+    fn fence(&mut self, id: SessionId, req: &Request) -> Option<Fence> {
+        let need = req.vram_bytes.unwrap_or(1);
+        let (n, p) = self
+            .devices_by_free
+            .iter()
+            .rev()
+            .take_while(|&&(free, ..)| free > 0)
+            .find(|&&(_, _, n, p)| {
+                let node = &self.nodes[n as usize];
+                let d = &node.devices[p as usize];
+                Self::node_matches(node, req)
+                    && Self::device_matches(d, req)
+                    && d.spec.memory_total >= need
+                    && Self::compute_on(d, req).is_some()
+            })
+            .map(|&(_, _, n, p)| (n, p as usize))?;
+        let (memory, compute) = self.with_node(n, |node| {
+            let d = &mut node.devices[p];
+            let (m, c) = (d.free_memory(), d.free_compute());
+            d.charged_memory += m;
+            d.charged_compute += c;
+            (m, c)
+        });
+        Some(Fence {
+            n,
+            p,
+            memory,
+            compute,
+            for_id: id,
+        })
+    }
+
+    /// Gives back what the fences charged.
+    fn unfence(&mut self, fences: Vec<Fence>) {
+        for f in fences.into_iter().rev() {
+            self.with_node(f.n, |node| {
+                let d = &mut node.devices[f.p];
+                d.charged_memory = d.charged_memory.saturating_sub(f.memory);
+                d.charged_compute = d.charged_compute.saturating_sub(f.compute);
+            });
+        }
+    }
+
+    /// Why `req` waits when it would fit on a device a fence keeps for an aged request.
+    fn held_back(&self, req: &Request, fences: &[Fence]) -> Option<String> {
+        fences.iter().find_map(|f| {
+            let node = &self.nodes[f.n as usize];
+            let mut d = node.devices[f.p].clone();
+            d.charged_memory = d.charged_memory.saturating_sub(f.memory);
+            d.charged_compute = d.charged_compute.saturating_sub(f.compute);
+            (Self::node_matches(node, req) && Self::fits(&d, req)).then(|| {
+                format!(
+                    "held back for request {}, which has waited over {} s: device {} of node {} is kept for it",
+                    f.for_id,
+                    AGING_MS / 1000,
+                    d.spec.index,
+                    node.spec.name
+                )
+            })
+        })
     }
 
     fn place(&mut self, id: SessionId, req: &Request, n: u32, p: usize, now: Millis) -> Placement {

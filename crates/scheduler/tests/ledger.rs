@@ -203,10 +203,20 @@ proptest! {
             prop_assert!(p.tenant_usage("t0").vram <= 40 * GIB);
             prop_assert!(p.tenant_usage("t0").sessions <= 5);
         }
-        // After a retry, nothing that waits would fit now.
+        // After a retry, nothing that waits would fit now, but what is held back for a
+        // request that has waited past AGING_MS (of its QoS or higher).
         p.retry_pending(now);
-        let waiting: Vec<Request> = p.pending().iter().map(|x| x.request.clone()).collect();
-        for req in waiting {
+        let waiting: Vec<(Request, String)> =
+            p.pending().iter().map(|x| (x.request.clone(), x.reason.clone())).collect();
+        for (req, reason) in waiting {
+            if reason.starts_with("held back for request") {
+                let aged = p.pending().iter().any(|x| {
+                    now.saturating_sub(x.since) >= gpufuse_scheduler::AGING_MS
+                        && x.request.qos.rank() >= req.qos.rank()
+                });
+                prop_assert!(aged, "{:?} held back by no aged request: {}", req, reason);
+                continue;
+            }
             let free_somewhere = p.nodes().iter().filter(|n| n.placeable()).any(|n| {
                 req.selector.iter().all(|(k, v)| n.spec.labels.get(k) == Some(v))
                     && n.devices.iter().any(|d| {
