@@ -383,3 +383,41 @@ def test_a_session_that_cannot_move_stays_untouched(programs, tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.kernel_results
+def test_a_program_whose_threads_keep_launching_migrates_to_another_node(programs, tmp_path):
+    """Four host threads of a CuPy program, each on its own stream, launch, copy back into
+    pinned memory and synchronize without pause (their quiet launches reach the connection
+    through per-stream lanes) while the session moves to another `gpufuse serve`; every
+    round's result and every element at the end are checked."""
+    a = support.Server("emu:1:256MiB")
+    b = support.Server("emu:1:256MiB")
+    a.start()
+    b.start()
+    try:
+        stop = tmp_path / "stop"
+        proc = start(programs, a, [programs.python, PY / "threads_workload.py", "4",
+                                   "--stop-file", stop])
+        try:
+            sess = wait_until("the session", lambda: a.status()["sessions"])[0]
+            wait_until("the threads running",
+                       lambda: a.status()["sessions"][0]["device_time_us"] > 0)
+            res = subprocess.run([str(support.GPUFUSE), "migrate", str(sess["id"]), "--to",
+                                  f"{b.unix}:0", "--server", a.unix],
+                                 capture_output=True, text=True, timeout=180)
+            assert res.returncode == 0, res.stderr
+            assert "runs on node" in res.stdout, res.stdout
+            wait_until("the client resumed on the other node",
+                       lambda: "its client resumed the moved session" in b.log_path.read_text())
+            # The threads go on there for a while before they stop.
+            time.sleep(1.0)
+        finally:
+            stop.touch()
+        assert_ok(finish(proc), ["RUNNING", "PASS threads_workload"])
+        wait_until("the first node frees everything",
+                   lambda: not a.status()["sessions"]
+                   and a.status()["devices"][0]["used_bytes"] == 0)
+    finally:
+        a.stop()
+        b.stop()
