@@ -125,7 +125,13 @@ impl Setup {
         gpufuse_proto::decode_owned(body).unwrap()
     }
 
+    /// A request, and its reply (`None` for a quiet one: sent without waiting, as the client
+    /// core sends it; an error shows at the next synchronous call).
     fn call(&mut self, req: &Request) -> ReplyBody {
+        if req.is_quiet() {
+            self.client.quiet(req).unwrap();
+            return ReplyBody::None;
+        }
         self.client.call(req).unwrap()
     }
 
