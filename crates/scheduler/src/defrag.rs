@@ -128,13 +128,10 @@ impl Pool {
                 "session {id} is on device {device} of node {node} already"
             ));
         }
-        let (bytes, compute) = (self.charge_of(&s), s.compute_percent.unwrap_or(0));
+        let (bytes, compute) = (s.memory_charge(), s.compute_percent.unwrap_or(0));
         if holds_source {
-            let (n, p) = self.room_for(node, device, bytes, compute, id)?;
-            self.with_node(n, |nd| {
-                nd.devices[p].charged_memory += bytes;
-                nd.devices[p].charged_compute += compute;
-            });
+            self.room_for(node, device, bytes, compute, id)?;
+            self.hold(node, device, bytes, compute, true);
         } else {
             self.relocate(id, node, device, None)?;
         }
@@ -162,15 +159,7 @@ impl Pool {
             return;
         };
         if m.holds_source {
-            if let Ok(n) = self.node_index(&m.to_node) {
-                if let Some(p) = self.nodes[n as usize].position_of(m.to_device) {
-                    self.with_node(n, |nd| {
-                        let d = &mut nd.devices[p];
-                        d.charged_memory = d.charged_memory.saturating_sub(m.bytes);
-                        d.charged_compute = d.charged_compute.saturating_sub(m.compute);
-                    });
-                }
-            }
+            self.hold(&m.to_node, m.to_device, m.bytes, m.compute, false);
         }
         let Some(s) = self.session(id).cloned() else {
             return; // it ended meanwhile
@@ -199,8 +188,8 @@ impl Pool {
         }
     }
 
-    /// Node and device position of device `device` of `node` when it can take `bytes` and
-    /// `compute` more for session `id`; why not otherwise.
+    /// Why device `device` of `node` cannot take `bytes` and `compute` more for session
+    /// `id`, if it cannot.
     fn room_for(
         &self,
         node: &str,
@@ -208,31 +197,36 @@ impl Pool {
         bytes: u64,
         compute: u32,
         id: SessionId,
-    ) -> Result<(u32, usize), String> {
-        let n = self.node_index(node)?;
-        let nd = &self.nodes[n as usize];
+    ) -> Result<(), String> {
+        let nd = &self.nodes[self.node_index(node)? as usize];
         if !nd.placeable() {
             return Err(format!("node {node} is not ready or is cordoned"));
         }
         let p = nd
             .position_of(device)
             .ok_or_else(|| format!("node {node} has no device {device}"))?;
-        let d = &nd.devices[p];
-        if d.free_memory() < bytes {
-            return Err(format!(
-                "device {device} of node {node} has {} not promised; session {id} needs {}",
-                human_bytes(d.free_memory()),
-                human_bytes(bytes)
-            ));
-        }
-        if d.free_compute() < compute {
-            return Err(format!(
-                "device {device} of node {node} has {}% compute not promised; session {id} \
-                 needs {compute}%",
-                d.free_compute()
-            ));
-        }
-        Ok((n, p))
+        nd.devices[p].room_for(node, id, bytes, compute)
+    }
+
+    /// Charges (`add`) or gives back a move's reservation of `bytes` and `compute` on device
+    /// `device` of `node`, the indexes kept right.
+    fn hold(&mut self, node: &str, device: u32, bytes: u64, compute: u32, add: bool) {
+        let Ok(n) = self.node_index(node) else {
+            return;
+        };
+        let Some(p) = self.nodes[n as usize].position_of(device) else {
+            return;
+        };
+        self.with_node(n, |nd| {
+            let d = &mut nd.devices[p];
+            if add {
+                d.charged_memory += bytes;
+                d.charged_compute += compute;
+            } else {
+                d.charged_memory = d.charged_memory.saturating_sub(bytes);
+                d.charged_compute = d.charged_compute.saturating_sub(compute);
+            }
+        });
     }
 
     /// Charges node `n`'s devices again with the moves they receive (after its ledgers were
@@ -246,12 +240,7 @@ impl Pool {
             .map(|m| (m.to_device, m.bytes, m.compute))
             .collect();
         for (device, bytes, compute) in held {
-            if let Some(p) = self.nodes[n as usize].position_of(device) {
-                self.with_node(n, |nd| {
-                    nd.devices[p].charged_memory += bytes;
-                    nd.devices[p].charged_compute += compute;
-                });
-            }
+            self.hold(&name, device, bytes, compute, true);
         }
     }
 
@@ -283,7 +272,7 @@ impl Pool {
     fn why_nowhere(&self, s: &Session) -> String {
         format!(
             "no other device of its model has {} and {}% compute unpromised{}",
-            human_bytes(self.charge_of(s)),
+            human_bytes(s.memory_charge()),
             s.compute_percent.unwrap_or(0),
             if s.selector.is_empty() {
                 String::new()
@@ -291,10 +280,6 @@ impl Pool {
                 " on a node with its labels".into()
             }
         )
-    }
-
-    pub(crate) fn charge_of(&self, s: &Session) -> u64 {
-        s.vram_limit.unwrap_or(s.memory_used)
     }
 
     /// The best-fitting device for `s` other than its own and those `skip` names (node,
@@ -312,7 +297,7 @@ impl Pool {
                 .find(|d| d.spec.index == s.device)
                 .map(|d| d.spec.model.clone())
         })?;
-        let need = self.charge_of(s).max(1);
+        let need = s.memory_charge().max(1);
         let comp = s.compute_percent.unwrap_or(0);
         self.devices_from(need).find(|&(n, p)| {
             let node = &self.nodes[n as usize];
@@ -333,7 +318,7 @@ impl Pool {
         let mut sim = self.clone();
         sim.cordon(node, true)?;
         let mut on: Vec<Session> = sim.sessions().filter(|s| s.node == node).cloned().collect();
-        on.sort_by_key(|s| (std::cmp::Reverse(sim.charge_of(s)), s.id));
+        on.sort_by_key(|s| (std::cmp::Reverse(s.memory_charge()), s.id));
         let mut plan = DrainPlan::default();
         for s in on {
             if let Some(why) = sim.unmovable(&s) {
@@ -364,7 +349,7 @@ impl Pool {
             from_device: s.device,
             to_node: node.spec.name.clone(),
             to_device: node.devices[p].spec.index,
-            bytes: self.charge_of(s),
+            bytes: s.memory_charge(),
         }
     }
 

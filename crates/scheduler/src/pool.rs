@@ -37,6 +37,33 @@ impl PoolDevice {
     pub fn free_compute(&self) -> u32 {
         100u32.saturating_sub(self.charged_compute)
     }
+
+    /// Whether session `id` of `bytes` and `compute` percent fits here (on node `node`), or
+    /// why not.
+    pub(crate) fn room_for(
+        &self,
+        node: &str,
+        id: SessionId,
+        bytes: u64,
+        compute: u32,
+    ) -> Result<(), String> {
+        let device = self.spec.index;
+        if self.free_memory() < bytes {
+            return Err(format!(
+                "device {device} of node {node} has {} not promised; session {id} needs {}",
+                human_bytes(self.free_memory()),
+                human_bytes(bytes)
+            ));
+        }
+        if self.free_compute() < compute {
+            return Err(format!(
+                "device {device} of node {node} has {}% compute not promised; session {id} \
+                 needs {compute}%",
+                self.free_compute()
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One node: what it registered, whether it is heard from, its devices' ledgers.
@@ -121,7 +148,7 @@ pub struct Session {
 }
 
 impl Session {
-    fn memory_charge(&self) -> u64 {
+    pub(crate) fn memory_charge(&self) -> u64 {
         self.vram_limit.unwrap_or(self.memory_used)
     }
     fn usage(&self) -> TenantUsage {
@@ -618,22 +645,7 @@ impl Pool {
         let d = &nd.devices[p];
         let here = s.node == node && s.device == device;
         if !here {
-            let mem = s.memory_charge();
-            let comp = s.compute_percent.unwrap_or(0);
-            if d.free_memory() < mem {
-                return Err(format!(
-                    "device {device} of node {node} has {} not promised; session {id} needs {}",
-                    human_bytes(d.free_memory()),
-                    human_bytes(mem)
-                ));
-            }
-            if d.free_compute() < comp {
-                return Err(format!(
-                    "device {device} of node {node} has {}% compute not promised; session {id} \
-                     needs {comp}%",
-                    d.free_compute()
-                ));
-            }
+            d.room_for(node, id, s.memory_charge(), s.compute_percent.unwrap_or(0))?;
         }
         self.remove_session(id);
         self.add_session(Session {
