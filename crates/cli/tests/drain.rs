@@ -4,7 +4,6 @@
 
 mod moving;
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gpufuse_client::Connection;
@@ -57,14 +56,8 @@ fn draining_a_node_moves_its_sessions_away_while_they_run() {
         "{stdout}"
     );
     std::thread::sleep(Duration::from_millis(200));
-    done1.store(true, Ordering::Relaxed);
-    done2.store(true, Ordering::Relaxed);
-    let (mut c1, n1) = load1.join().unwrap();
-    let (mut c2, n2) = load2.join().unwrap();
-    check_big(&mut c1, big1);
-    check_big(&mut c2, big2);
-    assert_eq!(bump(&mut c1, counter1), n1 + 1);
-    assert_eq!(bump(&mut c2, counter2), n2 + 1);
+    let _c1 = stop_and_check(done1, load1, big1, counter1);
+    let _c2 = stop_and_check(done2, load2, big2, counter2);
     // The idle one follows at its next call.
     check_big(&mut idle, big3);
     assert_eq!(bump(&mut idle, counter3), 2);
@@ -140,14 +133,8 @@ fn defragmentation_frees_a_device_for_a_session_that_waits() {
         Connection::open(&addr, &hello).map(|(c, a)| (c, a.session_id))
     });
     let (big_conn, _) = waiter.join().unwrap().expect("the large session is placed");
-    done1.store(true, Ordering::Relaxed);
-    done2.store(true, Ordering::Relaxed);
-    let (mut c1, n1) = load1.join().unwrap();
-    let (mut c2, n2) = load2.join().unwrap();
-    check_big(&mut c1, big1);
-    check_big(&mut c2, big2);
-    assert_eq!(bump(&mut c1, counter1), n1 + 1);
-    assert_eq!(bump(&mut c2, counter2), n2 + 1);
+    let _c1 = stop_and_check(done1, load1, big1, counter1);
+    let _c2 = stop_and_check(done2, load2, big2, counter2);
     // Both small sessions share one device now; the large one has the other.
     wait_until("three sessions run", || pool.running().len() == 3);
     let r = pool.running();

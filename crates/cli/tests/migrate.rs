@@ -232,18 +232,7 @@ fn an_idle_session_moves_to_another_node_and_what_it_sends_next_follows() {
     // Quiet requests go to node a's worker, which forwards them; the read that follows is
     // answered by node b.
     for _ in 0..5 {
-        c.quiet(&gpufuse_proto::Request::LaunchKernel(
-            gpufuse_proto::Launch {
-                function: 1,
-                grid: [1, 1, 1],
-                block: [1, 1, 1],
-                shared_mem: 0,
-                stream: 0,
-                params: &counter.to_le_bytes(),
-                attributes: Vec::new(),
-            },
-        ))
-        .unwrap();
+        launch_bump(&mut c, counter);
     }
     c.quiet(&gpufuse_proto::Request::MemcpyHtoD {
         dst: big,

@@ -79,7 +79,8 @@ pub fn session_at(addr: &Address, resources: ResourceRequest) -> (Connection, u6
     (c, accepted.session_id, big, counter)
 }
 
-pub fn bump(c: &mut Connection, counter: u64) -> u32 {
+/// Launches `bump` on `counter` without waiting for it.
+pub fn launch_bump(c: &mut Connection, counter: u64) {
     c.quiet(&Request::LaunchKernel(Launch {
         function: 1,
         grid: [1, 1, 1],
@@ -90,6 +91,11 @@ pub fn bump(c: &mut Connection, counter: u64) -> u32 {
         attributes: Vec::new(),
     }))
     .unwrap();
+}
+
+/// Bumps `counter` and reads it back.
+pub fn bump(c: &mut Connection, counter: u64) -> u32 {
+    launch_bump(c, counter);
     match c
         .call(&Request::MemcpyDtoH {
             src: counter,
@@ -138,6 +144,21 @@ pub fn keep_bumping(
         (c, n)
     });
     (done, load)
+}
+
+/// Stops a load [`keep_bumping`] started and checks that nothing was lost: the large range is
+/// intact and the next bump comes right after the load's last.
+pub fn stop_and_check(
+    done: Arc<AtomicBool>,
+    load: std::thread::JoinHandle<(Connection, u32)>,
+    big: u64,
+    counter: u64,
+) -> Connection {
+    done.store(true, Ordering::Relaxed);
+    let (mut c, n) = load.join().unwrap();
+    check_big(&mut c, big);
+    assert_eq!(bump(&mut c, counter), n + 1);
+    c
 }
 
 pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
