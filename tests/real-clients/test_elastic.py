@@ -39,6 +39,24 @@ def wait_until(what, cond, timeout=60.0):
     pytest.fail(f"timed out waiting for {what}")
 
 
+
+def migrating(server, session, to):
+    """`gpufuse migrate` started, not waited for (the move may stop at the program's next call)."""
+    return subprocess.Popen([str(support.GPUFUSE), "migrate", str(session), "--to", str(to),
+                             "--server", server.unix],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def resumed_on(node):
+    wait_until("the client resumed on the other node",
+               lambda: "its client resumed the moved session" in node.log_path.read_text())
+
+
+def frees_everything(node):
+    wait_until("the first node frees everything",
+               lambda: not node.status()["sessions"]
+               and node.status()["devices"][0]["used_bytes"] == 0)
+
 @pytest.fixture
 def one_device_server(tmp_path):
     """One device of 256 MiB that may promise 2.1 times that: 60% in host memory, then 50% on
@@ -115,9 +133,7 @@ def test_a_running_session_migrates_to_the_other_device(programs, elastic_server
         wait_until("the workload's first steps",
                    lambda: elastic_server.status()["sessions"][0]["device_time_us"] > 0)
         target = 1 - sess["device"]
-        res = subprocess.run([str(support.GPUFUSE), "migrate", str(sess["id"]), "--to",
-                              str(target), "--server", elastic_server.unix],
-                             capture_output=True, text=True, timeout=120)
+        res = migrate(elastic_server, sess["id"], target, timeout=120)
         assert res.returncode == 0, res.stderr
         assert f"runs on device {target}" in res.stdout, res.stdout
         assert "round(s) of pre-copy" in res.stdout, res.stdout
@@ -126,9 +142,7 @@ def test_a_running_session_migrates_to_the_other_device(programs, elastic_server
         assert st["devices"][1 - target]["used_bytes"] == 0
         # Moving to where it is already, or to no device: refused, nothing changes.
         for bad in (str(target), "7"):
-            res = subprocess.run([str(support.GPUFUSE), "migrate", str(sess["id"]), "--to", bad,
-                                  "--server", elastic_server.unix],
-                                 capture_output=True, text=True, timeout=60)
+            res = migrate(elastic_server, sess["id"], bad, timeout=60)
             assert res.returncode != 0 and "refused" in res.stderr, res.stderr
     finally:
         flag.touch()
@@ -154,12 +168,9 @@ def test_a_running_session_migrates_to_another_node(programs, tmp_path):
             sess = wait_until("the session", lambda: a.status()["sessions"])[0]
             wait_until("the workload's first steps",
                        lambda: a.status()["sessions"][0]["device_time_us"] > 0)
-            mover = subprocess.Popen(
-                [str(support.GPUFUSE), "migrate", str(sess["id"]), "--to", f"{b.unix}:0",
-                 "--server", a.unix],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            # The memory is copied while the program waits; the stop waits for its next
-            # synchronous call, which comes once it goes on.
+            mover = migrating(a, sess["id"], f"{b.unix}:0")
+            # The memory is copied while the program waits; the stop comes while it is quiet
+            # or at its next synchronous call, and it follows at that call.
             time.sleep(1.0)
         finally:
             flag.touch()
@@ -167,13 +178,10 @@ def test_a_running_session_migrates_to_another_node(programs, tmp_path):
         assert mover.returncode == 0, err
         assert "runs on node" in out and "round(s) of pre-copy" in out, out
         # The other node took the session and its client resumed it there.
-        wait_until("the client resumed on the other node",
-                   lambda: "its client resumed the moved session" in b.log_path.read_text())
+        resumed_on(b)
         res = finish(proc)
         assert_ok(res, ["PASS elastic_workload"])
-        wait_until("the first node frees everything",
-                   lambda: not a.status()["sessions"]
-                   and a.status()["devices"][0]["used_bytes"] == 0)
+        frees_everything(a)
     finally:
         a.stop()
         b.stop()
@@ -327,10 +335,7 @@ def test_graphs_vmm_and_queued_work_migrate_to_another_node(programs, tmp_path):
         try:
             held.wait_queued()
             sess = only_session(a)
-            mover = subprocess.Popen(
-                [str(support.GPUFUSE), "migrate", str(sess["id"]), "--to", f"{b.unix}:0",
-                 "--server", a.unix],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            mover = migrating(a, sess["id"], f"{b.unix}:0")
             # The worker reads the move once the long kernel is done; then the copy runs
             # while the program waits.
             wait_until("the move to begin", lambda: "a session moves in" in b.log_path.read_text())
@@ -340,12 +345,9 @@ def test_graphs_vmm_and_queued_work_migrate_to_another_node(programs, tmp_path):
         out, err = mover.communicate(timeout=180)
         assert mover.returncode == 0, err
         assert "runs on node" in out and "round(s) of pre-copy" in out, out
-        wait_until("the client resumed on the other node",
-                   lambda: "its client resumed the moved session" in b.log_path.read_text())
+        resumed_on(b)
         held.finish()
-        wait_until("the first node frees everything",
-                   lambda: not a.status()["sessions"]
-                   and a.status()["devices"][0]["used_bytes"] == 0)
+        frees_everything(a)
     finally:
         a.stop()
         b.stop()
@@ -403,21 +405,16 @@ def test_a_program_whose_threads_keep_launching_migrates_to_another_node(program
             sess = wait_until("the session", lambda: a.status()["sessions"])[0]
             wait_until("the threads running",
                        lambda: a.status()["sessions"][0]["device_time_us"] > 0)
-            res = subprocess.run([str(support.GPUFUSE), "migrate", str(sess["id"]), "--to",
-                                  f"{b.unix}:0", "--server", a.unix],
-                                 capture_output=True, text=True, timeout=180)
+            res = migrate(a, sess["id"], f"{b.unix}:0")
             assert res.returncode == 0, res.stderr
             assert "runs on node" in res.stdout, res.stdout
-            wait_until("the client resumed on the other node",
-                       lambda: "its client resumed the moved session" in b.log_path.read_text())
+            resumed_on(b)
             # The threads go on there for a while before they stop.
             time.sleep(1.0)
         finally:
             stop.touch()
         assert_ok(finish(proc), ["RUNNING", "PASS threads_workload"])
-        wait_until("the first node frees everything",
-                   lambda: not a.status()["sessions"]
-                   and a.status()["devices"][0]["used_bytes"] == 0)
+        frees_everything(a)
     finally:
         a.stop()
         b.stop()
