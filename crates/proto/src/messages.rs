@@ -362,6 +362,10 @@ pub enum MoveMessage {
     /// No more forwarded requests: the client has been told where its session went and
     /// resumes it here.
     Forwarded,
+    /// After the receiver took the session over: the client is still quiet, nothing to
+    /// forward yet. Sent every 10 s, so the receiver tells a lost old worker (silence) from a
+    /// quiet client.
+    Waiting,
 }
 
 /// The receiving worker's answer to [`MoveMessage::Commit`] (a frame of kind

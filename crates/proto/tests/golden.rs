@@ -827,6 +827,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
         // Forwarded requests after a quiet stop (protocol 11).
         ("MoveMessage::Forward", MoveMessage::Forward(DATA.to_vec())),
         ("MoveMessage::Forwarded", MoveMessage::Forwarded),
+        ("MoveMessage::Waiting", MoveMessage::Waiting),
     ] {
         out.push((n, body(&m)));
     }
@@ -948,6 +949,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("MoveMessage::Abort", "03026e6f"),
     ("MoveMessage::Forward", "0404deadbeef"),
     ("MoveMessage::Forwarded", "05"),
+    ("MoveMessage::Waiting", "06"),
     ("MoveAck::Ready", "0005"),
     ("MoveAck::Refused", "01026e6f"),
     ("Moved", "016205"),

@@ -19,6 +19,9 @@ use gpufuse_transport::{Conn, TransportError};
 use crate::remote::RemoteTarget;
 use crate::{heartbeat, Session, WorkerError};
 
+/// How often the old worker tells the new one its client is still quiet.
+pub(crate) const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Forwards the client's quiet requests to `target` until it sends a synchronous one, which
 /// is answered with where its session went (`key`: what it resumes with there).
 pub(crate) fn forward(
@@ -31,6 +34,14 @@ pub(crate) fn forward(
     beat.busy(false);
     let mut forwarded = 0u64;
     loop {
+        // A quiet client: the new worker hears that this one is still here.
+        if !conn.wait_readable(None, Some(KEEPALIVE)).unwrap_or(true) {
+            if let Err(why) = target.still_waiting() {
+                tracing::warn!("the new worker is gone: {why}");
+                return Err(WorkerError::Transport(TransportError::Closed));
+            }
+            continue;
+        }
         let (header, body) = match conn.recv() {
             Ok(f) => f,
             Err(TransportError::Closed) => {

@@ -161,6 +161,11 @@ impl RemoteTarget {
         self.send(&MoveMessage::Forward(frame))
     }
 
+    /// After the commit: the client is still quiet (a keepalive for the new worker).
+    pub(crate) fn still_waiting(&mut self) -> Result<(), String> {
+        self.send(&MoveMessage::Waiting)
+    }
+
     /// After the commit: nothing more is forwarded (the client is told where to go next).
     pub(crate) fn end_forwarding(&mut self) -> Result<(), String> {
         self.send(&MoveMessage::Forwarded)
@@ -267,8 +272,11 @@ pub fn serve_incoming(
     }
     // The client may have sent the old worker quiet requests since the stop (an idle
     // session stops at any moment): they come forwarded, in order, before it resumes here.
-    // The old worker stays as long as its client is quiet, so no deadline.
-    let _ = from.stream().set_read_timeout(None);
+    // The old worker stays as long as its client is quiet and says so every 10 s; silent for
+    // three times that, it is gone and the session with it.
+    let _ = from
+        .stream()
+        .set_read_timeout(Some(crate::forward::KEEPALIVE * 3));
     if !run_forwarded(&mut from, &mut session)? {
         session.release_all();
         return Ok(());
@@ -413,7 +421,7 @@ fn receive(
                 tracing::info!("the move was called off: {reason}");
                 return Ok(false);
             }
-            MoveMessage::Forward(_) | MoveMessage::Forwarded => {
+            MoveMessage::Forward(_) | MoveMessage::Forwarded | MoveMessage::Waiting => {
                 return refuse(from, "forwarded requests before the books".into());
             }
         }
@@ -430,6 +438,15 @@ fn run_forwarded(from: &mut Conn, session: &mut Session) -> Result<bool, WorkerE
             Ok(f) => f,
             Err(TransportError::Closed) => {
                 tracing::info!(forwarded, "the old worker ended before the client came");
+                return Ok(false);
+            }
+            Err(TransportError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                tracing::warn!(forwarded, "the old worker went silent: the session ends");
                 return Ok(false);
             }
             Err(e) => return Err(e.into()),
@@ -454,6 +471,7 @@ fn run_forwarded(from: &mut Conn, session: &mut Session) -> Result<bool, WorkerE
                 }
                 forwarded += 1;
             }
+            MoveMessage::Waiting => {}
             MoveMessage::Forwarded => {
                 if forwarded > 0 {
                     tracing::info!(forwarded, "ran the requests the old worker forwarded");
