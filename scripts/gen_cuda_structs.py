@@ -17,6 +17,8 @@ STRUCTS = [
     "CUDA_KERNEL_NODE_PARAMS", "CUDA_MEMSET_NODE_PARAMS", "CUDA_HOST_NODE_PARAMS",
     "CUDA_MEM_ALLOC_NODE_PARAMS", "CUgraphEdgeData", "CUlaunchConfig", "CUlaunchAttribute",
     "CUmemLocation", "CUmemAllocationProp", "CUmemAccessDesc", "CUdevprop",
+    "CUgraphNodeParams", "CUDA_MEMCPY_NODE_PARAMS", "CUDA_MEMSET_NODE_PARAMS_v2",
+    "CUDA_CONDITIONAL_NODE_PARAMS",
 ]
 
 PRIMITIVES = {
@@ -210,7 +212,8 @@ class Header:
 
     def resolve(self, name):
         seen = 0
-        while name in self.aliases and seen < 20:
+        # Stop at a known primitive: cuda.h aliases cuuint64_t per platform (MSVC's __int64).
+        while name in self.aliases and name not in PRIMITIVES and seen < 20:
             name = self.aliases[name]
             if name.startswith("struct "):
                 name = self.tags.get(name[7:], name)
@@ -224,6 +227,7 @@ class Generator:
         self.order = []  # (rust name, kind, [(field, rust type)], size, align, [(field, offset)])
         self.done = {}
         self.type_aliases = {}
+        self.anonymous = set()  # generated names of anonymous records (`Owner_anonK`)
 
     def layout_of(self, ty, owner, field):
         """(rust type, size, align) of a member type; nested records are generated."""
@@ -275,9 +279,14 @@ class Generator:
 
     def emit(self, name, kind, members):
         fields, offsets, off, align, size = [], [], 0, 1, 0
-        for fname, fty in members:
+        for k, (fname, fty) in enumerate(members):
             if not fname:
-                raise ValueError(f"{name}: an anonymous member (generate from an older header)")
+                # An anonymous union or struct (C11): Rust names it `anon<k>`; C reaches its
+                # members directly, which the C check follows (`anonymous`).
+                if fty[0] != "record":
+                    raise ValueError(f"{name}: an anonymous member that is not a record")
+                fname = f"anon{k}"
+                self.anonymous.add(f"{name}_{fname}")
             r, s, a = self.layout_of(fty, name, fname)
             align = max(align, a)
             if kind == "struct":
@@ -338,24 +347,53 @@ class Generator:
                 return top, (p + "." if p else "") + f
             return name, ""
 
-        # Every header version: the named structs keep their size and alignment (the ABI).
+        # An anonymous record's members, as C names them in its owner: (member, offset in
+        # the record); a union's members all start at its start.
+        members = {}
         for name, kind, fields, size, align, offsets in self.order:
+            if name in self.anonymous:
+                members[name] = offsets if kind == "struct" else [(f, 0) for f, _ in fields]
+
+        def checks(owner, p, fields, offsets):
+            """offsetof asserts of a record's members; an anonymous member's by its members."""
+            types = dict(fields)
+            out = []
+            for f, o in offsets:
+                inner = [(f, 0)]
+                if types[f] in self.anonymous:
+                    inner = members[types[f]]
+                for g, go in inner:
+                    if p:
+                        expr = f"offsetof({owner}, {p}.{g}) - offsetof({owner}, {p})"
+                    else:
+                        expr = f"offsetof({owner}, {g})"
+                    out.append(f'_Static_assert({expr} == {o + go}, "{owner}.{p + "." if p else ""}{g}");')
+            return out
+
+        # Every header version: the structs the shim takes keep their size and alignment (the
+        # ABI). What they contain may grow between versions (CUDA 13's node parameters did):
+        # those are checked against the header generated from only, below.
+        wanted = {self.h.resolve(s) for s in STRUCTS}
+        for name, kind, fields, size, align, offsets in self.order:
+            if name in self.anonymous or name not in wanted:
+                continue
             if path(name)[1] == "":
                 out.append(f'_Static_assert(sizeof({name}) == {size}, "{name} size");')
                 out.append(f'_Static_assert(_Alignof({name}) == {align}, "{name} align");')
         # The header generated from: every member, nested ones by their path.
         out.append(f"\n#if CUDA_VERSION / 1000 == {self.major}")
         for name, kind, fields, size, align, offsets in self.order:
+            if name in self.anonymous:
+                continue  # C cannot name it: its owner checks its members (`checks`)
             top, p = path(name)
+            if not p and name not in wanted:
+                out.append(f'_Static_assert(sizeof({name}) == {size}, "{name} size");')
+                out.append(f'_Static_assert(_Alignof({name}) == {align}, "{name} align");')
             if p:
                 expr = f"((({top} *)0)->{p})"
                 out.append(f'_Static_assert(sizeof({expr}) == {size}, "{name} size");')
                 out.append(f'_Static_assert(_Alignof(__typeof__({expr})) == {align}, "{name} align");')
-                for f, o in offsets:
-                    out.append(f'_Static_assert(offsetof({top}, {p}.{f}) - offsetof({top}, {p}) == {o}, "{name}.{f}");')
-            else:
-                for f, o in offsets:
-                    out.append(f'_Static_assert(offsetof({name}, {f}) == {o}, "{name}.{f}");')
+            out.extend(checks(top, p, fields, offsets))
         out.append("#endif")
         return "\n".join(out) + "\n"
 

@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::DriverError;
 
-pub type CUresult = c_int;
+pub use gpufuse_cuda_types::CUresult;
 pub type CUdevice = c_int;
 pub type CUdeviceptr = u64;
 pub type CUcontext = *mut c_void;

@@ -3,8 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A CUDA driver status code (`CUresult`).
-pub type Status = i32;
+/// A CUDA driver status code: the one `CUresult` type, generated from NVIDIA's `cuda.h` into
+/// `gpufuse-cuda-types` with every value it defines (`gpufuse_cuda_types::short`).
+pub use gpufuse_cuda_types::CUresult as Status;
 
 /// Which kind of session a hello opens.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -932,7 +933,7 @@ pub struct Reply {
 impl Reply {
     pub fn ok(body: ReplyBody) -> Self {
         Self {
-            status: 0,
+            status: gpufuse_cuda_types::CUDA_SUCCESS,
             body,
             deferred_error: None,
             staged: Vec::new(),

@@ -6,21 +6,22 @@
 //! helpers check what can be checked (NULL) and perform the access; nothing else in the shim
 //! dereferences an application pointer.
 //!
-//! The helpers that hand out a reference into application memory (`host_bytes`,
-//! `host_bytes_mut`, `cstr`) or read an address that is not an argument (`read_word`) are
-//! `unsafe fn`s: the caller chooses the lifetime and vouches for the address, and says why at
-//! each call. The ones that copy a value in or out of a pointer argument at once (`out`,
-//! `read`, ...) are safe functions on purpose: the exported functions are the `unsafe`
-//! boundary, and routing every such access through here keeps the NULL checks and the one
-//! `SAFETY` argument in a single place instead of a few hundred call sites.
-#![allow(clippy::not_unsafe_ptr_arg_deref)]
+//! Every helper is an `unsafe fn` with its `# Safety` contract: the caller vouches for the
+//! pointer (an argument of the current exported call, valid as the CUDA API contract says) and,
+//! for the ones that hand out a reference (`host_bytes`, `host_bytes_mut`, `cstr`), for its
+//! lifetime. The exported functions are the `unsafe` boundary: each says at its `unsafe`
+//! block why the pointers it passes here are the application's own arguments.
 
 use std::ffi::{c_char, c_void, CStr};
 
 use crate::status::{CUresult, INVALID_VALUE};
 
 /// Writes `v` to a required output.
-pub fn out<T>(p: *mut T, v: T) -> Result<(), CUresult> {
+///
+/// # Safety
+/// `p` is NULL or points to writable storage for a `T` (an output argument of the current
+/// call, as the CUDA API contract gives).
+pub unsafe fn out<T>(p: *mut T, v: T) -> Result<(), CUresult> {
     if p.is_null() {
         return Err(INVALID_VALUE);
     }
@@ -30,7 +31,10 @@ pub fn out<T>(p: *mut T, v: T) -> Result<(), CUresult> {
 }
 
 /// Writes `v` to an optional output (skipped when NULL).
-pub fn out_opt<T>(p: *mut T, v: T) {
+///
+/// # Safety
+/// As [`out`].
+pub unsafe fn out_opt<T>(p: *mut T, v: T) {
     if !p.is_null() {
         // SAFETY: as in `out`.
         unsafe { p.write_unaligned(v) };
@@ -38,7 +42,10 @@ pub fn out_opt<T>(p: *mut T, v: T) {
 }
 
 /// Reads a required input.
-pub fn read<T: Copy>(p: *const T) -> Result<T, CUresult> {
+///
+/// # Safety
+/// `p` is NULL or points to a readable `T` (an input argument of the current call).
+pub unsafe fn read<T: Copy>(p: *const T) -> Result<T, CUresult> {
     if p.is_null() {
         return Err(INVALID_VALUE);
     }
@@ -47,7 +54,10 @@ pub fn read<T: Copy>(p: *const T) -> Result<T, CUresult> {
 }
 
 /// The `i`-th element of an array the application passed.
-pub fn read_at<T: Copy>(p: *const T, i: usize) -> Result<T, CUresult> {
+///
+/// # Safety
+/// `p` is NULL or an array argument with at least `i + 1` readable elements.
+pub unsafe fn read_at<T: Copy>(p: *const T, i: usize) -> Result<T, CUresult> {
     if p.is_null() {
         return Err(INVALID_VALUE);
     }
@@ -56,7 +66,10 @@ pub fn read_at<T: Copy>(p: *const T, i: usize) -> Result<T, CUresult> {
 }
 
 /// Writes the `i`-th element of an output array.
-pub fn write_at<T>(p: *mut T, i: usize, v: T) -> Result<(), CUresult> {
+///
+/// # Safety
+/// `p` is NULL or an output array argument with at least `i + 1` writable elements.
+pub unsafe fn write_at<T>(p: *mut T, i: usize, v: T) -> Result<(), CUresult> {
     if p.is_null() {
         return Err(INVALID_VALUE);
     }
@@ -112,7 +125,10 @@ pub unsafe fn cstr<'a>(p: *const c_char) -> Result<&'a str, CUresult> {
 }
 
 /// Copies `s` into a caller buffer of `cap` bytes, truncated and NUL-terminated.
-pub fn write_cstr(dst: *mut c_char, cap: usize, s: &str) -> Result<(), CUresult> {
+///
+/// # Safety
+/// `dst` is NULL or writable for `cap` bytes (a string output argument of the current call).
+pub unsafe fn write_cstr(dst: *mut c_char, cap: usize, s: &str) -> Result<(), CUresult> {
     if dst.is_null() || cap == 0 {
         return Err(INVALID_VALUE);
     }
@@ -130,7 +146,8 @@ pub fn write_cstr(dst: *mut c_char, cap: usize, s: &str) -> Result<(), CUresult>
 /// # Safety
 /// `addr` is 0 or readable for 8 bytes: a field of a structure the application passed.
 pub unsafe fn read_word(addr: u64) -> Result<u64, CUresult> {
-    read(addr as usize as *const u64)
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe { read(addr as usize as *const u64) }
 }
 
 /// A byte source over application memory starting at an image pointer. Reads are bounded by

@@ -384,6 +384,38 @@ static void check_generic_nodes() {
   expect_acc(d_acc, in, 2, "generic");
   CK(cudaGraphExecDestroy(e));
   CK(cudaGraphDestroy(g));
+
+  // Memset and memcpy nodes in the generic form: fill d_acc with 7, then copy it to pinned
+  // host memory (the parameters sit at their offsets in the union of cudaGraphNodeParams).
+  int* host = nullptr;
+  CK(cudaMallocHost(&host, n * sizeof(int)));
+  std::memset(host, 0, n * sizeof(int));
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNodeParams ms = {};
+  ms.type = cudaGraphNodeTypeMemset;
+  ms.memset.dst = d_acc;
+  ms.memset.value = 7;
+  ms.memset.elementSize = sizeof(int);
+  ms.memset.width = n;
+  ms.memset.height = 1;
+  cudaGraphNode_t nms, ncp;
+  CK(cudaGraphAddNode(&nms, g, nullptr, nullptr, 0, &ms));
+  cudaGraphNodeParams cp = {};
+  cp.type = cudaGraphNodeTypeMemcpy;
+  cp.memcpy.copyParams.srcPtr = make_cudaPitchedPtr(d_acc, n * sizeof(int), n, 1);
+  cp.memcpy.copyParams.dstPtr = make_cudaPitchedPtr(host, n * sizeof(int), n, 1);
+  cp.memcpy.copyParams.extent = make_cudaExtent(n * sizeof(int), 1, 1);
+  cp.memcpy.copyParams.kind = cudaMemcpyDeviceToHost;
+  CK(cudaGraphAddNode(&ncp, g, &nms, nullptr, 1, &cp));
+  CK(cudaGraphInstantiate(&e, g, 0));
+  CK(cudaGraphLaunch(e, 0));
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < n; i++) {
+    EXPECT_RESULT(host[i] == 7, "generic memset/memcpy nodes: wrong value");
+  }
+  CK(cudaGraphExecDestroy(e));
+  CK(cudaGraphDestroy(g));
+  CK(cudaFreeHost(host));
   std::printf("checked a graph built with cudaGraphAddNode\n");
   CK(cudaFree(d_in));
   CK(cudaFree(d_acc));

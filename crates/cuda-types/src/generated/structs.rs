@@ -4,6 +4,8 @@ use core::ffi::{c_char, c_int, c_uint, c_void};
 
 pub type CUDA_ARRAY3D_DESCRIPTOR = CUDA_ARRAY3D_DESCRIPTOR_v2;
 pub type CUDA_ARRAY_DESCRIPTOR = CUDA_ARRAY_DESCRIPTOR_v2;
+pub type CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS = CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1;
+pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1;
 pub type CUDA_HOST_NODE_PARAMS = CUDA_HOST_NODE_PARAMS_v1;
 pub type CUDA_KERNEL_NODE_PARAMS = CUDA_KERNEL_NODE_PARAMS_v2;
 pub type CUDA_MEMCPY2D = CUDA_MEMCPY2D_v2;
@@ -23,9 +25,15 @@ pub type CUcontext = *mut c_void;
 pub type CUdeviceptr = u64;
 pub type CUdevprop = CUdevprop_v1;
 pub type CUevent = *mut c_void;
+pub type CUexternalSemaphore = *mut c_void;
 pub type CUfilter_mode = c_int;
 pub type CUfunction = *mut c_void;
+pub type CUgraph = *mut c_void;
+pub type CUgraphChildGraphNodeOwnership = c_int;
+pub type CUgraphConditionalHandle = u64;
+pub type CUgraphConditionalNodeType = c_int;
 pub type CUgraphDeviceNode = *mut c_void;
+pub type CUgraphNodeType = c_int;
 pub type CUhostFn = *mut c_void;
 pub type CUkernel = *mut c_void;
 pub type CUlaunchAttributeID = c_int;
@@ -43,6 +51,7 @@ pub type CUmipmappedArray = *mut c_void;
 pub type CUresourceViewFormat = c_int;
 pub type CUresourcetype = c_int;
 pub type CUstream = *mut c_void;
+pub type CUstreamBatchMemOpType = c_int;
 pub type CUsynchronizationPolicy = c_int;
 
 /// `CUDA_MEMCPY2D_v2` (128 bytes).
@@ -712,3 +721,418 @@ const _: () = assert!(core::mem::offset_of!(CUdevprop_v1, mem_pitch) == 40);
 const _: () = assert!(core::mem::offset_of!(CUdevprop_v1, regs_per_block) == 44);
 const _: () = assert!(core::mem::offset_of!(CUdevprop_v1, clock_rate) == 48);
 const _: () = assert!(core::mem::offset_of!(CUdevprop_v1, texture_align) == 52);
+
+/// `CUDA_KERNEL_NODE_PARAMS_v3` (72 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_KERNEL_NODE_PARAMS_v3 {
+    pub func: CUfunction,
+    pub grid_dim_x: c_uint,
+    pub grid_dim_y: c_uint,
+    pub grid_dim_z: c_uint,
+    pub block_dim_x: c_uint,
+    pub block_dim_y: c_uint,
+    pub block_dim_z: c_uint,
+    pub shared_mem_bytes: c_uint,
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+    pub kern: CUkernel,
+    pub ctx: CUcontext,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_KERNEL_NODE_PARAMS_v3>() == 72);
+const _: () = assert!(core::mem::align_of::<CUDA_KERNEL_NODE_PARAMS_v3>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3, func) == 0);
+const _: () = assert!(core::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3, grid_dim_x) == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3, grid_dim_y) == 12);
+const _: () = assert!(core::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3, grid_dim_z) == 16);
+const _: () = assert!(core::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3, block_dim_x) == 20);
+const _: () = assert!(core::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3, block_dim_y) == 24);
+const _: () = assert!(core::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3, block_dim_z) == 28);
+const _: () = assert!(core::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3, shared_mem_bytes) == 32);
+const _: () = assert!(core::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3, kernel_params) == 40);
+const _: () = assert!(core::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3, extra) == 48);
+const _: () = assert!(core::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3, kern) == 56);
+const _: () = assert!(core::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3, ctx) == 64);
+
+/// `CUDA_MEMCPY_NODE_PARAMS` (216 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_MEMCPY_NODE_PARAMS {
+    pub flags: c_int,
+    pub reserved: c_int,
+    pub copy_ctx: CUcontext,
+    pub copy_params: CUDA_MEMCPY3D,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_MEMCPY_NODE_PARAMS>() == 216);
+const _: () = assert!(core::mem::align_of::<CUDA_MEMCPY_NODE_PARAMS>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEMCPY_NODE_PARAMS, flags) == 0);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEMCPY_NODE_PARAMS, reserved) == 4);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEMCPY_NODE_PARAMS, copy_ctx) == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEMCPY_NODE_PARAMS, copy_params) == 16);
+
+/// `CUDA_MEMSET_NODE_PARAMS_v2` (48 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_MEMSET_NODE_PARAMS_v2 {
+    pub dst: CUdeviceptr,
+    pub pitch: usize,
+    pub value: c_uint,
+    pub element_size: c_uint,
+    pub width: usize,
+    pub height: usize,
+    pub ctx: CUcontext,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_MEMSET_NODE_PARAMS_v2>() == 48);
+const _: () = assert!(core::mem::align_of::<CUDA_MEMSET_NODE_PARAMS_v2>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_v2, dst) == 0);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_v2, pitch) == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_v2, value) == 16);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_v2, element_size) == 20);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_v2, width) == 24);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_v2, height) == 32);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_v2, ctx) == 40);
+
+/// `CUDA_HOST_NODE_PARAMS_v2` (16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_HOST_NODE_PARAMS_v2 {
+    pub r#fn: CUhostFn,
+    pub user_data: *mut c_void,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_HOST_NODE_PARAMS_v2>() == 16);
+const _: () = assert!(core::mem::align_of::<CUDA_HOST_NODE_PARAMS_v2>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_HOST_NODE_PARAMS_v2, r#fn) == 0);
+const _: () = assert!(core::mem::offset_of!(CUDA_HOST_NODE_PARAMS_v2, user_data) == 8);
+
+/// `CUDA_CHILD_GRAPH_NODE_PARAMS` (16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_CHILD_GRAPH_NODE_PARAMS {
+    pub graph: CUgraph,
+    pub ownership: CUgraphChildGraphNodeOwnership,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_CHILD_GRAPH_NODE_PARAMS>() == 16);
+const _: () = assert!(core::mem::align_of::<CUDA_CHILD_GRAPH_NODE_PARAMS>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_CHILD_GRAPH_NODE_PARAMS, graph) == 0);
+const _: () = assert!(core::mem::offset_of!(CUDA_CHILD_GRAPH_NODE_PARAMS, ownership) == 8);
+
+/// `CUDA_EVENT_WAIT_NODE_PARAMS` (8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_EVENT_WAIT_NODE_PARAMS {
+    pub event: CUevent,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_EVENT_WAIT_NODE_PARAMS>() == 8);
+const _: () = assert!(core::mem::align_of::<CUDA_EVENT_WAIT_NODE_PARAMS>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_EVENT_WAIT_NODE_PARAMS, event) == 0);
+
+/// `CUDA_EVENT_RECORD_NODE_PARAMS` (8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_EVENT_RECORD_NODE_PARAMS {
+    pub event: CUevent,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_EVENT_RECORD_NODE_PARAMS>() == 8);
+const _: () = assert!(core::mem::align_of::<CUDA_EVENT_RECORD_NODE_PARAMS>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_EVENT_RECORD_NODE_PARAMS, event) == 0);
+
+/// `CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_fence` (8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_fence {
+    pub value: u64,
+}
+const _: () =
+    assert!(core::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_fence>() == 8);
+const _: () =
+    assert!(core::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_fence>() == 8);
+const _: () = assert!(
+    core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_fence, value) == 0
+);
+
+/// `CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_nvSciSync` (8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_nvSciSync {
+    pub fence: *mut c_void,
+    pub reserved: u64,
+}
+const _: () =
+    assert!(core::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_nvSciSync>() == 8);
+const _: () = assert!(
+    core::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_nvSciSync>() == 8
+);
+
+/// `CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_keyedMutex` (8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_keyedMutex {
+    pub key: u64,
+}
+const _: () = assert!(
+    core::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_keyedMutex>() == 8
+);
+const _: () = assert!(
+    core::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_keyedMutex>() == 8
+);
+const _: () = assert!(
+    core::mem::offset_of!(
+        CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_keyedMutex,
+        key
+    ) == 0
+);
+
+/// `CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params` (72 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params {
+    pub fence: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_fence,
+    pub nv_sci_sync: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_nvSciSync,
+    pub keyed_mutex: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params_keyedMutex,
+    pub reserved: [c_uint; 12],
+}
+const _: () =
+    assert!(core::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params>() == 72);
+const _: () =
+    assert!(core::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params>() == 8);
+const _: () =
+    assert!(core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params, fence) == 0);
+const _: () = assert!(
+    core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params, nv_sci_sync) == 8
+);
+const _: () = assert!(
+    core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params, keyed_mutex) == 16
+);
+const _: () =
+    assert!(core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params, reserved) == 24);
+
+/// `CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1` (144 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1 {
+    pub params: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1_params,
+    pub flags: c_uint,
+    pub reserved: [c_uint; 16],
+}
+const _: () = assert!(core::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1>() == 144);
+const _: () = assert!(core::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1, params) == 0);
+const _: () = assert!(core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1, flags) == 72);
+const _: () =
+    assert!(core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1, reserved) == 76);
+
+/// `CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2` (24 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2 {
+    pub ext_sem_array: *mut CUexternalSemaphore,
+    pub params_array: *const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS,
+    pub num_ext_sems: c_uint,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2>() == 24);
+const _: () = assert!(core::mem::align_of::<CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2>() == 8);
+const _: () =
+    assert!(core::mem::offset_of!(CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2, ext_sem_array) == 0);
+const _: () = assert!(core::mem::offset_of!(CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2, params_array) == 8);
+const _: () =
+    assert!(core::mem::offset_of!(CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2, num_ext_sems) == 16);
+
+/// `CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_fence` (8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_fence {
+    pub value: u64,
+}
+const _: () =
+    assert!(core::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_fence>() == 8);
+const _: () =
+    assert!(core::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_fence>() == 8);
+const _: () =
+    assert!(core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_fence, value) == 0);
+
+/// `CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_nvSciSync` (8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_nvSciSync {
+    pub fence: *mut c_void,
+    pub reserved: u64,
+}
+const _: () =
+    assert!(core::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_nvSciSync>() == 8);
+const _: () =
+    assert!(core::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_nvSciSync>() == 8);
+
+/// `CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_keyedMutex` (16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_keyedMutex {
+    pub key: u64,
+    pub timeout_ms: c_uint,
+}
+const _: () =
+    assert!(core::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_keyedMutex>() == 16);
+const _: () =
+    assert!(core::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_keyedMutex>() == 8);
+const _: () = assert!(
+    core::mem::offset_of!(
+        CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_keyedMutex,
+        key
+    ) == 0
+);
+const _: () = assert!(
+    core::mem::offset_of!(
+        CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_keyedMutex,
+        timeout_ms
+    ) == 8
+);
+
+/// `CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params` (72 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params {
+    pub fence: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_fence,
+    pub nv_sci_sync: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_nvSciSync,
+    pub keyed_mutex: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params_keyedMutex,
+    pub reserved: [c_uint; 10],
+}
+const _: () = assert!(core::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params>() == 72);
+const _: () = assert!(core::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params>() == 8);
+const _: () =
+    assert!(core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params, fence) == 0);
+const _: () =
+    assert!(core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params, nv_sci_sync) == 8);
+const _: () = assert!(
+    core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params, keyed_mutex) == 16
+);
+const _: () =
+    assert!(core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params, reserved) == 32);
+
+/// `CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1` (144 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1 {
+    pub params: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1_params,
+    pub flags: c_uint,
+    pub reserved: [c_uint; 16],
+}
+const _: () = assert!(core::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1>() == 144);
+const _: () = assert!(core::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1, params) == 0);
+const _: () = assert!(core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1, flags) == 72);
+const _: () =
+    assert!(core::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1, reserved) == 76);
+
+/// `CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2` (24 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2 {
+    pub ext_sem_array: *mut CUexternalSemaphore,
+    pub params_array: *const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS,
+    pub num_ext_sems: c_uint,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2>() == 24);
+const _: () = assert!(core::mem::align_of::<CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2, ext_sem_array) == 0);
+const _: () = assert!(core::mem::offset_of!(CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2, params_array) == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2, num_ext_sems) == 16);
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS_v2` (120 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS_v2 {
+    pub pool_props: CUmemPoolProps,
+    pub access_descs: *const CUmemAccessDesc,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v2>() == 120);
+const _: () = assert!(core::mem::align_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v2>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS_v2, pool_props) == 0);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS_v2, access_descs) == 88);
+const _: () =
+    assert!(core::mem::offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS_v2, access_desc_count) == 96);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS_v2, bytesize) == 104);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS_v2, dptr) == 112);
+
+/// `CUDA_MEM_FREE_NODE_PARAMS` (8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_MEM_FREE_NODE_PARAMS {
+    pub dptr: CUdeviceptr,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_MEM_FREE_NODE_PARAMS>() == 8);
+const _: () = assert!(core::mem::align_of::<CUDA_MEM_FREE_NODE_PARAMS>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_MEM_FREE_NODE_PARAMS, dptr) == 0);
+
+/// `CUDA_BATCH_MEM_OP_NODE_PARAMS_v2` (32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_BATCH_MEM_OP_NODE_PARAMS_v2 {
+    pub ctx: CUcontext,
+    pub count: c_uint,
+    pub param_array: *mut c_void,
+    pub flags: c_uint,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v2>() == 32);
+const _: () = assert!(core::mem::align_of::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v2>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_BATCH_MEM_OP_NODE_PARAMS_v2, ctx) == 0);
+const _: () = assert!(core::mem::offset_of!(CUDA_BATCH_MEM_OP_NODE_PARAMS_v2, count) == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_BATCH_MEM_OP_NODE_PARAMS_v2, param_array) == 16);
+const _: () = assert!(core::mem::offset_of!(CUDA_BATCH_MEM_OP_NODE_PARAMS_v2, flags) == 24);
+
+/// `CUDA_CONDITIONAL_NODE_PARAMS` (32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_CONDITIONAL_NODE_PARAMS {
+    pub handle: CUgraphConditionalHandle,
+    pub r#type: CUgraphConditionalNodeType,
+    pub size: c_uint,
+    pub ph_graph_out: *mut CUgraph,
+    pub ctx: CUcontext,
+}
+const _: () = assert!(core::mem::size_of::<CUDA_CONDITIONAL_NODE_PARAMS>() == 32);
+const _: () = assert!(core::mem::align_of::<CUDA_CONDITIONAL_NODE_PARAMS>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_CONDITIONAL_NODE_PARAMS, handle) == 0);
+const _: () = assert!(core::mem::offset_of!(CUDA_CONDITIONAL_NODE_PARAMS, r#type) == 8);
+const _: () = assert!(core::mem::offset_of!(CUDA_CONDITIONAL_NODE_PARAMS, size) == 12);
+const _: () = assert!(core::mem::offset_of!(CUDA_CONDITIONAL_NODE_PARAMS, ph_graph_out) == 16);
+const _: () = assert!(core::mem::offset_of!(CUDA_CONDITIONAL_NODE_PARAMS, ctx) == 24);
+
+/// `CUgraphNodeParams_anon2` (232 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union CUgraphNodeParams_anon2 {
+    pub reserved1: [i64; 29],
+    pub kernel: CUDA_KERNEL_NODE_PARAMS_v3,
+    pub memcpy: CUDA_MEMCPY_NODE_PARAMS,
+    pub memset: CUDA_MEMSET_NODE_PARAMS_v2,
+    pub host: CUDA_HOST_NODE_PARAMS_v2,
+    pub graph: CUDA_CHILD_GRAPH_NODE_PARAMS,
+    pub event_wait: CUDA_EVENT_WAIT_NODE_PARAMS,
+    pub event_record: CUDA_EVENT_RECORD_NODE_PARAMS,
+    pub ext_sem_signal: CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2,
+    pub ext_sem_wait: CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2,
+    pub alloc: CUDA_MEM_ALLOC_NODE_PARAMS_v2,
+    pub free: CUDA_MEM_FREE_NODE_PARAMS,
+    pub mem_op: CUDA_BATCH_MEM_OP_NODE_PARAMS_v2,
+    pub conditional: CUDA_CONDITIONAL_NODE_PARAMS,
+}
+const _: () = assert!(core::mem::size_of::<CUgraphNodeParams_anon2>() == 232);
+const _: () = assert!(core::mem::align_of::<CUgraphNodeParams_anon2>() == 8);
+
+/// `CUgraphNodeParams` (256 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUgraphNodeParams {
+    pub r#type: CUgraphNodeType,
+    pub reserved0: [c_int; 3],
+    pub anon2: CUgraphNodeParams_anon2,
+    pub reserved2: i64,
+}
+const _: () = assert!(core::mem::size_of::<CUgraphNodeParams>() == 256);
+const _: () = assert!(core::mem::align_of::<CUgraphNodeParams>() == 8);
+const _: () = assert!(core::mem::offset_of!(CUgraphNodeParams, r#type) == 0);
+const _: () = assert!(core::mem::offset_of!(CUgraphNodeParams, reserved0) == 4);
+const _: () = assert!(core::mem::offset_of!(CUgraphNodeParams, anon2) == 16);
+const _: () = assert!(core::mem::offset_of!(CUgraphNodeParams, reserved2) == 248);

@@ -93,7 +93,8 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     arr: *mut CUarray,
     desc: *const ArrayDescriptor,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let d = read(desc)?;
         let s = session()?;
         let h = create(
@@ -112,7 +113,8 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     arr: *mut CUarray,
     desc: *const Array3DDescriptor,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let d = read(desc)?;
         let s = session()?;
         let dims = (d.width, d.height, d.depth);
@@ -145,7 +147,8 @@ pub unsafe extern "C" fn cuArrayGetDescriptor_v2(
     desc: *mut ArrayDescriptor,
     arr: CUarray,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let a = array(&session()?.lock(), arr)?;
         if a.depth != 0 {
             return Err(INVALID_VALUE);
@@ -167,7 +170,8 @@ pub unsafe extern "C" fn cuArray3DGetDescriptor_v2(
     desc: *mut Array3DDescriptor,
     arr: CUarray,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let a = array(&session()?.lock(), arr)?;
         out(
             desc,

@@ -48,7 +48,8 @@ fn synchronize(ctx: u64) -> Result<(), CUresult> {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let d = device(dev)?;
         out(pctx, as_ctx(with_core(|g| g.retain_primary(d))?))
     })
@@ -94,7 +95,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
     flags: *mut c_uint,
     active: *mut c_int,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let d = device(dev)?;
         let (f, on) = with_core(|g| g.primary_state(d))?;
         out(flags, f)?;
@@ -116,10 +118,14 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint
 pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
     guard(|| primary_set_flags(dev, flags))
 }
-
-fn create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Result<(), CUresult> {
-    let d = device(dev)?;
-    out(pctx, as_ctx(with_core(|g| g.create_context(d, flags))?))
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Result<(), CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let d = device(dev)?;
+        out(pctx, as_ctx(with_core(|g| g.create_context(d, flags))?))
+    }
 }
 
 #[no_mangle]
@@ -128,7 +134,8 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    guard(|| create(pctx, flags, dev))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { create(pctx, flags, dev) })
 }
 
 #[no_mangle]
@@ -137,7 +144,8 @@ pub unsafe extern "C" fn cuCtxCreate(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    guard(|| create(pctx, flags, dev))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { create(pctx, flags, dev) })
 }
 
 #[no_mangle]
@@ -148,7 +156,8 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    guard(|| create(pctx, flags, dev))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { create(pctx, flags, dev) })
 }
 
 #[no_mangle]
@@ -158,7 +167,8 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    guard(|| create(pctx, flags, dev))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { create(pctx, flags, dev) })
 }
 
 fn destroy(ctx: CUcontext) -> Result<(), CUresult> {
@@ -180,7 +190,8 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         session()?;
         out(pctx, as_ctx(state::current_context()))
     })
@@ -198,7 +209,8 @@ pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         session()?;
         let h = state::pop_context().ok_or(INVALID_CONTEXT)?;
         out_opt(pctx, as_ctx(h));
@@ -208,7 +220,8 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let d = context_device(&s.lock(), 0)?;
         out(dev, d as CUdevice)
@@ -217,7 +230,8 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let d = context_device(&s.lock(), handle(ctx))?;
         out(dev, d as CUdevice)
@@ -236,7 +250,8 @@ pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
-    guard(|| out(flags, with_core(|g| g.current_flags())?))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(flags, with_core(|g| g.current_flags())?) })
 }
 
 #[no_mangle]
@@ -246,7 +261,8 @@ pub unsafe extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         context_device(&s.lock(), handle(ctx))?;
         out(version, 12040)
@@ -255,7 +271,8 @@ pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let h = if handle(ctx) == 0 {
             state::current_context()
@@ -269,7 +286,8 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUresult {
-    guard(|| out(value, session()?.limit(limit).map_err(client_err)?))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(value, session()?.limit(limit).map_err(client_err)?) })
 }
 
 #[no_mangle]
@@ -279,7 +297,8 @@ pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut c_int) -> CUresult {
-    guard(|| out(config, 0))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(config, 0) })
 }
 
 #[no_mangle]
@@ -289,7 +308,8 @@ pub unsafe extern "C" fn cuCtxSetCacheConfig(_config: c_int) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetSharedMemConfig(config: *mut c_int) -> CUresult {
-    guard(|| out(config, 1))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(config, 1) })
 }
 
 #[no_mangle]
@@ -302,7 +322,8 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
     least: *mut c_int,
     greatest: *mut c_int,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         out_opt(least, 0);
         out_opt(greatest, -5);
         Ok(())

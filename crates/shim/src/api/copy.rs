@@ -288,17 +288,20 @@ fn copy2d(p: &Memcpy2D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpy2D_v2(p: *const Memcpy2D) -> CUresult {
-    guard(|| copy2d(&read(p)?, std::ptr::null_mut(), true))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { copy2d(&read(p)?, std::ptr::null_mut(), true) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2(p: *const Memcpy2D) -> CUresult {
-    guard(|| copy2d(&read(p)?, std::ptr::null_mut(), true))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { copy2d(&read(p)?, std::ptr::null_mut(), true) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpy2DAsync_v2(p: *const Memcpy2D, stream: CUstream) -> CUresult {
-    guard(|| copy2d(&read(p)?, stream, false))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { copy2d(&read(p)?, stream, false) })
 }
 
 /// `CUDA_MEMCPY3D`, as NVIDIA's header declares it (generated).
@@ -354,12 +357,14 @@ fn copy3d(p: &Memcpy3D, stream: CUstream, sync: bool) -> Result<(), CUresult> {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpy3D_v2(p: *const Memcpy3D) -> CUresult {
-    guard(|| copy3d(&read(p)?, std::ptr::null_mut(), true))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { copy3d(&read(p)?, std::ptr::null_mut(), true) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpy3DAsync_v2(p: *const Memcpy3D, stream: CUstream) -> CUresult {
-    guard(|| copy3d(&read(p)?, stream, false))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { copy3d(&read(p)?, stream, false) })
 }
 
 fn memset(dst: u64, value: u32, elem: u8, count: usize, stream: CUstream) -> Result<(), CUresult> {

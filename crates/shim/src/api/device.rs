@@ -41,7 +41,8 @@ fn attr(dev: CUdevice, a: c_int) -> Result<c_int, CUresult> {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         check_device(ordinal)?;
         out(device, ordinal)
     })
@@ -49,31 +50,39 @@ pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> C
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
-    guard(|| out(count, session()?.devices.len() as c_int))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(count, session()?.devices.len() as c_int) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = check_device(dev)?;
         let cap = usize::try_from(len).map_err(|_| INVALID_VALUE)?;
         write_cstr(name, cap, &s.device(dev).ok_or(INVALID_DEVICE)?.name)
     })
 }
-
-fn uuid(uuid: *mut [u8; 16], dev: CUdevice) -> Result<(), CUresult> {
-    let s = check_device(dev)?;
-    out(uuid, s.device(dev).ok_or(INVALID_DEVICE)?.uuid)
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn uuid(uuid: *mut [u8; 16], dev: CUdevice) -> Result<(), CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let s = check_device(dev)?;
+        out(uuid, s.device(dev).ok_or(INVALID_DEVICE)?.uuid)
+    }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetUuid(u: *mut [u8; 16], dev: CUdevice) -> CUresult {
-    guard(|| uuid(u, dev))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { uuid(u, dev) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetUuid_v2(u: *mut [u8; 16], dev: CUdevice) -> CUresult {
-    guard(|| uuid(u, dev))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { uuid(u, dev) })
 }
 
 #[no_mangle]
@@ -82,7 +91,8 @@ pub unsafe extern "C" fn cuDeviceGetLuid(
     mask: *mut c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         check_device(dev)?;
         out(luid.cast::<[u8; 8]>(), [0; 8])?;
         out(mask, 0)
@@ -91,7 +101,8 @@ pub unsafe extern "C" fn cuDeviceGetLuid(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = check_device(dev)?;
         out(
             bytes,
@@ -102,7 +113,8 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = check_device(dev)?;
         let total = s.device(dev).ok_or(INVALID_DEVICE)?.total_mem;
         out(bytes, total.min(u32::MAX as u64) as c_uint)
@@ -115,7 +127,8 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     attrib: c_int,
     dev: CUdevice,
 ) -> CUresult {
-    guard(|| out(pi, attr(dev, attrib)?))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(pi, attr(dev, attrib)?) })
 }
 
 #[no_mangle]
@@ -124,7 +137,8 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(
     minor: *mut c_int,
     dev: CUdevice,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         out(major, attr(dev, CC_MAJOR)?)?;
         out(minor, attr(dev, CC_MINOR)?)
     })
@@ -135,7 +149,8 @@ pub type DevProp = gpufuse_cuda_types::structs::CUdevprop;
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetProperties(prop: *mut DevProp, dev: CUdevice) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let a = |id| attr(dev, id);
         let p = DevProp {
             max_threads_per_block: a(MAX_THREADS_PER_BLOCK)?,
@@ -202,7 +217,8 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
     len: c_int,
     dev: CUdevice,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         write_cstr(
             id,
             usize::try_from(len).map_err(|_| INVALID_VALUE)?,
@@ -213,9 +229,10 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_char) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         // SAFETY: a NUL-terminated string argument, used during this call only.
-        let want = parse_pci_bus_id(unsafe { cstr(id) }?).ok_or(INVALID_VALUE)?;
+        let want = parse_pci_bus_id(cstr(id)?).ok_or(INVALID_VALUE)?;
         let s = session()?;
         for d in 0..s.devices.len() as c_int {
             if pci_location(d)? == want {
@@ -232,7 +249,8 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(
     dev: CUdevice,
     peer: CUdevice,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         check_device(dev)?;
         check_device(peer)?;
         out(can, 0)
@@ -246,7 +264,8 @@ pub unsafe extern "C" fn cuDeviceGetP2PAttribute(
     src: CUdevice,
     dst: CUdevice,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         check_device(src)?;
         check_device(dst)?;
         out(value, 0)
@@ -259,7 +278,8 @@ pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(
     _kind: c_int,
     dev: CUdevice,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         check_device(dev)?;
         out(pi, 0)
     })

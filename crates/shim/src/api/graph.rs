@@ -47,7 +47,8 @@ pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
 /// A capture into an existing graph may end without asking for the graph back.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamEndCapture(stream: CUstream, pgraph: *mut CUgraph) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let (graph, existing) = with_core(|g| {
             let existing = g.captures_into_existing(h(stream))?;
             Ok((g.end_capture(h(stream))?, existing))
@@ -105,7 +106,8 @@ fn capture_info(stream: CUstream) -> Result<(c_int, u64), CUresult> {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CUresult {
-    guard(|| out(status, capture_info(stream)?.0))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(status, capture_info(stream)?.0) })
 }
 
 #[no_mangle]
@@ -114,7 +116,8 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo(
     status: *mut c_int,
     id: *mut u64,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let (st, cid) = capture_info(stream)?;
         out_opt(id, cid);
         out(status, st)
@@ -130,7 +133,8 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     deps: *mut *const c_void,
     num_deps: *mut usize,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let (st, cid) = capture_info(stream)?;
         out_opt(id, cid);
         out_opt(graph, capture_graph(stream)?);
@@ -150,7 +154,8 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
     edges: *mut *const c_void,
     num_deps: *mut usize,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let (st, cid) = capture_info(stream)?;
         out_opt(id, cid);
         out_opt(graph, capture_graph(stream)?);
@@ -163,7 +168,8 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphCreate(pgraph: *mut CUgraph, _flags: u32) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let graph = with_core(|g| Ok(g.create_graph()))?;
         out(pgraph, graph as usize as CUgraph)
     })
@@ -172,7 +178,8 @@ pub unsafe extern "C" fn cuGraphCreate(pgraph: *mut CUgraph, _flags: u32) -> CUr
 /// `cuGraphClone`: a copy of the graph's nodes as they are now.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphClone(pclone: *mut CUgraph, graph: CUgraph) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let clone = with_core(|g| g.clone_graph(h(graph)))?;
         out(pclone, clone as usize as CUgraph)
     })
@@ -189,7 +196,8 @@ pub unsafe extern "C" fn cuGraphGetNodes(
     nodes: *mut *mut c_void,
     count: *mut usize,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let n = with_core(|g| g.graph_len(h(graph)))?;
         if !nodes.is_null() {
             let want = crate::ffi::read(count)?;
@@ -204,13 +212,17 @@ pub unsafe extern "C" fn cuGraphGetNodes(
         out(count, n)
     })
 }
-
-fn instantiate(pexec: *mut CUgraphExec, graph: CUgraph) -> Result<(), CUresult> {
-    if pexec.is_null() {
-        return Err(INVALID_VALUE);
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn instantiate(pexec: *mut CUgraphExec, graph: CUgraph) -> Result<(), CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if pexec.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let exec = with_core(|g| g.instantiate(h(graph)))?;
+        out(pexec, exec as usize as CUgraphExec)
     }
-    let exec = with_core(|g| g.instantiate(h(graph)))?;
-    out(pexec, exec as usize as CUgraphExec)
 }
 
 #[no_mangle]
@@ -221,7 +233,8 @@ pub unsafe extern "C" fn cuGraphInstantiate(
     _log: *mut c_char,
     _log_size: usize,
 ) -> CUresult {
-    guard(|| instantiate(pexec, graph))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { instantiate(pexec, graph) })
 }
 
 #[no_mangle]
@@ -232,7 +245,8 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
     _log: *mut c_char,
     _log_size: usize,
 ) -> CUresult {
-    guard(|| instantiate(pexec, graph))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { instantiate(pexec, graph) })
 }
 
 #[no_mangle]
@@ -241,7 +255,8 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     graph: CUgraph,
     _flags: u64,
 ) -> CUresult {
-    guard(|| instantiate(pexec, graph))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { instantiate(pexec, graph) })
 }
 
 #[no_mangle]
@@ -250,7 +265,8 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams(
     graph: CUgraph,
     _params: *mut c_void,
 ) -> CUresult {
-    guard(|| instantiate(pexec, graph))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { instantiate(pexec, graph) })
 }
 
 #[no_mangle]

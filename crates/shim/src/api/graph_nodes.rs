@@ -5,6 +5,7 @@
 //! A 2-D or 3-D copy becomes one copy per row; a 2-D memset one memset per row.
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::ptr::{addr_of, addr_of_mut};
 
 use gpufuse_client::graph::{CondKind, Op};
 use gpufuse_client::state::Inner;
@@ -22,7 +23,10 @@ pub type CUgraphNode = *mut c_void;
 
 /// Appends `ops` to `graph` after checking `deps` name nodes of it; writes the new node's
 /// handle (the graph and the index of its last operation, as `cuGraphGetNodes` numbers them).
-fn add(
+///
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn add(
     g: &mut Inner,
     node: *mut CUgraphNode,
     graph: CUgraph,
@@ -30,64 +34,71 @@ fn add(
     ndeps: usize,
     ops: Vec<Op>,
 ) -> Result<(), CUresult> {
-    if node.is_null() || (ndeps > 0 && deps.is_null()) {
-        return Err(INVALID_VALUE);
-    }
-    let gh = h(graph);
-    let graph_ops = g.graph_mut(gh).ok_or(INVALID_HANDLE)?.ops.len();
-    for i in 0..ndeps {
-        let dep = read_at(deps, i)? as usize as u64;
-        let index = dep & 0xffff;
-        if dep >> 16 != gh & 0xffff_ffff || index == 0 || index as usize > graph_ops {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if node.is_null() || (ndeps > 0 && deps.is_null()) {
             return Err(INVALID_VALUE);
         }
+        let gh = h(graph);
+        let graph_ops = g.graph_mut(gh).ok_or(INVALID_HANDLE)?.ops.len();
+        for i in 0..ndeps {
+            let dep = read_at(deps, i)? as usize as u64;
+            let index = dep & 0xffff;
+            if dep >> 16 != gh & 0xffff_ffff || index == 0 || index as usize > graph_ops {
+                return Err(INVALID_VALUE);
+            }
+        }
+        let graph_ref = g.graph_mut(gh).ok_or(INVALID_HANDLE)?;
+        graph_ref.ops.extend(ops);
+        // An empty node stands at the last operation so far (the index is never replayed alone).
+        let index = graph_ref.ops.len().max(1) as u64;
+        out(
+            node,
+            ((gh & 0xffff_ffff) << 16 | index) as usize as CUgraphNode,
+        )
     }
-    let graph_ref = g.graph_mut(gh).ok_or(INVALID_HANDLE)?;
-    graph_ref.ops.extend(ops);
-    // An empty node stands at the last operation so far (the index is never replayed alone).
-    let index = graph_ref.ops.len().max(1) as u64;
-    out(
-        node,
-        ((gh & 0xffff_ffff) << 16 | index) as usize as CUgraphNode,
-    )
 }
 
 /// `CUDA_KERNEL_NODE_PARAMS_v2` (the v1 struct is its first 56 bytes); the node parameter
 /// structs here are generated from NVIDIA's header.
 type KernelNodeParams = gpufuse_cuda_types::structs::CUDA_KERNEL_NODE_PARAMS;
-
-fn kernel_node(
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn kernel_node(
     node: *mut CUgraphNode,
     graph: CUgraph,
     deps: *const CUgraphNode,
     ndeps: usize,
     p: KernelNodeParams,
 ) -> Result<(), CUresult> {
-    let grid = [p.grid_dim_x, p.grid_dim_y, p.grid_dim_z];
-    let block = [p.block_dim_x, p.block_dim_y, p.block_dim_z];
-    if grid.contains(&0) || block.contains(&0) {
-        return Err(INVALID_VALUE);
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let grid = [p.grid_dim_x, p.grid_dim_y, p.grid_dim_z];
+        let block = [p.block_dim_x, p.block_dim_y, p.block_dim_z];
+        if grid.contains(&0) || block.contains(&0) {
+            return Err(INVALID_VALUE);
+        }
+        let s = session()?;
+        let mut g = s.lock();
+        let handle = if p.func.is_null() { p.kern } else { p.func };
+        let (function, layout) = g
+            .launch_layout(handle as usize as u64)
+            .map_err(|_| INVALID_HANDLE)?;
+        let params = pack(
+            &layout,
+            p.kernel_params.cast_const().cast(),
+            p.extra.cast_const().cast(),
+        )?;
+        let op = Op::Launch {
+            function,
+            grid,
+            block,
+            shared_mem: p.shared_mem_bytes,
+            params,
+            attributes: Vec::new(),
+        };
+        add(&mut g, node, graph, deps, ndeps, vec![op])
     }
-    let s = session()?;
-    let mut g = s.lock();
-    let handle = if p.func.is_null() { p.kern } else { p.func };
-    let (function, layout) = g
-        .launch_layout(handle as usize as u64)
-        .map_err(|_| INVALID_HANDLE)?;
-    let params = pack(
-        &layout,
-        p.kernel_params.cast_const().cast(),
-        p.extra.cast_const().cast(),
-    )?;
-    let op = Op::Launch {
-        function,
-        grid,
-        block,
-        shared_mem: p.shared_mem_bytes,
-        params,
-        attributes: Vec::new(),
-    };
-    add(&mut g, node, graph, deps, ndeps, vec![op])
 }
 
 #[no_mangle]
@@ -98,7 +109,8 @@ pub unsafe extern "C" fn cuGraphAddKernelNode(
     ndeps: usize,
     params: *const c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         // The v1 struct: everything up to `extra`.
         let v1 = read(params.cast::<[u8; 56]>())?;
         let mut bytes = [0u8; std::mem::size_of::<KernelNodeParams>()];
@@ -116,7 +128,8 @@ pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
     ndeps: usize,
     params: *const c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let p = read(params.cast::<KernelNodeParams>())?;
         kernel_node(node, graph, deps, ndeps, p)
     })
@@ -187,7 +200,8 @@ pub unsafe extern "C" fn cuGraphAddMemcpyNode(
     params: *const Memcpy3D,
     _ctx: *mut c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let p = read(params)?;
         let s = session()?;
         let mut g = s.lock();
@@ -208,7 +222,8 @@ pub unsafe extern "C" fn cuGraphAddMemsetNode(
     params: *const c_void,
     _ctx: *mut c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let p = read(params.cast::<MemsetNodeParams>())?;
         let elem_size = match p.element_size {
             1 | 2 | 4 => p.element_size as u8,
@@ -246,7 +261,8 @@ pub unsafe extern "C" fn cuGraphAddHostNode(
     ndeps: usize,
     params: *const c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let p = read(params.cast::<HostNodeParams>())?;
         if p.r#fn.is_null() {
             return Err(INVALID_VALUE);
@@ -268,7 +284,8 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
     deps: *const CUgraphNode,
     ndeps: usize,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let mut g = s.lock();
         add(&mut g, node, graph, deps, ndeps, Vec::new())
@@ -284,7 +301,8 @@ pub unsafe extern "C" fn cuGraphAddDependencies(
     to: *const CUgraphNode,
     count: usize,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let g = s.lock();
         let gh = h(graph);
@@ -338,7 +356,8 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
     ndeps: usize,
     params: *mut MemAllocNodeParams,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let mut p = read(params)?;
         if p.pool_props.alloc_type as c_uint != ALLOCATION_TYPE_PINNED
             || p.pool_props.location.r#type as c_uint != LOCATION_TYPE_DEVICE
@@ -377,7 +396,8 @@ pub unsafe extern "C" fn cuGraphMemAllocNodeGetParams(
     node: CUgraphNode,
     params: *mut MemAllocNodeParams,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let g = s.lock();
         let Op::MemAlloc { ptr, size } = node_op(&g, node)? else {
@@ -421,7 +441,8 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
     ndeps: usize,
     dptr: u64,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let mut g = s.lock();
         if !g.is_graph_allocation(dptr) {
@@ -443,7 +464,8 @@ pub unsafe extern "C" fn cuGraphMemFreeNodeGetParams(
     node: CUgraphNode,
     dptr: *mut u64,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let g = s.lock();
         match node_op(&g, node)? {
@@ -478,7 +500,8 @@ pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
     attr: c_int,
     value: *mut u64,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         s.attribute(device, 16).ok_or(INVALID_VALUE)?;
         let g = s.lock();
@@ -506,7 +529,8 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
     attr: c_int,
     value: *const u64,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         s.attribute(device, 16).ok_or(INVALID_VALUE)?;
         if read(value)? != 0 {
@@ -523,15 +547,11 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
 }
 
 /// `CUgraphNodeParams`: the node type, then (at byte 16) the type's parameters, 256 bytes in
-/// all.
-#[repr(C)]
-pub struct NodeParams {
-    kind: c_uint,
-    reserved: [c_int; 3],
-    params: [u64; 30],
-}
-
-const _: () = assert!(std::mem::size_of::<NodeParams>() == 256);
+/// all (generated from `cuda.h`).
+pub type NodeParams = gpufuse_cuda_types::structs::CUgraphNodeParams;
+type ConditionalParams = gpufuse_cuda_types::structs::CUDA_CONDITIONAL_NODE_PARAMS;
+type MemcpyNodeParams = gpufuse_cuda_types::structs::CUDA_MEMCPY_NODE_PARAMS;
+type MemsetNodeParamsV2 = gpufuse_cuda_types::structs::CUDA_MEMSET_NODE_PARAMS_v2;
 
 const NODE_KERNEL: c_uint = 0;
 const NODE_MEMCPY: c_uint = 1;
@@ -542,39 +562,43 @@ const NODE_MEM_ALLOC: c_uint = 10;
 const NODE_MEM_FREE: c_uint = 11;
 const NODE_CONDITIONAL: c_uint = 13;
 
-/// `CUDA_CONDITIONAL_NODE_PARAMS` (at `union`): the handle, the type and number of bodies,
-/// then `phGraph_out`, which the driver fills with the node's body graphs, and the context.
-/// The array it points to is the node's own and lives as long as the node.
+/// `CUDA_CONDITIONAL_NODE_PARAMS`: the handle, the type and number of bodies, then
+/// `phGraph_out`, which the driver fills with the node's body graphs, and the context. The
+/// array it points to is the node's own and lives as long as the node.
 ///
 /// # Safety
-/// `union` points to the application's node parameters, writable.
+/// `params` points to the application's node parameters, writable.
 unsafe fn conditional_node(
     node: *mut CUgraphNode,
     graph: CUgraph,
     deps: *const CUgraphNode,
     ndeps: usize,
-    union: *mut u64,
+    params: *mut ConditionalParams,
 ) -> Result<(), CUresult> {
-    let handle = read(union)?;
-    let kind_and_size = read(union.wrapping_add(1))?;
-    let (kind, size) = (kind_and_size as u32, (kind_and_size >> 32) as u32);
-    let kind = CondKind::from_driver(kind, size).ok_or(INVALID_VALUE)?;
-    let s = session()?;
-    let mut g = s.lock();
-    let op = g
-        .conditional_node(handle, kind, size as usize)
-        .map_err(crate::global::client_err)?;
-    let Op::Conditional { bodies, .. } = &op else {
-        return Err(INVALID_VALUE);
-    };
-    let (array, made) = (bodies.as_ptr(), bodies.to_vec());
-    if let Err(e) = add(&mut g, node, graph, deps, ndeps, vec![op]) {
-        for b in made {
-            let _ = g.destroy_graph(b);
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let p = read(params)?;
+        let (handle, kind, size) = (p.handle, p.r#type as u32, p.size);
+        let kind = CondKind::from_driver(kind, size).ok_or(INVALID_VALUE)?;
+        let s = session()?;
+        let mut g = s.lock();
+        let op = g
+            .conditional_node(handle, kind, size as usize)
+            .map_err(crate::global::client_err)?;
+        let Op::Conditional { bodies, .. } = &op else {
+            return Err(INVALID_VALUE);
+        };
+        let (array, made) = (bodies.as_ptr(), bodies.to_vec());
+        if let Err(e) = add(&mut g, node, graph, deps, ndeps, vec![op]) {
+            for b in made {
+                let _ = g.destroy_graph(b);
+            }
+            return Err(e);
         }
-        return Err(e);
+        // SAFETY: `params` was read above (non-NULL); the caller's contract makes it writable.
+        let slot = addr_of_mut!((*params).ph_graph_out);
+        out(slot, array.cast_mut().cast::<CUgraph>())
     }
-    out(union.wrapping_add(2), array as usize as u64)
 }
 
 /// `cuGraphConditionalHandleCreate`: a handle for conditional nodes of `graph`, whose value
@@ -587,7 +611,8 @@ pub unsafe extern "C" fn cuGraphConditionalHandleCreate(
     default: c_uint,
     flags: c_uint,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         if handle.is_null() || flags & !COND_ASSIGN_DEFAULT != 0 {
             return Err(INVALID_VALUE);
         }
@@ -617,37 +642,34 @@ unsafe fn add_node(
     if params.is_null() {
         return INVALID_VALUE;
     }
-    // SAFETY: the application passes a CUgraphNodeParams; the union starts at byte 16.
-    let (kind, union) = unsafe { ((*params).kind, std::ptr::addr_of_mut!((*params).params)) };
-    let at = |k: usize| -> *mut u64 { union.cast::<u64>().wrapping_add(k) };
-    // SAFETY: each arm hands the union, as the type's own struct, to that type's entry point;
-    // the structs there begin with the fields those entry points read.
+    // SAFETY: the application passes a CUgraphNodeParams: the type, then the union of every
+    // type's parameters. Each arm hands its own member to that type's entry point; where an
+    // entry point takes an older version of the struct, the newer one begins with its fields.
     unsafe {
-        match kind {
-            NODE_KERNEL => cuGraphAddKernelNode_v2(node, graph, deps, ndeps, union.cast()),
-            // CUDA_MEMCPY_NODE_PARAMS: flags, reserved, context, then CUDA_MEMCPY3D.
-            NODE_MEMCPY => cuGraphAddMemcpyNode(
-                node,
-                graph,
-                deps,
-                ndeps,
-                at(2).cast(),
-                *at(1) as usize as *mut c_void,
-            ),
-            // CUDA_MEMSET_NODE_PARAMS_v2: the v1 fields, then the context.
-            NODE_MEMSET => cuGraphAddMemsetNode(
-                node,
-                graph,
-                deps,
-                ndeps,
-                union.cast(),
-                *at(5) as usize as *mut c_void,
-            ),
-            NODE_HOST => cuGraphAddHostNode(node, graph, deps, ndeps, union.cast()),
+        let u = std::ptr::addr_of_mut!((*params).anon2);
+        match (*params).r#type as c_uint {
+            NODE_KERNEL => {
+                cuGraphAddKernelNode_v2(node, graph, deps, ndeps, addr_of_mut!((*u).kernel).cast())
+            }
+            NODE_MEMCPY => {
+                let m: *mut MemcpyNodeParams = addr_of_mut!((*u).memcpy);
+                let ctx = (*m).copy_ctx;
+                cuGraphAddMemcpyNode(node, graph, deps, ndeps, addr_of!((*m).copy_params), ctx)
+            }
+            NODE_MEMSET => {
+                let m: *mut MemsetNodeParamsV2 = addr_of_mut!((*u).memset);
+                let ctx = (*m).ctx;
+                cuGraphAddMemsetNode(node, graph, deps, ndeps, m.cast(), ctx)
+            }
+            NODE_HOST => cuGraphAddHostNode(node, graph, deps, ndeps, addr_of!((*u).host).cast()),
             NODE_EMPTY => cuGraphAddEmptyNode(node, graph, deps, ndeps),
-            NODE_MEM_ALLOC => cuGraphAddMemAllocNode(node, graph, deps, ndeps, union.cast()),
-            NODE_MEM_FREE => cuGraphAddMemFreeNode(node, graph, deps, ndeps, *at(0)),
-            NODE_CONDITIONAL => guard(|| conditional_node(node, graph, deps, ndeps, union.cast())),
+            NODE_MEM_ALLOC => {
+                cuGraphAddMemAllocNode(node, graph, deps, ndeps, addr_of_mut!((*u).alloc).cast())
+            }
+            NODE_MEM_FREE => cuGraphAddMemFreeNode(node, graph, deps, ndeps, (*u).free.dptr),
+            NODE_CONDITIONAL => {
+                guard(|| conditional_node(node, graph, deps, ndeps, addr_of_mut!((*u).conditional)))
+            }
             _ => NOT_SUPPORTED,
         }
     }
@@ -678,17 +700,22 @@ unsafe fn add_node_edges(
     ndeps: usize,
     params: *mut NodeParams,
 ) -> CUresult {
-    if !edges.is_null() {
-        for i in 0..ndeps {
-            match read_at(edges, i) {
-                Ok(e) if e.from_port == 0 && e.to_port == 0 && e.r#type == 0 => {}
-                Ok(_) => return NOT_SUPPORTED,
-                Err(e) => return e,
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if !edges.is_null() {
+            for i in 0..ndeps {
+                match read_at(edges, i) {
+                    Ok(e) if e.from_port == 0 && e.to_port == 0 && e.r#type == 0 => {}
+                    Ok(_) => return NOT_SUPPORTED,
+                    Err(e) => return e,
+                }
             }
         }
+        // SAFETY: as for cuGraphAddNode.
+        {
+            add_node(node, graph, deps, ndeps, params)
+        }
     }
-    // SAFETY: as for cuGraphAddNode.
-    unsafe { add_node(node, graph, deps, ndeps, params) }
 }
 
 #[no_mangle]
@@ -744,7 +771,8 @@ pub unsafe extern "C" fn cuGraphKernelNodeSetAttribute(
     attr: c_uint,
     value: *const [u64; 8],
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let v = read(value)?;
         if attr != KERNEL_ATTR_COOPERATIVE {
             crate::api::stream::check_attr(attr, &v)?;
@@ -766,7 +794,8 @@ pub unsafe extern "C" fn cuGraphKernelNodeGetAttribute(
     attr: c_uint,
     value: *mut [u64; 8],
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         if attr != KERNEL_ATTR_COOPERATIVE {
             crate::api::stream::check_attr(attr, &[0; 8])?;
         }

@@ -32,38 +32,43 @@ pub unsafe extern "C" fn cuInit(_flags: u32) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
-    guard(|| out(version, DRIVER_VERSION))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(version, DRIVER_VERSION) })
 }
 
 /// Status values of `cuGetProcAddress_v2`.
 const FOUND: c_int = 0;
 const SYMBOL_NOT_FOUND: c_int = 1;
 const VERSION_NOT_SUFFICIENT: c_int = 2;
-
-fn lookup(
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn lookup(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     version: c_int,
     flags: u64,
 ) -> (CUresult, c_int) {
-    // SAFETY: a NUL-terminated string argument, used during this call only.
-    let Ok(name) = (unsafe { cstr(symbol) }) else {
-        return (INVALID_VALUE, SYMBOL_NOT_FOUND);
-    };
-    if pfn.is_null() {
-        return (INVALID_VALUE, SYMBOL_NOT_FOUND);
-    }
-    out_opt(pfn, std::ptr::null_mut());
-    match resolve_proc(name, version, flags) {
-        ProcLookup::Found(export) => match crate::exports::address(export) {
-            Some(addr) => {
-                out_opt(pfn, addr);
-                (0, FOUND)
-            }
-            None => (NOT_FOUND, SYMBOL_NOT_FOUND),
-        },
-        ProcLookup::UnknownSymbol => (NOT_FOUND, SYMBOL_NOT_FOUND),
-        ProcLookup::VersionTooNew => (NOT_FOUND, VERSION_NOT_SUFFICIENT),
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        // SAFETY: a NUL-terminated string argument, used during this call only.
+        let Ok(name) = cstr(symbol) else {
+            return (INVALID_VALUE, SYMBOL_NOT_FOUND);
+        };
+        if pfn.is_null() {
+            return (INVALID_VALUE, SYMBOL_NOT_FOUND);
+        }
+        out_opt(pfn, std::ptr::null_mut());
+        match resolve_proc(name, version, flags) {
+            ProcLookup::Found(export) => match crate::exports::address(export) {
+                Some(addr) => {
+                    out_opt(pfn, addr);
+                    (0, FOUND)
+                }
+                None => (NOT_FOUND, SYMBOL_NOT_FOUND),
+            },
+            ProcLookup::UnknownSymbol => (NOT_FOUND, SYMBOL_NOT_FOUND),
+            ProcLookup::VersionTooNew => (NOT_FOUND, VERSION_NOT_SUFFICIENT),
+        }
     }
 }
 
@@ -75,7 +80,8 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: u64,
     status: *mut c_int,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let (r, s) = lookup(symbol, pfn, cuda_version, flags);
         out_opt(status, s);
         if r == 0 {
@@ -93,9 +99,12 @@ pub unsafe extern "C" fn cuGetProcAddress(
     cuda_version: c_int,
     flags: u64,
 ) -> CUresult {
-    guard(|| match lookup(symbol, pfn, cuda_version, flags).0 {
-        0 => Ok(()),
-        r => Err(r),
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
+        match lookup(symbol, pfn, cuda_version, flags).0 {
+            0 => Ok(()),
+            r => Err(r),
+        }
     })
 }
 
@@ -104,7 +113,8 @@ pub unsafe extern "C" fn cuGetExportTable(
     table: *mut *const c_void,
     id: *const [u8; 16],
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let id = crate::ffi::read(id)?;
         match crate::dark_api::table_for(&id) {
             Some(t) => out(table, t),
@@ -135,22 +145,28 @@ fn error_strings() -> &'static HashMap<CUresult, (CString, CString)> {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorName(error: CUresult, name: *mut *const c_char) -> CUresult {
-    guard(|| match error_strings().get(&error) {
-        Some((n, _)) => out(name, n.as_ptr()),
-        None => {
-            out_opt(name, std::ptr::null());
-            Err(INVALID_VALUE)
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
+        match error_strings().get(&error) {
+            Some((n, _)) => out(name, n.as_ptr()),
+            None => {
+                out_opt(name, std::ptr::null());
+                Err(INVALID_VALUE)
+            }
         }
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorString(error: CUresult, text: *mut *const c_char) -> CUresult {
-    guard(|| match error_strings().get(&error) {
-        Some((_, t)) => out(text, t.as_ptr()),
-        None => {
-            out_opt(text, std::ptr::null());
-            Err(INVALID_VALUE)
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
+        match error_strings().get(&error) {
+            Some((_, t)) => out(text, t.as_ptr()),
+            None => {
+                out_opt(text, std::ptr::null());
+                Err(INVALID_VALUE)
+            }
         }
     })
 }

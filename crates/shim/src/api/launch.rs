@@ -23,43 +23,51 @@ const PARAM_BUFFER_SIZE: usize = 2;
 
 /// Reads `kernelParams` (one pointer per parameter) or `extra` (a pre-packed buffer) from the
 /// application; the client core packs them at the layout's offsets.
-pub(crate) fn pack(
+///
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+pub(crate) unsafe fn pack(
     layout: &[gpufuse_proto::ParamSlot],
     params: *const *const c_void,
     extra: *const *const c_void,
 ) -> Result<Vec<u8>, CUresult> {
-    match (params.is_null(), extra.is_null()) {
-        (false, false) => Err(INVALID_VALUE),
-        (true, true) => {
-            if layout.is_empty() {
-                Ok(Vec::new())
-            } else {
-                Err(INVALID_VALUE)
-            }
-        }
-        (false, true) => pack_params(layout, |i, size| {
-            let arg = read_at(params, i).map_err(ClientError::Cuda)?;
-            // SAFETY: `kernelParams[i]` points at the parameter's value, `size` bytes as the
-            // kernel declares it; read during this call only.
-            unsafe { host_bytes(arg, size) }.map_err(ClientError::Cuda)
-        })
-        .map_err(client_err),
-        (true, false) => {
-            let (mut buffer, mut size) = (std::ptr::null::<c_void>(), None::<usize>);
-            for i in (0..64).step_by(2) {
-                match read_at(extra, i)? as usize {
-                    PARAM_END => break,
-                    PARAM_BUFFER_POINTER => buffer = read_at(extra, i + 1)?,
-                    PARAM_BUFFER_SIZE => size = Some(read(read_at(extra, i + 1)?.cast::<usize>())?),
-                    _ => return Err(INVALID_VALUE),
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        match (params.is_null(), extra.is_null()) {
+            (false, false) => Err(INVALID_VALUE),
+            (true, true) => {
+                if layout.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    Err(INVALID_VALUE)
                 }
             }
-            let size = size.ok_or(INVALID_VALUE)?;
-            if size > MAX_PARAM_BYTES {
-                return Err(INVALID_VALUE);
+            (false, true) => pack_params(layout, |i, size| {
+                let arg = read_at(params, i).map_err(ClientError::Cuda)?;
+                // SAFETY: `kernelParams[i]` points at the parameter's value, `size` bytes as the
+                // kernel declares it; read during this call only.
+                host_bytes(arg, size).map_err(ClientError::Cuda)
+            })
+            .map_err(client_err),
+            (true, false) => {
+                let (mut buffer, mut size) = (std::ptr::null::<c_void>(), None::<usize>);
+                for i in (0..64).step_by(2) {
+                    match read_at(extra, i)? as usize {
+                        PARAM_END => break,
+                        PARAM_BUFFER_POINTER => buffer = read_at(extra, i + 1)?,
+                        PARAM_BUFFER_SIZE => {
+                            size = Some(read(read_at(extra, i + 1)?.cast::<usize>())?)
+                        }
+                        _ => return Err(INVALID_VALUE),
+                    }
+                }
+                let size = size.ok_or(INVALID_VALUE)?;
+                if size > MAX_PARAM_BYTES {
+                    return Err(INVALID_VALUE);
+                }
+                // SAFETY: `extra` says the buffer holds `size` bytes; copied during this call.
+                Ok(host_bytes(buffer, size)?.to_vec())
             }
-            // SAFETY: `extra` says the buffer holds `size` bytes; copied during this call.
-            Ok(unsafe { host_bytes(buffer, size) }?.to_vec())
         }
     }
 }
@@ -69,8 +77,9 @@ struct Dims {
     block: [u32; 3],
     shared_mem: u32,
 }
-
-fn launch(
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn launch(
     f: CUfunction,
     dims: Dims,
     stream: StreamRef,
@@ -78,37 +87,40 @@ fn launch(
     extra: *const *const c_void,
     attributes: Vec<(u32, [u64; 8])>,
 ) -> Result<(), CUresult> {
-    if dims.grid.contains(&0) || dims.block.contains(&0) {
-        return Err(INVALID_VALUE);
-    }
-    let cooperative = attributes
-        .iter()
-        .any(|&(id, v)| id == LAUNCH_ATTRIBUTE_COOPERATIVE && v[0] as u32 != 0);
-    if cooperative {
-        // Every block of a cooperative grid must be resident at once, as the driver checks
-        // when the launch is made.
-        let threads: u64 = dims.block.iter().map(|&d| d as u64).product();
-        let blocks: u64 = dims.grid.iter().map(|&d| d as u64).product();
-        let threads = c_int::try_from(threads).map_err(|_| INVALID_VALUE)?;
-        let fits = crate::api::occupancy::coresident(f, threads, dims.shared_mem as usize)?;
-        if blocks > fits {
-            return Err(COOPERATIVE_LAUNCH_TOO_LARGE);
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if dims.grid.contains(&0) || dims.block.contains(&0) {
+            return Err(INVALID_VALUE);
         }
-    }
-    let launch = KernelLaunch {
-        function: f as usize as u64,
-        grid: dims.grid,
-        block: dims.block,
-        shared_mem: dims.shared_mem,
-        stream,
-        attributes,
-    };
-    with_session(|s| {
-        s.launch_kernel(launch, &mut |layout| {
-            pack(layout, params, extra).map_err(ClientError::Cuda)
+        let cooperative = attributes
+            .iter()
+            .any(|&(id, v)| id == LAUNCH_ATTRIBUTE_COOPERATIVE && v[0] as u32 != 0);
+        if cooperative {
+            // Every block of a cooperative grid must be resident at once, as the driver checks
+            // when the launch is made.
+            let threads: u64 = dims.block.iter().map(|&d| d as u64).product();
+            let blocks: u64 = dims.grid.iter().map(|&d| d as u64).product();
+            let threads = c_int::try_from(threads).map_err(|_| INVALID_VALUE)?;
+            let fits = crate::api::occupancy::coresident(f, threads, dims.shared_mem as usize)?;
+            if blocks > fits {
+                return Err(COOPERATIVE_LAUNCH_TOO_LARGE);
+            }
+        }
+        let launch = KernelLaunch {
+            function: f as usize as u64,
+            grid: dims.grid,
+            block: dims.block,
+            shared_mem: dims.shared_mem,
+            stream,
+            attributes,
+        };
+        with_session(|s| {
+            s.launch_kernel(launch, &mut |layout| {
+                pack(layout, params, extra).map_err(ClientError::Cuda)
+            })
+            .map_err(client_err)
         })
-        .map_err(client_err)
-    })
+    }
 }
 
 /// The stream a launch export names: NULL is the per-thread default stream through a `_ptsz`
@@ -132,7 +144,8 @@ macro_rules! launch_kernel {
             params: *const *const c_void,
             extra: *const *const c_void,
         ) -> CUresult {
-            guard(|| launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz], shared_mem }, stream_ref(stream, $per_thread), params, extra, Vec::new()))
+            // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+            guard(|| unsafe { launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz], shared_mem }, stream_ref(stream, $per_thread), params, extra, Vec::new()) })
         }
     )*};
 }
@@ -151,7 +164,8 @@ macro_rules! launch_cooperative {
             params: *const *const c_void,
         ) -> CUresult {
             let coop = vec![(LAUNCH_ATTRIBUTE_COOPERATIVE, [1, 0, 0, 0, 0, 0, 0, 0])];
-            guard(|| launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz], shared_mem }, stream_ref(stream, $per_thread), params, std::ptr::null(), coop))
+            // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+            guard(|| unsafe { launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz], shared_mem }, stream_ref(stream, $per_thread), params, std::ptr::null(), coop) })
         }
     )*};
 }
@@ -190,33 +204,37 @@ pub fn config_dims(c: &LaunchConfig) -> ([c_uint; 3], [c_uint; 3]) {
         [c.block_dim_x, c.block_dim_y, c.block_dim_z],
     )
 }
-
-fn launch_ex(
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn launch_ex(
     config: *const LaunchConfig,
     f: CUfunction,
     params: *const *const c_void,
     extra: *const *const c_void,
     per_thread_default: bool,
 ) -> Result<(), CUresult> {
-    let c = read(config)?;
-    let mut attributes = Vec::with_capacity(c.num_attrs as usize);
-    for i in 0..c.num_attrs as usize {
-        let a = read_at(c.attrs.cast_const(), i)?;
-        attributes.push(attribute_words(&a));
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let c = read(config)?;
+        let mut attributes = Vec::with_capacity(c.num_attrs as usize);
+        for i in 0..c.num_attrs as usize {
+            let a = read_at(c.attrs.cast_const(), i)?;
+            attributes.push(attribute_words(&a));
+        }
+        let (grid, block) = config_dims(&c);
+        launch(
+            f,
+            Dims {
+                grid,
+                block,
+                shared_mem: c.shared_mem_bytes,
+            },
+            stream_ref(c.h_stream, per_thread_default),
+            params,
+            extra,
+            attributes,
+        )
     }
-    let (grid, block) = config_dims(&c);
-    launch(
-        f,
-        Dims {
-            grid,
-            block,
-            shared_mem: c.shared_mem_bytes,
-        },
-        stream_ref(c.h_stream, per_thread_default),
-        params,
-        extra,
-        attributes,
-    )
 }
 
 #[no_mangle]
@@ -226,7 +244,8 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     params: *const *const c_void,
     extra: *const *const c_void,
 ) -> CUresult {
-    guard(|| launch_ex(config, f, params, extra, false))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { launch_ex(config, f, params, extra, false) })
 }
 
 #[no_mangle]
@@ -236,7 +255,8 @@ pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
     params: *const *const c_void,
     extra: *const *const c_void,
 ) -> CUresult {
-    guard(|| launch_ex(config, f, params, extra, true))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { launch_ex(config, f, params, extra, true) })
 }
 
 include!(concat!(env!("OUT_DIR"), "/aliases_launch.rs"));

@@ -80,80 +80,100 @@ fn states() -> &'static Mutex<HashMap<u64, LinkState>> {
 static NEXT: AtomicU64 = AtomicU64::new(0x11_0000_0001);
 
 /// Reads the options the application passed. Unknown options are `CUDA_ERROR_INVALID_VALUE`.
-fn read_options(
+///
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn read_options(
     n: c_uint,
     options: *const c_uint,
     values: *mut *mut c_void,
     logs: &mut Logs,
 ) -> Result<(), CUresult> {
-    if n == 0 {
-        return Ok(());
-    }
-    if n > MAX_OPTIONS || options.is_null() || values.is_null() {
-        return Err(INVALID_VALUE);
-    }
-    let (mut info_buf, mut info_cap, mut err_buf, mut err_cap) = (None, None, None, None);
-    for i in 0..n as usize {
-        let opt = read_at(options, i)?;
-        let value = read_at(values.cast_const(), i)? as usize;
-        let slot = values as usize + i * std::mem::size_of::<*mut c_void>();
-        match opt {
-            CU_JIT_INFO_LOG_BUFFER => info_buf = Some(value),
-            CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES => info_cap = Some((value, slot)),
-            CU_JIT_ERROR_LOG_BUFFER => err_buf = Some(value),
-            CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES => err_cap = Some((value, slot)),
-            CU_JIT_WALL_TIME => logs.wall = Some(slot),
-            o if o <= LAST_JIT_OPTION => {}
-            _ => return Err(INVALID_VALUE),
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if n == 0 {
+            return Ok(());
         }
+        if n > MAX_OPTIONS || options.is_null() || values.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let (mut info_buf, mut info_cap, mut err_buf, mut err_cap) = (None, None, None, None);
+        for i in 0..n as usize {
+            let opt = read_at(options, i)?;
+            let value = read_at(values.cast_const(), i)? as usize;
+            let slot = values as usize + i * std::mem::size_of::<*mut c_void>();
+            match opt {
+                CU_JIT_INFO_LOG_BUFFER => info_buf = Some(value),
+                CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES => info_cap = Some((value, slot)),
+                CU_JIT_ERROR_LOG_BUFFER => err_buf = Some(value),
+                CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES => err_cap = Some((value, slot)),
+                CU_JIT_WALL_TIME => logs.wall = Some(slot),
+                o if o <= LAST_JIT_OPTION => {}
+                _ => return Err(INVALID_VALUE),
+            }
+        }
+        if let (Some(b), Some((cap, slot))) = (info_buf, info_cap) {
+            logs.info = (b != 0 && cap > 0).then_some((b, cap, slot));
+        }
+        if let (Some(b), Some((cap, slot))) = (err_buf, err_cap) {
+            logs.error = (b != 0 && cap > 0).then_some((b, cap, slot));
+        }
+        Ok(())
     }
-    if let (Some(b), Some((cap, slot))) = (info_buf, info_cap) {
-        logs.info = (b != 0 && cap > 0).then_some((b, cap, slot));
-    }
-    if let (Some(b), Some((cap, slot))) = (err_buf, err_cap) {
-        logs.error = (b != 0 && cap > 0).then_some((b, cap, slot));
-    }
-    Ok(())
 }
 
 /// Writes `text` to a log buffer and the bytes written (with the NUL) to its size slot.
-fn write_log(log: Option<(usize, usize, usize)>, text: &str) {
-    if let Some((buf, cap, slot)) = log {
-        let _ = write_cstr(buf as *mut c_char, cap, text);
-        let n = text.len().min(cap.saturating_sub(1)) + 1;
-        let _ = write_at(slot as *mut usize, 0, n);
+///
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn write_log(log: Option<(usize, usize, usize)>, text: &str) {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if let Some((buf, cap, slot)) = log {
+            let _ = write_cstr(buf as *mut c_char, cap, text);
+            let n = text.len().min(cap.saturating_sub(1)) + 1;
+            let _ = write_at(slot as *mut usize, 0, n);
+        }
     }
 }
-
-fn write_wall(logs: &Logs, started: Instant) {
-    if let Some(slot) = logs.wall {
-        let ms = started.elapsed().as_secs_f32() * 1000.0;
-        let _ = write_at(slot as *mut u64, 0, ms.to_bits() as u64);
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn write_wall(logs: &Logs, started: Instant) {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if let Some(slot) = logs.wall {
+            let ms = started.elapsed().as_secs_f32() * 1000.0;
+            let _ = write_at(slot as *mut u64, 0, ms.to_bits() as u64);
+        }
     }
 }
-
-fn link_create(
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn link_create(
     n: c_uint,
     options: *const c_uint,
     values: *mut *mut c_void,
     state_out: *mut CUlinkState,
 ) -> Result<(), CUresult> {
-    if state_out.is_null() {
-        return Err(INVALID_VALUE);
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if state_out.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let mut logs = Logs::default();
+        read_options(n, options, values, &mut logs)?;
+        let h = NEXT.fetch_add(1, Ordering::Relaxed);
+        states().lock().unwrap_or_else(|p| p.into_inner()).insert(
+            h,
+            LinkState {
+                logs,
+                inputs: Vec::new(),
+                info: String::new(),
+                image: None,
+            },
+        );
+        out(state_out, h as usize as CUlinkState)
     }
-    let mut logs = Logs::default();
-    read_options(n, options, values, &mut logs)?;
-    let h = NEXT.fetch_add(1, Ordering::Relaxed);
-    states().lock().unwrap_or_else(|p| p.into_inner()).insert(
-        h,
-        LinkState {
-            logs,
-            inputs: Vec::new(),
-            info: String::new(),
-            image: None,
-        },
-    );
-    out(state_out, h as usize as CUlinkState)
 }
 
 /// The units of an object file or a static library: its fatbins that carry PTX.
@@ -205,7 +225,9 @@ fn accept(kind: c_uint, name: &str, bytes: &[u8]) -> Result<Units, (CUresult, St
 }
 
 #[allow(clippy::too_many_arguments)]
-fn add(
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn add(
     state: CUlinkState,
     kind: c_uint,
     bytes: &[u8],
@@ -214,25 +236,28 @@ fn add(
     options: *const c_uint,
     values: *mut *mut c_void,
 ) -> Result<(), CUresult> {
-    let started = Instant::now();
-    let mut all = states().lock().unwrap_or_else(|p| p.into_inner());
-    let s = all
-        .get_mut(&(state as usize as u64))
-        .ok_or(INVALID_HANDLE)?;
-    // Options given here apply to this input only.
-    let mut logs = s.logs;
-    read_options(n, options, values, &mut logs)?;
-    match accept(kind, name, bytes) {
-        Ok(units) => {
-            s.info.push_str(&format!("info    : added {name}\n"));
-            write_log(logs.info, &s.info);
-            s.inputs.extend(units);
-            write_wall(&logs, started);
-            Ok(())
-        }
-        Err((status, why)) => {
-            write_log(logs.error, &format!("error   : {why}"));
-            Err(status)
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let started = Instant::now();
+        let mut all = states().lock().unwrap_or_else(|p| p.into_inner());
+        let s = all
+            .get_mut(&(state as usize as u64))
+            .ok_or(INVALID_HANDLE)?;
+        // Options given here apply to this input only.
+        let mut logs = s.logs;
+        read_options(n, options, values, &mut logs)?;
+        match accept(kind, name, bytes) {
+            Ok(units) => {
+                s.info.push_str(&format!("info    : added {name}\n"));
+                write_log(logs.info, &s.info);
+                s.inputs.extend(units);
+                write_wall(&logs, started);
+                Ok(())
+            }
+            Err((status, why)) => {
+                write_log(logs.error, &format!("error   : {why}"));
+                Err(status)
+            }
         }
     }
 }
@@ -250,7 +275,9 @@ unsafe fn name_or(name: *const c_char, default: &str) -> Result<&str, CUresult> 
 }
 
 #[allow(clippy::too_many_arguments)]
-fn link_add_data(
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn link_add_data(
     state: CUlinkState,
     kind: c_uint,
     data: *mut c_void,
@@ -260,18 +287,22 @@ fn link_add_data(
     options: *const c_uint,
     values: *mut *mut c_void,
 ) -> Result<(), CUresult> {
-    if data.is_null() || size == 0 {
-        return Err(INVALID_VALUE);
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if data.is_null() || size == 0 {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: `data` is the caller's input of `size` bytes (cuLinkAddData's contract), read
+        // only during this call: `add` copies what it keeps.
+        let bytes = host_bytes(data, size)?;
+        // SAFETY: `name` is NULL or the caller's NUL-terminated name, used only during this call.
+        let name = name_or(name, "<data>")?;
+        add(state, kind, bytes, name, n, options, values)
     }
-    // SAFETY: `data` is the caller's input of `size` bytes (cuLinkAddData's contract), read
-    // only during this call: `add` copies what it keeps.
-    let bytes = unsafe { host_bytes(data, size)? };
-    // SAFETY: `name` is NULL or the caller's NUL-terminated name, used only during this call.
-    let name = unsafe { name_or(name, "<data>")? };
-    add(state, kind, bytes, name, n, options, values)
 }
-
-fn link_add_file(
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn link_add_file(
     state: CUlinkState,
     kind: c_uint,
     path: *const c_char,
@@ -279,72 +310,81 @@ fn link_add_file(
     options: *const c_uint,
     values: *mut *mut c_void,
 ) -> Result<(), CUresult> {
-    // SAFETY: `path` is NULL or the caller's NUL-terminated path (cuLinkAddFile's contract),
-    // used only during this call.
-    let path = unsafe { cstr(path)? };
-    let bytes = std::fs::read(path).map_err(|_| FILE_NOT_FOUND)?;
-    add(state, kind, &bytes, path, n, options, values)
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        // SAFETY: `path` is NULL or the caller's NUL-terminated path (cuLinkAddFile's contract),
+        // used only during this call.
+        let path = cstr(path)?;
+        let bytes = std::fs::read(path).map_err(|_| FILE_NOT_FOUND)?;
+        add(state, kind, &bytes, path, n, options, values)
+    }
 }
-
-fn link_complete(
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn link_complete(
     state: CUlinkState,
     cubin_out: *mut *mut c_void,
     size_out: *mut usize,
 ) -> Result<(), CUresult> {
-    if cubin_out.is_null() || size_out.is_null() {
-        return Err(INVALID_VALUE);
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if cubin_out.is_null() || size_out.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let started = Instant::now();
+        let mut all = states().lock().unwrap_or_else(|p| p.into_inner());
+        let s = all
+            .get_mut(&(state as usize as u64))
+            .ok_or(INVALID_HANDLE)?;
+        let fail = |s: &LinkState, status: CUresult, why: String| {
+            write_log(s.logs.error, &format!("error   : {why}"));
+            Err(status)
+        };
+        if s.inputs.is_empty() {
+            return fail(
+                s,
+                INVALID_VALUE,
+                "nothing to link: no input was added".into(),
+            );
+        }
+        let inputs: Vec<(&str, &[u8])> = s
+            .inputs
+            .iter()
+            .map(|(n, b)| (n.as_str(), b.as_slice()))
+            .collect();
+        let image = match gpufuse_fatbin::link_image(&inputs) {
+            Ok(i) => i,
+            Err(e) => return fail(s, NO_BINARY_FOR_GPU, e.to_string()),
+        };
+        let texts = match gpufuse_fatbin::select_units(&image, u32::MAX) {
+            Ok(t) => t,
+            Err(e) => return fail(s, INVALID_IMAGE, e.to_string()),
+        };
+        // One text per input, in order (`link_image` makes each input a unit).
+        let units: Vec<(&str, &str)> = inputs
+            .iter()
+            .map(|i| i.0)
+            .zip(texts.iter().map(String::as_str))
+            .collect();
+        match gpufuse_ptx::Module::link(&units) {
+            Ok(_) => {}
+            Err(e @ gpufuse_ptx::PtxError::Link(_)) => {
+                return fail(s, INVALID_IMAGE, e.to_string())
+            }
+            Err(e) => return fail(s, INVALID_PTX, e.to_string()),
+        }
+        s.info.push_str(&format!(
+            "info    : linked {} unit(s) into an image of {} bytes\n",
+            units.len(),
+            image.len()
+        ));
+        write_log(s.logs.info, &s.info);
+        write_wall(&s.logs, started);
+        let len = image.len();
+        let ptr = s.image.insert(image).as_mut_ptr();
+        out(cubin_out, ptr.cast::<c_void>())?;
+        out(size_out, len)
     }
-    let started = Instant::now();
-    let mut all = states().lock().unwrap_or_else(|p| p.into_inner());
-    let s = all
-        .get_mut(&(state as usize as u64))
-        .ok_or(INVALID_HANDLE)?;
-    let fail = |s: &LinkState, status: CUresult, why: String| {
-        write_log(s.logs.error, &format!("error   : {why}"));
-        Err(status)
-    };
-    if s.inputs.is_empty() {
-        return fail(
-            s,
-            INVALID_VALUE,
-            "nothing to link: no input was added".into(),
-        );
-    }
-    let inputs: Vec<(&str, &[u8])> = s
-        .inputs
-        .iter()
-        .map(|(n, b)| (n.as_str(), b.as_slice()))
-        .collect();
-    let image = match gpufuse_fatbin::link_image(&inputs) {
-        Ok(i) => i,
-        Err(e) => return fail(s, NO_BINARY_FOR_GPU, e.to_string()),
-    };
-    let texts = match gpufuse_fatbin::select_units(&image, u32::MAX) {
-        Ok(t) => t,
-        Err(e) => return fail(s, INVALID_IMAGE, e.to_string()),
-    };
-    // One text per input, in order (`link_image` makes each input a unit).
-    let units: Vec<(&str, &str)> = inputs
-        .iter()
-        .map(|i| i.0)
-        .zip(texts.iter().map(String::as_str))
-        .collect();
-    match gpufuse_ptx::Module::link(&units) {
-        Ok(_) => {}
-        Err(e @ gpufuse_ptx::PtxError::Link(_)) => return fail(s, INVALID_IMAGE, e.to_string()),
-        Err(e) => return fail(s, INVALID_PTX, e.to_string()),
-    }
-    s.info.push_str(&format!(
-        "info    : linked {} unit(s) into an image of {} bytes\n",
-        units.len(),
-        image.len()
-    ));
-    write_log(s.logs.info, &s.info);
-    write_wall(&s.logs, started);
-    let len = image.len();
-    let ptr = s.image.insert(image).as_mut_ptr();
-    out(cubin_out, ptr.cast::<c_void>())?;
-    out(size_out, len)
 }
 
 fn link_destroy(state: CUlinkState) -> Result<(), CUresult> {
@@ -363,7 +403,8 @@ pub unsafe extern "C" fn cuLinkCreate_v2(
     option_values: *mut *mut c_void,
     state_out: *mut CUlinkState,
 ) -> CUresult {
-    guard(|| link_create(num_options, options, option_values, state_out))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { link_create(num_options, options, option_values, state_out) })
 }
 
 #[no_mangle]
@@ -373,7 +414,8 @@ pub unsafe extern "C" fn cuLinkCreate(
     option_values: *mut *mut c_void,
     state_out: *mut CUlinkState,
 ) -> CUresult {
-    guard(|| link_create(num_options, options, option_values, state_out))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { link_create(num_options, options, option_values, state_out) })
 }
 
 #[no_mangle]
@@ -388,7 +430,8 @@ pub unsafe extern "C" fn cuLinkAddData_v2(
     options: *mut c_uint,
     option_values: *mut *mut c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         link_add_data(
             state,
             kind,
@@ -414,7 +457,8 @@ pub unsafe extern "C" fn cuLinkAddData(
     options: *mut c_uint,
     option_values: *mut *mut c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         link_add_data(
             state,
             kind,
@@ -437,7 +481,8 @@ pub unsafe extern "C" fn cuLinkAddFile_v2(
     options: *mut c_uint,
     option_values: *mut *mut c_void,
 ) -> CUresult {
-    guard(|| link_add_file(state, kind, path, num_options, options, option_values))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { link_add_file(state, kind, path, num_options, options, option_values) })
 }
 
 #[no_mangle]
@@ -449,7 +494,8 @@ pub unsafe extern "C" fn cuLinkAddFile(
     options: *mut c_uint,
     option_values: *mut *mut c_void,
 ) -> CUresult {
-    guard(|| link_add_file(state, kind, path, num_options, options, option_values))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { link_add_file(state, kind, path, num_options, options, option_values) })
 }
 
 #[no_mangle]
@@ -458,7 +504,8 @@ pub unsafe extern "C" fn cuLinkComplete(
     cubin_out: *mut *mut c_void,
     size_out: *mut usize,
 ) -> CUresult {
-    guard(|| link_complete(state, cubin_out, size_out))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { link_complete(state, cubin_out, size_out) })
 }
 
 #[no_mangle]

@@ -20,7 +20,8 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     size: usize,
     flags: c_uint,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         if size == 0 || !matches!(flags, ATTACH_GLOBAL | ATTACH_HOST) {
             return Err(INVALID_VALUE);
         }

@@ -15,7 +15,8 @@ pub type CUdeviceptr = u64;
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
-    guard(|| out(dptr, with_core(|g| g.alloc(size as u64))?))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(dptr, with_core(|g| g.alloc(size as u64))?) })
 }
 
 #[no_mangle]
@@ -26,7 +27,8 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     height: usize,
     elem_size: c_uint,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let (ptr, p) = with_core(|g| g.alloc_pitch(width as u64, height as u64, elem_size))?;
         out(dptr, ptr)?;
         out(pitch, p as usize)
@@ -48,7 +50,8 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     size: usize,
     stream: *mut c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let p = with_core(|g| {
             let st = g.stream_id(stream as usize as u64)?;
             let (_, device) = g.current()?;
@@ -66,7 +69,8 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     pool: *mut c_void,
     stream: *mut c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let p = with_core(|g| {
             let st = g.stream_id(stream as usize as u64)?;
             g.alloc_async(size as u64, pool as usize as u64, st)
@@ -92,7 +96,8 @@ pub unsafe extern "C" fn cuMemFreeAsync(ptr: CUdeviceptr, stream: *mut c_void) -
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: c_int) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         session()?
             .device(dev)
             .ok_or(crate::status::INVALID_DEVICE)?;
@@ -102,7 +107,8 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: 
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut *mut c_void, dev: c_int) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         s.device(dev).ok_or(crate::status::INVALID_DEVICE)?;
         let h = s.lock().current_pool(dev as u32);
@@ -127,7 +133,8 @@ const MEM_LOCATION_TYPE_DEVICE: i32 = 1;
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         if pool.is_null() {
             return Err(INVALID_VALUE);
         }
@@ -169,7 +176,8 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     attr: c_int,
     value: *mut c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let mut g = s.lock();
         let stats = g.pool_stats(pool as usize as u64).map_err(client_err)?;
@@ -201,7 +209,8 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
     attr: c_int,
     value: *mut c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let stats = *s
             .lock()
@@ -231,7 +240,8 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: *mut c_void, _keep: usize) -> CUr
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let (f, t) = with_core(|g| g.mem_info())?;
         out_opt(free, f as usize);
         out_opt(total, t as usize);
@@ -245,7 +255,8 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     size: *mut usize,
     dptr: CUdeviceptr,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let (b, a) = s
             .lock()
@@ -256,17 +267,22 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
         Ok(())
     })
 }
-
-fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CUresult> {
-    if pp.is_null() {
-        return Err(INVALID_VALUE);
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if pp.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        out(pp, with_core(|g| g.host_alloc(size, flags))?.cast())
     }
-    out(pp, with_core(|g| g.host_alloc(size, flags))?.cast())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
-    guard(|| host_alloc(pp, size, 0))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { host_alloc(pp, size, 0) })
 }
 
 #[no_mangle]
@@ -275,7 +291,8 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     size: usize,
     flags: c_uint,
 ) -> CUresult {
-    guard(|| host_alloc(pp, size, flags))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { host_alloc(pp, size, flags) })
 }
 
 #[no_mangle]
@@ -299,7 +316,8 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let (_, h) = s.lock().find_host(p as usize).ok_or(INVALID_VALUE)?;
         out(flags, h.flags)
@@ -314,7 +332,8 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
     p: *mut c_void,
     flags: c_uint,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         if flags != 0 {
             return Err(INVALID_VALUE);
         }
@@ -376,64 +395,70 @@ fn classify(g: &Inner, ptr: u64) -> PointerKind {
 }
 
 /// Writes one attribute. Returns false if the pointer is not CUDA memory.
-fn write_attribute(
+///
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn write_attribute(
     g: &Inner,
     attr: c_int,
     data: *mut c_void,
     ptr: u64,
     unknown_ok: bool,
 ) -> Result<(), CUresult> {
-    let kind = classify(g, ptr);
-    let primary = |d: u32| g.primary_handle(d).unwrap_or(0) as usize as CUcontext;
-    let (base, size, device, mem_type) = match kind {
-        PointerKind::Device { base, size, device } => {
-            (base, size, device as c_int, MEMORYTYPE_DEVICE)
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let kind = classify(g, ptr);
+        let primary = |d: u32| g.primary_handle(d).unwrap_or(0) as usize as CUcontext;
+        let (base, size, device, mem_type) = match kind {
+            PointerKind::Device { base, size, device } => {
+                (base, size, device as c_int, MEMORYTYPE_DEVICE)
+            }
+            PointerKind::Host { base, size } => (base as u64, size as u64, 0, MEMORYTYPE_HOST),
+            PointerKind::Unknown if unknown_ok => {
+                // "Default NULL values" for a non-CUDA pointer (cuda.h): what CuPy expects.
+                return match attr {
+                    P_CONTEXT | P_HOST_POINTER | P_RANGE_START | P_MEMPOOL | P_MAPPING_BASE => {
+                        out(data.cast::<*mut c_void>(), std::ptr::null_mut())
+                    }
+                    P_DEVICE_POINTER | P_BUFFER_ID | P_ALLOWED_HANDLE_TYPES | P_BLOCK_ID => {
+                        out(data.cast::<u64>(), 0)
+                    }
+                    P_RANGE_SIZE | P_MAPPING_SIZE => out(data.cast::<usize>(), 0),
+                    P_DEVICE_ORDINAL => out(data.cast::<c_int>(), DEVICE_INVALID),
+                    _ => out(data.cast::<u32>(), 0),
+                };
+            }
+            PointerKind::Unknown => return Err(INVALID_VALUE),
+        };
+        match attr {
+            P_CONTEXT => out(data.cast::<CUcontext>(), primary(device as u32)),
+            P_MEMORY_TYPE => out(data.cast::<u32>(), mem_type),
+            P_DEVICE_POINTER => out(data.cast::<u64>(), ptr),
+            P_HOST_POINTER => out(
+                data.cast::<*mut c_void>(),
+                if mem_type == MEMORYTYPE_HOST {
+                    ptr as usize as *mut c_void
+                } else {
+                    std::ptr::null_mut()
+                },
+            ),
+            P_IS_MANAGED => out(
+                data.cast::<u32>(),
+                (mem_type == MEMORYTYPE_DEVICE
+                    && g.find_allocation(ptr, 1)
+                        .is_some_and(|(_, a)| a.is_managed())) as u32,
+            ),
+            P_SYNC_MEMOPS | P_IS_LEGACY_IPC | P_GDR_CAPABLE => out(data.cast::<u32>(), 0),
+            P_MAPPED => out(data.cast::<u32>(), 1),
+            P_BUFFER_ID | P_BLOCK_ID => out(data.cast::<u64>(), base),
+            P_DEVICE_ORDINAL => out(data.cast::<c_int>(), device),
+            P_RANGE_START | P_MAPPING_BASE => out(data.cast::<u64>(), base),
+            P_RANGE_SIZE | P_MAPPING_SIZE => out(data.cast::<usize>(), size as usize),
+            P_ALLOWED_HANDLE_TYPES => out(data.cast::<u64>(), 0),
+            P_ACCESS_FLAGS => out(data.cast::<c_int>(), 3),
+            P_MEMPOOL => out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
+            _ => Err(INVALID_VALUE),
         }
-        PointerKind::Host { base, size } => (base as u64, size as u64, 0, MEMORYTYPE_HOST),
-        PointerKind::Unknown if unknown_ok => {
-            // "Default NULL values" for a non-CUDA pointer (cuda.h): what CuPy expects.
-            return match attr {
-                P_CONTEXT | P_HOST_POINTER | P_RANGE_START | P_MEMPOOL | P_MAPPING_BASE => {
-                    out(data.cast::<*mut c_void>(), std::ptr::null_mut())
-                }
-                P_DEVICE_POINTER | P_BUFFER_ID | P_ALLOWED_HANDLE_TYPES | P_BLOCK_ID => {
-                    out(data.cast::<u64>(), 0)
-                }
-                P_RANGE_SIZE | P_MAPPING_SIZE => out(data.cast::<usize>(), 0),
-                P_DEVICE_ORDINAL => out(data.cast::<c_int>(), DEVICE_INVALID),
-                _ => out(data.cast::<u32>(), 0),
-            };
-        }
-        PointerKind::Unknown => return Err(INVALID_VALUE),
-    };
-    match attr {
-        P_CONTEXT => out(data.cast::<CUcontext>(), primary(device as u32)),
-        P_MEMORY_TYPE => out(data.cast::<u32>(), mem_type),
-        P_DEVICE_POINTER => out(data.cast::<u64>(), ptr),
-        P_HOST_POINTER => out(
-            data.cast::<*mut c_void>(),
-            if mem_type == MEMORYTYPE_HOST {
-                ptr as usize as *mut c_void
-            } else {
-                std::ptr::null_mut()
-            },
-        ),
-        P_IS_MANAGED => out(
-            data.cast::<u32>(),
-            (mem_type == MEMORYTYPE_DEVICE
-                && g.find_allocation(ptr, 1)
-                    .is_some_and(|(_, a)| a.is_managed())) as u32,
-        ),
-        P_SYNC_MEMOPS | P_IS_LEGACY_IPC | P_GDR_CAPABLE => out(data.cast::<u32>(), 0),
-        P_MAPPED => out(data.cast::<u32>(), 1),
-        P_BUFFER_ID | P_BLOCK_ID => out(data.cast::<u64>(), base),
-        P_DEVICE_ORDINAL => out(data.cast::<c_int>(), device),
-        P_RANGE_START | P_MAPPING_BASE => out(data.cast::<u64>(), base),
-        P_RANGE_SIZE | P_MAPPING_SIZE => out(data.cast::<usize>(), size as usize),
-        P_ALLOWED_HANDLE_TYPES => out(data.cast::<u64>(), 0),
-        P_ACCESS_FLAGS => out(data.cast::<c_int>(), 3),
-        P_MEMPOOL => out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
-        _ => Err(INVALID_VALUE),
     }
 }
 
@@ -443,7 +468,8 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     attr: c_int,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let g = s.lock();
         write_attribute(&g, attr, data, ptr, false)
@@ -457,7 +483,8 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
     data: *const *mut c_void,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let g = s.lock();
         for i in 0..num as usize {

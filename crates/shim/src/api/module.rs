@@ -50,19 +50,24 @@ fn load_checked(bytes: &[u8]) -> Result<CUmodule, CUresult> {
     }
     Ok(p(g.load_module(bytes).map_err(client_err)?))
 }
-
-fn module_load(pmod: *mut CUmodule, image: *const c_void) -> Result<(), CUresult> {
-    if pmod.is_null() {
-        return Err(INVALID_VALUE);
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn module_load(pmod: *mut CUmodule, image: *const c_void) -> Result<(), CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if pmod.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: CUDA's contract for a module image argument, read during this call only.
+        let bytes = image_bytes(image)?;
+        out(pmod, load_checked(&bytes)?)
     }
-    // SAFETY: CUDA's contract for a module image argument, read during this call only.
-    let bytes = unsafe { image_bytes(image) }?;
-    out(pmod, load_checked(&bytes)?)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(pmod: *mut CUmodule, image: *const c_void) -> CUresult {
-    guard(|| module_load(pmod, image))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { module_load(pmod, image) })
 }
 
 #[no_mangle]
@@ -73,7 +78,8 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
     _options: *mut c_int,
     _values: *mut *mut c_void,
 ) -> CUresult {
-    guard(|| module_load(pmod, image))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { module_load(pmod, image) })
 }
 
 #[no_mangle]
@@ -81,7 +87,8 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
     pmod: *mut CUmodule,
     image: *const c_void,
 ) -> CUresult {
-    guard(|| module_load(pmod, image))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { module_load(pmod, image) })
 }
 
 fn read_file(path: *const c_char) -> Result<Vec<u8>, CUresult> {
@@ -99,7 +106,8 @@ fn read_file(path: *const c_char) -> Result<Vec<u8>, CUresult> {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoad(pmod: *mut CUmodule, fname: *const c_char) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let bytes = read_file(fname)?;
         out(pmod, load_checked(&bytes)?)
     })
@@ -116,9 +124,10 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     hmod: CUmodule,
     name: *const c_char,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         // SAFETY: a NUL-terminated string argument, used during this call only.
-        let name = unsafe { cstr(name) }?;
+        let name = cstr(name)?;
         out(pf, p(with_core(|g| g.function(h(hmod), name))?))
     })
 }
@@ -130,9 +139,10 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     hmod: CUmodule,
     name: *const c_char,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         // SAFETY: a NUL-terminated string argument, used during this call only.
-        let name = unsafe { cstr(name) }?;
+        let name = cstr(name)?;
         let (ptr, size) = with_core(|g| g.global(h(hmod), name))?;
         out_opt(dptr, ptr);
         out_opt(bytes, size as usize);
@@ -144,7 +154,8 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
 /// 1): fatbins and cubins reach the worker at their first use.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut c_int) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         out(
             mode,
             if gpufuse_client::module::lazy_loading() {
@@ -155,12 +166,16 @@ pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut c_int) -> CUresult {
         )
     })
 }
-
-fn library_load(plib: *mut CUlibrary, bytes: &[u8]) -> Result<(), CUresult> {
-    if plib.is_null() {
-        return Err(INVALID_VALUE);
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn library_load(plib: *mut CUlibrary, bytes: &[u8]) -> Result<(), CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if plib.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        out(plib, p(with_core(|g| g.load_library(bytes))?))
     }
-    out(plib, p(with_core(|g| g.load_library(bytes))?))
 }
 
 #[no_mangle]
@@ -174,9 +189,10 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _lib_values: *mut *mut c_void,
     _num_lib: c_uint,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         // SAFETY: CUDA's contract for a module image argument, read during this call only.
-        let image = unsafe { image_bytes(code) }?;
+        let image = image_bytes(code)?;
         library_load(plib, &image)
     })
 }
@@ -192,7 +208,8 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     _lib_values: *mut *mut c_void,
     _num_lib: c_uint,
 ) -> CUresult {
-    guard(|| library_load(plib, &read_file(fname)?))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { library_load(plib, &read_file(fname)?) })
 }
 
 #[no_mangle]
@@ -206,16 +223,18 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     lib: CUlibrary,
     name: *const c_char,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         // SAFETY: a NUL-terminated string argument, used during this call only.
-        let name = unsafe { cstr(name) }?;
+        let name = cstr(name)?;
         out(pk, p(with_core(|g| g.library_kernel(h(lib), name))?))
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuLibraryGetModule(pmod: *mut CUmodule, lib: CUlibrary) -> CUresult {
-    guard(|| out(pmod, p(with_core(|g| g.library_module(h(lib)))?)))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(pmod, p(with_core(|g| g.library_module(h(lib)))?)) })
 }
 
 #[no_mangle]
@@ -225,9 +244,10 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     lib: CUlibrary,
     name: *const c_char,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         // SAFETY: a NUL-terminated string argument, used during this call only.
-        let name = unsafe { cstr(name) }?;
+        let name = cstr(name)?;
         let (ptr, size) = with_core(|g| {
             let m = g.library_module(h(lib))?;
             g.global(m, name)
@@ -240,17 +260,20 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuKernelGetFunction(pf: *mut CUfunction, kernel: CUkernel) -> CUresult {
-    guard(|| out(pf, p(with_core(|g| g.kernel(h(kernel)))?.function)))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(pf, p(with_core(|g| g.kernel(h(kernel)))?.function)) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuKernelGetLibrary(plib: *mut CUlibrary, kernel: CUkernel) -> CUresult {
-    guard(|| out(plib, p(with_core(|g| g.kernel(h(kernel)))?.library)))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(plib, p(with_core(|g| g.kernel(h(kernel)))?.library)) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncGetModule(pmod: *mut CUmodule, f: CUfunction) -> CUresult {
-    guard(|| out(pmod, p(with_core(|g| Ok(g.function_info(h(f))?.module))?)))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(pmod, p(with_core(|g| Ok(g.function_info(h(f))?.module))?)) })
 }
 
 /// Runs `op` on the function a `CUfunction` or `CUkernel` names.
@@ -262,17 +285,21 @@ pub(crate) fn with_function<T>(
     let mut g = s.lock();
     op(g.function_info_mut(h(f)).map_err(client_err)?)
 }
-
-fn get_attribute(pi: *mut c_int, attrib: c_int, f: *mut c_void) -> Result<(), CUresult> {
-    let v = with_function(f, |func| {
-        func.info
-            .attributes
-            .iter()
-            .find(|(a, _)| *a == attrib)
-            .map(|&(_, v)| v)
-            .ok_or(INVALID_VALUE)
-    })?;
-    out(pi, v)
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn get_attribute(pi: *mut c_int, attrib: c_int, f: *mut c_void) -> Result<(), CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let v = with_function(f, |func| {
+            func.info
+                .attributes
+                .iter()
+                .find(|(a, _)| *a == attrib)
+                .map(|&(_, v)| v)
+                .ok_or(INVALID_VALUE)
+        })?;
+        out(pi, v)
+    }
 }
 
 fn set_attribute(f: *mut c_void, attrib: c_int, value: c_int) -> Result<(), CUresult> {
@@ -291,7 +318,8 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
     attrib: c_int,
     f: CUfunction,
 ) -> CUresult {
-    guard(|| get_attribute(pi, attrib, f))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { get_attribute(pi, attrib, f) })
 }
 
 #[no_mangle]
@@ -301,7 +329,8 @@ pub unsafe extern "C" fn cuKernelGetAttribute(
     k: CUkernel,
     _dev: c_int,
 ) -> CUresult {
-    guard(|| get_attribute(pi, attrib, k))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { get_attribute(pi, attrib, k) })
 }
 
 #[no_mangle]
@@ -341,19 +370,23 @@ pub unsafe extern "C" fn cuKernelSetCacheConfig(
 pub unsafe extern "C" fn cuFuncSetSharedMemConfig(f: CUfunction, _config: c_int) -> CUresult {
     guard(|| with_function(f, |_| Ok(())))
 }
-
-fn param_info(
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn param_info(
     f: *mut c_void,
     index: usize,
     offset: *mut usize,
     size: *mut usize,
 ) -> Result<(), CUresult> {
-    let slot = with_function(f, |func| {
-        func.info.params.get(index).copied().ok_or(INVALID_VALUE)
-    })?;
-    out(offset, slot.offset as usize)?;
-    out_opt(size, slot.size as usize);
-    Ok(())
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let slot = with_function(f, |func| {
+            func.info.params.get(index).copied().ok_or(INVALID_VALUE)
+        })?;
+        out(offset, slot.offset as usize)?;
+        out_opt(size, slot.size as usize);
+        Ok(())
+    }
 }
 
 #[no_mangle]
@@ -363,7 +396,8 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
     offset: *mut usize,
     size: *mut usize,
 ) -> CUresult {
-    guard(|| param_info(f, index, offset, size))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { param_info(f, index, offset, size) })
 }
 
 #[no_mangle]
@@ -373,50 +407,60 @@ pub unsafe extern "C" fn cuKernelGetParamInfo(
     offset: *mut usize,
     size: *mut usize,
 ) -> CUresult {
-    guard(|| param_info(k, index, offset, size))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { param_info(k, index, offset, size) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncGetParamCount(f: CUfunction, count: *mut usize) -> CUresult {
-    guard(|| out(count, with_function(f, |func| Ok(func.info.params.len()))?))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(count, with_function(f, |func| Ok(func.info.params.len()))?) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuKernelGetParamCount(k: CUkernel, count: *mut usize) -> CUresult {
-    guard(|| out(count, with_function(k, |func| Ok(func.info.params.len()))?))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(count, with_function(k, |func| Ok(func.info.params.len()))?) })
 }
 
 /// Function names handed to the application live as long as the process.
 static NAMES: Mutex<Option<HashMap<String, &'static CString>>> = Mutex::new(None);
-
-fn name_of(f: *mut c_void, pname: *mut *const c_char) -> Result<(), CUresult> {
-    let name = with_function(f, |func| Ok(func.name.clone()))?;
-    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
-    let map = names.get_or_insert_with(HashMap::new);
-    let c: &'static CString = match map.get(&name) {
-        Some(c) => c,
-        None => {
-            let c = Box::leak(Box::new(CString::new(name.clone()).map_err(|_| NOT_FOUND)?));
-            map.insert(name, c);
-            c
-        }
-    };
-    out(pname, c.as_ptr())
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn name_of(f: *mut c_void, pname: *mut *const c_char) -> Result<(), CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let name = with_function(f, |func| Ok(func.name.clone()))?;
+        let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+        let map = names.get_or_insert_with(HashMap::new);
+        let c: &'static CString = match map.get(&name) {
+            Some(c) => c,
+            None => {
+                let c = Box::leak(Box::new(CString::new(name.clone()).map_err(|_| NOT_FOUND)?));
+                map.insert(name, c);
+                c
+            }
+        };
+        out(pname, c.as_ptr())
+    }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncGetName(pname: *mut *const c_char, f: CUfunction) -> CUresult {
-    guard(|| name_of(f, pname))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { name_of(f, pname) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuKernelGetName(pname: *mut *const c_char, k: CUkernel) -> CUresult {
-    guard(|| name_of(k, pname))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { name_of(k, pname) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut c_int, f: CUfunction) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         with_function(f, |_| Ok(()))?;
         out(state, 1)
     })

@@ -71,7 +71,8 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
     block: c_int,
     smem: usize,
 ) -> CUresult {
-    guard(|| out(n, occupancy(f, block, smem)?))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(n, occupancy(f, block, smem)?) })
 }
 
 #[no_mangle]
@@ -82,12 +83,14 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     smem: usize,
     _flags: c_uint,
 ) -> CUresult {
-    guard(|| out(n, occupancy(f, block, smem)?))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(n, occupancy(f, block, smem)?) })
 }
 
 pub type SmemForBlock = Option<unsafe extern "C" fn(c_int) -> usize>;
-
-fn potential_block(
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn potential_block(
     min_grid: *mut c_int,
     block: *mut c_int,
     f: *mut c_void,
@@ -95,29 +98,32 @@ fn potential_block(
     smem: usize,
     limit: c_int,
 ) -> Result<(), CUresult> {
-    let s = session()?;
-    let max_threads = function_attribute(f, FUNC_MAX_THREADS)?.unwrap_or(1024);
-    let limit = if limit <= 0 {
-        max_threads
-    } else {
-        limit.min(max_threads)
-    };
-    let sms = s.attribute(0, 16).unwrap_or(1);
-    let (mut best_block, mut best_threads) = (32.min(limit).max(1), 0);
-    let mut b = 32;
-    while b <= limit {
-        // SAFETY: the application supplied this callback for exactly this use.
-        let sm = cb.map_or(smem, |c| unsafe { c(b) });
-        let blocks = occupancy(f, b, sm)?;
-        if blocks * b > best_threads {
-            best_threads = blocks * b;
-            best_block = b;
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let s = session()?;
+        let max_threads = function_attribute(f, FUNC_MAX_THREADS)?.unwrap_or(1024);
+        let limit = if limit <= 0 {
+            max_threads
+        } else {
+            limit.min(max_threads)
+        };
+        let sms = s.attribute(0, 16).unwrap_or(1);
+        let (mut best_block, mut best_threads) = (32.min(limit).max(1), 0);
+        let mut b = 32;
+        while b <= limit {
+            // SAFETY: the application supplied this callback for exactly this use.
+            let sm = cb.map_or(smem, |c| c(b));
+            let blocks = occupancy(f, b, sm)?;
+            if blocks * b > best_threads {
+                best_threads = blocks * b;
+                best_block = b;
+            }
+            b += 32;
         }
-        b += 32;
+        let per_sm = occupancy(f, best_block, cb.map_or(smem, |_| smem))?.max(1);
+        out(block, best_block)?;
+        out(min_grid, per_sm * sms)
     }
-    let per_sm = occupancy(f, best_block, cb.map_or(smem, |_| smem))?.max(1);
-    out(block, best_block)?;
-    out(min_grid, per_sm * sms)
 }
 
 #[no_mangle]
@@ -129,7 +135,8 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
     smem: usize,
     limit: c_int,
 ) -> CUresult {
-    guard(|| potential_block(min_grid, block, f, cb, smem, limit))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { potential_block(min_grid, block, f, cb, smem, limit) })
 }
 
 #[no_mangle]
@@ -142,7 +149,8 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
     limit: c_int,
     _flags: c_uint,
 ) -> CUresult {
-    guard(|| potential_block(min_grid, block, f, cb, smem, limit))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { potential_block(min_grid, block, f, cb, smem, limit) })
 }
 
 #[no_mangle]
@@ -152,7 +160,8 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
     _blocks: c_int,
     _block: c_int,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let static_smem = function_attribute(f, FUNC_SHARED)?.unwrap_or(0);
         let per_block = s.attribute(0, 97).unwrap_or(0); // opt-in shared memory per block
@@ -172,32 +181,40 @@ const INVALID_CLUSTER_SIZE: CUresult = 912;
 
 /// What a cluster query needs from a launch configuration: threads per block, dynamic shared
 /// memory, and the cluster size it asks for (x * y * z), if any.
-fn cluster_config(config: *const LaunchConfig) -> Result<(c_int, usize, Option<c_int>), CUresult> {
-    let c = read(config)?;
-    let (_, block) = crate::api::launch::config_dims(&c);
-    let threads = block
-        .iter()
-        .try_fold(1i64, |n, &d| (d > 0).then(|| n * i64::from(d)));
-    let threads = threads
-        .and_then(|t| c_int::try_from(t).ok())
-        .ok_or(INVALID_VALUE)?;
-    let mut cluster = None;
-    for i in 0..c.num_attrs as usize {
-        let a = read_at(c.attrs.cast_const(), i)?;
-        if a.id as u32 == LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION {
-            // SAFETY: every member of the value union is plain data; any bytes are valid.
-            let d = unsafe { a.value.cluster_dim };
-            let dims = [d.x, d.y, d.z];
-            let size = dims
-                .iter()
-                .try_fold(1i64, |n, &d| (d > 0).then(|| n * i64::from(d)));
-            cluster = Some(
-                size.and_then(|s| c_int::try_from(s).ok())
-                    .ok_or(INVALID_CLUSTER_SIZE)?,
-            );
+///
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn cluster_config(
+    config: *const LaunchConfig,
+) -> Result<(c_int, usize, Option<c_int>), CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let c = read(config)?;
+        let (_, block) = crate::api::launch::config_dims(&c);
+        let threads = block
+            .iter()
+            .try_fold(1i64, |n, &d| (d > 0).then(|| n * i64::from(d)));
+        let threads = threads
+            .and_then(|t| c_int::try_from(t).ok())
+            .ok_or(INVALID_VALUE)?;
+        let mut cluster = None;
+        for i in 0..c.num_attrs as usize {
+            let a = read_at(c.attrs.cast_const(), i)?;
+            if a.id as u32 == LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION {
+                // SAFETY: every member of the value union is plain data; any bytes are valid.
+                let d = a.value.cluster_dim;
+                let dims = [d.x, d.y, d.z];
+                let size = dims
+                    .iter()
+                    .try_fold(1i64, |n, &d| (d > 0).then(|| n * i64::from(d)));
+                cluster = Some(
+                    size.and_then(|s| c_int::try_from(s).ok())
+                        .ok_or(INVALID_CLUSTER_SIZE)?,
+                );
+            }
         }
+        Ok((threads, c.shared_mem_bytes as usize, cluster))
     }
-    Ok((threads, c.shared_mem_bytes as usize, cluster))
 }
 
 /// One of the function's attributes (`CUfunction_attribute`), if the server gave it.
@@ -223,32 +240,43 @@ fn function_cluster(f: CUfunction) -> Result<(c_int, c_int), CUresult> {
     };
     Ok((required, limit))
 }
-
-fn max_active_clusters(f: CUfunction, config: *const LaunchConfig) -> Result<c_int, CUresult> {
-    let (threads, smem, asked) = cluster_config(config)?;
-    let (required, limit) = function_cluster(f)?;
-    let cluster = match (asked, required) {
-        (Some(a), r) if r == 0 || r == a => a,
-        (None, r) if r > 0 => r,
-        _ => return Err(INVALID_CLUSTER_SIZE),
-    };
-    if cluster > limit {
-        return Err(INVALID_CLUSTER_SIZE);
-    }
-    let sms = session()?.attribute(0, 16).unwrap_or(1); // multiprocessor count
-    Ok(occupancy(f, threads, smem)? * sms / cluster)
-}
-
-fn max_potential_cluster_size(
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn max_active_clusters(
     f: CUfunction,
     config: *const LaunchConfig,
 ) -> Result<c_int, CUresult> {
-    let (threads, smem, _) = cluster_config(config)?;
-    let (required, limit) = function_cluster(f)?;
-    if occupancy(f, threads, smem)? == 0 {
-        return Ok(0);
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let (threads, smem, asked) = cluster_config(config)?;
+        let (required, limit) = function_cluster(f)?;
+        let cluster = match (asked, required) {
+            (Some(a), r) if r == 0 || r == a => a,
+            (None, r) if r > 0 => r,
+            _ => return Err(INVALID_CLUSTER_SIZE),
+        };
+        if cluster > limit {
+            return Err(INVALID_CLUSTER_SIZE);
+        }
+        let sms = session()?.attribute(0, 16).unwrap_or(1); // multiprocessor count
+        Ok(occupancy(f, threads, smem)? * sms / cluster)
     }
-    Ok(if required > 0 { required } else { limit })
+}
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn max_potential_cluster_size(
+    f: CUfunction,
+    config: *const LaunchConfig,
+) -> Result<c_int, CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let (threads, smem, _) = cluster_config(config)?;
+        let (required, limit) = function_cluster(f)?;
+        if occupancy(f, threads, smem)? == 0 {
+            return Ok(0);
+        }
+        Ok(if required > 0 { required } else { limit })
+    }
 }
 
 #[no_mangle]
@@ -257,7 +285,8 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
     f: CUfunction,
     config: *const LaunchConfig,
 ) -> CUresult {
-    guard(|| out(n, max_active_clusters(f, config)?))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(n, max_active_clusters(f, config)?) })
 }
 
 #[no_mangle]
@@ -266,7 +295,8 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
     f: CUfunction,
     config: *const LaunchConfig,
 ) -> CUresult {
-    guard(|| out(size, max_potential_cluster_size(f, config)?))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(size, max_potential_cluster_size(f, config)?) })
 }
 
 include!(concat!(env!("OUT_DIR"), "/aliases_occupancy.rs"));

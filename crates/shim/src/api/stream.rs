@@ -22,18 +22,23 @@ fn h(p: *mut c_void) -> u64 {
 pub fn stream_id(g: &Inner, stream: CUstream) -> Result<u64, CUresult> {
     g.stream_id(h(stream)).map_err(client_err)
 }
-
-fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<(), CUresult> {
-    if ph.is_null() {
-        return Err(INVALID_VALUE);
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<(), CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        if ph.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let st = with_core(|g| g.create_stream(flags, priority))?;
+        out(ph, st as usize as CUstream)
     }
-    let st = with_core(|g| g.create_stream(flags, priority))?;
-    out(ph, st as usize as CUstream)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUresult {
-    guard(|| create_stream(ph, flags, 0))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { create_stream(ph, flags, 0) })
 }
 
 #[no_mangle]
@@ -42,7 +47,8 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
     flags: c_uint,
     priority: c_int,
 ) -> CUresult {
-    guard(|| create_stream(ph, flags, priority))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { create_stream(ph, flags, priority) })
 }
 
 #[no_mangle]
@@ -120,17 +126,20 @@ fn with_stream<T>(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetPriority(stream: CUstream, priority: *mut c_int) -> CUresult {
-    guard(|| with_stream(stream, |_, st| out(priority, st.map_or(0, |s| s.priority))))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { with_stream(stream, |_, st| out(priority, st.map_or(0, |s| s.priority))) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetFlags(stream: CUstream, flags: *mut c_uint) -> CUresult {
-    guard(|| with_stream(stream, |_, st| out(flags, st.map_or(0, |s| s.flags))))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { with_stream(stream, |_, st| out(flags, st.map_or(0, |s| s.flags))) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetId(stream: CUstream, id: *mut u64) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         with_stream(stream, |_, st| {
             out(
                 id,
@@ -153,7 +162,8 @@ fn stream_ctx(g: &Inner, st: Option<&Stream>) -> Result<u64, CUresult> {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetCtx(stream: CUstream, pctx: *mut CUcontext) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         with_stream(stream, |g, st| {
             out(pctx, stream_ctx(g, st)? as usize as CUcontext)
         })
@@ -166,7 +176,8 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2(
     pctx: *mut CUcontext,
     green: *mut *mut c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         with_stream(stream, |g, st| {
             out_opt(green, std::ptr::null_mut());
             out(pctx, stream_ctx(g, st)? as usize as CUcontext)
@@ -176,7 +187,8 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetDevice(stream: CUstream, dev: *mut c_int) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         with_stream(stream, |g, st| {
             let ctx = stream_ctx(g, st)?;
             out(dev, crate::api::context::context_device(g, ctx)? as c_int)
@@ -186,7 +198,8 @@ pub unsafe extern "C" fn cuStreamGetDevice(stream: CUstream, dev: *mut c_int) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         crate::ffi::read(mode)?;
         Ok(())
     })
@@ -240,7 +253,8 @@ pub unsafe extern "C" fn cuStreamAddCallback(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         if ph.is_null() {
             return Err(INVALID_VALUE);
         }
@@ -283,9 +297,11 @@ pub unsafe extern "C" fn cuEventQuery(event: CUevent) -> CUresult {
 pub unsafe extern "C" fn cuEventSynchronize(event: CUevent) -> CUresult {
     guard(|| with_core(|g| g.synchronize_event(h(event))))
 }
-
-fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Result<(), CUresult> {
-    out(ms, with_core(|g| g.elapsed(h(start), h(end)))?)
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Result<(), CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe { out(ms, with_core(|g| g.elapsed(h(start), h(end)))?) }
 }
 
 #[no_mangle]
@@ -294,7 +310,8 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     start: CUevent,
     end: CUevent,
 ) -> CUresult {
-    guard(|| elapsed(ms, start, end))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { elapsed(ms, start, end) })
 }
 
 #[no_mangle]
@@ -303,7 +320,8 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
     start: CUevent,
     end: CUevent,
 ) -> CUresult {
-    guard(|| elapsed(ms, start, end))
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { elapsed(ms, start, end) })
 }
 
 /// `CUstreamAttrValue` (`CUlaunchAttributeValue`): 64 bytes.
@@ -349,7 +367,8 @@ pub unsafe extern "C" fn cuStreamSetAttribute(
     attr: c_uint,
     value: *const AttrValue,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let v = crate::ffi::read(value)?;
         with_stream(stream, |_, _| Ok(()))?;
         check_attr(attr, &v)?;
@@ -369,7 +388,8 @@ pub unsafe extern "C" fn cuStreamGetAttribute(
     attr: c_uint,
     value: *mut AttrValue,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let priority = with_stream(stream, |_, st| Ok(st.map_or(0, |s| s.priority)))?;
         check_attr(attr, &[0; 8])?;
         let h = stream as usize as u64;

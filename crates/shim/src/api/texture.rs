@@ -332,7 +332,8 @@ pub unsafe extern "C" fn cuTexObjectCreate(
     desc: *const TextureDesc,
     view: *const ResourceViewDesc,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let (r, d) = (read(res)?, read(desc)?);
         let v = if view.is_null() {
             None
@@ -357,7 +358,8 @@ pub unsafe extern "C" fn cuTexObjectGetResourceDesc(
     res: *mut ResourceDesc,
     tex: CUtexObject,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let i = info(Kind::TexObject, tex)?;
         out(res, i.resource)
     })
@@ -368,7 +370,8 @@ pub unsafe extern "C" fn cuTexObjectGetTextureDesc(
     desc: *mut TextureDesc,
     tex: CUtexObject,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let i = info(Kind::TexObject, tex)?;
         out(desc, i.texture.ok_or(INVALID_HANDLE)?)
     })
@@ -380,7 +383,8 @@ pub unsafe extern "C" fn cuTexObjectGetResourceViewDesc(
     view: *mut ResourceViewDesc,
     tex: CUtexObject,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let i = info(Kind::TexObject, tex)?;
         out(view, i.view.ok_or(INVALID_VALUE)?)
     })
@@ -391,7 +395,8 @@ pub unsafe extern "C" fn cuSurfObjectCreate(
     surf: *mut CUsurfObject,
     res: *const ResourceDesc,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let r = read(res)?;
         if surf.is_null() {
             return Err(INVALID_VALUE);
@@ -411,7 +416,8 @@ pub unsafe extern "C" fn cuSurfObjectGetResourceDesc(
     res: *mut ResourceDesc,
     surf: CUsurfObject,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let i = info(Kind::SurfObject, surf)?;
         out(res, i.resource)
     })

@@ -32,13 +32,19 @@ pub type AccessDesc = gpufuse_cuda_types::structs::CUmemAccessDesc;
 use gpufuse_cuda_types::structs::CUmemAllocationProp_v1_allocFlags as AllocFlags;
 
 /// The device a pinned, device-located allocation property names.
-fn prop_device(prop: *const AllocationProp) -> Result<u32, CUresult> {
-    let p = read(prop)?;
-    if p.r#type != ALLOCATION_TYPE_PINNED || p.location.r#type != LOCATION_TYPE_DEVICE {
-        return Err(INVALID_VALUE);
+///
+/// # Safety
+/// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
+unsafe fn prop_device(prop: *const AllocationProp) -> Result<u32, CUresult> {
+    // SAFETY: the caller vouches for the pointer arguments (# Safety).
+    unsafe {
+        let p = read(prop)?;
+        if p.r#type != ALLOCATION_TYPE_PINNED || p.location.r#type != LOCATION_TYPE_DEVICE {
+            return Err(INVALID_VALUE);
+        }
+        session()?.device(p.location.id).ok_or(INVALID_DEVICE)?;
+        Ok(p.location.id as u32)
     }
-    session()?.device(p.location.id).ok_or(INVALID_DEVICE)?;
-    Ok(p.location.id as u32)
 }
 
 #[no_mangle]
@@ -47,7 +53,8 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
     prop: *const AllocationProp,
     _option: c_int,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         prop_device(prop)?;
         out(granularity, GRANULARITY as usize)
     })
@@ -60,7 +67,8 @@ pub unsafe extern "C" fn cuMemCreate(
     prop: *const AllocationProp,
     flags: c_ulonglong,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let device = prop_device(prop)?;
         let size = size as u64;
         if flags != 0 || size == 0 || !size.is_multiple_of(GRANULARITY) || handle.is_null() {
@@ -83,7 +91,8 @@ pub unsafe extern "C" fn cuMemAddressReserve(
     _addr: CUdeviceptr,
     _flags: c_ulonglong,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         if ptr.is_null() || size == 0 || !(size as u64).is_multiple_of(GRANULARITY) {
             return Err(INVALID_VALUE);
         }
@@ -132,7 +141,8 @@ pub unsafe extern "C" fn cuMemSetAccess(
     desc: *const AccessDesc,
     count: usize,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         if count == 0 {
             return Err(INVALID_VALUE);
         }
@@ -155,7 +165,8 @@ pub unsafe extern "C" fn cuMemGetAccess(
     location: *const MemLocation,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let loc = read(location)?;
         if loc.r#type != LOCATION_TYPE_DEVICE {
             return Err(INVALID_VALUE);
@@ -170,7 +181,8 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
     prop: *mut AllocationProp,
     handle: CUmemGenericAllocationHandle,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let (_, device) = s.lock().physical(handle).ok_or(INVALID_VALUE)?;
         out(
@@ -199,7 +211,8 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     handle: *mut CUmemGenericAllocationHandle,
     addr: *mut c_void,
 ) -> CUresult {
-    guard(|| {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
         let s = session()?;
         let g = s.lock();
         let (base, a) = g

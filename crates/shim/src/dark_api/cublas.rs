@@ -36,23 +36,26 @@ extern "C" fn context_object(
     out: *mut CUcontext,
     _flags: u64,
 ) -> CUresult {
-    let mut ctx = ctx;
-    if ctx.is_null() {
-        // SAFETY: a local out-pointer.
-        let r = unsafe { crate::api::context::cuCtxGetCurrent(&mut ctx) };
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    unsafe {
+        let mut ctx = ctx;
+        if ctx.is_null() {
+            // SAFETY: a local out-pointer.
+            let r = crate::api::context::cuCtxGetCurrent(&mut ctx);
+            if r != 0 {
+                return r;
+            }
+        }
+        let mut id = 0u64;
+        // SAFETY: a local out-pointer; the export checks the context.
+        let r = crate::api::context::cuCtxGetId(ctx, &mut id);
         if r != 0 {
             return r;
         }
-    }
-    let mut id = 0u64;
-    // SAFETY: a local out-pointer; the export checks the context.
-    let r = unsafe { crate::api::context::cuCtxGetId(ctx, &mut id) };
-    if r != 0 {
-        return r;
-    }
-    match crate::ffi::out(out, ctx) {
-        Ok(()) => 0,
-        Err(e) => e,
+        match crate::ffi::out(out, ctx) {
+            Ok(()) => 0,
+            Err(e) => e,
+        }
     }
 }
 

@@ -56,23 +56,29 @@ static HOOK_BUFFER: Mutex<[usize; 1024]> = Mutex::new([0; 1024]);
 static HOOK_SMALL: Mutex<[u8; 14]> = Mutex::new([0; 14]);
 
 extern "C" fn hooks_buffer(buf: *mut *mut c_void, size: *mut usize) -> CUresult {
-    let p = HOOK_BUFFER
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_mut_ptr();
-    crate::ffi::out_opt(buf, p.cast());
-    crate::ffi::out_opt(size, 1024);
-    SUCCESS
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    unsafe {
+        let p = HOOK_BUFFER
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut_ptr();
+        crate::ffi::out_opt(buf, p.cast());
+        crate::ffi::out_opt(size, 1024);
+        SUCCESS
+    }
 }
 
 extern "C" fn hooks_small(buf: *mut *mut c_void, size: *mut usize) -> CUresult {
-    let p = HOOK_SMALL
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_mut_ptr();
-    crate::ffi::out_opt(buf, p.cast());
-    crate::ffi::out_opt(size, 14);
-    SUCCESS
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    unsafe {
+        let p = HOOK_SMALL
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut_ptr();
+        crate::ffi::out_opt(buf, p.cast());
+        crate::ffi::out_opt(size, 14);
+        SUCCESS
+    }
 }
 
 pub static HOOKS: ExportTable<8> = ExportTable::sized::<{ ix::TOOLS_RUNTIME_HOOKS }>()
@@ -98,9 +104,12 @@ extern "C" fn ctx_wrapper_check(
     wrapped: *mut c_uint,
     other: *mut *mut c_void,
 ) -> CUresult {
-    crate::ffi::out_opt(wrapped, 0);
-    crate::ffi::out_opt(other, std::ptr::null_mut());
-    SUCCESS
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    unsafe {
+        crate::ffi::out_opt(wrapped, 0);
+        crate::ffi::out_opt(other, std::ptr::null_mut());
+        SUCCESS
+    }
 }
 
 pub static CTX_WRAPPER: ExportTable<4> = ExportTable::sized::<{ ix::CONTEXT_WRAPPER }>()
@@ -146,15 +155,18 @@ extern "C" fn cls_remove(ctx: CUcontext, key: *mut c_void, _flag: c_int) -> CUre
 }
 
 extern "C" fn cls_get(value: *mut *mut c_void, ctx: CUcontext, key: *mut c_void) -> CUresult {
-    let ctx = cls_context(ctx);
-    let m = CLS.lock().unwrap_or_else(|e| e.into_inner());
-    match m.as_ref().and_then(|m| m.get(&(ctx, key as usize))) {
-        Some(&v) => {
-            crate::ffi::out_opt(value, v as *mut c_void);
-            SUCCESS
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    unsafe {
+        let ctx = cls_context(ctx);
+        let m = CLS.lock().unwrap_or_else(|e| e.into_inner());
+        match m.as_ref().and_then(|m| m.get(&(ctx, key as usize))) {
+            Some(&v) => {
+                crate::ffi::out_opt(value, v as *mut c_void);
+                SUCCESS
+            }
+            // A miss is what makes the runtime set the context up.
+            None => INVALID_VALUE,
         }
-        // A miss is what makes the runtime set the context up.
-        None => INVALID_VALUE,
     }
 }
 
@@ -174,31 +186,34 @@ pub static CLS_TABLE: ExportTable<4> = ExportTable::without_size::<{ ix::CONTEXT
 // ---- INTEGRITY_CHECK (d4082055) ----
 
 extern "C" fn integrity_check(version: c_uint, unix_seconds: u64, out: *mut [u8; 16]) -> CUresult {
-    let Ok(s) = session() else { return NOT_FOUND };
-    let devices: Vec<gpufuse_integrity::DeviceIdentity> = (0..s.devices.len() as c_int)
-        .map(|d| gpufuse_integrity::DeviceIdentity {
-            uuid: s.devices[d as usize].uuid,
-            pci_domain: s.attribute(d, 50).unwrap_or(0) as u32,
-            pci_bus: s.attribute(d, 33).unwrap_or(0) as u32,
-            pci_device: s.attribute(d, 34).unwrap_or(0) as u32,
-        })
-        .collect();
-    // SAFETY: pthread_self has no preconditions.
-    let thread = unsafe { libc::pthread_self() } as u64;
-    let input = gpufuse_integrity::IntegrityInput {
-        driver_version: DRIVER_VERSION as u32,
-        version,
-        pid: std::process::id(),
-        thread_id: thread as u32,
-        cudart_interface_table: CUDART_INTERFACE.addr() as u64,
-        integrity_table: INTEGRITY.addr() as u64,
-        integrity_fn: integrity_check as *const () as u64,
-        unix_seconds,
-        devices: &devices,
-    };
-    match crate::ffi::out(out, gpufuse_integrity::integrity_answer(&input)) {
-        Ok(()) => SUCCESS,
-        Err(e) => e,
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    unsafe {
+        let Ok(s) = session() else { return NOT_FOUND };
+        let devices: Vec<gpufuse_integrity::DeviceIdentity> = (0..s.devices.len() as c_int)
+            .map(|d| gpufuse_integrity::DeviceIdentity {
+                uuid: s.devices[d as usize].uuid,
+                pci_domain: s.attribute(d, 50).unwrap_or(0) as u32,
+                pci_bus: s.attribute(d, 33).unwrap_or(0) as u32,
+                pci_device: s.attribute(d, 34).unwrap_or(0) as u32,
+            })
+            .collect();
+        // SAFETY: pthread_self has no preconditions.
+        let thread = libc::pthread_self() as u64;
+        let input = gpufuse_integrity::IntegrityInput {
+            driver_version: DRIVER_VERSION as u32,
+            version,
+            pid: std::process::id(),
+            thread_id: thread as u32,
+            cudart_interface_table: CUDART_INTERFACE.addr() as u64,
+            integrity_table: INTEGRITY.addr() as u64,
+            integrity_fn: integrity_check as *const () as u64,
+            unix_seconds,
+            devices: &devices,
+        };
+        match crate::ffi::out(out, gpufuse_integrity::integrity_answer(&input)) {
+            Ok(()) => SUCCESS,
+            Err(e) => e,
+        }
     }
 }
 
