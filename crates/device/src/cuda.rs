@@ -3,7 +3,8 @@
 //!
 //! Memory: the session's whole address window is reserved once with `cuMemAddressReserve`
 //! (at the window's base when the driver grants it), and each allocation maps fresh physical
-//! memory (`cuMemCreate` + `cuMemMap`) at the next free range of that reservation. Device
+//! memory (`cuMemCreate` + `cuMemMap`, then zeroed: nothing another session left in reused
+//! pages reaches this one) at the next free range of that reservation. Device
 //! addresses therefore belong to gpufuse, not to the driver's allocator: evicting a session's
 //! memory or moving it to another GPU can remap the same addresses later.
 //!
@@ -85,6 +86,24 @@ impl CudaDevice {
     }
 
     /// The driver's failure with what it said, for a launch or a module load.
+    /// New physical memory mapped at `addr`, zeroed before the session sees it: the driver
+    /// may hand out pages another session's worker released, and no data crosses tenants
+    /// through reuse (what the emulated device gives by allocating zeroed memory).
+    fn map_zeroed(&mut self, addr: u64, mapped: u64) -> Result<u64, Status> {
+        let handle = self
+            .driver
+            .map_new(self.dev, addr, mapped as usize)
+            .map_err(|e| match status_of(&e) {
+                OUT_OF_MEMORY => OUT_OF_MEMORY,
+                _ => self.fail(e),
+            })?;
+        if let Err(e) = self.driver.memset_d8(addr, 0, mapped as usize) {
+            let _ = self.driver.unmap_release(addr, mapped as usize, handle);
+            return Err(self.fail(e));
+        }
+        Ok(handle)
+    }
+
     fn error(&self, e: DriverError) -> DeviceError {
         DeviceError::new(status_of(&e), format!("GPU {}: {e}", self.index))
     }
@@ -160,13 +179,7 @@ impl Device for CudaDevice {
         if addr + mapped > self.base + self.window {
             return Err(OUT_OF_MEMORY);
         }
-        let handle = self
-            .driver
-            .map_new(self.dev, addr, mapped as usize)
-            .map_err(|e| match status_of(&e) {
-                OUT_OF_MEMORY => OUT_OF_MEMORY,
-                _ => self.fail(e),
-            })?;
+        let handle = self.map_zeroed(addr, mapped)?;
         self.next += mapped;
         self.mappings.insert(
             addr,
@@ -330,13 +343,7 @@ impl Device for CudaDevice {
             Some(m) if m.handle == EVICTED && m.size == contents.len() as u64 => m.mapped,
             _ => return Err(INVALID_VALUE),
         };
-        let handle = self
-            .driver
-            .map_new(self.dev, ptr, mapped as usize)
-            .map_err(|e| match status_of(&e) {
-                OUT_OF_MEMORY => OUT_OF_MEMORY,
-                _ => self.fail(e),
-            })?;
+        let handle = self.map_zeroed(ptr, mapped)?;
         if let Some(m) = self.mappings.get_mut(&ptr) {
             m.handle = handle;
         }
