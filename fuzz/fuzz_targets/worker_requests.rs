@@ -124,7 +124,7 @@ fn preload(session: &mut Session) {
         (image, hash)
     });
     let loaded = session.handle(Request::ModuleLoad {
-        module: 1,
+        module: gpufuse_proto::ModuleHandle(1),
         device: 0,
         hash: *hash,
         image: Some(image.as_bytes()),
@@ -132,9 +132,9 @@ fn preload(session: &mut Session) {
     assert!(loaded.is_ok(), "the fixed module loads: {loaded:?}");
     for (i, name) in KERNELS.iter().enumerate() {
         let got = session.handle(Request::ModuleGetFunction {
-            module: 1,
+            module: gpufuse_proto::ModuleHandle(1),
             name,
-            function: i as u64 + 1,
+            function: gpufuse_proto::FunctionHandle(i as u64 + 1),
         });
         assert!(got.is_ok(), "{name}: {got:?}");
     }

@@ -21,6 +21,7 @@ use gpufuse_proto::{ReplyBody, Request, ResourceRequest, ServerHello, SessionKin
 use gpufuse_transport::Address;
 
 use crate::Server;
+use gpufuse_proto::{ContextHandle, DevicePtr, FunctionHandle, ModuleHandle, StreamHandle};
 
 /// A kernel that adds one to a word: the steady load during a move.
 const BUMP_PTX: &str = ".version 7.0\n.target sm_80\n.address_size 64\n\
@@ -184,7 +185,7 @@ fn open(addr: &Address) -> Result<(Connection, u64)> {
 
 /// A session holding `size` bytes (filled in 64 MiB copies).
 fn fill(conn: &mut Connection, size: u64) -> Result<u64> {
-    let ReplyBody::Ptr(ptr) = conn.call(&Request::MemAlloc { device: 0, size })? else {
+    let ReplyBody::Ptr(DevicePtr(ptr)) = conn.call(&Request::MemAlloc { device: 0, size })? else {
         bail!("alloc");
     };
     let chunk = vec![0x5au8; (64u64 << 20).min(size) as usize];
@@ -193,15 +194,17 @@ fn fill(conn: &mut Connection, size: u64) -> Result<u64> {
         let n = chunk.len().min((size - off) as usize);
         conn.quiet_with_tail(
             &Request::MemcpyHtoD {
-                dst: ptr + off,
-                stream: 0,
+                dst: DevicePtr(ptr + off),
+                stream: StreamHandle(0),
                 data: &[],
             },
             &chunk[..n],
         )?;
         off += n as u64;
     }
-    conn.call(&Request::CtxSynchronize { ctx: 0 })?;
+    conn.call(&Request::CtxSynchronize {
+        ctx: ContextHandle(0),
+    })?;
     Ok(ptr)
 }
 
@@ -233,9 +236,9 @@ fn warm_up(addr: &Address, size: u64, disk: bool) -> Result<Duration> {
     }
     let t = Instant::now();
     let back = conn.call(&Request::MemcpyDtoH {
-        src: ptr + size - 4,
+        src: DevicePtr(ptr + size - 4),
         size: 4,
-        stream: 0,
+        stream: StreamHandle(0),
     })?;
     let took = t.elapsed();
     match back {
@@ -257,7 +260,7 @@ struct MoveSeen {
 fn migrate_under_load(addr: &Address, size: u64, to_node: Option<&Address>) -> Result<MoveSeen> {
     let (mut conn, id) = open(addr)?;
     let big = fill(&mut conn, size)?;
-    let ReplyBody::Ptr(ptr) = conn.call(&Request::MemAlloc {
+    let ReplyBody::Ptr(DevicePtr(ptr)) = conn.call(&Request::MemAlloc {
         device: 0,
         size: 4096,
     })?
@@ -265,23 +268,23 @@ fn migrate_under_load(addr: &Address, size: u64, to_node: Option<&Address>) -> R
         bail!("alloc");
     };
     conn.call(&Request::MemcpyHtoD {
-        dst: ptr,
-        stream: 0,
+        dst: DevicePtr(ptr),
+        stream: StreamHandle(0),
         data: &[0x5a; 4],
     })?;
     let image = BUMP_PTX.as_bytes();
     let hash: [u8; 32] =
         sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
     conn.call(&Request::ModuleLoad {
-        module: 1,
+        module: ModuleHandle(1),
         device: 0,
         hash,
         image: Some(image),
     })?;
     conn.call(&Request::ModuleGetFunction {
-        module: 1,
+        module: ModuleHandle(1),
         name: "bump",
-        function: 1,
+        function: FunctionHandle(1),
     })?;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load = {
@@ -292,23 +295,25 @@ fn migrate_under_load(addr: &Address, size: u64, to_node: Option<&Address>) -> R
             let mut n = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 conn.quiet(&Request::LaunchKernel(gpufuse_proto::Launch {
-                    function: 1,
+                    function: FunctionHandle(1),
                     grid: [1, 1, 1],
                     block: [1, 1, 1],
                     shared_mem: 0,
-                    stream: 0,
+                    stream: StreamHandle(0),
                     params: &ptr.to_le_bytes(),
                     attributes: Vec::new(),
                 }))?;
-                conn.call(&Request::CtxSynchronize { ctx: 0 })?;
+                conn.call(&Request::CtxSynchronize {
+                    ctx: ContextHandle(0),
+                })?;
                 n += 1;
                 longest = longest.max(last.elapsed());
                 last = Instant::now();
             }
             let ReplyBody::Data(d) = conn.call(&Request::MemcpyDtoH {
-                src: ptr,
+                src: DevicePtr(ptr),
                 size: 4,
-                stream: 0,
+                stream: StreamHandle(0),
             })?
             else {
                 bail!("read back");
@@ -350,9 +355,9 @@ fn migrate_under_load(addr: &Address, size: u64, to_node: Option<&Address>) -> R
         .join()
         .map_err(|_| anyhow::anyhow!("load thread panicked"))??;
     let ReplyBody::Data(d) = conn.call(&Request::MemcpyDtoH {
-        src: big + size - 4,
+        src: DevicePtr(big + size - 4),
         size: 4,
-        stream: 0,
+        stream: StreamHandle(0),
     })?
     else {
         bail!("read back");

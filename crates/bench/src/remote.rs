@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use gpufuse_client::{Connection, Transport};
+use gpufuse_proto::{ContextHandle, DevicePtr, FunctionHandle, ModuleHandle, StreamHandle};
 use gpufuse_proto::{Launch, ReplyBody, Request, ResourceRequest, SessionKind};
 use gpufuse_transport::Address;
 
@@ -24,7 +25,7 @@ impl Session {
             bail!("the session is not on the shared-memory transport");
         }
         conn.quiet(&Request::CtxCreate {
-            ctx: 1,
+            ctx: ContextHandle(1),
             device: 0,
             flags: 0,
         })?;
@@ -53,15 +54,15 @@ impl Session {
         let hash: [u8; 32] =
             sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
         self.conn.call(&Request::ModuleLoad {
-            module: 2,
+            module: ModuleHandle(2),
             device: 0,
             hash,
             image: Some(image),
         })?;
         let ReplyBody::Function(info) = self.conn.call(&Request::ModuleGetFunction {
-            module: 2,
+            module: ModuleHandle(2),
             name: "noop",
-            function: 3,
+            function: FunctionHandle(3),
         })?
         else {
             bail!("no function info");
@@ -76,17 +77,19 @@ impl Session {
         let t = Instant::now();
         for _ in 0..n {
             self.conn.quiet(&Request::LaunchKernel(Launch {
-                function: 3,
+                function: FunctionHandle(3),
                 grid: [1, 1, 1],
                 block: [1, 1, 1],
                 shared_mem: 0,
-                stream: 0,
+                stream: StreamHandle(0),
                 params: &params,
                 attributes: Vec::new(),
             }))?;
         }
         let issued = t.elapsed().as_secs_f64();
-        self.conn.call(&Request::CtxSynchronize { ctx: 1 })?;
+        self.conn.call(&Request::CtxSynchronize {
+            ctx: ContextHandle(1),
+        })?;
         let drained = t.elapsed().as_secs_f64();
         Ok((n as f64 / issued, n as f64 / drained))
     }
@@ -96,7 +99,7 @@ impl Session {
             device: 0,
             size: size as u64,
         })? {
-            ReplyBody::Ptr(p) => Ok(p),
+            ReplyBody::Ptr(DevicePtr(p)) => Ok(p),
             _ => bail!("alloc"),
         }
     }
@@ -106,27 +109,33 @@ impl Session {
         let data = vec![9u8; size];
         self.conn.quiet_with_tail(
             &Request::MemcpyHtoD {
-                dst,
-                stream: 0,
+                dst: DevicePtr(dst),
+                stream: StreamHandle(0),
                 data: &[],
             },
             &data,
         )?;
-        self.conn.call(&Request::CtxSynchronize { ctx: 1 })?;
+        self.conn.call(&Request::CtxSynchronize {
+            ctx: ContextHandle(1),
+        })?;
         let t = Instant::now();
         for _ in 0..reps {
             self.conn.quiet_with_tail(
                 &Request::MemcpyHtoD {
-                    dst,
-                    stream: 0,
+                    dst: DevicePtr(dst),
+                    stream: StreamHandle(0),
                     data: &[],
                 },
                 &data,
             )?;
         }
-        self.conn.call(&Request::CtxSynchronize { ctx: 1 })?;
+        self.conn.call(&Request::CtxSynchronize {
+            ctx: ContextHandle(1),
+        })?;
         let s = t.elapsed().as_secs_f64();
-        self.conn.quiet(&Request::MemFree { ptr: dst })?;
+        self.conn.quiet(&Request::MemFree {
+            ptr: DevicePtr(dst),
+        })?;
         Ok((size * reps) as f64 / s / (1u64 << 30) as f64)
     }
 
@@ -134,9 +143,9 @@ impl Session {
         let src = self.alloc(size)?;
         let mut dst = vec![0u8; size];
         let req = Request::MemcpyDtoH {
-            src,
+            src: DevicePtr(src),
             size: size as u64,
-            stream: 0,
+            stream: StreamHandle(0),
         };
         self.conn.call_read_into(&req, &mut dst)?;
         let t = Instant::now();
@@ -144,7 +153,9 @@ impl Session {
             self.conn.call_read_into(&req, &mut dst)?;
         }
         let s = t.elapsed().as_secs_f64();
-        self.conn.quiet(&Request::MemFree { ptr: src })?;
+        self.conn.quiet(&Request::MemFree {
+            ptr: DevicePtr(src),
+        })?;
         Ok((size * reps) as f64 / s / (1u64 << 30) as f64)
     }
 
@@ -175,18 +186,20 @@ impl Session {
             Ok((size * reps) as f64 / t.elapsed().as_secs_f64() / (1u64 << 30) as f64)
         };
         let h2d = timed(&Request::MemcpyHtoDHost {
-            dst: dev,
-            stream: 0,
+            dst: DevicePtr(dev),
+            stream: StreamHandle(0),
             offset,
             size: size as u64,
         })?;
         let d2h = timed(&Request::MemcpyDtoHHost {
-            src: dev,
-            stream: 0,
+            src: DevicePtr(dev),
+            stream: StreamHandle(0),
             offset,
             size: size as u64,
         })?;
-        self.conn.quiet(&Request::MemFree { ptr: dev })?;
+        self.conn.quiet(&Request::MemFree {
+            ptr: DevicePtr(dev),
+        })?;
         self.conn.call(&Request::Ping)?;
         arena.free(host, size);
         Ok(Some((h2d, d2h)))

@@ -29,6 +29,7 @@ use gpufuse_proto::{
 use gpufuse_transport::Address;
 
 use crate::Server;
+use gpufuse_proto::{ContextHandle, EventHandle, FunctionHandle, ModuleHandle, StreamHandle};
 
 /// One thread spinning `n` times: the kernel's length is linear in `n`.
 const SPIN_PTX: &str = ".version 7.0\n.target sm_80\n.address_size 64\n\n.visible .entry spin(\n\t.param .u32 spin_param_0\n)\n{\n\t.reg .pred %p<2>;\n\t.reg .b32 %r<4>;\n\n\tld.param.u32 %r1, [spin_param_0];\n\tmov.u32 %r2, 0;\n$L__BB0_1:\n\tsetp.ge.u32 %p1, %r2, %r1;\n\t@%p1 bra $L__BB0_2;\n\tadd.s32 %r2, %r2, 1;\n\tbra.uni $L__BB0_1;\n$L__BB0_2:\n\tret;\n}\n\0";
@@ -101,7 +102,7 @@ impl Tenant {
         );
         let (mut conn, accepted) = Connection::open(addr, &hello).context("open a session")?;
         conn.quiet(&Request::CtxCreate {
-            ctx: 1,
+            ctx: ContextHandle(1),
             device: 0,
             flags: 0,
         })?;
@@ -109,15 +110,15 @@ impl Tenant {
         let hash: [u8; 32] =
             sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
         conn.call(&Request::ModuleLoad {
-            module: 2,
+            module: ModuleHandle(2),
             device: 0,
             hash,
             image: Some(image),
         })?;
         let ReplyBody::Function(_) = conn.call(&Request::ModuleGetFunction {
-            module: 2,
+            module: ModuleHandle(2),
             name: "spin",
-            function: 3,
+            function: FunctionHandle(3),
         })?
         else {
             bail!("no function info for spin");
@@ -135,11 +136,11 @@ impl Tenant {
     fn launch_on(&mut self, n: u32, stream: u64) -> Result<()> {
         let params = n.to_le_bytes();
         self.conn.quiet(&Request::LaunchKernel(Launch {
-            function: 3,
+            function: FunctionHandle(3),
             grid: [1, 1, 1],
             block: [1, 1, 1],
             shared_mem: 0,
-            stream,
+            stream: StreamHandle(stream),
             params: &params,
             attributes: Vec::new(),
         }))?;
@@ -167,14 +168,17 @@ impl Tenant {
         let streams: Vec<u64> = (0..STREAMS).map(|i| 100 + i).collect();
         for &stream in &streams {
             self.conn.quiet(&Request::StreamCreate {
-                stream,
+                stream: StreamHandle(stream),
                 flags: 0,
                 priority: 0,
             })?;
         }
         let events = [200u64, 201];
         for &event in &events {
-            self.conn.quiet(&Request::EventCreate { event, flags: 0 })?;
+            self.conn.quiet(&Request::EventCreate {
+                event: EventHandle(event),
+                flags: 0,
+            })?;
         }
         let graph = Graph {
             ops: (0..GRAPH_KERNELS)
@@ -196,24 +200,32 @@ impl Tenant {
                     for _ in 0..BATCH {
                         self.launch(n)?;
                     }
-                    self.wait(&Request::CtxSynchronize { ctx: 1 })?;
+                    self.wait(&Request::CtxSynchronize {
+                        ctx: ContextHandle(1),
+                    })?;
                     done.fetch_add(BATCH as u64, Ordering::Relaxed);
                 }
                 Pattern::TwoInFlight => {
                     let event = events[(launched % 2) as usize];
                     if launched >= 2 {
                         // The launch before last recorded this event: wait for it.
-                        self.wait(&Request::EventSynchronize { event })?;
+                        self.wait(&Request::EventSynchronize {
+                            event: EventHandle(event),
+                        })?;
                         done.fetch_add(1, Ordering::Relaxed);
                     }
                     self.launch(n)?;
-                    self.conn
-                        .quiet(&Request::EventRecord { event, stream: 0 })?;
+                    self.conn.quiet(&Request::EventRecord {
+                        event: EventHandle(event),
+                        stream: StreamHandle(0),
+                    })?;
                     launched += 1;
                 }
                 Pattern::OneSync => {
                     self.launch(n)?;
-                    self.wait(&Request::CtxSynchronize { ctx: 1 })?;
+                    self.wait(&Request::CtxSynchronize {
+                        ctx: ContextHandle(1),
+                    })?;
                     done.fetch_add(1, Ordering::Relaxed);
                 }
                 Pattern::Streams => {
@@ -223,7 +235,9 @@ impl Tenant {
                         }
                     }
                     for &stream in &streams {
-                        self.wait(&Request::StreamSynchronize { stream })?;
+                        self.wait(&Request::StreamSynchronize {
+                            stream: StreamHandle(stream),
+                        })?;
                     }
                     done.fetch_add(STREAMS * PER_STREAM as u64, Ordering::Relaxed);
                 }
@@ -236,7 +250,9 @@ impl Tenant {
                             self.launch_on(n, streams[0])?;
                         }
                     }
-                    self.wait(&Request::StreamSynchronize { stream: streams[0] })?;
+                    self.wait(&Request::StreamSynchronize {
+                        stream: StreamHandle(streams[0]),
+                    })?;
                     done.fetch_add(GRAPH_KERNELS as u64, Ordering::Relaxed);
                 }
             }
@@ -245,7 +261,9 @@ impl Tenant {
     }
 
     fn sync(&mut self) -> Result<()> {
-        self.wait(&Request::CtxSynchronize { ctx: 1 })
+        self.wait(&Request::CtxSynchronize {
+            ctx: ContextHandle(1),
+        })
     }
 }
 

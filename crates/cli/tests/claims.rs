@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use gpufuse_auth::Claims;
 use gpufuse_client::{ClientError, Connection};
+use gpufuse_proto::ContextHandle;
 use gpufuse_proto::{uuid_text, Request, ServerHello, SessionKind};
 use gpufuse_transport::Address;
 
@@ -106,7 +107,7 @@ fn a_claims_token_works_while_prepared_on_its_device_and_unprepare_ends_its_sess
     std::fs::write(&spec, "{}").unwrap();
     let mut c = open(&s, claim_token(&second)).unwrap();
     c.quiet(&Request::CtxCreate {
-        ctx: 1,
+        ctx: ContextHandle(1),
         device: 0,
         flags: 0,
     })

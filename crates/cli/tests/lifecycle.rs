@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpufuse_client::Connection;
+use gpufuse_proto::DevicePtr;
 use gpufuse_proto::{ReplyBody, Request, SessionKind};
 use gpufuse_transport::Address;
 
@@ -96,7 +97,7 @@ fn workers_die_with_a_killed_node_and_sigterm_shuts_down_cleanly() {
             device: 0,
             size: 1 << 20
         }),
-        Ok(ReplyBody::Ptr(_))
+        Ok(ReplyBody::Ptr(DevicePtr(_)))
     ));
     let status = Connection::query_status(&addr, String::new()).unwrap();
     let worker = status.sessions[0].worker_pid;

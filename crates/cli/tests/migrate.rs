@@ -17,6 +17,7 @@ use gpufuse_client::Connection;
 use gpufuse_proto::{NodeStatus, ResourceRequest};
 use gpufuse_transport::Address;
 
+use gpufuse_proto::{DevicePtr, StreamHandle};
 use moving::*;
 
 struct Server {
@@ -235,8 +236,8 @@ fn an_idle_session_moves_to_another_node_and_what_it_sends_next_follows() {
         launch_bump(&mut c, counter);
     }
     c.quiet(&gpufuse_proto::Request::MemcpyHtoD {
-        dst: big,
-        stream: 0,
+        dst: DevicePtr(big),
+        stream: StreamHandle(0),
         data: &[7; 16],
     })
     .unwrap();
@@ -245,9 +246,9 @@ fn an_idle_session_moves_to_another_node_and_what_it_sends_next_follows() {
     head.copy_from_slice(&pattern(16));
     let got = match c
         .call(&gpufuse_proto::Request::MemcpyDtoH {
-            src: big,
+            src: DevicePtr(big),
             size: 32,
-            stream: 0,
+            stream: StreamHandle(0),
         })
         .unwrap()
     {

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 use gpufuse_client::{ClientError, Connection};
+use gpufuse_proto::{ContextHandle, DevicePtr};
 use gpufuse_proto::{ReplyBody, Request, ResourceRequest, SessionKind};
 use gpufuse_transport::Address;
 
@@ -103,7 +104,7 @@ fn session_holding(s: &Server, token: &str, bytes: u64) -> Connection {
     let hello = Connection::hello(SessionKind::Cuda, token.into(), ResourceRequest::default());
     let (mut c, _) = Connection::open(&s.addr, &hello).unwrap();
     c.quiet(&Request::CtxCreate {
-        ctx: 1,
+        ctx: ContextHandle(1),
         device: 0,
         flags: 0,
     })
@@ -112,7 +113,7 @@ fn session_holding(s: &Server, token: &str, bytes: u64) -> Connection {
         device: 0,
         size: bytes,
     }) {
-        Ok(ReplyBody::Ptr(_)) => {}
+        Ok(ReplyBody::Ptr(DevicePtr(_))) => {}
         other => panic!("{other:?}"),
     }
     c

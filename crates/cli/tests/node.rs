@@ -11,6 +11,9 @@ use gpufuse_proto::{
     encode_frame, FrameHeader, FrameKind, NodeStatus, ReplyBody, Request, ResourceRequest,
     ServerHello, SessionKind, HEADER_LEN,
 };
+use gpufuse_proto::{
+    ContextHandle, DevicePtr, FunctionHandle, ModuleHandle, PhysicalHandle, StreamHandle,
+};
 use gpufuse_transport::Address;
 
 struct Server {
@@ -78,7 +81,7 @@ fn session(s: &Server, vram: Option<u64>) -> Connection {
     );
     let (mut c, _) = Connection::open(&s.addr, &hello).unwrap();
     c.quiet(&Request::CtxCreate {
-        ctx: 1,
+        ctx: ContextHandle(1),
         device: 0,
         flags: 0,
     })
@@ -88,7 +91,7 @@ fn session(s: &Server, vram: Option<u64>) -> Connection {
 
 fn alloc(c: &mut Connection, size: u64) -> u64 {
     match c.call(&Request::MemAlloc { device: 0, size }).unwrap() {
-        ReplyBody::Ptr(p) => p,
+        ReplyBody::Ptr(DevicePtr(p)) => p,
         other => panic!("{other:?}"),
     }
 }
@@ -161,7 +164,7 @@ fn hold_memory_until_killed() {
     let hello = Connection::hello(SessionKind::Cuda, String::new(), ResourceRequest::default());
     let (mut c, _) = Connection::open(&addr, &hello).unwrap();
     c.quiet(&Request::CtxCreate {
-        ctx: 1,
+        ctx: ContextHandle(1),
         device: 0,
         flags: 0,
     })
@@ -171,12 +174,12 @@ fn hold_memory_until_killed() {
         let data = vec![1u8; 4096];
         let p = alloc(&mut c, 4096);
         c.quiet(&Request::MemcpyHtoD {
-            dst: p,
-            stream: 0,
+            dst: DevicePtr(p),
+            stream: StreamHandle(0),
             data: &data,
         })
         .unwrap();
-        c.quiet(&Request::MemFree { ptr: p }).unwrap();
+        c.quiet(&Request::MemFree { ptr: DevicePtr(p) }).unwrap();
         c.call(&Request::Ping).unwrap();
     }
 }
@@ -195,17 +198,17 @@ fn killing_one_worker_leaves_other_sessions_running() {
     assert!(a.call(&Request::Ping).is_err(), "session a lost its worker");
     // b is untouched.
     b.quiet(&Request::MemcpyHtoD {
-        dst: pb,
-        stream: 0,
+        dst: DevicePtr(pb),
+        stream: StreamHandle(0),
         data: &[7; 16],
     })
     .unwrap();
     let mut out = [0u8; 16];
     b.call_read_into(
         &Request::MemcpyDtoH {
-            src: pb,
+            src: DevicePtr(pb),
             size: 16,
-            stream: 0,
+            stream: StreamHandle(0),
         },
         &mut out,
     )
@@ -261,17 +264,17 @@ fn a_malformed_frame_closes_only_its_connection() {
     );
     // The good session still works.
     good.quiet(&Request::MemcpyHtoD {
-        dst: p,
-        stream: 0,
+        dst: DevicePtr(p),
+        stream: StreamHandle(0),
         data: &[5; 8],
     })
     .unwrap();
     let mut out = [0u8; 8];
     good.call_read_into(
         &Request::MemcpyDtoH {
-            src: p,
+            src: DevicePtr(p),
             size: 8,
-            stream: 0,
+            stream: StreamHandle(0),
         },
         &mut out,
     )
@@ -426,8 +429,8 @@ fn a_session_cannot_touch_another_sessions_memory() {
     let pa = alloc(&mut a, 4096);
     let pb = alloc(&mut b, 4096);
     a.quiet(&Request::MemcpyHtoD {
-        dst: pa,
-        stream: 0,
+        dst: DevicePtr(pa),
+        stream: StreamHandle(0),
         data: &[0xA5; 64],
     })
     .unwrap();
@@ -435,9 +438,9 @@ fn a_session_cannot_touch_another_sessions_memory() {
         let mut out = [0u8; 64];
         c.call_read_into(
             &Request::MemcpyDtoH {
-                src,
+                src: DevicePtr(src),
                 size: 64,
-                stream: 0,
+                stream: StreamHandle(0),
             },
             &mut out,
         )
@@ -450,30 +453,30 @@ fn a_session_cannot_touch_another_sessions_memory() {
     // Each quiet trespass is reported by the next reply.
     let trespasses = [
         Request::MemcpyHtoD {
-            dst: pa,
-            stream: 0,
+            dst: DevicePtr(pa),
+            stream: StreamHandle(0),
             data: &[0; 64],
         },
         Request::Memset {
-            dst: pa,
+            dst: DevicePtr(pa),
             value: 0,
             elem_size: 1,
             count: 64,
-            stream: 0,
+            stream: StreamHandle(0),
         },
         Request::MemcpyDtoD {
-            dst: pb,
-            src: pa,
+            dst: DevicePtr(pb),
+            src: DevicePtr(pa),
             size: 64,
-            stream: 0,
+            stream: StreamHandle(0),
         },
         Request::MemcpyDtoD {
-            dst: pa,
-            src: pb,
+            dst: DevicePtr(pa),
+            src: DevicePtr(pb),
             size: 64,
-            stream: 0,
+            stream: StreamHandle(0),
         },
-        Request::MemFree { ptr: pa },
+        Request::MemFree { ptr: DevicePtr(pa) },
     ];
     for t in &trespasses {
         b.quiet(t).unwrap();
@@ -483,7 +486,7 @@ fn a_session_cannot_touch_another_sessions_memory() {
     // b still works with its own memory; a's data and allocation are intact.
     read(&mut b, pb).unwrap();
     assert_eq!(read(&mut a, pa).unwrap(), [0xA5; 64]);
-    a.quiet(&Request::MemFree { ptr: pa }).unwrap();
+    a.quiet(&Request::MemFree { ptr: DevicePtr(pa) }).unwrap();
     assert_eq!(a.call_raw(&Request::Ping).unwrap().deferred_error, None);
 }
 
@@ -506,7 +509,7 @@ fn compute_session(
     );
     let (mut c, _) = Connection::open(&s.addr, &hello)?;
     c.quiet(&Request::CtxCreate {
-        ctx: 1,
+        ctx: ContextHandle(1),
         device: 0,
         flags: 0,
     })?;
@@ -514,15 +517,15 @@ fn compute_session(
     let hash: [u8; 32] =
         sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
     c.call(&Request::ModuleLoad {
-        module: 2,
+        module: ModuleHandle(2),
         device: 0,
         hash,
         image: Some(image),
     })?;
     c.call(&Request::ModuleGetFunction {
-        module: 2,
+        module: ModuleHandle(2),
         name: "spin",
-        function: 3,
+        function: FunctionHandle(3),
     })?;
     Ok(c)
 }
@@ -530,11 +533,11 @@ fn compute_session(
 fn spin(c: &mut Connection, n: u32) {
     let params = n.to_le_bytes();
     c.quiet(&Request::LaunchKernel(gpufuse_proto::Launch {
-        function: 3,
+        function: FunctionHandle(3),
         grid: [1, 1, 1],
         block: [1, 1, 1],
         shared_mem: 0,
-        stream: 0,
+        stream: StreamHandle(0),
         params: &params,
         attributes: Vec::new(),
     }))
@@ -556,7 +559,10 @@ fn compute_shares_are_admitted_recorded_and_charged() {
     let mut c = compute_session(&s, None, Qos::Medium).unwrap();
     for conn in [&mut a, &mut b, &mut c] {
         spin(conn, 1000);
-        conn.call(&Request::CtxSynchronize { ctx: 1 }).unwrap();
+        conn.call(&Request::CtxSynchronize {
+            ctx: ContextHandle(1),
+        })
+        .unwrap();
         assert_eq!(conn.take_async_error(), None);
     }
     let st = status(&s);
@@ -603,7 +609,11 @@ fn a_killed_worker_holding_the_device_lets_the_queue_go_on() {
     let (tx, rx) = std::sync::mpsc::channel();
     let waiter = std::thread::spawn(move || {
         spin(&mut b, 10);
-        let r = b.call(&Request::CtxSynchronize { ctx: 1 }).map(|_| ());
+        let r = b
+            .call(&Request::CtxSynchronize {
+                ctx: ContextHandle(1),
+            })
+            .map(|_| ());
         let _ = tx.send(r.map_err(|e| e.to_string()));
         b
     });
@@ -643,7 +653,7 @@ fn module_variables_count_against_the_slice() {
         sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
     let load = |c: &mut Connection, module: u64| {
         c.call(&Request::ModuleLoad {
-            module,
+            module: ModuleHandle(module),
             device: 0,
             hash,
             image: Some(image),
@@ -657,7 +667,10 @@ fn module_variables_count_against_the_slice() {
         Err(gpufuse_client::ClientError::Cuda(OUT_OF_MEMORY))
     ));
     assert_eq!(status(&s).sessions[0].used_bytes, 3 << 20);
-    c.quiet(&Request::ModuleUnload { module: 7 }).unwrap();
+    c.quiet(&Request::ModuleUnload {
+        module: ModuleHandle(7),
+    })
+    .unwrap();
     c.call(&Request::Ping).unwrap();
     assert_eq!(status(&s).sessions[0].used_bytes, 0);
     assert_eq!(status(&s).devices[0].used_bytes, 0);
@@ -709,7 +722,7 @@ fn vmm_physical_memory_counts_against_the_slice() {
     let mut c = session(&s, Some(2 * CHUNK));
     let create = |c: &mut Connection, handle: u64| {
         c.call(&Request::MemCreate {
-            handle,
+            handle: PhysicalHandle(handle),
             device: 0,
             size: CHUNK,
         })
@@ -720,7 +733,7 @@ fn vmm_physical_memory_counts_against_the_slice() {
         create(&mut c, 3),
         Err(gpufuse_client::ClientError::Cuda(OUT_OF_MEMORY))
     ));
-    let ReplyBody::Ptr(va) = c
+    let ReplyBody::Ptr(DevicePtr(va)) = c
         .call(&Request::MemAddressReserve {
             size: 2 * CHUNK,
             align: 0,
@@ -730,13 +743,16 @@ fn vmm_physical_memory_counts_against_the_slice() {
         panic!("no address");
     };
     c.call(&Request::MemMap {
-        ptr: va,
+        ptr: DevicePtr(va),
         size: CHUNK,
-        handle: 1,
+        handle: PhysicalHandle(1),
     })
     .unwrap();
     assert_eq!(status(&s).sessions[0].used_bytes, 2 * CHUNK);
-    c.quiet(&Request::MemRelease { handle: 2 }).unwrap();
+    c.quiet(&Request::MemRelease {
+        handle: PhysicalHandle(2),
+    })
+    .unwrap();
     c.call(&Request::Ping).unwrap();
     assert_eq!(status(&s).sessions[0].used_bytes, CHUNK);
     create(&mut c, 3).unwrap();
@@ -768,7 +784,7 @@ fn large_images_arrive_in_parts() {
         data: &image[offset..offset + len],
     };
     let load = Request::ModuleLoad {
-        module: 5,
+        module: ModuleHandle(5),
         device: 0,
         hash,
         image: None,
@@ -805,9 +821,9 @@ fn large_images_arrive_in_parts() {
     assert_eq!(c.call(&load).unwrap(), ReplyBody::None);
     let ReplyBody::Function(_) = c
         .call(&Request::ModuleGetFunction {
-            module: 5,
+            module: ModuleHandle(5),
             name: "k",
-            function: 6,
+            function: FunctionHandle(6),
         })
         .unwrap()
     else {
@@ -829,8 +845,8 @@ fn large_copies_land_in_device_memory_and_bad_ones_are_discarded() {
     let htod = |c: &mut Connection, dst: u64, data: &[u8]| {
         c.quiet_with_tail(
             &Request::MemcpyHtoD {
-                dst,
-                stream: 0,
+                dst: DevicePtr(dst),
+                stream: StreamHandle(0),
                 data: &[],
             },
             data,
@@ -841,9 +857,9 @@ fn large_copies_land_in_device_memory_and_bad_ones_are_discarded() {
         let mut out = vec![0u8; size as usize];
         c.call_read_into(
             &Request::MemcpyDtoH {
-                src: p,
+                src: DevicePtr(p),
                 size,
-                stream: 0,
+                stream: StreamHandle(0),
             },
             &mut out,
         )
@@ -896,17 +912,17 @@ fn sessions_spread_over_devices() {
     for c in [&mut a, &mut b] {
         let p = alloc(c, 600 << 20);
         c.quiet(&Request::MemcpyHtoD {
-            dst: p,
-            stream: 0,
+            dst: DevicePtr(p),
+            stream: StreamHandle(0),
             data: &[7; 4096],
         })
         .unwrap();
         let mut out = [0u8; 4096];
         c.call_read_into(
             &Request::MemcpyDtoH {
-                src: p,
+                src: DevicePtr(p),
                 size: 4096,
-                stream: 0,
+                stream: StreamHandle(0),
             },
             &mut out,
         )
@@ -998,7 +1014,11 @@ fn a_stopped_worker_is_an_error_not_a_hang() {
     // A read: the reply never comes.
     let (a, e) = within("a synchronous call to a stopped worker", move || {
         a.set_call_timeout(Duration::from_secs(1));
-        let e = a.call(&Request::CtxSynchronize { ctx: 1 }).unwrap_err();
+        let e = a
+            .call(&Request::CtxSynchronize {
+                ctx: ContextHandle(1),
+            })
+            .unwrap_err();
         (a, e)
     });
     assert!(matches!(e, ClientError::Hung { .. }), "{e:?}");
@@ -1016,8 +1036,8 @@ fn a_stopped_worker_is_an_error_not_a_hang() {
         let data = vec![7u8; 16 << 20];
         b.quiet_with_tail(
             &Request::MemcpyHtoD {
-                dst: p,
-                stream: 0,
+                dst: DevicePtr(p),
+                stream: StreamHandle(0),
                 data: &[],
             },
             &data,
@@ -1045,7 +1065,10 @@ fn a_long_call_outlives_the_call_timeout_on_heartbeats() {
     // that the one synchronize below outlasts the timeout about three times.
     let t = Instant::now();
     spin(&mut c, 200_000);
-    c.call(&Request::CtxSynchronize { ctx: 1 }).unwrap();
+    c.call(&Request::CtxSynchronize {
+        ctx: ContextHandle(1),
+    })
+    .unwrap();
     let one = t.elapsed().max(Duration::from_millis(1));
     let mut n = (3 * timeout.as_nanos() / one.as_nanos() + 1).min(100_000) as usize;
     // A loaded machine makes that estimate wrong either way: until one synchronize has outlasted
@@ -1056,7 +1079,9 @@ fn a_long_call_outlives_the_call_timeout_on_heartbeats() {
             for _ in 0..n {
                 spin(&mut c, 200_000);
             }
-            let r = c.call(&Request::CtxSynchronize { ctx: 1 });
+            let r = c.call(&Request::CtxSynchronize {
+                ctx: ContextHandle(1),
+            });
             (c, r)
         });
         c = back;
@@ -1112,7 +1137,10 @@ fn a_killed_clients_running_kernel_stops() {
     let mut b = compute_session(&s, None, Qos::Low).unwrap();
     spin(&mut b, 10);
     within("another session's kernel", move || {
-        b.call(&Request::CtxSynchronize { ctx: 1 }).unwrap();
+        b.call(&Request::CtxSynchronize {
+            ctx: ContextHandle(1),
+        })
+        .unwrap();
         assert_eq!(b.take_async_error(), None);
     });
 }
@@ -1129,7 +1157,7 @@ fn run_a_kernel_until_killed() {
     let hello = Connection::hello(SessionKind::Cuda, String::new(), ResourceRequest::default());
     let (mut c, _) = Connection::open(&addr, &hello).unwrap();
     c.quiet(&Request::CtxCreate {
-        ctx: 1,
+        ctx: ContextHandle(1),
         device: 0,
         flags: 0,
     })
@@ -1138,18 +1166,20 @@ fn run_a_kernel_until_killed() {
     let hash: [u8; 32] =
         sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
     c.call(&Request::ModuleLoad {
-        module: 2,
+        module: ModuleHandle(2),
         device: 0,
         hash,
         image: Some(image),
     })
     .unwrap();
     c.call(&Request::ModuleGetFunction {
-        module: 2,
+        module: ModuleHandle(2),
         name: "spin",
-        function: 3,
+        function: FunctionHandle(3),
     })
     .unwrap();
     spin(&mut c, u32::MAX);
-    let _ = c.call(&Request::CtxSynchronize { ctx: 1 });
+    let _ = c.call(&Request::CtxSynchronize {
+        ctx: ContextHandle(1),
+    });
 }

@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpufuse_client::Connection;
+use gpufuse_proto::{ContextHandle, DevicePtr, FunctionHandle, ModuleHandle, StreamHandle};
 use gpufuse_proto::{Qos, ReplyBody, Request, ResourceRequest, SessionKind};
 use gpufuse_transport::Address;
 
@@ -92,7 +93,7 @@ fn session(s: &Server, compute: Option<u32>, vram: Option<u64>) -> Result<Connec
     );
     let (mut c, _) = Connection::open(&s.addr, &hello).map_err(|e| e.to_string())?;
     c.quiet(&Request::CtxCreate {
-        ctx: 1,
+        ctx: ContextHandle(1),
         device: 0,
         flags: 0,
     })
@@ -101,16 +102,16 @@ fn session(s: &Server, compute: Option<u32>, vram: Option<u64>) -> Result<Connec
     let hash: [u8; 32] =
         sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
     c.call(&Request::ModuleLoad {
-        module: 2,
+        module: ModuleHandle(2),
         device: 0,
         hash,
         image: Some(image),
     })
     .unwrap();
     c.call(&Request::ModuleGetFunction {
-        module: 2,
+        module: ModuleHandle(2),
         name: "spin",
-        function: 3,
+        function: FunctionHandle(3),
     })
     .unwrap();
     Ok(c)
@@ -119,16 +120,19 @@ fn session(s: &Server, compute: Option<u32>, vram: Option<u64>) -> Result<Connec
 fn spin(c: &mut Connection, n: u32) {
     let params = n.to_le_bytes();
     c.quiet(&Request::LaunchKernel(gpufuse_proto::Launch {
-        function: 3,
+        function: FunctionHandle(3),
         grid: [1, 1, 1],
         block: [1, 1, 1],
         shared_mem: 0,
-        stream: 0,
+        stream: StreamHandle(0),
         params: &params,
         attributes: Vec::new(),
     }))
     .unwrap();
-    c.call(&Request::CtxSynchronize { ctx: 1 }).unwrap();
+    c.call(&Request::CtxSynchronize {
+        ctx: ContextHandle(1),
+    })
+    .unwrap();
 }
 
 /// The value of the first sample `name{...}` whose line contains every one of `with`.
@@ -203,7 +207,7 @@ fn metrics_agree_with_status_and_every_dashboard_query_names_an_exposed_series()
         })
         .unwrap()
     {
-        ReplyBody::Ptr(_) => {}
+        ReplyBody::Ptr(DevicePtr(_)) => {}
         other => panic!("{other:?}"),
     }
     for _ in 0..20 {
@@ -451,7 +455,7 @@ fn sliced(addr: &Address, token: &str, vram: u64) -> Result<Connection, String> 
     );
     let (mut c, _) = Connection::open(addr, &hello).map_err(|e| e.to_string())?;
     c.quiet(&Request::CtxCreate {
-        ctx: 1,
+        ctx: ContextHandle(1),
         device: 0,
         flags: 0,
     })

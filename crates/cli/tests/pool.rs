@@ -11,6 +11,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use gpufuse_client::{ClientError, Connection};
+use gpufuse_proto::{ContextHandle, DevicePtr};
 use gpufuse_proto::{Qos, ReplyBody, Request, ResourceRequest, SessionKind};
 use gpufuse_transport::Address;
 
@@ -192,7 +193,7 @@ fn open(
     );
     let (mut c, _) = Connection::open(&pool.addr(), &hello)?;
     c.quiet(&Request::CtxCreate {
-        ctx: 1,
+        ctx: ContextHandle(1),
         device: 0,
         flags: 0,
     })?;
@@ -201,7 +202,7 @@ fn open(
             device: 0,
             size: hold,
         })? {
-            ReplyBody::Ptr(_) => {}
+            ReplyBody::Ptr(DevicePtr(_)) => {}
             other => panic!("{other:?}"),
         }
     }
@@ -436,7 +437,7 @@ fn a_high_session_preempts_a_low_one_whose_client_sees_a_cuda_error() {
             device: 0,
             size: 1 << 20
         }),
-        Ok(ReplyBody::Ptr(_))
+        Ok(ReplyBody::Ptr(DevicePtr(_)))
     ));
     let r = running(&pool, 1);
     let s = pool.status();
@@ -490,7 +491,7 @@ fn a_silent_node_is_lost_its_sessions_shown_lost_and_it_returns_with_them() {
             device: 0,
             size: 1 << 20
         }),
-        Ok(ReplyBody::Ptr(_))
+        Ok(ReplyBody::Ptr(DevicePtr(_)))
     ));
 }
 
@@ -516,7 +517,7 @@ fn a_controller_restart_loses_no_session() {
             device: 0,
             size: 1 << 20
         }),
-        Ok(ReplyBody::Ptr(_))
+        Ok(ReplyBody::Ptr(DevicePtr(_)))
     ));
     pool.start_controller();
     let s = pool.eventually("the session reported again", |s| {

@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpufuse_client::{ClientError, Connection};
+use gpufuse_proto::{ContextHandle, DevicePtr};
 use gpufuse_proto::{Qos, ReplyBody, Request, ResourceRequest, SessionKind};
 use gpufuse_transport::Address;
 
@@ -96,7 +97,7 @@ fn open(
     );
     let (mut c, _) = Connection::open(addr, &hello)?;
     c.quiet(&Request::CtxCreate {
-        ctx: 1,
+        ctx: ContextHandle(1),
         device: 0,
         flags: 0,
     })?;
@@ -105,7 +106,7 @@ fn open(
             device: 0,
             size: hold,
         })? {
-            ReplyBody::Ptr(_) => {}
+            ReplyBody::Ptr(DevicePtr(_)) => {}
             other => panic!("{other:?}"),
         }
     }
@@ -250,7 +251,7 @@ fn serve_lets_a_high_session_preempt_a_low_one() {
             device: 0,
             size: 1 << 20
         }),
-        Ok(ReplyBody::Ptr(_))
+        Ok(ReplyBody::Ptr(DevicePtr(_)))
     ));
     let s = serve.eventually("one session", |s| {
         s["sessions"].as_array().unwrap().len() == 1

@@ -15,6 +15,7 @@ use gpufuse_proto::{
     decode_owned, encode_frame, FrameKind, ReplyBody, Request, ResourceRequest, ServerHello,
     SessionKind,
 };
+use gpufuse_proto::{ContextHandle, DevicePtr, StreamHandle};
 use gpufuse_transport::shm::{ShmRegion, ShmStream, Side, DEFAULT_RING};
 use gpufuse_transport::{Address, Conn, Stream, TransportError};
 
@@ -64,7 +65,7 @@ fn hello() -> gpufuse_proto::ClientHello {
 fn open(addr: &Address, transport: Transport) -> Connection {
     let (mut c, _) = Connection::open_with(addr, &hello(), transport).unwrap();
     c.quiet(&Request::CtxCreate {
-        ctx: 1,
+        ctx: ContextHandle(1),
         device: 0,
         flags: 0,
     })
@@ -74,7 +75,7 @@ fn open(addr: &Address, transport: Transport) -> Connection {
 
 fn alloc(c: &mut Connection, size: u64) -> u64 {
     match c.call(&Request::MemAlloc { device: 0, size }).unwrap() {
-        ReplyBody::Ptr(p) => p,
+        ReplyBody::Ptr(DevicePtr(p)) => p,
         other => panic!("{other:?}"),
     }
 }
@@ -100,8 +101,8 @@ fn round_trip_copy(c: &mut Connection, size: usize) {
     let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4096) as u8).collect();
     c.quiet_with_tail(
         &Request::MemcpyHtoD {
-            dst: p,
-            stream: 0,
+            dst: DevicePtr(p),
+            stream: StreamHandle(0),
             data: &[],
         },
         &data,
@@ -110,15 +111,15 @@ fn round_trip_copy(c: &mut Connection, size: usize) {
     let mut back = vec![0u8; size];
     c.call_read_into(
         &Request::MemcpyDtoH {
-            src: p,
+            src: DevicePtr(p),
             size: size as u64,
-            stream: 0,
+            stream: StreamHandle(0),
         },
         &mut back,
     )
     .unwrap();
     assert!(back == data, "a {size}-byte copy came back changed");
-    c.quiet(&Request::MemFree { ptr: p }).unwrap();
+    c.quiet(&Request::MemFree { ptr: DevicePtr(p) }).unwrap();
 }
 
 #[test]
@@ -222,17 +223,17 @@ fn a_corrupt_ring_record_or_position_ends_only_its_session() {
 
     eventually("only the good session is left", || sessions(&s) == 1);
     good.quiet(&Request::MemcpyHtoD {
-        dst: p,
-        stream: 0,
+        dst: DevicePtr(p),
+        stream: StreamHandle(0),
         data: &[5; 8],
     })
     .unwrap();
     let mut out = [0u8; 8];
     good.call_read_into(
         &Request::MemcpyDtoH {
-            src: p,
+            src: DevicePtr(p),
             size: 8,
-            stream: 0,
+            stream: StreamHandle(0),
         },
         &mut out,
     )
@@ -293,8 +294,8 @@ fn pinned_copies_go_through_the_host_arena_intact_both_ways() {
     let dev = alloc(&mut c, size as u64);
     // Host arena to device; read back the ordinary way (through the rings).
     c.quiet(&Request::MemcpyHtoDHost {
-        dst: dev,
-        stream: 0,
+        dst: DevicePtr(dev),
+        stream: StreamHandle(0),
         offset: src,
         size: size as u64,
     })
@@ -302,9 +303,9 @@ fn pinned_copies_go_through_the_host_arena_intact_both_ways() {
     let mut back = vec![0u8; size];
     c.call_read_into(
         &Request::MemcpyDtoH {
-            src: dev,
+            src: DevicePtr(dev),
             size: size as u64,
-            stream: 0,
+            stream: StreamHandle(0),
         },
         &mut back,
     )
@@ -314,16 +315,16 @@ fn pinned_copies_go_through_the_host_arena_intact_both_ways() {
     let other: Vec<u8> = data.iter().map(|b| b ^ 0xA5).collect();
     c.quiet_with_tail(
         &Request::MemcpyHtoD {
-            dst: dev,
-            stream: 0,
+            dst: DevicePtr(dev),
+            stream: StreamHandle(0),
             data: &[],
         },
         &other,
     )
     .unwrap();
     c.quiet(&Request::MemcpyDtoHHost {
-        src: dev,
-        stream: 0,
+        src: DevicePtr(dev),
+        stream: StreamHandle(0),
         offset: dst,
         size: size as u64,
     })
@@ -339,8 +340,8 @@ fn pinned_copies_go_through_the_host_arena_intact_both_ways() {
     let dev2 = alloc(&mut socket, 4096);
     socket
         .quiet(&Request::MemcpyHtoDHost {
-            dst: dev2,
-            stream: 0,
+            dst: DevicePtr(dev2),
+            stream: StreamHandle(0),
             offset: 0,
             size: 4096,
         })
@@ -368,14 +369,14 @@ fn a_bogus_arena_offset_is_an_error_and_the_session_goes_on() {
     for (offset, size) in bogus {
         for req in [
             Request::MemcpyHtoDHost {
-                dst: dev,
-                stream: 0,
+                dst: DevicePtr(dev),
+                stream: StreamHandle(0),
                 offset,
                 size,
             },
             Request::MemcpyDtoHHost {
-                src: dev,
-                stream: 0,
+                src: DevicePtr(dev),
+                stream: StreamHandle(0),
                 offset,
                 size,
             },
@@ -394,8 +395,8 @@ fn a_bogus_arena_offset_is_an_error_and_the_session_goes_on() {
     let arena = c.host_arena().unwrap().clone();
     assert!(arena.write(off, &[0x77; 4096]));
     c.quiet(&Request::MemcpyHtoDHost {
-        dst: dev + 8192,
-        stream: 0,
+        dst: DevicePtr(dev + 8192),
+        stream: StreamHandle(0),
         offset: off,
         size: 4096,
     })
@@ -403,9 +404,9 @@ fn a_bogus_arena_offset_is_an_error_and_the_session_goes_on() {
     let mut back = vec![0u8; 4096];
     c.call_read_into(
         &Request::MemcpyDtoH {
-            src: dev + 8192,
+            src: DevicePtr(dev + 8192),
             size: 4096,
-            stream: 0,
+            stream: StreamHandle(0),
         },
         &mut back,
     )

@@ -8,6 +8,7 @@ use crate::error::ClientError;
 use crate::handles::{self, Kind};
 use crate::state::{self, Context, Inner, Session};
 use crate::status::{INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE};
+use gpufuse_proto::ContextHandle;
 
 /// `CUlimit` values until the application sets them, by limit: stack size, printf FIFO size,
 /// malloc heap size, device runtime sync depth, pending launch count, max L2 fetch
@@ -105,7 +106,7 @@ impl Inner {
                 },
             );
             self.conn.quiet(&Request::CtxCreate {
-                ctx: h,
+                ctx: ContextHandle(h),
                 device: dev,
                 flags,
             })?;
@@ -166,7 +167,7 @@ impl Inner {
             },
         );
         self.conn.quiet(&Request::CtxCreate {
-            ctx: h,
+            ctx: ContextHandle(h),
             device: dev,
             flags,
         })?;
@@ -185,7 +186,9 @@ impl Inner {
         self.streams.retain(|_, st| st.ctx != h);
         self.lanes_changed();
         state::forget_context(h);
-        self.conn.quiet(&Request::CtxDestroy { ctx: h })
+        self.conn.quiet(&Request::CtxDestroy {
+            ctx: ContextHandle(h),
+        })
     }
 
     /// `cuCtxSetCurrent`: a reset primary context becomes active again when made current.

@@ -14,6 +14,7 @@ use crate::graph::Op;
 use crate::host::ARENA_SYNC_HTOD_MIN;
 use crate::state::Inner;
 use crate::status::{INVALID_VALUE, NOT_SUPPORTED, UNKNOWN};
+use gpufuse_proto::{DevicePtr, StreamHandle};
 
 /// One side of a 2-D copy: device memory (an allocation, or a CUDA array's rows) or host
 /// memory, the address of its first byte and its pitch in bytes.
@@ -52,8 +53,8 @@ impl Inner {
                 // may reuse the source once this returns, so it waits for a reply, after which
                 // the worker has read it.
                 self.conn.quiet(&Request::MemcpyHtoDHost {
-                    dst,
-                    stream,
+                    dst: DevicePtr(dst),
+                    stream: StreamHandle(stream),
                     offset,
                     size: src.len() as u64,
                 })?;
@@ -63,8 +64,8 @@ impl Inner {
         }
         for (i, chunk) in src.chunks(MAX_COPY_CHUNK).enumerate() {
             let req = Request::MemcpyHtoD {
-                dst: dst + (i * MAX_COPY_CHUNK) as u64,
-                stream,
+                dst: DevicePtr(dst + (i * MAX_COPY_CHUNK) as u64),
+                stream: StreamHandle(stream),
                 data: chunk,
             };
             self.conn.quiet(&req)?;
@@ -97,8 +98,8 @@ impl Inner {
         }
         self.managed_to_device()?;
         self.conn.quiet(&Request::MemcpyHtoDHost {
-            dst,
-            stream,
+            dst: DevicePtr(dst),
+            stream: StreamHandle(stream),
             offset,
             size: src.len() as u64,
         })?;
@@ -122,8 +123,8 @@ impl Inner {
             if !dst.is_empty() {
                 // The worker writes it in place; the reply to the call after it says it has.
                 self.conn.quiet(&Request::MemcpyDtoHHost {
-                    src,
-                    stream,
+                    src: DevicePtr(src),
+                    stream: StreamHandle(stream),
                     offset,
                     size: dst.len() as u64,
                 })?;
@@ -133,9 +134,9 @@ impl Inner {
         }
         for (i, chunk) in dst.chunks_mut(MAX_COPY_CHUNK).enumerate() {
             let req = Request::MemcpyDtoH {
-                src: src + (i * MAX_COPY_CHUNK) as u64,
+                src: DevicePtr(src + (i * MAX_COPY_CHUNK) as u64),
                 size: chunk.len() as u64,
-                stream,
+                stream: StreamHandle(stream),
             };
             self.conn.call_read_into(&req, chunk)?;
         }
@@ -174,8 +175,8 @@ impl Inner {
                 // Page-locked memory the worker maps: written there in stream order.
                 self.managed_to_device()?;
                 self.conn.quiet(&Request::MemcpyDtoHHost {
-                    src,
-                    stream,
+                    src: DevicePtr(src),
+                    stream: StreamHandle(stream),
                     offset,
                     size: len as u64,
                 })?;
@@ -200,9 +201,9 @@ impl Inner {
             // is no earlier than the reply that brings the data.
             let tag = unsafe { self.conn.register_copy(dst.add(off), n) };
             let req = Request::MemcpyDtoHAsync {
-                src: src + off as u64,
+                src: DevicePtr(src + off as u64),
                 size: n as u64,
-                stream,
+                stream: StreamHandle(stream),
                 tag,
             };
             self.conn.quiet(&req)?;
@@ -229,10 +230,10 @@ impl Inner {
             return Ok(());
         }
         self.device_work(&Request::MemcpyDtoD {
-            dst,
-            src,
+            dst: DevicePtr(dst),
+            src: DevicePtr(src),
             size: len,
-            stream,
+            stream: StreamHandle(stream),
         })
     }
 
@@ -259,11 +260,11 @@ impl Inner {
             return Ok(());
         }
         self.device_work(&Request::Memset {
-            dst,
+            dst: DevicePtr(dst),
             value,
             elem_size,
             count,
-            stream,
+            stream: StreamHandle(stream),
         })
     }
 
@@ -313,11 +314,11 @@ impl Inner {
         let rect = |ptr, pitch| Rect { ptr, pitch };
         match (src.device, dst.device) {
             (true, true) => self.device_work(&Request::Memcpy2DDtoD {
-                dst: rect(dst.ptr, dp),
-                src: rect(src.ptr, sp),
+                dst: rect(DevicePtr(dst.ptr), dp),
+                src: rect(DevicePtr(src.ptr), sp),
                 width,
                 height,
-                stream,
+                stream: StreamHandle(stream),
             }),
             (false, true) => {
                 let (base, pitch) = host(src, src_span)?;
@@ -334,10 +335,10 @@ impl Inner {
                     });
                 }
                 self.device_work(&Request::Memcpy2DHtoD {
-                    dst: rect(dst.ptr, dp),
+                    dst: rect(DevicePtr(dst.ptr), dp),
                     width,
                     height,
-                    stream,
+                    stream: StreamHandle(stream),
                     data: &packed,
                 })
             }
@@ -348,10 +349,10 @@ impl Inner {
                     return Err(NOT_SUPPORTED.into());
                 }
                 let req = Request::Memcpy2DDtoH {
-                    src: rect(src.ptr, sp),
+                    src: rect(DevicePtr(src.ptr), sp),
                     width,
                     height,
-                    stream,
+                    stream: StreamHandle(stream),
                 };
                 let ReplyBody::Data(data) = self.device_call(&req)? else {
                     return Err(UNKNOWN.into());
@@ -432,12 +433,15 @@ impl Inner {
             return Ok(());
         }
         self.device_work(&Request::Memset2D {
-            dst: Rect { ptr: dst, pitch },
+            dst: Rect {
+                ptr: DevicePtr(dst),
+                pitch,
+            },
             value,
             elem_size,
             width,
             height,
-            stream,
+            stream: StreamHandle(stream),
         })
     }
 }

@@ -13,6 +13,7 @@ use crate::status::{
     INVALID_HANDLE, INVALID_VALUE, STREAM_CAPTURE_INVALIDATED, STREAM_CAPTURE_UNMATCHED,
     STREAM_CAPTURE_UNSUPPORTED,
 };
+use gpufuse_proto::{DevicePtr, StreamHandle};
 
 impl Inner {
     /// `cuStreamBeginCapture` on stream handle `stream`.
@@ -219,11 +220,11 @@ impl Inner {
         }
         let ptr = self.alloc(8)?;
         if let Err(e) = self.device_work(&Request::Memset {
-            dst: ptr,
+            dst: DevicePtr(ptr),
             value: default,
             elem_size: 4,
             count: 2,
-            stream: 0,
+            stream: StreamHandle(0),
         }) {
             let _ = self.free(ptr);
             return Err(e);
@@ -328,11 +329,11 @@ impl Inner {
         for c in &graph.conditionals {
             if let Some(value) = c.default {
                 self.device_work(&Request::Memset {
-                    dst: c.ptr,
+                    dst: DevicePtr(c.ptr),
                     value,
                     elem_size: 4,
                     count: 1,
-                    stream,
+                    stream: StreamHandle(stream),
                 })?;
             }
         }
@@ -396,11 +397,11 @@ impl Inner {
                 elem_size,
                 count,
             } => self.device_work(&Request::Memset {
-                dst,
+                dst: DevicePtr(dst),
                 value,
                 elem_size,
                 count,
-                stream,
+                stream: StreamHandle(stream),
             }),
             Op::EventRecord { event } => self.replay_event_record(event, stream),
             Op::MemAlloc { ptr, .. } => {

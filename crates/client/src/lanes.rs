@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use gpufuse_proto::{encode_frame, FrameKind, Launch, ParamSlot, Request, FLAG_QUIET};
 
 use crate::error::ClientError;
+use gpufuse_proto::{FunctionHandle, StreamHandle};
 
 /// A lane moves its frames into the connection once it holds this many bytes.
 pub const LANE_BYTES: usize = 64 * 1024;
@@ -341,11 +342,11 @@ impl Lanes {
             FLAG_QUIET,
             0,
             &Request::LaunchKernel(Launch {
-                function: target.function,
+                function: FunctionHandle(target.function),
                 grid,
                 block,
                 shared_mem,
-                stream: lane.stream,
+                stream: StreamHandle(lane.stream),
                 params: &params,
                 attributes: Vec::new(),
             }),
@@ -428,7 +429,7 @@ mod tests {
                     .unwrap();
             assert!(header.is_quiet());
             match req {
-                Request::LaunchKernel(l) => seen.push((l.stream, l.grid[0] as u64)),
+                Request::LaunchKernel(l) => seen.push((l.stream.get(), l.grid[0] as u64)),
                 other => panic!("unexpected {other:?}"),
             }
             bytes = &bytes[end..];

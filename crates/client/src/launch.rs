@@ -15,6 +15,7 @@ use crate::graph::Op;
 use crate::lanes::{Fast, StreamRef, Target};
 use crate::state::{Inner, Session};
 use crate::status::{INVALID_HANDLE, INVALID_VALUE};
+use gpufuse_proto::{FunctionHandle, StreamHandle};
 
 /// Largest parameter buffer a launch may carry (CUDA 12.1+: 32764 bytes).
 pub const MAX_PARAM_BYTES: usize = 32764;
@@ -192,11 +193,11 @@ impl Inner {
             return Ok(());
         };
         let req = Request::LaunchKernel(Launch {
-            function,
+            function: FunctionHandle(function),
             grid,
             block,
             shared_mem,
-            stream,
+            stream: StreamHandle(stream),
             params: &params,
             attributes,
         });

@@ -19,6 +19,7 @@ use gpufuse_proto::{ReplyBody, Request, MAX_COPY_CHUNK};
 use crate::error::ClientError;
 use crate::state::Inner;
 use crate::status::{INVALID_VALUE, OUT_OF_MEMORY, UNKNOWN};
+use gpufuse_proto::{DevicePtr, StreamHandle};
 
 /// What kind of device memory an allocation is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,7 +149,8 @@ impl Inner {
             return Err(INVALID_VALUE.into());
         }
         let (_, device) = self.current()?;
-        let ReplyBody::Ptr(p) = self.conn.call(&Request::MemAlloc { device, size })? else {
+        let ReplyBody::Ptr(DevicePtr(p)) = self.conn.call(&Request::MemAlloc { device, size })?
+        else {
             return Err(UNKNOWN.into());
         };
         let order = self.next_order();
@@ -187,7 +189,11 @@ impl Inner {
             height,
             elem_size,
         };
-        let ReplyBody::Pitch { ptr, pitch } = self.conn.call(&req)? else {
+        let ReplyBody::Pitch {
+            ptr: DevicePtr(ptr),
+            pitch,
+        } = self.conn.call(&req)?
+        else {
             return Err(UNKNOWN.into());
         };
         let order = self.next_order();
@@ -216,7 +222,7 @@ impl Inner {
         let server_size = (page_len(size) as u64)
             .checked_add(page())
             .ok_or(ClientError::Cuda(OUT_OF_MEMORY))?;
-        let ReplyBody::Ptr(base) = self.conn.call(&Request::MemAlloc {
+        let ReplyBody::Ptr(DevicePtr(base)) = self.conn.call(&Request::MemAlloc {
             device,
             size: server_size,
         })?
@@ -225,7 +231,9 @@ impl Inner {
         };
         let p = base.div_ceil(page()) * page();
         if !map_at(p, size) {
-            self.conn.quiet(&Request::MemFree { ptr: base })?;
+            self.conn.quiet(&Request::MemFree {
+                ptr: DevicePtr(base),
+            })?;
             return Err(OUT_OF_MEMORY.into());
         }
         // The new device memory must not be overwritten by a stale host copy, nor the zeroed
@@ -299,7 +307,7 @@ impl Inner {
             pool.used = pool.used.saturating_sub(a.size);
         }
         self.conn.quiet(&Request::MemFree {
-            ptr: a.server_ptr(ptr),
+            ptr: DevicePtr(a.server_ptr(ptr)),
         })
     }
 
@@ -355,8 +363,8 @@ impl Inner {
                 unsafe { std::slice::from_raw_parts(p as usize as *const u8, size as usize) };
             for (i, chunk) in host.chunks(MAX_COPY_CHUNK).enumerate() {
                 let req = Request::MemcpyHtoD {
-                    dst: p + (i * MAX_COPY_CHUNK) as u64,
-                    stream: 0,
+                    dst: DevicePtr(p + (i * MAX_COPY_CHUNK) as u64),
+                    stream: StreamHandle(0),
                     data: chunk,
                 };
                 self.conn.quiet(&req)?;
@@ -387,9 +395,9 @@ impl Inner {
     pub(crate) fn read_device(&mut self, src: u64, dst: &mut [u8]) -> Result<(), ClientError> {
         for (i, chunk) in dst.chunks_mut(MAX_COPY_CHUNK).enumerate() {
             let req = Request::MemcpyDtoH {
-                src: src + (i * MAX_COPY_CHUNK) as u64,
+                src: DevicePtr(src + (i * MAX_COPY_CHUNK) as u64),
                 size: chunk.len() as u64,
-                stream: 0,
+                stream: StreamHandle(0),
             };
             self.conn.call_read_into(&req, chunk)?;
         }

@@ -19,6 +19,7 @@ use crate::error::ClientError;
 use crate::handles::{self, Kind};
 use crate::state::{Function, Inner, Kernel, Library, Module};
 use crate::status::{INVALID_HANDLE, INVALID_IMAGE, NO_BINARY_FOR_GPU, OUT_OF_MEMORY, UNKNOWN};
+use gpufuse_proto::{DevicePtr, FunctionHandle, ModuleHandle};
 
 /// Images above this size travel in parts (a frame carries at most 64 MiB and change).
 const IMAGE_PART: usize = 32 << 20;
@@ -79,7 +80,7 @@ impl Inner {
                 }
             }
             let req = Request::ModuleLoad {
-                module,
+                module: ModuleHandle(module),
                 device,
                 hash,
                 image: (send && !parts).then_some(image),
@@ -174,7 +175,9 @@ impl Inner {
         if module.state != LoadState::Loaded {
             return Ok(());
         }
-        self.conn.quiet(&Request::ModuleUnload { module: m })
+        self.conn.quiet(&Request::ModuleUnload {
+            module: ModuleHandle(m),
+        })
     }
 
     /// The function `name` of module `m`, fetched from the worker once.
@@ -186,9 +189,9 @@ impl Inner {
         self.ensure_loaded(m)?;
         let f = handles::mint(Kind::Function);
         let req = Request::ModuleGetFunction {
-            module: m,
+            module: ModuleHandle(m),
             name,
-            function: f,
+            function: FunctionHandle(f),
         };
         let ReplyBody::Function(info) = self.conn.call(&req)? else {
             return Err(UNKNOWN.into());
@@ -211,11 +214,14 @@ impl Inner {
     pub fn global(&mut self, m: u64, name: &str) -> Result<(u64, u64), ClientError> {
         let device = self.modules.get(&m).ok_or(INVALID_HANDLE)?.device;
         self.ensure_loaded(m)?;
-        match self
-            .conn
-            .call(&Request::ModuleGetGlobal { module: m, name })?
-        {
-            ReplyBody::Global { ptr, size } => {
+        match self.conn.call(&Request::ModuleGetGlobal {
+            module: ModuleHandle(m),
+            name,
+        })? {
+            ReplyBody::Global {
+                ptr: DevicePtr(ptr),
+                size,
+            } => {
                 self.note_global(ptr, size, device, m);
                 if let Some(module) = self.modules.get_mut(&m) {
                     module.globals.insert(name.to_string(), ptr);

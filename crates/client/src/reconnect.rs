@@ -20,6 +20,9 @@ use crate::error::ClientError;
 use crate::memory::{page, page_len, MemoryKind};
 use crate::module::LoadState;
 use crate::state::{Inner, Session};
+use gpufuse_proto::{
+    ContextHandle, DevicePtr, EventHandle, FunctionHandle, ModuleHandle, StreamHandle,
+};
 
 /// Device memory contents read from the old worker: (address, bytes).
 type Contents = Vec<(u64, Vec<u8>)>;
@@ -92,7 +95,9 @@ impl Inner {
         let mut ctxs: Vec<u64> = self.contexts.keys().copied().collect();
         ctxs.sort_unstable();
         for ctx in ctxs {
-            self.conn.call(&Request::CtxSynchronize { ctx })?;
+            self.conn.call(&Request::CtxSynchronize {
+                ctx: ContextHandle(ctx),
+            })?;
         }
         let pending = self.conn.take_async_error();
         self.managed_to_host()?;
@@ -120,8 +125,11 @@ impl Inner {
             .collect();
         ctxs.sort_unstable();
         for (ctx, device, flags) in ctxs {
-            self.conn
-                .quiet(&Request::CtxCreate { ctx, device, flags })?;
+            self.conn.quiet(&Request::CtxCreate {
+                ctx: ContextHandle(ctx),
+                device,
+                flags,
+            })?;
         }
         let mut placements: Vec<(u64, Placement)> = self
             .allocations
@@ -156,20 +164,23 @@ impl Inner {
             .collect();
         for (stream, flags, priority) in streams {
             self.conn.quiet(&Request::StreamCreate {
-                stream,
+                stream: StreamHandle(stream),
                 flags,
                 priority,
             })?;
         }
         let events: Vec<(u64, u32)> = self.events.iter().map(|(&h, e)| (h, e.flags)).collect();
         for (event, flags) in events {
-            self.conn.quiet(&Request::EventCreate { event, flags })?;
+            self.conn.quiet(&Request::EventCreate {
+                event: EventHandle(event),
+                flags,
+            })?;
         }
         for (p, data) in contents {
             for (i, chunk) in data.chunks(MAX_COPY_CHUNK).enumerate() {
                 self.conn.quiet(&Request::MemcpyHtoD {
-                    dst: p + (i * MAX_COPY_CHUNK) as u64,
-                    stream: 0,
+                    dst: DevicePtr(p + (i * MAX_COPY_CHUNK) as u64),
+                    stream: StreamHandle(0),
                     data: chunk,
                 })?;
             }
@@ -198,7 +209,7 @@ impl Inner {
             device: a.device,
             size,
         })? {
-            ReplyBody::Ptr(got) => got,
+            ReplyBody::Ptr(DevicePtr(got)) => got,
             _ => return Err(ClientError::UnexpectedReply),
         };
         if got != want {
@@ -218,9 +229,9 @@ impl Inner {
             .collect();
         for (function, module, name) in functions {
             let req = Request::ModuleGetFunction {
-                module,
+                module: ModuleHandle(module),
                 name: &name,
-                function,
+                function: FunctionHandle(function),
             };
             let ReplyBody::Function(_) = self.conn.call(&req)? else {
                 return Err(ClientError::UnexpectedReply);
@@ -238,11 +249,17 @@ impl Inner {
             .collect();
         for (module, name, want) in globals {
             match self.conn.call(&Request::ModuleGetGlobal {
-                module,
+                module: ModuleHandle(module),
                 name: &name,
             })? {
-                ReplyBody::Global { ptr, .. } if ptr == want => {}
-                ReplyBody::Global { ptr, .. } => {
+                ReplyBody::Global {
+                    ptr: DevicePtr(ptr),
+                    ..
+                } if ptr == want => {}
+                ReplyBody::Global {
+                    ptr: DevicePtr(ptr),
+                    ..
+                } => {
                     return Err(refuse(format!(
                         "global `{name}` at {want:#x} was placed at {ptr:#x} on the new worker"
                     )))

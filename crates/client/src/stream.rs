@@ -11,6 +11,7 @@ use crate::handles::{self, Kind};
 use crate::state::{Event, Inner, Stream};
 use crate::status::{INVALID_HANDLE, STREAM_CAPTURE_UNSUPPORTED, UNKNOWN};
 use crate::work::SyncScope;
+use gpufuse_proto::{EventHandle, StreamHandle};
 
 /// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`: both name the default stream here.
 const STREAM_LEGACY: u64 = 1;
@@ -65,7 +66,7 @@ impl Inner {
             },
         );
         self.conn.quiet(&Request::StreamCreate {
-            stream: h,
+            stream: StreamHandle(h),
             flags,
             priority,
         })?;
@@ -78,7 +79,9 @@ impl Inner {
             return Err(INVALID_HANDLE.into());
         }
         self.lanes_changed();
-        self.conn.quiet(&Request::StreamDestroy { stream: h })
+        self.conn.quiet(&Request::StreamDestroy {
+            stream: StreamHandle(h),
+        })
     }
 
     /// `cuStreamSynchronize`.
@@ -92,7 +95,9 @@ impl Inner {
     pub fn query_stream(&mut self, h: u64) -> Result<(), ClientError> {
         let id = self.stream_id(h)?;
         self.not_capturing(id)?;
-        self.query(&Request::StreamQuery { stream: id })
+        self.query(&Request::StreamQuery {
+            stream: StreamHandle(id),
+        })
     }
 
     /// Host functions run in stream order: under capture the function is recorded and `false`
@@ -108,7 +113,9 @@ impl Inner {
             self.graphs.record(id, Op::HostFn { func, user });
             return Ok(false);
         }
-        self.conn.call(&Request::StreamSynchronize { stream: id })?;
+        self.conn.call(&Request::StreamSynchronize {
+            stream: StreamHandle(id),
+        })?;
         Ok(true)
     }
 
@@ -116,7 +123,9 @@ impl Inner {
     /// runs after the work before it).
     pub fn drain_stream(&mut self, id: u64) -> Result<(), ClientError> {
         self.conn
-            .call(&Request::StreamSynchronize { stream: id })
+            .call(&Request::StreamSynchronize {
+                stream: StreamHandle(id),
+            })
             .map(|_| ())
     }
 
@@ -125,7 +134,10 @@ impl Inner {
         if !self.events.contains_key(&event) {
             return Ok(());
         }
-        self.conn.quiet(&Request::EventRecord { event, stream })
+        self.conn.quiet(&Request::EventRecord {
+            event: EventHandle(event),
+            stream: StreamHandle(stream),
+        })
     }
 
     /// `cuStreamWaitEvent`.
@@ -144,8 +156,8 @@ impl Inner {
             return Ok(());
         }
         self.conn.quiet(&Request::StreamWaitEvent {
-            stream: st,
-            event: ev,
+            stream: StreamHandle(st),
+            event: EventHandle(ev),
         })
     }
 
@@ -160,7 +172,10 @@ impl Inner {
                 recorded: false,
             },
         );
-        self.conn.quiet(&Request::EventCreate { event: h, flags })?;
+        self.conn.quiet(&Request::EventCreate {
+            event: EventHandle(h),
+            flags,
+        })?;
         Ok(h)
     }
 
@@ -168,7 +183,9 @@ impl Inner {
     pub fn destroy_event(&mut self, h: u64) -> Result<(), ClientError> {
         let h = self.event_id(h)?;
         self.events.remove(&h);
-        self.conn.quiet(&Request::EventDestroy { event: h })
+        self.conn.quiet(&Request::EventDestroy {
+            event: EventHandle(h),
+        })
     }
 
     /// `cuEventRecord`, or its capture into the stream's graph.
@@ -185,15 +202,17 @@ impl Inner {
         }
         self.graphs.captured_events.remove(&ev);
         self.conn.quiet(&Request::EventRecord {
-            event: ev,
-            stream: st,
+            event: EventHandle(ev),
+            stream: StreamHandle(st),
         })
     }
 
     /// `cuEventQuery`.
     pub fn query_event(&mut self, h: u64) -> Result<(), ClientError> {
         let ev = self.event_id(h)?;
-        self.query(&Request::EventQuery { event: ev })
+        self.query(&Request::EventQuery {
+            event: EventHandle(ev),
+        })
     }
 
     /// `cuEventSynchronize`.
@@ -213,10 +232,10 @@ impl Inner {
         }) {
             return Err(INVALID_HANDLE.into());
         }
-        match self
-            .conn
-            .call(&Request::EventElapsedTime { start: a, end: b })?
-        {
+        match self.conn.call(&Request::EventElapsedTime {
+            start: EventHandle(a),
+            end: EventHandle(b),
+        })? {
             ReplyBody::Elapsed(t) => Ok(t),
             _ => Err(UNKNOWN.into()),
         }

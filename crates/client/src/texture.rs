@@ -7,6 +7,7 @@ use crate::error::ClientError;
 use crate::handles::{self, Kind};
 use crate::state::{Inner, TexObjectInfo};
 use crate::status::INVALID_HANDLE;
+use gpufuse_proto::TexHandle;
 
 impl Inner {
     /// `cuTexObjectCreate` (`kind` [`Kind::TexObject`]) or `cuSurfObjectCreate`
@@ -19,11 +20,14 @@ impl Inner {
         descriptors: std::sync::Arc<dyn std::any::Any + Send + Sync>,
     ) -> Result<u64, ClientError> {
         let handle = handles::mint(kind);
-        self.conn.call(&Request::TexObjectCreate { handle, desc })?;
+        self.conn.call(&Request::TexObjectCreate {
+            handle: TexHandle(handle),
+            desc,
+        })?;
         self.textures.insert(
             handle,
             TexObjectInfo {
-                ptr: desc.ptr,
+                ptr: desc.ptr.get(),
                 descriptors,
             },
         );
@@ -55,6 +59,8 @@ impl Inner {
         if !handles::is(handle, kind) || self.textures.remove(&handle).is_none() {
             return Err(INVALID_HANDLE.into());
         }
-        self.conn.quiet(&Request::TexObjectDestroy { handle })
+        self.conn.quiet(&Request::TexObjectDestroy {
+            handle: TexHandle(handle),
+        })
     }
 }

@@ -8,13 +8,14 @@ use crate::error::ClientError;
 use crate::handles::{self, Kind};
 use crate::state::Inner;
 use crate::status::{INVALID_VALUE, NOT_SUPPORTED, UNKNOWN};
+use gpufuse_proto::{DevicePtr, PhysicalHandle};
 
 impl Inner {
     /// `cuMemCreate`: physical memory of `size` bytes on `device`; its handle.
     pub fn create_physical(&mut self, device: u32, size: u64) -> Result<u64, ClientError> {
         let h = handles::mint(Kind::Physical);
         self.conn.call(&Request::MemCreate {
-            handle: h,
+            handle: PhysicalHandle(h),
             device,
             size,
         })?;
@@ -25,7 +26,9 @@ impl Inner {
     /// `cuMemRelease`.
     pub fn release_physical(&mut self, handle: u64) -> Result<(), ClientError> {
         self.physical.remove(&handle).ok_or(INVALID_VALUE)?;
-        self.conn.quiet(&Request::MemRelease { handle })
+        self.conn.quiet(&Request::MemRelease {
+            handle: PhysicalHandle(handle),
+        })
     }
 
     /// `cuMemAddressReserve`: the reserved range's start.
@@ -34,14 +37,17 @@ impl Inner {
             .conn
             .call(&Request::MemAddressReserve { size, align })?
         {
-            ReplyBody::Ptr(p) => Ok(p),
+            ReplyBody::Ptr(DevicePtr(p)) => Ok(p),
             _ => Err(UNKNOWN.into()),
         }
     }
 
     /// `cuMemAddressFree`.
     pub fn free_address(&mut self, ptr: u64, size: u64) -> Result<(), ClientError> {
-        self.conn.quiet(&Request::MemAddressFree { ptr, size })
+        self.conn.quiet(&Request::MemAddressFree {
+            ptr: DevicePtr(ptr),
+            size,
+        })
     }
 
     /// `cuMemMap` of all of physical memory `handle` at `ptr` (`size` must be all of it, at
@@ -58,9 +64,9 @@ impl Inner {
             return Err(NOT_SUPPORTED.into());
         }
         self.conn.call(&Request::MemMap {
-            ptr,
+            ptr: DevicePtr(ptr),
             size: psize,
-            handle,
+            handle: PhysicalHandle(handle),
         })?;
         self.note_mapping(ptr, psize, device);
         self.mappings.insert(ptr, handle);
@@ -79,7 +85,10 @@ impl Inner {
         if inside.is_empty() {
             return Err(INVALID_VALUE.into());
         }
-        self.conn.call(&Request::MemUnmap { ptr, size })?;
+        self.conn.call(&Request::MemUnmap {
+            ptr: DevicePtr(ptr),
+            size,
+        })?;
         for p in inside {
             self.forget_mapping(p);
             self.mappings.remove(&p);

@@ -7,6 +7,7 @@ use gpufuse_proto::Request;
 
 use crate::error::ClientError;
 use crate::state::Inner;
+use gpufuse_proto::{ContextHandle, EventHandle, StreamHandle};
 
 /// What a synchronizing call waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,10 +63,16 @@ impl Inner {
                     ctx
                 };
                 self.context_device(ctx)?;
-                Request::CtxSynchronize { ctx }
+                Request::CtxSynchronize {
+                    ctx: ContextHandle(ctx),
+                }
             }
-            SyncScope::Stream(stream) => Request::StreamSynchronize { stream },
-            SyncScope::Event(event) => Request::EventSynchronize { event },
+            SyncScope::Stream(stream) => Request::StreamSynchronize {
+                stream: StreamHandle(stream),
+            },
+            SyncScope::Event(event) => Request::EventSynchronize {
+                event: EventHandle(event),
+            },
         };
         self.conn.call(&req)?;
         self.synchronized()

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use gpufuse_device::emu::EmuDevice;
 use gpufuse_device::{Device, DeviceError, KernelLaunch, ModuleId, Status};
 use gpufuse_node::{DeviceState, NodeState};
+use gpufuse_proto::DevicePtr;
 use gpufuse_proto::{
     ClientHello, ComputePolicy, DeviceInfo, DeviceKind, FunctionInfo, ReplyBody, Request,
     ResourceRequest, SessionKind,
@@ -187,7 +188,7 @@ proptest! {
                 Op::Alloc { s, size } => {
                     if let Some(sess) = sessions[s].as_mut() {
                         match sess.handle(Request::MemAlloc { device: 0, size }) {
-                            Ok(ReplyBody::Ptr(p)) => live[s].push(p),
+                            Ok(ReplyBody::Ptr(DevicePtr(p))) => live[s].push(p),
                             Ok(other) => prop_assert!(false, "alloc answered {other:?}"),
                             Err(e) => prop_assert_eq!(e, 2, "only out of memory may fail"),
                         }
@@ -197,7 +198,7 @@ proptest! {
                     if let (Some(sess), false) = (sessions[s].as_mut(), live[s].is_empty()) {
                         let k = pick % live[s].len();
                         let ptr = live[s].swap_remove(k);
-                        let freed = sess.handle(Request::MemFree { ptr });
+                        let freed = sess.handle(Request::MemFree { ptr: DevicePtr(ptr) });
                         prop_assert!(freed.is_ok(), "free of a live pointer: {:?}", freed);
                     }
                 }
@@ -205,7 +206,7 @@ proptest! {
                     if let Some(sess) = sessions[s].as_mut() {
                         let ptr = live[(s + 1) % SESSIONS].first().copied().unwrap_or(0x1000);
                         // Another session's pointer or a stray one: refused, nothing moves.
-                        let freed = sess.handle(Request::MemFree { ptr });
+                        let freed = sess.handle(Request::MemFree { ptr: DevicePtr(ptr) });
                         prop_assert!(freed.is_err(), "free of a foreign pointer: {:?}", freed);
                     }
                 }

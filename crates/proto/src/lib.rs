@@ -45,10 +45,12 @@
 #![forbid(unsafe_code)]
 
 mod frame;
+mod ids;
 mod messages;
 pub mod pool;
 
 pub use frame::*;
+pub use ids::*;
 pub use messages::*;
 pub use pool::*;
 
@@ -204,8 +206,8 @@ mod tests {
     fn request_round_trips_borrowing_its_data() {
         let data = vec![7u8; 1000];
         let req = Request::MemcpyHtoD {
-            dst: 0x1000,
-            stream: 0,
+            dst: DevicePtr(0x1000),
+            stream: StreamHandle(0),
             data: &data,
         };
         let mut buf = Vec::new();
@@ -232,8 +234,8 @@ mod tests {
                 FLAG_QUIET,
                 9,
                 &Request::MemcpyHtoD {
-                    dst: 7,
-                    stream: 2,
+                    dst: DevicePtr(7),
+                    stream: StreamHandle(2),
                     data: &[],
                 },
                 n,
@@ -248,8 +250,8 @@ mod tests {
             assert_eq!(
                 back,
                 Request::MemcpyHtoD {
-                    dst: 7,
-                    stream: 2,
+                    dst: DevicePtr(7),
+                    stream: StreamHandle(2),
                     data: &data,
                 },
                 "{n}"
@@ -273,7 +275,7 @@ mod tests {
             FrameKind::Request,
             FLAG_QUIET,
             1,
-            &Request::MemFree { ptr: 5 },
+            &Request::MemFree { ptr: DevicePtr(5) },
             3,
         );
         frame.extend_from_slice(&[1, 2, 3]);
@@ -289,8 +291,8 @@ mod tests {
             FLAG_QUIET,
             1,
             &Request::MemcpyHtoD {
-                dst: 1,
-                stream: 0,
+                dst: DevicePtr(1),
+                stream: StreamHandle(0),
                 data: &[9],
             },
             1,
@@ -321,17 +323,20 @@ mod tests {
     #[test]
     fn quiet_requests_are_the_documented_ones() {
         assert!(Request::LaunchKernel(Launch {
-            function: 1,
+            function: FunctionHandle(1),
             grid: [1; 3],
             block: [1; 3],
             shared_mem: 0,
-            stream: 0,
+            stream: StreamHandle(0),
             params: &[],
             attributes: vec![],
         })
         .is_quiet());
         assert!(!Request::MemAlloc { device: 0, size: 1 }.is_quiet());
-        assert!(!Request::StreamSynchronize { stream: 0 }.is_quiet());
+        assert!(!Request::StreamSynchronize {
+            stream: StreamHandle(0)
+        }
+        .is_quiet());
     }
 
     proptest! {

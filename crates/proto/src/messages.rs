@@ -3,6 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{
+    ContextHandle, DevicePtr, EventHandle, FunctionHandle, ModuleHandle, PhysicalHandle,
+    StreamHandle, TexHandle,
+};
+
 /// A CUDA driver status code: the one `CUresult` type, generated from NVIDIA's `cuda.h` into
 /// `gpufuse-cuda-types` with every value it defines (`gpufuse_cuda_types::short`).
 pub use gpufuse_cuda_types::CUresult as Status;
@@ -494,11 +499,11 @@ pub type Dim3 = [u32; 3];
 /// A kernel launch. `params` is packed at device-side offsets.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Launch<'a> {
-    pub function: u64,
+    pub function: FunctionHandle,
     pub grid: Dim3,
     pub block: Dim3,
     pub shared_mem: u32,
-    pub stream: u64,
+    pub stream: StreamHandle,
     #[serde(borrow, with = "serde_bytes")]
     pub params: &'a [u8],
     /// `CUlaunchAttribute`s of `cuLaunchKernelEx`: id and the raw 64-byte value, with any
@@ -509,7 +514,7 @@ pub struct Launch<'a> {
 /// A rectangular copy between two device regions, or one side packed (host data travels packed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rect {
-    pub ptr: u64,
+    pub ptr: DevicePtr,
     pub pitch: u64,
 }
 
@@ -522,11 +527,15 @@ pub enum Request<'a> {
     /// Sync. Measures the transport.
     Ping,
     /// Quiet. Creates context `ctx` on `device` (primary or not).
-    CtxCreate { ctx: u64, device: u32, flags: u32 },
+    CtxCreate {
+        ctx: ContextHandle,
+        device: u32,
+        flags: u32,
+    },
     /// Quiet.
-    CtxDestroy { ctx: u64 },
+    CtxDestroy { ctx: ContextHandle },
     /// Sync. Waits for all work of the context's device.
-    CtxSynchronize { ctx: u64 },
+    CtxSynchronize { ctx: ContextHandle },
     /// Sync. Frees everything the session holds on `device` and resets its error state.
     DeviceReset { device: u32 },
     /// Sync -> [`Reply::Ptr`].
@@ -539,32 +548,36 @@ pub enum Request<'a> {
         elem_size: u32,
     },
     /// Quiet. Stream-ordered or not, the worker frees when earlier work is done.
-    MemFree { ptr: u64 },
+    MemFree { ptr: DevicePtr },
     /// Sync -> [`Reply::MemInfo`].
     MemGetInfo { device: u32 },
     /// Quiet.
     MemcpyHtoD {
-        dst: u64,
-        stream: u64,
+        dst: DevicePtr,
+        stream: StreamHandle,
         #[serde(borrow, with = "serde_bytes")]
         data: &'a [u8],
     },
     /// Sync -> [`Reply::Data`].
-    MemcpyDtoH { src: u64, size: u64, stream: u64 },
+    MemcpyDtoH {
+        src: DevicePtr,
+        size: u64,
+        stream: StreamHandle,
+    },
     /// Quiet. The data is staged and returned with the reply to the next synchronous request,
     /// tagged with `tag`.
     MemcpyDtoHAsync {
-        src: u64,
+        src: DevicePtr,
         size: u64,
-        stream: u64,
+        stream: StreamHandle,
         tag: u64,
     },
     /// Quiet.
     MemcpyDtoD {
-        dst: u64,
-        src: u64,
+        dst: DevicePtr,
+        src: DevicePtr,
         size: u64,
-        stream: u64,
+        stream: StreamHandle,
     },
     /// Quiet. 2-D copy between device regions.
     Memcpy2DDtoD {
@@ -572,14 +585,14 @@ pub enum Request<'a> {
         src: Rect,
         width: u64,
         height: u64,
-        stream: u64,
+        stream: StreamHandle,
     },
     /// Quiet. Host rows arrive packed (`width * height` bytes).
     Memcpy2DHtoD {
         dst: Rect,
         width: u64,
         height: u64,
-        stream: u64,
+        stream: StreamHandle,
         #[serde(borrow, with = "serde_bytes")]
         data: &'a [u8],
     },
@@ -588,15 +601,15 @@ pub enum Request<'a> {
         src: Rect,
         width: u64,
         height: u64,
-        stream: u64,
+        stream: StreamHandle,
     },
     /// Quiet. Sets `count` elements of `elem_size` (1, 2 or 4) bytes to `value`.
     Memset {
-        dst: u64,
+        dst: DevicePtr,
         value: u32,
         elem_size: u8,
         count: u64,
-        stream: u64,
+        stream: StreamHandle,
     },
     /// Quiet.
     Memset2D {
@@ -605,52 +618,61 @@ pub enum Request<'a> {
         elem_size: u8,
         width: u64,
         height: u64,
-        stream: u64,
+        stream: StreamHandle,
     },
     /// Quiet.
     StreamCreate {
-        stream: u64,
+        stream: StreamHandle,
         flags: u32,
         priority: i32,
     },
     /// Quiet.
-    StreamDestroy { stream: u64 },
+    StreamDestroy { stream: StreamHandle },
     /// Sync.
-    StreamSynchronize { stream: u64 },
+    StreamSynchronize { stream: StreamHandle },
     /// Sync -> status only (`CUDA_SUCCESS` or `CUDA_ERROR_NOT_READY`).
-    StreamQuery { stream: u64 },
+    StreamQuery { stream: StreamHandle },
     /// Quiet.
-    StreamWaitEvent { stream: u64, event: u64 },
+    StreamWaitEvent {
+        stream: StreamHandle,
+        event: EventHandle,
+    },
     /// Quiet.
-    EventCreate { event: u64, flags: u32 },
+    EventCreate { event: EventHandle, flags: u32 },
     /// Quiet.
-    EventDestroy { event: u64 },
+    EventDestroy { event: EventHandle },
     /// Quiet.
-    EventRecord { event: u64, stream: u64 },
+    EventRecord {
+        event: EventHandle,
+        stream: StreamHandle,
+    },
     /// Sync -> status only.
-    EventQuery { event: u64 },
+    EventQuery { event: EventHandle },
     /// Sync.
-    EventSynchronize { event: u64 },
+    EventSynchronize { event: EventHandle },
     /// Sync -> [`Reply::Elapsed`].
-    EventElapsedTime { start: u64, end: u64 },
+    EventElapsedTime {
+        start: EventHandle,
+        end: EventHandle,
+    },
     /// Sync. `image` is sent only when the worker answered [`Reply::NeedImage`] for this hash.
     ModuleLoad {
-        module: u64,
+        module: ModuleHandle,
         device: u32,
         hash: [u8; 32],
         #[serde(borrow, with = "serde_bytes")]
         image: Option<&'a [u8]>,
     },
     /// Quiet.
-    ModuleUnload { module: u64 },
+    ModuleUnload { module: ModuleHandle },
     /// Sync -> [`Reply::Function`].
     ModuleGetFunction {
-        module: u64,
+        module: ModuleHandle,
         name: &'a str,
-        function: u64,
+        function: FunctionHandle,
     },
     /// Sync -> [`Reply::Global`].
-    ModuleGetGlobal { module: u64, name: &'a str },
+    ModuleGetGlobal { module: ModuleHandle, name: &'a str },
     /// Quiet.
     LaunchKernel(Launch<'a>),
     /// Sync -> [`Reply::Launches`]: every launch the worker received, for component tests and
@@ -658,17 +680,25 @@ pub enum Request<'a> {
     DebugLaunchLog { max: u32 },
     /// Sync. Virtual memory management: physical memory `handle` of `size` bytes on `device`
     /// (charged to the session's slice), not yet mapped anywhere.
-    MemCreate { handle: u64, device: u32, size: u64 },
+    MemCreate {
+        handle: PhysicalHandle,
+        device: u32,
+        size: u64,
+    },
     /// Quiet. Releases physical memory (at once if unmapped, else at its unmapping).
-    MemRelease { handle: u64 },
+    MemRelease { handle: PhysicalHandle },
     /// Sync -> [`Reply::Ptr`]. Reserves `size` bytes of device address space.
     MemAddressReserve { size: u64, align: u64 },
     /// Quiet. Frees a reservation (its mappings must be gone).
-    MemAddressFree { ptr: u64, size: u64 },
+    MemAddressFree { ptr: DevicePtr, size: u64 },
     /// Sync. Maps all of physical memory `handle` at `ptr`, inside a reservation.
-    MemMap { ptr: u64, size: u64, handle: u64 },
+    MemMap {
+        ptr: DevicePtr,
+        size: u64,
+        handle: PhysicalHandle,
+    },
     /// Quiet. Unmaps what is mapped in `[ptr, ptr+size)`; the physical memory keeps its data.
-    MemUnmap { ptr: u64, size: u64 },
+    MemUnmap { ptr: DevicePtr, size: u64 },
     /// Quiet. Part of a module image too large for one frame, in order from offset 0; a
     /// [`Request::ModuleLoad`] without the image follows once all `total` bytes are sent.
     ModuleImagePart {
@@ -680,9 +710,12 @@ pub enum Request<'a> {
     },
     /// Sync. Texture or surface object `handle` (minted by the client, the value kernels get)
     /// reads the memory `desc` describes; the worker checks that it lies in one allocation.
-    TexObjectCreate { handle: u64, desc: TexObjectDesc },
+    TexObjectCreate {
+        handle: TexHandle,
+        desc: TexObjectDesc,
+    },
     /// Quiet. Kernels launched after it that use `handle` fail.
-    TexObjectDestroy { handle: u64 },
+    TexObjectDestroy { handle: TexHandle },
     /// Sync. Moves the session to the shared-memory transport: the frame arrives over the
     /// unix socket with the mapping and its doorbells attached (`SCM_RIGHTS`), rings of the
     /// sizes given; after a reply with status 0 both sides use the rings
@@ -695,8 +728,8 @@ pub enum Request<'a> {
     /// `gpufuse_transport::arena`) to `dst` on `stream`, so no data crosses. An arena range
     /// outside the arena, or a session without one, is `CUDA_ERROR_INVALID_VALUE`.
     MemcpyHtoDHost {
-        dst: u64,
-        stream: u64,
+        dst: DevicePtr,
+        stream: StreamHandle,
         offset: u64,
         size: u64,
     },
@@ -704,8 +737,8 @@ pub enum Request<'a> {
     /// reverse of [`Request::MemcpyHtoDHost`]): the bytes are in place once the reply to a
     /// later synchronous request comes.
     MemcpyDtoHHost {
-        src: u64,
-        stream: u64,
+        src: DevicePtr,
+        stream: StreamHandle,
         offset: u64,
         size: u64,
     },
@@ -716,7 +749,7 @@ pub enum Request<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TexObjectDesc {
     /// Device address of element (0, 0, 0).
-    pub ptr: u64,
+    pub ptr: DevicePtr,
     /// `CUarray_format`.
     pub format: i32,
     /// 1, 2 or 4.
@@ -882,7 +915,7 @@ pub struct LaunchRecord {
     pub grid: Dim3,
     pub block: Dim3,
     pub shared_mem: u32,
-    pub stream: u64,
+    pub stream: StreamHandle,
     #[serde(with = "serde_bytes")]
     pub params: Vec<u8>,
 }
@@ -892,9 +925,9 @@ pub struct LaunchRecord {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ReplyBody {
     None,
-    Ptr(u64),
+    Ptr(DevicePtr),
     Pitch {
-        ptr: u64,
+        ptr: DevicePtr,
         pitch: u64,
     },
     MemInfo {
@@ -907,7 +940,7 @@ pub enum ReplyBody {
     NeedImage,
     Function(FunctionInfo),
     Global {
-        ptr: u64,
+        ptr: DevicePtr,
         size: u64,
     },
     Launches(Vec<LaunchRecord>),

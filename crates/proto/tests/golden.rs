@@ -5,6 +5,10 @@
 //! message; never to paper over a changed one).
 
 use gpufuse_proto::*;
+use gpufuse_proto::{
+    ContextHandle, DevicePtr, EventHandle, FunctionHandle, ModuleHandle, PhysicalHandle,
+    StreamHandle, TexHandle,
+};
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -29,7 +33,7 @@ const HASH: [u8; 32] = [0x11; 32];
 
 fn requests() -> Vec<(&'static str, Request<'static>)> {
     let rect = Rect {
-        ptr: 0x2000,
+        ptr: DevicePtr(0x2000),
         pitch: 512,
     };
     vec![
@@ -37,13 +41,23 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
         (
             "CtxCreate",
             Request::CtxCreate {
-                ctx: 1,
+                ctx: ContextHandle(1),
                 device: 0,
                 flags: 4,
             },
         ),
-        ("CtxDestroy", Request::CtxDestroy { ctx: 1 }),
-        ("CtxSynchronize", Request::CtxSynchronize { ctx: 1 }),
+        (
+            "CtxDestroy",
+            Request::CtxDestroy {
+                ctx: ContextHandle(1),
+            },
+        ),
+        (
+            "CtxSynchronize",
+            Request::CtxSynchronize {
+                ctx: ContextHandle(1),
+            },
+        ),
         ("DeviceReset", Request::DeviceReset { device: 0 }),
         (
             "MemAlloc",
@@ -64,42 +78,42 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
         (
             "MemFree",
             Request::MemFree {
-                ptr: 0x7f00_0000_1000,
+                ptr: DevicePtr(0x7f00_0000_1000),
             },
         ),
         ("MemGetInfo", Request::MemGetInfo { device: 0 }),
         (
             "MemcpyHtoD",
             Request::MemcpyHtoD {
-                dst: 0x1000,
-                stream: 2,
+                dst: DevicePtr(0x1000),
+                stream: StreamHandle(2),
                 data: DATA,
             },
         ),
         (
             "MemcpyDtoH",
             Request::MemcpyDtoH {
-                src: 0x1000,
+                src: DevicePtr(0x1000),
                 size: 64,
-                stream: 0,
+                stream: StreamHandle(0),
             },
         ),
         (
             "MemcpyDtoHAsync",
             Request::MemcpyDtoHAsync {
-                src: 0x1000,
+                src: DevicePtr(0x1000),
                 size: 64,
-                stream: 2,
+                stream: StreamHandle(2),
                 tag: 9,
             },
         ),
         (
             "MemcpyDtoD",
             Request::MemcpyDtoD {
-                dst: 0x2000,
-                src: 0x1000,
+                dst: DevicePtr(0x2000),
+                src: DevicePtr(0x1000),
                 size: 64,
-                stream: 0,
+                stream: StreamHandle(0),
             },
         ),
         (
@@ -109,7 +123,7 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 src: rect,
                 width: 16,
                 height: 2,
-                stream: 0,
+                stream: StreamHandle(0),
             },
         ),
         (
@@ -118,7 +132,7 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 dst: rect,
                 width: 2,
                 height: 2,
-                stream: 0,
+                stream: StreamHandle(0),
                 data: DATA,
             },
         ),
@@ -128,17 +142,17 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 src: rect,
                 width: 2,
                 height: 2,
-                stream: 0,
+                stream: StreamHandle(0),
             },
         ),
         (
             "Memset",
             Request::Memset {
-                dst: 0x1000,
+                dst: DevicePtr(0x1000),
                 value: 0xff,
                 elem_size: 1,
                 count: 10,
-                stream: 0,
+                stream: StreamHandle(0),
             },
         ),
         (
@@ -149,78 +163,119 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 elem_size: 4,
                 width: 4,
                 height: 2,
-                stream: 0,
+                stream: StreamHandle(0),
             },
         ),
         (
             "StreamCreate",
             Request::StreamCreate {
-                stream: 3,
+                stream: StreamHandle(3),
                 flags: 1,
                 priority: -1,
             },
         ),
-        ("StreamDestroy", Request::StreamDestroy { stream: 3 }),
+        (
+            "StreamDestroy",
+            Request::StreamDestroy {
+                stream: StreamHandle(3),
+            },
+        ),
         (
             "StreamSynchronize",
-            Request::StreamSynchronize { stream: 3 },
+            Request::StreamSynchronize {
+                stream: StreamHandle(3),
+            },
         ),
-        ("StreamQuery", Request::StreamQuery { stream: 3 }),
+        (
+            "StreamQuery",
+            Request::StreamQuery {
+                stream: StreamHandle(3),
+            },
+        ),
         (
             "StreamWaitEvent",
             Request::StreamWaitEvent {
-                stream: 3,
-                event: 5,
+                stream: StreamHandle(3),
+                event: EventHandle(5),
             },
         ),
-        ("EventCreate", Request::EventCreate { event: 5, flags: 2 }),
-        ("EventDestroy", Request::EventDestroy { event: 5 }),
+        (
+            "EventCreate",
+            Request::EventCreate {
+                event: EventHandle(5),
+                flags: 2,
+            },
+        ),
+        (
+            "EventDestroy",
+            Request::EventDestroy {
+                event: EventHandle(5),
+            },
+        ),
         (
             "EventRecord",
             Request::EventRecord {
-                event: 5,
-                stream: 3,
+                event: EventHandle(5),
+                stream: StreamHandle(3),
             },
         ),
-        ("EventQuery", Request::EventQuery { event: 5 }),
-        ("EventSynchronize", Request::EventSynchronize { event: 5 }),
+        (
+            "EventQuery",
+            Request::EventQuery {
+                event: EventHandle(5),
+            },
+        ),
+        (
+            "EventSynchronize",
+            Request::EventSynchronize {
+                event: EventHandle(5),
+            },
+        ),
         (
             "EventElapsedTime",
-            Request::EventElapsedTime { start: 5, end: 6 },
+            Request::EventElapsedTime {
+                start: EventHandle(5),
+                end: EventHandle(6),
+            },
         ),
         (
             "ModuleLoad",
             Request::ModuleLoad {
-                module: 7,
+                module: ModuleHandle(7),
                 device: 0,
                 hash: HASH,
                 image: Some(DATA),
             },
         ),
-        ("ModuleUnload", Request::ModuleUnload { module: 7 }),
+        (
+            "ModuleUnload",
+            Request::ModuleUnload {
+                module: ModuleHandle(7),
+            },
+        ),
         (
             "ModuleGetFunction",
             Request::ModuleGetFunction {
-                module: 7,
+                module: ModuleHandle(7),
                 name: "saxpy",
-                function: 8,
+                function: FunctionHandle(8),
             },
         ),
         (
             "ModuleGetGlobal",
             Request::ModuleGetGlobal {
-                module: 7,
+                module: ModuleHandle(7),
                 name: "g",
             },
         ),
         (
             "LaunchKernel",
             Request::LaunchKernel(Launch {
-                function: 8,
+                function: FunctionHandle(8),
                 grid: [2, 1, 1],
                 block: [128, 1, 1],
                 shared_mem: 0,
-                stream: 3,
+                stream: StreamHandle(3),
                 params: DATA,
                 attributes: vec![(2, [1, 0, 0, 0, 0, 0, 0, 0])],
             }),
@@ -229,12 +284,17 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
         (
             "MemCreate",
             Request::MemCreate {
-                handle: 1,
+                handle: PhysicalHandle(1),
                 device: 0,
                 size: 2 << 20,
             },
         ),
-        ("MemRelease", Request::MemRelease { handle: 1 }),
+        (
+            "MemRelease",
+            Request::MemRelease {
+                handle: PhysicalHandle(1),
+            },
+        ),
         (
             "MemAddressReserve",
             Request::MemAddressReserve {
@@ -245,22 +305,22 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
         (
             "MemAddressFree",
             Request::MemAddressFree {
-                ptr: 0x4000_0000,
+                ptr: DevicePtr(0x4000_0000),
                 size: 2 << 20,
             },
         ),
         (
             "MemMap",
             Request::MemMap {
-                ptr: 0x4000_0000,
+                ptr: DevicePtr(0x4000_0000),
                 size: 2 << 20,
-                handle: 1,
+                handle: PhysicalHandle(1),
             },
         ),
         (
             "MemUnmap",
             Request::MemUnmap {
-                ptr: 0x4000_0000,
+                ptr: DevicePtr(0x4000_0000),
                 size: 2 << 20,
             },
         ),
@@ -276,9 +336,9 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
         (
             "TexObjectCreate",
             Request::TexObjectCreate {
-                handle: 9,
+                handle: TexHandle(9),
                 desc: TexObjectDesc {
-                    ptr: 0x1000,
+                    ptr: DevicePtr(0x1000),
                     format: 0x20,
                     channels: 4,
                     shape: TexShape::D2,
@@ -295,7 +355,12 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 },
             },
         ),
-        ("TexObjectDestroy", Request::TexObjectDestroy { handle: 9 }),
+        (
+            "TexObjectDestroy",
+            Request::TexObjectDestroy {
+                handle: TexHandle(9),
+            },
+        ),
         (
             "ShmAttach",
             Request::ShmAttach {
@@ -306,8 +371,8 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
         (
             "MemcpyHtoDHost",
             Request::MemcpyHtoDHost {
-                dst: 0x7f00_0000_1000,
-                stream: 2,
+                dst: DevicePtr(0x7f00_0000_1000),
+                stream: StreamHandle(2),
                 offset: 1 << 20,
                 size: 4096,
             },
@@ -315,8 +380,8 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
         (
             "MemcpyDtoHHost",
             Request::MemcpyDtoHHost {
-                src: 0x7f00_0000_1000,
-                stream: 2,
+                src: DevicePtr(0x7f00_0000_1000),
+                stream: StreamHandle(2),
                 offset: 1 << 20,
                 size: 4096,
             },
@@ -413,7 +478,7 @@ fn every_request_encodes_to_its_golden_bytes_and_starts_with_its_opcode() {
 }
 
 fn others() -> Vec<(&'static str, Vec<u8>)> {
-    let mut reply = Reply::ok(ReplyBody::Ptr(0x1000));
+    let mut reply = Reply::ok(ReplyBody::Ptr(DevicePtr(0x1000)));
     reply.deferred_error = Some(700);
     reply.staged = vec![StagedCopy {
         tag: 9,
@@ -422,11 +487,11 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
     reply.output = b"hi\n".to_vec();
     let bodies: Vec<(&str, ReplyBody)> = vec![
         ("ReplyBody::None", ReplyBody::None),
-        ("ReplyBody::Ptr", ReplyBody::Ptr(0x1000)),
+        ("ReplyBody::Ptr", ReplyBody::Ptr(DevicePtr(0x1000))),
         (
             "ReplyBody::Pitch",
             ReplyBody::Pitch {
-                ptr: 0x1000,
+                ptr: DevicePtr(0x1000),
                 pitch: 512,
             },
         ),
@@ -450,7 +515,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
         (
             "ReplyBody::Global",
             ReplyBody::Global {
-                ptr: 0x3000,
+                ptr: DevicePtr(0x3000),
                 size: 4,
             },
         ),
@@ -461,7 +526,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
                 grid: [1, 1, 1],
                 block: [32, 1, 1],
                 shared_mem: 0,
-                stream: 0,
+                stream: StreamHandle(0),
                 params: DATA.to_vec(),
             }]),
         ),

@@ -730,8 +730,8 @@ mod tests {
                     0,
                     size as u64,
                     &Request::MemcpyHtoD {
-                        dst: 1,
-                        stream: 0,
+                        dst: gpufuse_proto::DevicePtr(1),
+                        stream: gpufuse_proto::StreamHandle(0),
                         data: &data,
                     },
                 );

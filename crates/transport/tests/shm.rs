@@ -8,6 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use gpufuse_proto::{encode_frame, FrameKind, Request};
+use gpufuse_proto::{DevicePtr, StreamHandle};
 use gpufuse_transport::shm::{ShmRegion, ShmStream, Side};
 use gpufuse_transport::{Conn, Stream, TransportError};
 
@@ -82,8 +83,8 @@ fn frames_cross_both_ways_and_wrap_around_the_rings() {
             0,
             i as u64,
             &Request::MemcpyHtoD {
-                dst: 1,
-                stream: 0,
+                dst: DevicePtr(1),
+                stream: StreamHandle(0),
                 data: &data,
             },
         );

@@ -18,6 +18,7 @@ use gpufuse_transport::{Conn, TransportError};
 
 use crate::remote::RemoteTarget;
 use crate::{heartbeat, Session, WorkerError};
+use gpufuse_proto::{DevicePtr, StreamHandle};
 
 /// How often the old worker tells the new one its client is still quiet.
 pub(crate) const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -105,16 +106,16 @@ pub(crate) fn send_on(
 fn forwarded_frame(session: &Session, req: &Request<'_>, id: u64) -> Vec<u8> {
     let mut out = Vec::new();
     if let &Request::MemcpyHtoDHost {
-        dst,
-        stream,
+        dst: DevicePtr(dst),
+        stream: StreamHandle(stream),
         offset,
         size,
     } = req
     {
         if let Some(data) = session.arena_bytes(offset, size) {
             let copy = Request::MemcpyHtoD {
-                dst,
-                stream,
+                dst: DevicePtr(dst),
+                stream: StreamHandle(stream),
                 data: &data,
             };
             encode_frame(&mut out, FrameKind::Request, FLAG_QUIET, id, &copy);

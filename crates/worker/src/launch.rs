@@ -99,8 +99,8 @@ impl Session<'_> {
     }
 
     pub(crate) fn launch_kernel(&mut self, l: &gpufuse_proto::Launch<'_>) -> R<()> {
-        self.check_stream(l.stream)?;
-        let (id, name) = self.kernel(l.function)?;
+        self.check_stream(l.stream.get())?;
+        let (id, name) = self.kernel(l.function.get())?;
         self.log_launch(&name, l);
         tracing::debug!(
             kernel = %name,

@@ -33,6 +33,10 @@ mod textures;
 use std::collections::HashMap;
 
 use gpufuse_device::Device;
+use gpufuse_proto::{
+    ContextHandle, DevicePtr, EventHandle, FunctionHandle, ModuleHandle, PhysicalHandle,
+    StreamHandle, TexHandle,
+};
 use gpufuse_proto::{Reply, ReplyBody, Request, StagedCopy, Status};
 use gpufuse_transport::TransportError;
 
@@ -159,8 +163,14 @@ impl<'a> Session<'a> {
         let none = |r: R<()>| r.map(|()| ReplyBody::None);
         match req {
             Ping | CtxSynchronize { .. } => Ok(ReplyBody::None),
-            CtxCreate { ctx, device, .. } => none(self.ctx_create(ctx, device)),
-            CtxDestroy { ctx } => none(self.ctx_destroy(ctx)),
+            CtxCreate {
+                ctx: ContextHandle(ctx),
+                device,
+                ..
+            } => none(self.ctx_create(ctx, device)),
+            CtxDestroy {
+                ctx: ContextHandle(ctx),
+            } => none(self.ctx_destroy(ctx)),
             DeviceReset { device } => {
                 self.check_device(device)?;
                 self.release_all();
@@ -168,7 +178,7 @@ impl<'a> Session<'a> {
             }
             MemAlloc { device, size } => {
                 self.check_device(device)?;
-                Ok(ReplyBody::Ptr(self.alloc(size)?))
+                Ok(ReplyBody::Ptr(DevicePtr(self.alloc(size)?)))
             }
             MemAllocPitch {
                 device,
@@ -179,54 +189,64 @@ impl<'a> Session<'a> {
                 self.check_device(device)?;
                 self.mem_alloc_pitch(width, height, elem_size)
             }
-            MemFree { ptr } => none(self.free(ptr)),
+            MemFree {
+                ptr: DevicePtr(ptr),
+            } => none(self.free(ptr)),
             MemGetInfo { device } => {
                 self.check_device(device)?;
                 Ok(self.mem_get_info())
             }
-            MemcpyHtoD { dst, stream, data } => {
+            MemcpyHtoD {
+                dst: DevicePtr(dst),
+                stream: StreamHandle(stream),
+                data,
+            } => {
                 self.check_htod(dst, stream, data.len() as u64)?;
                 none(self.device.write(dst, data))
             }
-            MemcpyDtoH { src, size, stream } => self.memcpy_dtoh(src, size, stream),
-            MemcpyDtoHAsync {
-                src,
+            MemcpyDtoH {
+                src: DevicePtr(src),
                 size,
-                stream,
+                stream: StreamHandle(stream),
+            } => self.memcpy_dtoh(src, size, stream),
+            MemcpyDtoHAsync {
+                src: DevicePtr(src),
+                size,
+                stream: StreamHandle(stream),
                 tag,
             } => none(self.memcpy_dtoh_async(src, size, stream, tag)),
             MemcpyDtoD {
-                dst,
-                src,
+                dst: DevicePtr(dst),
+                src: DevicePtr(src),
                 size,
-                stream,
+                stream: StreamHandle(stream),
             } => none(self.memcpy_dtod(dst, src, size, stream)),
             Memcpy2DDtoD {
                 dst,
                 src,
                 width,
                 height,
-                stream,
+                stream: StreamHandle(stream),
             } => none(self.memcpy_2d_dtod(dst, src, width, height, stream)),
             Memcpy2DHtoD {
                 dst,
                 width,
                 height,
-                stream,
+                stream: StreamHandle(stream),
                 data,
             } => none(self.memcpy_2d_htod(dst, width, height, stream, data)),
             Memcpy2DDtoH {
                 src,
                 width,
                 height,
-                stream,
+                stream: StreamHandle(stream),
             } => self.memcpy_2d_dtoh(src, width, height, stream),
             Memset {
-                dst,
+                dst: DevicePtr(dst),
                 value,
                 elem_size,
                 count,
-                stream,
+                stream: StreamHandle(stream),
             } => none(self.memset(dst, value, elem_size, count, stream)),
             Memset2D {
                 dst,
@@ -234,27 +254,54 @@ impl<'a> Session<'a> {
                 elem_size,
                 width,
                 height,
-                stream,
+                stream: StreamHandle(stream),
             } => none(self.memset_2d(dst, value, elem_size, width, height, stream)),
-            StreamCreate { stream, .. } => {
+            StreamCreate {
+                stream: StreamHandle(stream),
+                ..
+            } => {
                 self.sync.streams.insert(stream);
                 Ok(ReplyBody::None)
             }
-            StreamDestroy { stream } => none(self.stream_destroy(stream)),
-            StreamSynchronize { stream } | StreamQuery { stream } => {
-                none(self.check_stream(stream))
+            StreamDestroy {
+                stream: StreamHandle(stream),
+            } => none(self.stream_destroy(stream)),
+            StreamSynchronize {
+                stream: StreamHandle(stream),
             }
-            StreamWaitEvent { stream, event } => none(self.stream_wait_event(stream, event)),
-            EventCreate { event, .. } => {
+            | StreamQuery {
+                stream: StreamHandle(stream),
+            } => none(self.check_stream(stream)),
+            StreamWaitEvent {
+                stream: StreamHandle(stream),
+                event: EventHandle(event),
+            } => none(self.stream_wait_event(stream, event)),
+            EventCreate {
+                event: EventHandle(event),
+                ..
+            } => {
                 self.sync.events.insert(event, None);
                 Ok(ReplyBody::None)
             }
-            EventDestroy { event } => none(self.event_destroy(event)),
-            EventRecord { event, stream } => none(self.event_record(event, stream)),
-            EventQuery { event } | EventSynchronize { event } => none(self.event_query(event)),
-            EventElapsedTime { start, end } => self.event_elapsed(start, end),
+            EventDestroy {
+                event: EventHandle(event),
+            } => none(self.event_destroy(event)),
+            EventRecord {
+                event: EventHandle(event),
+                stream: StreamHandle(stream),
+            } => none(self.event_record(event, stream)),
+            EventQuery {
+                event: EventHandle(event),
+            }
+            | EventSynchronize {
+                event: EventHandle(event),
+            } => none(self.event_query(event)),
+            EventElapsedTime {
+                start: EventHandle(start),
+                end: EventHandle(end),
+            } => self.event_elapsed(start, end),
             ModuleLoad {
-                module,
+                module: ModuleHandle(module),
                 device,
                 hash,
                 image,
@@ -262,13 +309,18 @@ impl<'a> Session<'a> {
                 self.check_device(device)?;
                 self.module_load(module, hash, image)
             }
-            ModuleUnload { module } => none(self.module_unload(module)),
+            ModuleUnload {
+                module: ModuleHandle(module),
+            } => none(self.module_unload(module)),
             ModuleGetFunction {
-                module,
+                module: ModuleHandle(module),
                 name,
-                function,
+                function: FunctionHandle(function),
             } => self.module_get_function(module, name, function),
-            ModuleGetGlobal { module, name } => self.module_get_global(module, name),
+            ModuleGetGlobal {
+                module: ModuleHandle(module),
+                name,
+            } => self.module_get_global(module, name),
             LaunchKernel(l) => none(self.launch_kernel(&l)),
             DebugLaunchLog { max } => Ok(ReplyBody::Launches(self.launch_log(max))),
             ModuleImagePart {
@@ -278,32 +330,49 @@ impl<'a> Session<'a> {
                 data,
             } => none(self.module_image_part(hash, total, offset, data)),
             MemCreate {
-                handle,
+                handle: PhysicalHandle(handle),
                 device,
                 size,
             } => {
                 self.check_device(device)?;
                 none(self.mem_create(handle, size))
             }
-            MemRelease { handle } => none(self.mem_release(handle)),
+            MemRelease {
+                handle: PhysicalHandle(handle),
+            } => none(self.mem_release(handle)),
             MemAddressReserve { size, align } => self.mem_address_reserve(size, align),
-            MemAddressFree { ptr, size } => none(self.mem_address_free(ptr, size)),
-            MemMap { ptr, size, handle } => none(self.mem_map(ptr, size, handle)),
-            MemUnmap { ptr, size } => none(self.mem_unmap(ptr, size)),
-            TexObjectCreate { handle, desc } => none(self.tex_object_create(handle, &desc)),
-            TexObjectDestroy { handle } => none(self.tex_object_destroy(handle)),
+            MemAddressFree {
+                ptr: DevicePtr(ptr),
+                size,
+            } => none(self.mem_address_free(ptr, size)),
+            MemMap {
+                ptr: DevicePtr(ptr),
+                size,
+                handle: PhysicalHandle(handle),
+            } => none(self.mem_map(ptr, size, handle)),
+            MemUnmap {
+                ptr: DevicePtr(ptr),
+                size,
+            } => none(self.mem_unmap(ptr, size)),
+            TexObjectCreate {
+                handle: TexHandle(handle),
+                desc,
+            } => none(self.tex_object_create(handle, &desc)),
+            TexObjectDestroy {
+                handle: TexHandle(handle),
+            } => none(self.tex_object_destroy(handle)),
             // The serving loop takes it (`serve.rs`) on a unix socket; anywhere else (TCP, a
             // worker driven in process) there is nothing to attach.
             ShmAttach { .. } => Err(gpufuse_device::status::NOT_SUPPORTED),
             MemcpyHtoDHost {
-                dst,
-                stream,
+                dst: DevicePtr(dst),
+                stream: StreamHandle(stream),
                 offset,
                 size,
             } => none(self.memcpy_htod_host(dst, stream, offset, size)),
             MemcpyDtoHHost {
-                src,
-                stream,
+                src: DevicePtr(src),
+                stream: StreamHandle(stream),
                 offset,
                 size,
             } => none(self.memcpy_dtoh_host(src, stream, offset, size)),

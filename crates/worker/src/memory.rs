@@ -9,6 +9,7 @@ use gpufuse_proto::{Rect, ReplyBody};
 use gpufuse_transport::arena::HostArena;
 
 use crate::{Session, R};
+use gpufuse_proto::DevicePtr;
 
 /// A session's virtual-memory books: client handle -> (device physical id, size), reserved
 /// ranges and mapped ranges (start -> size).
@@ -149,7 +150,7 @@ impl Session<'_> {
             .checked_mul(height.saturating_sub(1))
             .and_then(|s| s.checked_add(width))
             .ok_or(st::INVALID_VALUE)?;
-        self.check_range(r.ptr, span)?;
+        self.check_range(r.ptr.get(), span)?;
         width.checked_mul(height).ok_or(st::INVALID_VALUE)
     }
 
@@ -167,7 +168,10 @@ impl Session<'_> {
             .checked_next_multiple_of(512)
             .ok_or(st::INVALID_VALUE)?;
         let ptr = self.alloc(pitch.checked_mul(height).ok_or(st::OUT_OF_MEMORY)?)?;
-        Ok(ReplyBody::Pitch { ptr, pitch })
+        Ok(ReplyBody::Pitch {
+            ptr: DevicePtr(ptr),
+            pitch,
+        })
     }
 
     pub(crate) fn mem_get_info(&mut self) -> ReplyBody {
@@ -322,8 +326,11 @@ impl Session<'_> {
         self.rows(dst, width, height)?;
         self.rows(src, width, height)?;
         for row in 0..height {
-            self.device
-                .copy(dst.ptr + row * dst.pitch, src.ptr + row * src.pitch, width)?;
+            self.device.copy(
+                dst.ptr.get() + row * dst.pitch,
+                src.ptr.get() + row * src.pitch,
+                width,
+            )?;
         }
         Ok(())
     }
@@ -344,7 +351,8 @@ impl Session<'_> {
         // Zero-width rows copy nothing (and `chunks(0)` would panic).
         if total > 0 {
             for (row, chunk) in data.chunks(width as usize).enumerate() {
-                self.device.write(dst.ptr + row as u64 * dst.pitch, chunk)?;
+                self.device
+                    .write(dst.ptr.get() + row as u64 * dst.pitch, chunk)?;
             }
         }
         Ok(())
@@ -362,7 +370,8 @@ impl Session<'_> {
         let mut out = vec![0u8; usize::try_from(total).map_err(|_| st::INVALID_VALUE)?];
         if total > 0 {
             for (row, chunk) in out.chunks_mut(width as usize).enumerate() {
-                self.device.read(src.ptr + row as u64 * src.pitch, chunk)?;
+                self.device
+                    .read(src.ptr.get() + row as u64 * src.pitch, chunk)?;
             }
         }
         Ok(ReplyBody::Data(out))
@@ -398,7 +407,7 @@ impl Session<'_> {
         self.rows(dst, row_bytes, height)?;
         for row in 0..height {
             self.device
-                .memset(dst.ptr + row * dst.pitch, value, elem_size, width)?;
+                .memset(dst.ptr.get() + row * dst.pitch, value, elem_size, width)?;
         }
         Ok(())
     }
@@ -435,7 +444,7 @@ impl Session<'_> {
     pub(crate) fn mem_address_reserve(&mut self, size: u64, align: u64) -> R<ReplyBody> {
         let ptr = self.device.reserve(size, align)?;
         self.memory.vmm.reserved.insert(ptr, size);
-        Ok(ReplyBody::Ptr(ptr))
+        Ok(ReplyBody::Ptr(DevicePtr(ptr)))
     }
 
     pub(crate) fn mem_address_free(&mut self, ptr: u64, size: u64) -> R<()> {

@@ -24,6 +24,7 @@ use gpufuse_device::{Device, DeviceImage};
 use gpufuse_proto::{MoveFigures, Request};
 
 use crate::{DeviceSlot, Session};
+use gpufuse_proto::DevicePtr;
 
 /// Opens the node's device `index` for this session (same address window, same model): how a
 /// worker gets the target of a move.
@@ -95,11 +96,19 @@ impl Dirt {
                 .saturating_add(width),
         };
         match req {
-            MemcpyHtoD { dst, data, .. } => Dirt::Range {
+            MemcpyHtoD {
+                dst: DevicePtr(dst),
+                data,
+                ..
+            } => Dirt::Range {
                 start: *dst,
                 len: data.len() as u64,
             },
-            MemcpyDtoD { dst, size, .. } => Dirt::Range {
+            MemcpyDtoD {
+                dst: DevicePtr(dst),
+                size,
+                ..
+            } => Dirt::Range {
                 start: *dst,
                 len: *size,
             },
@@ -108,9 +117,9 @@ impl Dirt {
             }
             | Memcpy2DHtoD {
                 dst, width, height, ..
-            } => rect(dst.ptr, dst.pitch, *width, *height),
+            } => rect(dst.ptr.get(), dst.pitch, *width, *height),
             Memset {
-                dst,
+                dst: DevicePtr(dst),
                 elem_size,
                 count,
                 ..
@@ -125,7 +134,7 @@ impl Dirt {
                 height,
                 ..
             } => rect(
-                dst.ptr,
+                dst.ptr.get(),
                 dst.pitch,
                 width.saturating_mul(u64::from(*elem_size)),
                 *height,

@@ -14,6 +14,7 @@ use gpufuse_proto::{ImageCounts, ReplyBody};
 use sha2::{Digest, Sha256};
 
 use crate::{Session, R};
+use gpufuse_proto::DevicePtr;
 
 /// Images kept for deduplication (by content hash) per session.
 const MAX_CACHED_IMAGES: usize = 256;
@@ -215,7 +216,10 @@ impl Session<'_> {
             .get(&module)
             .ok_or(st::INVALID_HANDLE)?;
         let (ptr, size) = self.device.global(id, name)?;
-        Ok(ReplyBody::Global { ptr, size })
+        Ok(ReplyBody::Global {
+            ptr: DevicePtr(ptr),
+            size,
+        })
     }
 
     /// The device module and kernel name a function handle names.

@@ -12,6 +12,7 @@ use gpufuse_transport::{Conn, TransportError};
 use crate::migrate::{Dirt, PreCopy};
 use crate::remote::{Leaving, RemoteTarget};
 use crate::{heartbeat, DeviceOpener, ElasticConfig, HtodTarget, Ledger, Session, WorkerError};
+use gpufuse_proto::{DevicePtr, StreamHandle};
 
 /// What an elastic session has beyond a plain one: its TTLs and swap directory, the node's
 /// command socket (evict, migrate) and a way to open another device of the node.
@@ -187,8 +188,11 @@ fn run(
             && header.message_len() <= MAX_DIRECT_HEAD
         {
             let head = header.message_len() as usize;
-            if let Ok(Request::MemcpyHtoD { dst, stream, data }) =
-                decode_borrowed::<Request>(conn.peek_body(head)?)
+            if let Ok(Request::MemcpyHtoD {
+                dst: DevicePtr(dst),
+                stream: StreamHandle(stream),
+                data,
+            }) = decode_borrowed::<Request>(conn.peek_body(head)?)
             {
                 if data.is_empty() {
                     match session.htod_target(dst, stream, u64::from(header.tail)) {

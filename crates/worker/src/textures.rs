@@ -35,7 +35,7 @@ impl Session<'_> {
         if self.textures.contains_key(&handle) {
             return Err(st::INVALID_VALUE);
         }
-        self.check_range(desc.ptr, texture_span(desc)?)?;
+        self.check_range(desc.ptr.get(), texture_span(desc)?)?;
         self.device.create_texture(handle, desc)?;
         self.textures.insert(handle, *desc);
         Ok(())

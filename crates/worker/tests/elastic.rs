@@ -13,6 +13,10 @@ use gpufuse_device::Device;
 use gpufuse_proto::{
     encode_frame, ControlAnswer, FrameKind, Launch, NodeCommand, ReplyBody, Request,
 };
+use gpufuse_proto::{
+    ContextHandle, DevicePtr, EventHandle, FunctionHandle, ModuleHandle, PhysicalHandle,
+    StreamHandle,
+};
 use gpufuse_transport::{Conn, Stream};
 use gpufuse_worker::{Elastic, ElasticConfig, Ledger, LocalLedger};
 use sha2::{Digest, Sha256};
@@ -137,24 +141,24 @@ impl Setup {
 
     fn alloc(&mut self, size: u64) -> u64 {
         match self.call(&Request::MemAlloc { device: 0, size }) {
-            ReplyBody::Ptr(p) => p,
+            ReplyBody::Ptr(DevicePtr(p)) => p,
             other => panic!("{other:?}"),
         }
     }
 
     fn write(&mut self, dst: u64, data: &[u8]) {
         self.call(&Request::MemcpyHtoD {
-            dst,
-            stream: 0,
+            dst: DevicePtr(dst),
+            stream: StreamHandle(0),
             data,
         });
     }
 
     fn read(&mut self, src: u64, size: u64) -> Vec<u8> {
         match self.call(&Request::MemcpyDtoH {
-            src,
+            src: DevicePtr(src),
             size,
-            stream: 0,
+            stream: StreamHandle(0),
         }) {
             ReplyBody::Data(d) => d,
             other => panic!("{other:?}"),
@@ -167,15 +171,15 @@ impl Setup {
             let image = ptx.as_bytes();
             let hash: [u8; 32] = Sha256::digest(image).into();
             self.call(&Request::ModuleLoad {
-                module,
+                module: ModuleHandle(module),
                 device: 0,
                 hash,
                 image: Some(image),
             });
             self.call(&Request::ModuleGetFunction {
-                module,
+                module: ModuleHandle(module),
                 name,
-                function: module,
+                function: FunctionHandle(module),
             });
         }
     }
@@ -183,16 +187,18 @@ impl Setup {
     fn launch(&mut self, function: u64, params: &[u8]) -> Result<ReplyBody, ClientError> {
         self.client
             .quiet(&Request::LaunchKernel(Launch {
-                function,
+                function: FunctionHandle(function),
                 grid: [1, 1, 1],
                 block: [1, 1, 1],
                 shared_mem: 0,
-                stream: 0,
+                stream: StreamHandle(0),
                 params,
                 attributes: vec![],
             }))
             .unwrap();
-        self.client.call(&Request::CtxSynchronize { ctx: 0 })
+        self.client.call(&Request::CtxSynchronize {
+            ctx: ContextHandle(0),
+        })
     }
 
     fn bump(&mut self, out: u64) -> u32 {
@@ -324,7 +330,7 @@ fn unmapped_vmm_memory_scales_to_zero_too() {
     const G: u64 = 2 << 20;
     for handle in [11, 12] {
         s.call(&Request::MemCreate {
-            handle,
+            handle: PhysicalHandle(handle),
             device: 0,
             size: G,
         });
@@ -333,21 +339,21 @@ fn unmapped_vmm_memory_scales_to_zero_too() {
         size: 2 * G,
         align: 0,
     }) {
-        ReplyBody::Ptr(p) => p,
+        ReplyBody::Ptr(DevicePtr(p)) => p,
         other => panic!("{other:?}"),
     };
     for (k, handle) in [(0, 11), (1, 12)] {
         s.call(&Request::MemMap {
-            ptr: va + k * G,
+            ptr: DevicePtr(va + k * G),
             size: G,
-            handle,
+            handle: PhysicalHandle(handle),
         });
         s.write(va + k * G, &pattern(G as usize, 5 + k as u8));
     }
     // 12 unmapped: its bytes live on without an address.
     s.client
         .quiet(&Request::MemUnmap {
-            ptr: va + G,
+            ptr: DevicePtr(va + G),
             size: G,
         })
         .unwrap();
@@ -365,13 +371,16 @@ fn unmapped_vmm_memory_scales_to_zero_too() {
     assert_eq!(s.ledger.swapped(), (0, 2 * G), "then on disk");
     // The two swap places: every byte of each.
     s.client
-        .quiet(&Request::MemUnmap { ptr: va, size: G })
+        .quiet(&Request::MemUnmap {
+            ptr: DevicePtr(va),
+            size: G,
+        })
         .unwrap();
     for (k, handle) in [(0, 12), (1, 11)] {
         s.call(&Request::MemMap {
-            ptr: va + k * G,
+            ptr: DevicePtr(va + k * G),
             size: G,
-            handle,
+            handle: PhysicalHandle(handle),
         });
     }
     assert_eq!(s.ledger.used(), charged);
@@ -389,24 +398,27 @@ fn a_session_moves_to_another_device_and_goes_on() {
     let a = s.alloc(4 << 20);
     s.write(a, &pattern(4 << 20, 4));
     s.call(&Request::StreamCreate {
-        stream: 9,
+        stream: StreamHandle(9),
         flags: 0,
         priority: 0,
     });
-    s.call(&Request::EventCreate { event: 5, flags: 0 });
+    s.call(&Request::EventCreate {
+        event: EventHandle(5),
+        flags: 0,
+    });
     s.call(&Request::EventRecord {
-        event: 5,
-        stream: 9,
+        event: EventHandle(5),
+        stream: StreamHandle(9),
     });
     assert_eq!(s.bump(a), 8);
     // Work in flight: a launch queued (quiet) just before the move.
     s.client
         .quiet(&Request::LaunchKernel(Launch {
-            function: 1,
+            function: FunctionHandle(1),
             grid: [1, 1, 1],
             block: [1, 1, 1],
             shared_mem: 0,
-            stream: 9,
+            stream: StreamHandle(9),
             params: &a.to_le_bytes(),
             attributes: vec![],
         }))
@@ -415,12 +427,18 @@ fn a_session_moves_to_another_device_and_goes_on() {
     let answer = s.command(NodeCommand::Migrate { device: 1 });
     assert!(answer.ok, "{answer:?}");
     // Events recorded before the move still time against ones after it.
-    s.call(&Request::EventCreate { event: 6, flags: 0 });
-    s.call(&Request::EventRecord {
-        event: 6,
-        stream: 9,
+    s.call(&Request::EventCreate {
+        event: EventHandle(6),
+        flags: 0,
     });
-    match s.call(&Request::EventElapsedTime { start: 5, end: 6 }) {
+    s.call(&Request::EventRecord {
+        event: EventHandle(6),
+        stream: StreamHandle(9),
+    });
+    match s.call(&Request::EventElapsedTime {
+        start: EventHandle(5),
+        end: EventHandle(6),
+    }) {
         ReplyBody::Elapsed(ms) => assert!(ms >= 0.0),
         other => panic!("{other:?}"),
     }

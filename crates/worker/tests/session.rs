@@ -4,6 +4,9 @@ use std::os::unix::net::UnixStream;
 
 use gpufuse_client::{ClientError, Connection};
 use gpufuse_device::emu::EmuDevice;
+use gpufuse_proto::{
+    ContextHandle, DevicePtr, FunctionHandle, ModuleHandle, StreamHandle, TexHandle,
+};
 use gpufuse_proto::{ReplyBody, Request};
 use gpufuse_transport::{Conn, Stream};
 use gpufuse_worker::LocalLedger;
@@ -34,7 +37,7 @@ fn pair() -> (Connection, std::thread::JoinHandle<u64>) {
 
 fn alloc(c: &mut Connection, size: u64) -> u64 {
     match c.call(&Request::MemAlloc { device: 0, size }).unwrap() {
-        ReplyBody::Ptr(p) => p,
+        ReplyBody::Ptr(DevicePtr(p)) => p,
         other => panic!("{other:?}"),
     }
 }
@@ -45,14 +48,20 @@ fn quiet_failures_are_reported_by_the_next_synchronizing_call() {
     let p = alloc(&mut c, 64);
     // Quiet, and out of bounds: no error now...
     c.quiet(&Request::MemcpyHtoD {
-        dst: p + 60,
-        stream: 0,
+        dst: DevicePtr(p + 60),
+        stream: StreamHandle(0),
         data: &[1; 8],
     })
     .unwrap();
-    c.quiet(&Request::MemFree { ptr: 0xdead_beef }).unwrap();
+    c.quiet(&Request::MemFree {
+        ptr: DevicePtr(0xdead_beef),
+    })
+    .unwrap();
     // ...the first one comes back with the next reply.
-    c.call(&Request::CtxSynchronize { ctx: 0 }).unwrap();
+    c.call(&Request::CtxSynchronize {
+        ctx: ContextHandle(0),
+    })
+    .unwrap();
     assert_eq!(c.take_async_error(), Some(1));
     assert_eq!(c.take_async_error(), None);
     drop(c);
@@ -66,8 +75,8 @@ fn async_device_to_host_data_arrives_by_the_next_synchronization() {
     let data: Vec<u8> = (0..1 << 20).map(|i| (i % 253) as u8).collect();
     c.quiet_with_tail(
         &Request::MemcpyHtoD {
-            dst: p,
-            stream: 0,
+            dst: DevicePtr(p),
+            stream: StreamHandle(0),
             data: &[],
         },
         &data,
@@ -77,13 +86,16 @@ fn async_device_to_host_data_arrives_by_the_next_synchronization() {
     // SAFETY: `back` outlives the synchronization below.
     let tag = unsafe { c.register_copy(back.as_mut_ptr(), back.len()) };
     c.quiet(&Request::MemcpyDtoHAsync {
-        src: p,
+        src: DevicePtr(p),
         size: 1 << 20,
-        stream: 0,
+        stream: StreamHandle(0),
         tag,
     })
     .unwrap();
-    c.call(&Request::StreamSynchronize { stream: 0 }).unwrap();
+    c.call(&Request::StreamSynchronize {
+        stream: StreamHandle(0),
+    })
+    .unwrap();
     assert_eq!(back, data);
     drop(c);
     w.join().unwrap();
@@ -99,29 +111,31 @@ fn sessions_cannot_name_memory_or_handles_they_do_not_own() {
     };
     assert_eq!(
         err(c.call(&Request::MemcpyDtoH {
-            src: p + 4096,
+            src: DevicePtr(p + 4096),
             size: 1,
-            stream: 0
+            stream: StreamHandle(0)
         })),
         1
     );
     assert_eq!(
         err(c.call(&Request::MemcpyDtoH {
-            src: 0x1000,
+            src: DevicePtr(0x1000),
             size: 8,
-            stream: 0
+            stream: StreamHandle(0)
         })),
         1
     );
     assert_eq!(
-        err(c.call(&Request::StreamSynchronize { stream: 12345 })),
+        err(c.call(&Request::StreamSynchronize {
+            stream: StreamHandle(12345)
+        })),
         400
     );
     assert_eq!(
         err(c.call(&Request::ModuleGetFunction {
-            module: 77,
+            module: ModuleHandle(77),
             name: "k",
-            function: 1
+            function: FunctionHandle(1)
         })),
         400
     );
@@ -135,7 +149,7 @@ fn sessions_cannot_name_memory_or_handles_they_do_not_own() {
     // Unknown image hash: the worker asks for the image instead of guessing.
     assert_eq!(
         c.call(&Request::ModuleLoad {
-            module: 1,
+            module: ModuleHandle(1),
             device: 0,
             hash: [1; 32],
             image: None
@@ -153,13 +167,16 @@ fn sessions_cannot_name_memory_or_handles_they_do_not_own() {
 fn zero_width_and_overflowing_2d_copies_are_answered_not_panics() {
     let (mut c, w) = pair();
     let p = alloc(&mut c, 4096);
-    let rect = gpufuse_proto::Rect { ptr: p, pitch: 64 };
+    let rect = gpufuse_proto::Rect {
+        ptr: DevicePtr(p),
+        pitch: 64,
+    };
     let got = c
         .call(&Request::Memcpy2DDtoH {
             src: rect,
             width: 0,
             height: 3,
-            stream: 0,
+            stream: StreamHandle(0),
         })
         .unwrap();
     assert_eq!(got, ReplyBody::Data(vec![]));
@@ -167,7 +184,7 @@ fn zero_width_and_overflowing_2d_copies_are_answered_not_panics() {
         dst: rect,
         width: 0,
         height: 3,
-        stream: 0,
+        stream: StreamHandle(0),
         data: &[],
     })
     .unwrap();
@@ -177,10 +194,13 @@ fn zero_width_and_overflowing_2d_copies_are_answered_not_panics() {
         elem_size: 4,
         width: u64::MAX / 2,
         height: 1,
-        stream: 0,
+        stream: StreamHandle(0),
     })
     .unwrap();
-    c.call(&Request::CtxSynchronize { ctx: 0 }).unwrap();
+    c.call(&Request::CtxSynchronize {
+        ctx: ContextHandle(0),
+    })
+    .unwrap();
     assert_eq!(
         c.take_async_error(),
         Some(1),
@@ -189,12 +209,12 @@ fn zero_width_and_overflowing_2d_copies_are_answered_not_panics() {
     assert!(matches!(
         c.call(&Request::Memcpy2DDtoH {
             src: gpufuse_proto::Rect {
-                ptr: p,
+                ptr: DevicePtr(p),
                 pitch: 1 << 62
             },
             width: 1 << 62,
             height: 1 << 3,
-            stream: 0,
+            stream: StreamHandle(0),
         }),
         Err(ClientError::Cuda(1))
     ));
@@ -242,9 +262,15 @@ fn a_pitched_allocation_whose_pitch_overflows_is_invalid_not_a_panic() {
         })
         .unwrap()
     {
-        ReplyBody::Pitch { ptr, pitch } => {
+        ReplyBody::Pitch {
+            ptr: DevicePtr(ptr),
+            pitch,
+        } => {
             assert_eq!(pitch, 1024);
-            c.call(&Request::MemFree { ptr }).unwrap();
+            c.call(&Request::MemFree {
+                ptr: DevicePtr(ptr),
+            })
+            .unwrap();
         }
         other => panic!("{other:?}"),
     }
@@ -274,33 +300,46 @@ fn texture_objects_must_lie_in_an_allocation_and_exist_once() {
             border: [0.0; 4],
         }),
     };
-    let create = |c: &mut Connection, handle, d| match c
-        .call(&Request::TexObjectCreate { handle, desc: d })
-    {
+    let create = |c: &mut Connection, handle, d| match c.call(&Request::TexObjectCreate {
+        handle: TexHandle(handle),
+        desc: d,
+    }) {
         Ok(_) => 0,
         Err(ClientError::Cuda(s)) => s,
         Err(e) => panic!("{e}"),
     };
-    assert_eq!(create(&mut c, 7, desc(p, 64)), 0);
+    assert_eq!(create(&mut c, 7, desc(DevicePtr(p), 64)), 0);
     // The same handle twice; memory past the allocation's end; rows shorter than a row.
-    assert_eq!(create(&mut c, 7, desc(p, 64)), 1);
-    assert_eq!(create(&mut c, 8, desc(p + 3500, 64)), 1);
-    assert_eq!(create(&mut c, 9, desc(p, 512)), 1);
-    assert_eq!(create(&mut c, 10, desc(p, 32)), 1);
-    assert_eq!(create(&mut c, 11, desc(0xdead_0000, 64)), 1);
+    assert_eq!(create(&mut c, 7, desc(DevicePtr(p), 64)), 1);
+    assert_eq!(create(&mut c, 8, desc(DevicePtr(p + 3500), 64)), 1);
+    assert_eq!(create(&mut c, 9, desc(DevicePtr(p), 512)), 1);
+    assert_eq!(create(&mut c, 10, desc(DevicePtr(p), 32)), 1);
+    assert_eq!(create(&mut c, 11, desc(DevicePtr(0xdead_0000), 64)), 1);
     // An unknown format or address mode.
-    let mut bad = desc(p, 64);
+    let mut bad = desc(DevicePtr(p), 64);
     bad.format = 0x99;
     assert_eq!(create(&mut c, 12, bad), 1);
-    let mut bad = desc(p, 64);
+    let mut bad = desc(DevicePtr(p), 64);
     bad.sampler.as_mut().unwrap().address[0] = 9;
     assert_eq!(create(&mut c, 13, bad), 1);
     // Destroying is quiet: destroying twice is reported by the next call.
-    c.quiet(&Request::TexObjectDestroy { handle: 7 }).unwrap();
-    c.call(&Request::CtxSynchronize { ctx: 0 }).unwrap();
+    c.quiet(&Request::TexObjectDestroy {
+        handle: TexHandle(7),
+    })
+    .unwrap();
+    c.call(&Request::CtxSynchronize {
+        ctx: ContextHandle(0),
+    })
+    .unwrap();
     assert_eq!(c.take_async_error(), None);
-    c.quiet(&Request::TexObjectDestroy { handle: 7 }).unwrap();
-    c.call(&Request::CtxSynchronize { ctx: 0 }).unwrap();
+    c.quiet(&Request::TexObjectDestroy {
+        handle: TexHandle(7),
+    })
+    .unwrap();
+    c.call(&Request::CtxSynchronize {
+        ctx: ContextHandle(0),
+    })
+    .unwrap();
     assert_eq!(c.take_async_error(), Some(400));
     drop(c);
     assert_eq!(w.join().unwrap(), 0, "everything freed at disconnect");

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpufuse_client::Connection;
+use gpufuse_proto::{DevicePtr, FunctionHandle, ModuleHandle, StreamHandle};
 use gpufuse_proto::{Launch, ReplyBody, Request, ResourceRequest, SessionKind};
 use gpufuse_transport::Address;
 
@@ -31,7 +32,7 @@ pub fn session_at(addr: &Address, resources: ResourceRequest) -> (Connection, u6
     let hello = Connection::hello(SessionKind::Cuda, String::new(), resources);
     let (mut c, accepted) = Connection::open(addr, &hello).unwrap();
     let ptr = |r| match r {
-        ReplyBody::Ptr(p) => p,
+        ReplyBody::Ptr(DevicePtr(p)) => p,
         other => panic!("{other:?}"),
     };
     let big = ptr(c
@@ -42,8 +43,8 @@ pub fn session_at(addr: &Address, resources: ResourceRequest) -> (Connection, u6
         .unwrap());
     for (i, part) in pattern(BIG as usize).chunks(8 << 20).enumerate() {
         c.quiet(&Request::MemcpyHtoD {
-            dst: big + (i as u64) * (8 << 20),
-            stream: 0,
+            dst: DevicePtr(big + (i as u64) * (8 << 20)),
+            stream: StreamHandle(0),
             data: part,
         })
         .unwrap();
@@ -55,8 +56,8 @@ pub fn session_at(addr: &Address, resources: ResourceRequest) -> (Connection, u6
         })
         .unwrap());
     c.quiet(&Request::MemcpyHtoD {
-        dst: counter,
-        stream: 0,
+        dst: DevicePtr(counter),
+        stream: StreamHandle(0),
         data: &[0; 4],
     })
     .unwrap();
@@ -64,16 +65,16 @@ pub fn session_at(addr: &Address, resources: ResourceRequest) -> (Connection, u6
     let hash: [u8; 32] =
         sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(image)).into();
     c.call(&Request::ModuleLoad {
-        module: 1,
+        module: ModuleHandle(1),
         device: 0,
         hash,
         image: Some(image),
     })
     .unwrap();
     c.call(&Request::ModuleGetFunction {
-        module: 1,
+        module: ModuleHandle(1),
         name: "bump",
-        function: 1,
+        function: FunctionHandle(1),
     })
     .unwrap();
     (c, accepted.session_id, big, counter)
@@ -82,11 +83,11 @@ pub fn session_at(addr: &Address, resources: ResourceRequest) -> (Connection, u6
 /// Launches `bump` on `counter` without waiting for it.
 pub fn launch_bump(c: &mut Connection, counter: u64) {
     c.quiet(&Request::LaunchKernel(Launch {
-        function: 1,
+        function: FunctionHandle(1),
         grid: [1, 1, 1],
         block: [1, 1, 1],
         shared_mem: 0,
-        stream: 0,
+        stream: StreamHandle(0),
         params: &counter.to_le_bytes(),
         attributes: Vec::new(),
     }))
@@ -98,9 +99,9 @@ pub fn bump(c: &mut Connection, counter: u64) -> u32 {
     launch_bump(c, counter);
     match c
         .call(&Request::MemcpyDtoH {
-            src: counter,
+            src: DevicePtr(counter),
             size: 4,
-            stream: 0,
+            stream: StreamHandle(0),
         })
         .unwrap()
     {
@@ -115,9 +116,9 @@ pub fn check_big(c: &mut Connection, big: u64) {
         let src = big + (i as u64) * (8 << 20);
         match c
             .call(&Request::MemcpyDtoH {
-                src,
+                src: DevicePtr(src),
                 size: part.len() as u64,
-                stream: 0,
+                stream: StreamHandle(0),
             })
             .unwrap()
         {

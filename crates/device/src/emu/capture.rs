@@ -229,7 +229,7 @@ mod tests {
         a.write(range + GRANULARITY + 9, b"parked").unwrap();
         a.unmap(range + GRANULARITY, GRANULARITY).unwrap();
         let desc = gpufuse_proto::TexObjectDesc {
-            ptr: big,
+            ptr: gpufuse_proto::DevicePtr(big),
             format: 0x20,
             channels: 1,
             shape: gpufuse_proto::TexShape::Linear,

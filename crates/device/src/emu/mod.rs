@@ -744,7 +744,7 @@ fn texture(d: &gpufuse_proto::TexObjectDesc) -> Result<gpufuse_ptx::Texture, Sta
     };
     let slice = d.pitch.checked_mul(d.height).ok_or(INVALID_VALUE)?;
     Ok(gpufuse_ptx::Texture {
-        addr: d.ptr,
+        addr: d.ptr.get(),
         format,
         channels: d.channels as u8,
         shape,

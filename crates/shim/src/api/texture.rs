@@ -25,6 +25,7 @@ use crate::ffi::{out, read};
 use crate::global::{session, with_core};
 use crate::guard::guard;
 use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED};
+use gpufuse_proto::DevicePtr;
 
 pub type CUtexObject = u64;
 pub type CUsurfObject = u64;
@@ -141,7 +142,7 @@ fn resource(g: &Inner, r: &ResourceDesc, surface: bool) -> Result<TexObjectDesc,
                 (true, _, _) => TexShape::Layered2,
             };
             Ok(blank(
-                a.ptr,
+                DevicePtr(a.ptr),
                 a.format,
                 a.channels,
                 shape,
@@ -161,7 +162,7 @@ fn resource(g: &Inner, r: &ResourceDesc, surface: bool) -> Result<TexObjectDesc,
             }
             let width = size / elem;
             Ok(blank(
-                ptr,
+                DevicePtr(ptr),
                 format,
                 channels,
                 TexShape::Linear,
@@ -183,7 +184,7 @@ fn resource(g: &Inner, r: &ResourceDesc, surface: bool) -> Result<TexObjectDesc,
                 return Err(INVALID_VALUE);
             }
             Ok(blank(
-                ptr,
+                DevicePtr(ptr),
                 format,
                 channels,
                 TexShape::D2,
