@@ -21,6 +21,7 @@ use gpufuse_proto::{ReplyBody, Request, ResourceRequest, ServerHello, SessionKin
 use gpufuse_transport::Address;
 
 use crate::Server;
+use gpufuse_proto::SessionId;
 use gpufuse_proto::{ContextHandle, DevicePtr, FunctionHandle, ModuleHandle, StreamHandle};
 
 /// A kernel that adds one to a word: the steady load during a move.
@@ -330,16 +331,16 @@ fn migrate_under_load(addr: &Address, size: u64, to_node: Option<&Address>) -> R
     let device = status(addr)?
         .sessions
         .iter()
-        .find(|s| s.id == id)
+        .find(|s| s.id == SessionId(id))
         .map(|s| s.device)
         .context("no session")?;
     let kind = match to_node {
         None => SessionKind::Migrate {
-            session: id,
+            session: SessionId(id),
             device: 1 - device,
         },
         Some(node) => SessionKind::MigrateTo {
-            session: id,
+            session: SessionId(id),
             node: node.to_string(),
             device: 0,
             token: String::new(),

@@ -29,6 +29,7 @@ use gpufuse_proto::{
 use gpufuse_transport::Address;
 
 use crate::Server;
+use gpufuse_proto::SessionId;
 use gpufuse_proto::{ContextHandle, EventHandle, FunctionHandle, ModuleHandle, StreamHandle};
 
 /// One thread spinning `n` times: the kernel's length is linear in `n`.
@@ -325,7 +326,7 @@ impl Load {
         while status(addr)?
             .sessions
             .iter()
-            .any(|s| self.ids.contains(&s.id))
+            .any(|s| self.ids.contains(&s.id.get()))
         {
             if Instant::now() > deadline {
                 bail!("the node still lists the load's sessions 10 s after they ended");
@@ -343,7 +344,7 @@ fn status(addr: &Address) -> Result<NodeStatus> {
 fn device_time(st: &NodeStatus, id: u64) -> u64 {
     st.sessions
         .iter()
-        .find(|s| s.id == id)
+        .find(|s| s.id == SessionId(id))
         .map_or(0, |s| s.device_time_us)
 }
 
@@ -497,7 +498,7 @@ fn probe(addr: &Address, qos: Qos, n: u32, count: usize) -> Result<((u64, u64), 
     let me = st
         .sessions
         .iter()
-        .find(|s| s.id == t.id)
+        .find(|s| s.id == SessionId(t.id))
         .context("the probe session is not in the status")?;
     lat.sort_unstable();
     let at = |p: usize| lat[(lat.len() - 1) * p / 100];

@@ -2,6 +2,7 @@
 
 use clap::CommandFactory;
 use gpufuse_client::{ClientError, Connection};
+use gpufuse_proto::SessionId;
 use gpufuse_proto::{ServerHello, SessionKind};
 
 #[derive(clap::Args)]
@@ -85,7 +86,9 @@ pub fn sessions(a: SessionsArgs) -> anyhow::Result<()> {
 
 pub fn kill(a: KillArgs) -> anyhow::Result<()> {
     let hello = Connection::hello(
-        SessionKind::End { session: a.id },
+        SessionKind::End {
+            session: SessionId(a.id),
+        },
         a.token,
         Default::default(),
     );

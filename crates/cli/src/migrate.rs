@@ -4,6 +4,7 @@
 //! of a node, NODE is the other node's address) while its program runs.
 
 use gpufuse_client::{ClientError, Connection};
+use gpufuse_proto::SessionId;
 use gpufuse_proto::{ServerHello, SessionKind};
 
 #[derive(clap::Args)]
@@ -48,11 +49,11 @@ fn parse_target(s: &str) -> Result<Target, String> {
 pub fn migrate(a: MigrateArgs) -> anyhow::Result<()> {
     let kind = match a.to.node {
         None => SessionKind::Migrate {
-            session: a.id,
+            session: SessionId(a.id),
             device: a.to.device,
         },
         Some(node) => SessionKind::MigrateTo {
-            session: a.id,
+            session: SessionId(a.id),
             node,
             device: a.to.device,
             token: a.token.clone(),

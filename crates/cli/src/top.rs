@@ -93,7 +93,7 @@ fn from_status(s: &gpufuse_proto::NodeStatus, node: &str) -> PoolSnapshot {
             .sessions
             .iter()
             .map(|x| gpufuse_observe::SessionSnapshot {
-                id: x.id,
+                id: x.id.get(),
                 node: node.to_string(),
                 device: x.device,
                 tenant: x.subject.clone().unwrap_or_else(|| "-".into()),

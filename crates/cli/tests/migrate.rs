@@ -188,7 +188,7 @@ fn a_session_moves_to_another_node_while_its_kernels_run() {
     });
     // Node b's device is the only one the session can leave to now; the small node cannot
     // hold it: refused, and nothing changes.
-    let moved_id = on_b.sessions[0].id;
+    let moved_id = on_b.sessions[0].id.get();
     let out = migrate(&b, moved_id, &format!("{}:0", small.addr));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpufuse_client::Connection;
+use gpufuse_proto::SessionId;
 use gpufuse_proto::{
     encode_frame, FrameHeader, FrameKind, NodeStatus, ReplyBody, Request, ResourceRequest,
     ServerHello, SessionKind, HEADER_LEN,
@@ -192,7 +193,12 @@ fn killing_one_worker_leaves_other_sessions_running() {
     alloc(&mut a, 1 << 20);
     let pb = alloc(&mut b, 1 << 20);
     let st = status(&s);
-    let worker_a = st.sessions.iter().find(|x| x.id == 1).unwrap().worker_pid;
+    let worker_a = st
+        .sessions
+        .iter()
+        .find(|x| x.id == SessionId(1))
+        .unwrap()
+        .worker_pid;
     // SAFETY: signalling a worker process of our own server.
     unsafe { libc::kill(worker_a as i32, libc::SIGKILL) };
     assert!(a.call(&Request::Ping).is_err(), "session a lost its worker");
@@ -603,7 +609,7 @@ fn a_killed_worker_holding_the_device_lets_the_queue_go_on() {
         status(&s)
             .sessions
             .iter()
-            .any(|x| x.id == a_id && x.on_device)
+            .any(|x| x.id == SessionId(a_id) && x.on_device)
     });
     let mut b = compute_session(&s, None, Qos::Critical).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -622,7 +628,7 @@ fn a_killed_worker_holding_the_device_lets_the_queue_go_on() {
     let worker_a = status(&s)
         .sessions
         .iter()
-        .find(|x| x.id == a_id)
+        .find(|x| x.id == SessionId(a_id))
         .unwrap()
         .worker_pid;
     // SAFETY: signalling a worker process of our own server.

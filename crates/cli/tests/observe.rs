@@ -401,7 +401,7 @@ fn json_logs_carry_the_session_span_in_node_and_worker() {
         "no line in a session span: {lines:#?}"
     );
     for v in &with_span {
-        assert_eq!(v["span"]["id"], id, "{v}");
+        assert_eq!(v["span"]["id"], id.get(), "{v}");
         // A session without a token is charged to the pool's default tenant.
         assert_eq!(v["span"]["tenant"], "default", "{v}");
         assert_eq!(v["span"]["device"], 0, "{v}");

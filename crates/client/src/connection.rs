@@ -316,7 +316,7 @@ impl Connection {
             } => Ok((
                 c,
                 Accepted {
-                    session_id,
+                    session_id: session_id.get(),
                     devices,
                 },
             )),

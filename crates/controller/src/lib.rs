@@ -355,7 +355,7 @@ impl Controller {
                 answer(&mut conn, &reply);
             }
             SessionKind::End { session } => {
-                let reply = place::end(self, &hello, session);
+                let reply = place::end(self, &hello, session.get());
                 answer(&mut conn, &reply);
             }
             // Moves within a node are the node's (`gpufuse migrate --server NODE`).
@@ -373,7 +373,7 @@ impl Controller {
                 device,
                 ..
             } => {
-                let reply = moves::migrate(self, &hello, session, node, device);
+                let reply = moves::migrate(self, &hello, session.get(), node, device);
                 answer(&mut conn, &reply);
             }
             SessionKind::Drain { ref node } => {

@@ -131,8 +131,8 @@ pub(crate) fn parts(r: &NodeReport) -> (NodeSpec, Vec<SessionReport>, Vec<Device
         .sessions
         .iter()
         .map(|s| SessionReport {
-            pool_session: s.pool_session,
-            node_session: s.node_session,
+            pool_session: s.pool_session.map(gpufuse_proto::SessionId::get),
+            node_session: s.node_session.get(),
             tenant: s.tenant.clone(),
             device: s.device,
             vram_limit: s.vram_limit_bytes,

@@ -67,15 +67,15 @@ pub(crate) fn migrate(
     };
     match carry_out(c, id, MoveEnd::Stayed) {
         Ok(l) if within => ServerHello::MigratedWith {
-            session: id,
+            session: gpufuse_proto::SessionId(id),
             device,
             total_us: l.total_us,
             figures: l.figures,
         },
         Ok(l) => ServerHello::MovedToNode {
-            session: id,
+            session: gpufuse_proto::SessionId(id),
             node: l.node,
-            new_session: l.node_session,
+            new_session: gpufuse_proto::SessionId(l.node_session),
             device: l.device,
             total_us: l.total_us,
             figures: l.figures,
@@ -112,7 +112,7 @@ pub(crate) fn carry_out(
             } => Ok(Landed {
                 node: target.0,
                 device: target.1,
-                node_session: new_session,
+                node_session: new_session.get(),
                 total_us,
                 figures,
             }),
@@ -180,14 +180,14 @@ fn ask_node(
         .ok_or_else(|| format!("there is no node {} in the pool", source.0))?;
     let order = EndOrder {
         node: source.0.clone(),
-        node_session,
+        node_session: gpufuse_proto::SessionId(node_session),
         expires: unix_now() + GRANT_SECONDS,
     };
     let order = gpufuse_auth::seal(&c.0.grant_key, END_ORDER_KIND, &order)
         .map_err(|e| format!("cannot sign an order: {e}"))?;
     let kind = if m.to_node == source.0 {
         SessionKind::Migrate {
-            session: node_session,
+            session: gpufuse_proto::SessionId(node_session),
             device: m.to_device,
         }
     } else {
@@ -196,7 +196,7 @@ fn ask_node(
             .map(|n| n.spec.address.clone())
             .ok_or_else(|| format!("there is no node {} in the pool", m.to_node))?;
         let grant = Grant {
-            session: id,
+            session: gpufuse_proto::SessionId(id),
             node: m.to_node.clone(),
             device: m.to_device,
             vram_bytes: s.vram_limit,
@@ -209,7 +209,7 @@ fn ask_node(
         let grant = gpufuse_auth::seal(&c.0.grant_key, GRANT_KIND, &grant)
             .map_err(|e| format!("cannot sign a grant: {e}"))?;
         SessionKind::MigrateTo {
-            session: node_session,
+            session: gpufuse_proto::SessionId(node_session),
             node: target_address,
             device: m.to_device,
             token: grant,
@@ -258,7 +258,7 @@ pub(crate) fn drain(c: &Controller, hello: &ClientHello, node: &str) -> ServerHe
         .stuck
         .iter()
         .map(|(session, reason)| StuckSession {
-            session: *session,
+            session: gpufuse_proto::SessionId(*session),
             reason: reason.clone(),
         })
         .collect();
@@ -272,14 +272,14 @@ pub(crate) fn drain(c: &Controller, hello: &ClientHello, node: &str) -> ServerHe
         let outcome = begun.and_then(|()| carry_out(c, m.session, MoveEnd::Stayed));
         match outcome {
             Ok(l) => moved.push(DrainedSession {
-                session: m.session,
+                session: gpufuse_proto::SessionId(m.session),
                 node: l.node,
                 device: l.device,
                 total_us: l.total_us,
                 figures: l.figures,
             }),
             Err(reason) => stuck.push(StuckSession {
-                session: m.session,
+                session: gpufuse_proto::SessionId(m.session),
                 reason,
             }),
         }

@@ -51,7 +51,7 @@ pub fn to_snapshot(pool: &PoolStatus, host: &str) -> PoolSnapshot {
         .iter()
         .filter(|s| s.node.is_some())
         .map(|s| SessionSnapshot {
-            id: s.id,
+            id: s.id.get(),
             node: s.node.clone().unwrap_or_default(),
             device: s.device.unwrap_or(0),
             tenant: s.tenant.clone(),
@@ -145,7 +145,7 @@ mod tests {
 
     fn session(id: u64, node: Option<&str>, state: &str) -> PoolSessionView {
         PoolSessionView {
-            id,
+            id: gpufuse_proto::SessionId(id),
             tenant: "alice".into(),
             node: node.map(str::to_string),
             device: node.map(|_| 1),
@@ -154,7 +154,7 @@ mod tests {
             compute_percent: Some(40),
             qos: "high".into(),
             memory_used_bytes: 3 << 30,
-            node_session: node.map(|_| 5),
+            node_session: node.map(|_| gpufuse_proto::SessionId(5)),
         }
     }
 
@@ -172,7 +172,7 @@ mod tests {
                 session(2, None, "pending"),
             ],
             pending: vec![PoolPendingView {
-                id: 2,
+                id: gpufuse_proto::SessionId(2),
                 tenant: "bob".into(),
                 vram_bytes: Some(90 << 30),
                 compute_percent: None,

@@ -12,6 +12,7 @@ use gpufuse_scheduler::{Decision, MoveEnd, Placement, Request, Victim};
 use gpufuse_transport::{Address, Conn};
 
 use crate::{answer, refused, unix_now, Controller, PlacementAsk};
+use gpufuse_proto::SessionId;
 
 /// How long a grant is good for: the client uses it at once.
 pub(crate) const GRANT_SECONDS: u64 = 30;
@@ -123,7 +124,7 @@ pub(crate) fn serve(c: &Controller, mut conn: Conn, hello: &ClientHello) {
 /// The grant a placement gives its client, signed for the node.
 pub(crate) fn grant_of(placement: &Placement) -> Grant {
     Grant {
-        session: placement.session,
+        session: SessionId(placement.session),
         node: placement.node.clone(),
         device: placement.device,
         vram_bytes: placement.vram_bytes,
@@ -302,7 +303,9 @@ pub(crate) fn end(c: &Controller, hello: &ClientHello, id: u64) -> ServerHello {
             let mut b = c.books();
             b.pool.end_session(id);
             c.reschedule(&mut b);
-            ServerHello::Ended { session: id }
+            ServerHello::Ended {
+                session: SessionId(id),
+            }
         }
         Err(reason) => refused(reason),
     }
@@ -319,7 +322,7 @@ fn end_victims(c: &Controller, victims: &[Victim]) -> Result<(), String> {
         );
         let order = EndOrder {
             node: v.node.clone(),
-            node_session: v.node_session,
+            node_session: SessionId(v.node_session),
             expires: unix_now() + GRANT_SECONDS,
         };
         let token = gpufuse_auth::seal(&c.0.grant_key, END_ORDER_KIND, &order)
@@ -327,7 +330,7 @@ fn end_victims(c: &Controller, victims: &[Victim]) -> Result<(), String> {
         let hello = ClientHello {
             protocol_version: PROTOCOL_VERSION,
             kind: SessionKind::End {
-                session: v.node_session,
+                session: SessionId(v.node_session),
             },
             token,
             pid: std::process::id(),

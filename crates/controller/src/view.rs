@@ -1,5 +1,6 @@
 //! The pool view (`gpufuse status --server CONTROLLER`), from the scheduler's books.
 
+use gpufuse_proto::SessionId;
 use gpufuse_proto::{PoolDeviceView, PoolNodeView, PoolPendingView, PoolSessionView, PoolStatus};
 use gpufuse_scheduler::{Millis, Pool};
 
@@ -46,7 +47,7 @@ pub(crate) fn snapshot(pool: &Pool, now: Millis) -> PoolStatus {
             (s, node, device, state)
         })
         .map(|(s, node, device, state)| PoolSessionView {
-            id: s.id,
+            id: SessionId(s.id),
             tenant: s.tenant.clone(),
             node: Some(node),
             device: Some(device),
@@ -55,14 +56,14 @@ pub(crate) fn snapshot(pool: &Pool, now: Millis) -> PoolStatus {
             compute_percent: s.compute_percent,
             qos: s.qos.name().into(),
             memory_used_bytes: s.memory_used,
-            node_session: s.node_session,
+            node_session: s.node_session.map(gpufuse_proto::SessionId),
         })
         .collect();
     let pending: Vec<PoolPendingView> = pool
         .pending()
         .iter()
         .map(|p| PoolPendingView {
-            id: p.id,
+            id: SessionId(p.id),
             tenant: p.request.tenant.clone(),
             vram_bytes: p.request.vram_bytes,
             compute_percent: p.request.compute_percent,

@@ -8,6 +8,7 @@ use gpufuse_auth::Claims;
 use gpufuse_proto::{ClientHello, ServerHello};
 
 use crate::{lock, NodeConfig, Shared, TokenPolicy};
+use gpufuse_proto::SessionId;
 
 /// How long `End` waits for a killed worker to be reaped and its session released.
 const END_DEADLINE: Duration = Duration::from_secs(10);
@@ -148,7 +149,9 @@ pub fn end(
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    ServerHello::Ended { session: id }
+    ServerHello::Ended {
+        session: SessionId(id),
+    }
 }
 
 /// Warns when a TCP listener runs without authentication (anyone who can reach it may run

@@ -20,6 +20,7 @@ use gpufuse_proto::{
 use gpufuse_transport::{Address, Conn};
 
 use crate::{answer, lock, refuse, NodeConfig, Shared};
+use gpufuse_proto::SessionId;
 
 /// A controller in the node's own process (`gpufuse serve`: a controller and a node in one
 /// process). Reports are calls, and the node asks it to place each session its listeners
@@ -282,7 +283,7 @@ fn report(link: &PoolLink, state: &Shared) -> (NodeReport, Vec<(u64, u32)>) {
     let mut books = link.books();
     books
         .granted
-        .retain(|id, _| status.sessions.iter().any(|s| s.id == *id));
+        .retain(|id, _| status.sessions.iter().any(|s| s.id == SessionId(*id)));
     let now = unix_now();
     books.used.retain(|_, &mut expires| expires > now);
     let report = NodeReport {
@@ -311,9 +312,9 @@ fn report(link: &PoolLink, state: &Shared) -> (NodeReport, Vec<(u64, u32)>) {
             .sessions
             .iter()
             .map(|s| {
-                let granted = books.granted.get(&s.id);
+                let granted = books.granted.get(&s.id.get());
                 PoolSessionReport {
-                    pool_session: granted.map(|g| g.0),
+                    pool_session: granted.map(|g| SessionId(g.0)),
                     node_session: s.id,
                     tenant: granted.map(|g| g.1.clone()).or_else(|| s.subject.clone()),
                     device: s.device,
@@ -378,15 +379,23 @@ pub fn serve_hello(
         );
     };
     match hello.kind {
-        SessionKind::End { session }
-        | SessionKind::Migrate { session, .. }
-        | SessionKind::MigrateTo { session, .. } => {
+        SessionKind::End {
+            session: SessionId(session),
+        }
+        | SessionKind::Migrate {
+            session: SessionId(session),
+            ..
+        }
+        | SessionKind::MigrateTo {
+            session: SessionId(session),
+            ..
+        } => {
             let order: EndOrder = match gpufuse_auth::open(&key, END_ORDER_KIND, &hello.token) {
                 Ok(o) => o,
                 Err(e) => return refuse(&mut conn, format!("bad order: {e}")),
             };
             if order.node != link.name
-                || order.node_session != session
+                || order.node_session != SessionId(session)
                 || order.expires <= unix_now()
             {
                 return refuse(
@@ -478,7 +487,7 @@ pub fn serve_hello(
             {
                 let mut b = link.books();
                 if b.used
-                    .insert((grant.session, grant.expires), grant.expires)
+                    .insert((grant.session.get(), grant.expires), grant.expires)
                     .is_some()
                 {
                     return refuse(&mut conn, "the grant was used already".into());
@@ -545,7 +554,7 @@ fn admit_granted(
     };
     link.books()
         .granted
-        .insert(a.id, (grant.session, grant.tenant.clone()));
+        .insert(a.id, (grant.session.get(), grant.tenant.clone()));
     let _ = conn.stream().set_read_timeout(None);
     let incoming = match hello.kind {
         SessionKind::MoveIn { window_base, .. } => Some(crate::spawn::Incoming::new(window_base)),

@@ -17,6 +17,7 @@ use gpufuse_proto::{
 use gpufuse_transport::Conn;
 
 use crate::{lock, NodeConfig, Shared, TokenPolicy};
+use gpufuse_proto::SessionId;
 
 /// `gpufuse serve --vram-oversubscribe`, `--swap-dir`, `--idle-ttl`, `--idle-disk-ttl`.
 #[derive(Clone, Debug, Default)]
@@ -289,7 +290,10 @@ pub fn migrate_out(
         (line, cmd, rec.device)
     };
     match line.ask_move_out(cmd, MIGRATE_WAIT) {
-        Some(MoveOutcome::MovedAway { session, figures }) => {
+        Some(MoveOutcome::MovedAway {
+            session: SessionId(session),
+            figures,
+        }) => {
             tracing::info!(
                 session = id,
                 to = address,
@@ -305,9 +309,9 @@ pub fn migrate_out(
             // device memory), and this node stops reporting it to a controller.
             lock(state).end_session(id);
             ServerHello::MovedToNode {
-                session: id,
+                session: SessionId(id),
                 node: address.to_string(),
-                new_session: session,
+                new_session: SessionId(session),
                 device,
                 total_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
                 figures,
@@ -515,7 +519,7 @@ pub fn migrate(state: &Shared, id: u64, target: u32) -> ServerHello {
         "session moved"
     );
     ServerHello::MigratedWith {
-        session: id,
+        session: SessionId(id),
         device: target,
         total_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
         figures,

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpufuse_proto::SessionId;
 use gpufuse_proto::{
     decode_owned, encode_frame, ClientHello, ComputePolicy, DeviceStatus, FrameKind, NodeStatus,
     ProtoError, Qos, ServerHello, SessionKind, SessionStatus, PROTOCOL_VERSION, SUPPORTED_VERSIONS,
@@ -182,7 +183,7 @@ impl NodeState {
                             .map(|q| q.usage(id))
                             .unwrap_or_default();
                         SessionStatus {
-                            id,
+                            id: SessionId(id),
                             pid: s.pid,
                             program: s.program.clone(),
                             subject: s.subject.clone(),
@@ -532,7 +533,9 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
             };
             answer(&mut conn, &reply);
         }
-        SessionKind::End { session } => {
+        SessionKind::End {
+            session: SessionId(session),
+        } => {
             let reply = admin::end(state, config, session, claims.as_ref(), &hello);
             answer(&mut conn, &reply);
         }
@@ -546,7 +549,10 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
              NODE --server CONTROLLER"
                 .into(),
         ),
-        SessionKind::Migrate { session, device } => {
+        SessionKind::Migrate {
+            session: SessionId(session),
+            device,
+        } => {
             let reply = match elastic::may_manage(state, config, session, claims.as_ref()) {
                 Ok(()) => elastic::migrate(state, session, device),
                 Err(reason) => ServerHello::Refused { reason },
@@ -554,7 +560,7 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
             answer(&mut conn, &reply);
         }
         SessionKind::MigrateTo {
-            session,
+            session: SessionId(session),
             ref node,
             device,
             ref token,
@@ -579,7 +585,12 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
                     window_base,
                     bytes,
                 } => {
-                    tracing::info!(from_session = session, device, bytes, "a session moves in");
+                    tracing::info!(
+                        from_session = session.get(),
+                        device,
+                        bytes,
+                        "a session moves in"
+                    );
                     if let Err(reason) = spawn::room_for_incoming(state, device, bytes) {
                         return refuse(&mut conn, reason);
                     }

@@ -387,7 +387,7 @@ mod tests {
         let figures = Figures::copy(&state);
         let held = lock(&state);
         let waiting = vec![PoolPendingView {
-            id: 9,
+            id: gpufuse_proto::SessionId(9),
             tenant: "bob".into(),
             vram_bytes: Some(2 << 30),
             compute_percent: None,

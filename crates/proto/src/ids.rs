@@ -68,6 +68,11 @@ wire_id!(
     PhysicalHandle
 );
 wire_id!(
+    /// A session: the node's id for it, or the pool's where a controller is asked (the
+    /// message says which).
+    SessionId
+);
+wire_id!(
     /// A texture or surface object (`CUtexObject`, `CUsurfObject`): the value kernels get.
     TexHandle
 );

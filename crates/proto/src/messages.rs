@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{
-    ContextHandle, DevicePtr, EventHandle, FunctionHandle, ModuleHandle, PhysicalHandle,
+    ContextHandle, DevicePtr, EventHandle, FunctionHandle, ModuleHandle, PhysicalHandle, SessionId,
     StreamHandle, TexHandle,
 };
 
@@ -25,14 +25,14 @@ pub enum SessionKind {
     Check,
     /// A one-shot request to end session `session` (`gpufuse kill`): the node kills its worker
     /// and answers `Ended` once everything the session held is released.
-    End { session: u64 },
+    End { session: SessionId },
     /// A node's agent opens its link to the controller (`gpufuse node --controller`); a
     /// node answers it with a refusal.
     NodeAgent,
     /// A one-shot request to move session `session` to the node's device `device`
     /// (`gpufuse migrate`): the node answers `Migrated` once the session runs there, or
     /// `Refused` with the session untouched.
-    Migrate { session: u64, device: u32 },
+    Migrate { session: SessionId, device: u32 },
     /// A one-shot request to end every session opened with a token of the Kubernetes claim
     /// the hello's own token names, sent by the DRA plugin when the kubelet unprepares the
     /// claim: the node answers `ClaimEnded` once they are released.
@@ -44,7 +44,7 @@ pub enum SessionKind {
     /// is the session's id on the node it leaves (for the logs); `bytes` what it holds there
     /// (the device must have that much room, whatever its slice).
     MoveIn {
-        session: u64,
+        session: SessionId,
         device: u32,
         window_base: u64,
         bytes: u64,
@@ -58,7 +58,7 @@ pub enum SessionKind {
     /// and `token` the token to present there; at a controller, `node` is the target node's
     /// name and the controller grants the place itself.
     MigrateTo {
-        session: u64,
+        session: SessionId,
         node: String,
         device: u32,
         token: String,
@@ -211,7 +211,7 @@ pub struct DeviceInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ServerHello {
     Accepted {
-        session_id: u64,
+        session_id: SessionId,
         devices: Vec<DeviceInfo>,
     },
     Refused {
@@ -224,7 +224,7 @@ pub enum ServerHello {
     },
     /// An `End` hello's session is gone and its memory released.
     Ended {
-        session: u64,
+        session: SessionId,
     },
     /// From a controller: this session is served by the node at `address`; say hello there
     /// again with `grant` as the token (`crate::pool`).
@@ -243,7 +243,7 @@ pub enum ServerHello {
     /// A `Migrate` hello's session runs on `device` now; it was stopped for `stop_us` of the
     /// move's `total_us` (microseconds).
     Migrated {
-        session: u64,
+        session: SessionId,
         device: u32,
         stop_us: u64,
         total_us: u64,
@@ -252,7 +252,7 @@ pub enum ServerHello {
     /// `total_us` (microseconds), `figures` say how long the session stopped and what was
     /// copied while it ran and during the stop.
     MigratedWith {
-        session: u64,
+        session: SessionId,
         device: u32,
         total_us: u64,
         figures: MoveFigures,
@@ -264,9 +264,9 @@ pub enum ServerHello {
     /// A `MigrateTo` hello's session runs on node `node` now, as that node's session
     /// `new_session` on its device `device`; `figures` as for [`ServerHello::MigratedWith`].
     MovedToNode {
-        session: u64,
+        session: SessionId,
         node: String,
-        new_session: u64,
+        new_session: SessionId,
         device: u32,
         total_us: u64,
         figures: MoveFigures,
@@ -290,7 +290,7 @@ pub enum ServerHello {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainedSession {
     /// The pool's id.
-    pub session: u64,
+    pub session: SessionId,
     pub node: String,
     pub device: u32,
     pub total_us: u64,
@@ -300,7 +300,7 @@ pub struct DrainedSession {
 /// A session a drain could not move, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StuckSession {
-    pub session: u64,
+    pub session: SessionId,
     pub reason: String,
 }
 
@@ -331,7 +331,7 @@ pub enum MoveOutcome {
     },
     /// Moved to another node ([`NodeCommand::MigrateOut`]), where it is session `session`.
     MovedAway {
-        session: u64,
+        session: SessionId,
         figures: MoveFigures,
     },
 }
@@ -423,7 +423,7 @@ pub struct DeviceStatus {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionStatus {
-    pub id: u64,
+    pub id: SessionId,
     pub pid: u32,
     pub program: String,
     /// The subject of the session's token (its tenant), when the node checks tokens.

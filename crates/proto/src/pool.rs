@@ -34,6 +34,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::SessionId;
 use crate::Qos;
 
 /// One device as a node reports it.
@@ -55,9 +56,9 @@ pub struct PoolDeviceReport {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolSessionReport {
     /// The pool's id, from the session's grant.
-    pub pool_session: Option<u64>,
+    pub pool_session: Option<SessionId>,
     /// The node's id (what `gpufuse kill` on that node takes).
-    pub node_session: u64,
+    pub node_session: SessionId,
     pub tenant: Option<String>,
     pub device: u32,
     pub vram_limit_bytes: Option<u64>,
@@ -91,7 +92,7 @@ pub enum AgentAnswer {
 /// these limits. Signed by the controller with the node's grant key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
-    pub session: u64,
+    pub session: SessionId,
     pub node: String,
     pub device: u32,
     pub vram_bytes: Option<u64>,
@@ -106,7 +107,7 @@ pub struct Grant {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndOrder {
     pub node: String,
-    pub node_session: u64,
+    pub node_session: SessionId,
     pub expires: u64,
 }
 
@@ -158,7 +159,7 @@ pub struct PoolDeviceView {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolSessionView {
-    pub id: u64,
+    pub id: SessionId,
     pub tenant: String,
     /// `None` while pending.
     pub node: Option<String>,
@@ -172,12 +173,12 @@ pub struct PoolSessionView {
     pub qos: String,
     pub memory_used_bytes: u64,
     /// The node's id of the session (for `gpufuse kill --server NODE`).
-    pub node_session: Option<u64>,
+    pub node_session: Option<SessionId>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolPendingView {
-    pub id: u64,
+    pub id: SessionId,
     pub tenant: String,
     pub vram_bytes: Option<u64>,
     pub compute_percent: Option<u32>,

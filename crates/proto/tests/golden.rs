@@ -4,6 +4,7 @@
 //! gpufuse-proto --test golden -- --nocapture` prints the current encodings (for a new
 //! message; never to paper over a changed one).
 
+use gpufuse_proto::SessionId;
 use gpufuse_proto::*;
 use gpufuse_proto::{
     ContextHandle, DevicePtr, EventHandle, FunctionHandle, ModuleHandle, PhysicalHandle,
@@ -566,7 +567,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
             utilization_percent: 50,
         }],
         sessions: vec![SessionStatus {
-            id: 1,
+            id: SessionId(1),
             pid: 42,
             program: "p".into(),
             subject: Some("alice".into()),
@@ -607,11 +608,16 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
     for (n, k) in [
         ("SessionKind::Status", SessionKind::Status),
         ("SessionKind::Check", SessionKind::Check),
-        ("SessionKind::End", SessionKind::End { session: 3 }),
+        (
+            "SessionKind::End",
+            SessionKind::End {
+                session: SessionId(3),
+            },
+        ),
         (
             "SessionKind::Migrate",
             SessionKind::Migrate {
-                session: 3,
+                session: SessionId(3),
                 device: 1,
             },
         ),
@@ -622,7 +628,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
     out.push((
         "ServerHello::Accepted",
         body(&ServerHello::Accepted {
-            session_id: 1,
+            session_id: SessionId(1),
             devices: vec![device],
         }),
     ));
@@ -639,12 +645,14 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
     ));
     out.push((
         "ServerHello::Ended",
-        body(&ServerHello::Ended { session: 3 }),
+        body(&ServerHello::Ended {
+            session: SessionId(3),
+        }),
     ));
     out.push((
         "ServerHello::Migrated",
         body(&ServerHello::Migrated {
-            session: 3,
+            session: SessionId(3),
             device: 1,
             stop_us: 1500,
             total_us: 4096,
@@ -660,7 +668,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
     out.push((
         "ServerHello::MigratedWith",
         body(&ServerHello::MigratedWith {
-            session: 3,
+            session: SessionId(3),
             device: 1,
             total_us: 4096,
             figures,
@@ -792,8 +800,8 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
                 uuid: [7; 16],
             }],
             sessions: vec![gpufuse_proto::PoolSessionReport {
-                pool_session: Some(7),
-                node_session: 3,
+                pool_session: Some(SessionId(7)),
+                node_session: SessionId(3),
                 tenant: Some("t".into()),
                 device: 0,
                 vram_limit_bytes: Some(1 << 29),
@@ -809,7 +817,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
         (
             "SessionKind::MoveIn",
             SessionKind::MoveIn {
-                session: 3,
+                session: SessionId(3),
                 device: 1,
                 window_base: 4096,
                 bytes: 1500,
@@ -819,7 +827,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
         (
             "SessionKind::MigrateTo",
             SessionKind::MigrateTo {
-                session: 3,
+                session: SessionId(3),
                 node: "b".into(),
                 device: 1,
                 token: "t".into(),
@@ -831,9 +839,9 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
     out.push((
         "ServerHello::MovedToNode",
         body(&ServerHello::MovedToNode {
-            session: 3,
+            session: SessionId(3),
             node: "b".into(),
-            new_session: 5,
+            new_session: SessionId(5),
             device: 1,
             total_us: 4096,
             figures,
@@ -842,7 +850,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
     out.push((
         "MoveOutcome::MovedAway",
         body(&MoveOutcome::MovedAway {
-            session: 5,
+            session: SessionId(5),
             figures,
         }),
     ));
@@ -931,14 +939,14 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
         body(&ServerHello::Drained {
             node: "a".into(),
             moved: vec![gpufuse_proto::DrainedSession {
-                session: 3,
+                session: SessionId(3),
                 node: "b".into(),
                 device: 1,
                 total_us: 4096,
                 figures,
             }],
             stuck: vec![gpufuse_proto::StuckSession {
-                session: 4,
+                session: SessionId(4),
                 reason: "no".into(),
             }],
         }),

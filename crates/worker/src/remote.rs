@@ -28,6 +28,7 @@ use crate::books::SessionBooks;
 use crate::migrate::{MoveTarget, CHUNK};
 use crate::serve::{greet, serve_session};
 use crate::{DeviceSlot, Elastic, Ledger, Session, WorkerError};
+use gpufuse_proto::SessionId;
 
 /// How long the leaving worker waits for the receiving one to take the session over (its
 /// answer to the books).
@@ -89,7 +90,7 @@ impl RemoteTarget {
         let hello = ClientHello {
             protocol_version: PROTOCOL_VERSION,
             kind: SessionKind::MoveIn {
-                session: to.session,
+                session: SessionId(to.session),
                 device: to.device,
                 window_base,
                 bytes: to.bytes,
@@ -111,7 +112,7 @@ impl RemoteTarget {
             ServerHello::Accepted {
                 session_id,
                 devices,
-            } => (session_id, devices),
+            } => (session_id.get(), devices),
             ServerHello::Refused { reason } => {
                 return Err(format!("the target node refused the session: {reason}"))
             }

@@ -12,6 +12,7 @@ use gpufuse_transport::{Conn, TransportError};
 use crate::migrate::{Dirt, PreCopy};
 use crate::remote::{Leaving, RemoteTarget};
 use crate::{heartbeat, DeviceOpener, ElasticConfig, HtodTarget, Ledger, Session, WorkerError};
+use gpufuse_proto::SessionId;
 use gpufuse_proto::{DevicePtr, StreamHandle};
 
 /// What an elastic session has beyond a plain one: its TTLs and swap directory, the node's
@@ -71,7 +72,7 @@ pub(crate) fn greet(
         0,
         0,
         &ServerHello::Accepted {
-            session_id,
+            session_id: SessionId(session_id),
             devices: vec![info.clone()],
         },
     );
@@ -600,7 +601,7 @@ impl Commands {
         self.answer_outcome(
             l.id,
             MoveOutcome::MovedAway {
-                session: target.session,
+                session: SessionId(target.session),
                 figures,
             },
         );
