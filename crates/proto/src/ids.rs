@@ -25,9 +25,10 @@ macro_rules! wire_id {
             }
         }
 
+        /// The integer, as it printed before it was typed (`{:#x}` for hexadecimal).
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{:#x}", self.0)
+                fmt::Display::fmt(&self.0, f)
             }
         }
 
@@ -94,7 +95,9 @@ mod tests {
         let typed = postcard::to_allocvec(&p).unwrap();
         assert_eq!(typed, postcard::to_allocvec(&0x7f00_0000_1234u64).unwrap());
         assert_eq!(postcard::from_bytes::<DevicePtr>(&typed).unwrap(), p);
-        assert_eq!(p.to_string(), "0x7f0000001234");
+        assert_eq!(p.to_string(), "139637976732212");
+        assert_eq!(format!("{p:#x}"), "0x7f0000001234");
+        assert_eq!(SessionId(17).to_string(), "17");
         assert_eq!(StreamHandle::default().get(), 0);
     }
 }
