@@ -20,7 +20,8 @@
 //! encryption and the node's TLS relay add.
 //!
 //! On the rings also 64 MiB copies of page-locked memory (`copies.rs`: `cuMemHostAlloc`'s arena
-//! blocks and `cuMemHostRegister`ed memory; `gpufuse-bench copies` runs only those).
+//! blocks and `cuMemHostRegister`ed memory; `gpufuse-bench copies` runs only those);
+//! `gpufuse-bench launches` runs only the quiet-launch line on the rings, round by round.
 //!
 //! `gpufuse-bench shares` measures compute shares and QoS instead (see `shares.rs`);
 //! `gpufuse-bench elastic` scale-to-zero warm-up and migration (see `elastic.rs`);
@@ -39,6 +40,7 @@ mod baseline;
 mod copies;
 mod elastic;
 mod http_cost;
+mod launches;
 mod remote;
 mod shares;
 mod threads;
@@ -205,6 +207,9 @@ fn main() -> Result<()> {
     }
     if args.first().is_some_and(|a| a == "copies") {
         return copies::run(&args[1..]);
+    }
+    if args.first().is_some_and(|a| a == "launches") {
+        return launches::run(&args[1..]);
     }
     let quick = args.iter().any(|a| a == "--quick");
     let scale = if quick { 10 } else { 1 };

@@ -77,7 +77,7 @@ def main():
     expect(np.array_equal(buf, pattern(1)), "the synchronous round trip changed the bytes")
     # Part of the array from an unaligned offset: a partial page and whole ones.
     part = np.zeros(3 * PAGE, dtype=np.uint8)
-    ck(cu.cuMemcpyDtoH(part.ctypes.data, d + 100, part.size), "cuMemcpyDtoH (part)")
+    ck(cu.cuMemcpyDtoH(part.ctypes.data, int(d) + 100, part.size), "cuMemcpyDtoH (part)")
     expect(np.array_equal(part, pattern(1)[100:100 + part.size]), "a part of it")
     print("PASS registered_copies")
 
