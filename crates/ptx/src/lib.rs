@@ -229,6 +229,11 @@ pub struct Module {
     globals: Vec<Var>,
     /// Module-scope `.shared` variables (each block gets its own copy).
     shared: Vec<Var>,
+    /// Per function: for a kernel, the functions its launches can reach (itself first:
+    /// `launch::reachable`), found once at load instead of at every launch; empty otherwise.
+    reach: Vec<Vec<usize>>,
+    /// Per function: whether a kernel, or what it reaches, calls device `malloc` or `free`.
+    heap: Vec<bool>,
 }
 
 fn round_up(x: u64, a: u64) -> u64 {
@@ -298,6 +303,16 @@ impl Module {
         let (shared, globals): (Vec<Var>, Vec<Var>) =
             p.globals.into_iter().partition(|g| g.space == "shared");
         let program = code::compile(&p.functions, &shared);
+        let reach: Vec<Vec<usize>> = (0..program.funcs.len())
+            .map(|k| match program.funcs[k].is_entry {
+                true => launch::reachable(&program, k),
+                false => Vec::new(),
+            })
+            .collect();
+        let heap = reach
+            .iter()
+            .map(|funcs| funcs.iter().any(|&f| calls_heap(&program.funcs[f])))
+            .collect();
         Ok(Module {
             version: p.version,
             target: p.target,
@@ -305,6 +320,8 @@ impl Module {
             kernels,
             globals,
             shared,
+            reach,
+            heap,
         })
     }
 
@@ -348,9 +365,7 @@ impl Module {
             .iter()
             .position(|f| f.is_entry && f.name == kernel)
         {
-            Some(k) => launch::reachable(&self.program, k)
-                .into_iter()
-                .any(|f| calls_heap(&self.program.funcs[f])),
+            Some(k) => self.heap[k],
             None => self.uses_heap(),
         }
     }
@@ -450,6 +465,7 @@ impl Module {
             &self.program,
             &self.shared,
             k,
+            &self.reach[k],
             cfg,
             params,
             mem,
