@@ -34,7 +34,8 @@
 //!
 //! Usage: `cargo run --release -p gpufuse-bench [-- [shares] [--quick] [--http]]`.
 
-#![forbid(unsafe_code)]
+// One system call without a safe wrapper in std (`threads.rs`: a thread's CPU time).
+#![deny(unsafe_code)]
 
 mod baseline;
 mod copies;
