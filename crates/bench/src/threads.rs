@@ -45,6 +45,28 @@ pub struct Rates {
     /// The share of the issuing time the launching threads were on a CPU, on average (1.0:
     /// never waiting; below it they waited for a core or a lock).
     pub on_cpu: f64,
+    /// Context switches of the launching threads per 1,000 launches: voluntary (the thread
+    /// blocked: a contended lock, a full ring) and involuntary (preempted: it waited for a
+    /// core), which tell the two kinds of waiting apart.
+    pub blocked_per_k: f64,
+    pub preempted_per_k: f64,
+}
+
+/// This thread's context switches so far: (voluntary, involuntary), from
+/// `/proc/thread-self/status` (exact counts, kept at every switch).
+fn thread_switches() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (
+        field("voluntary_ctxt_switches:"),
+        field("nonvoluntary_ctxt_switches:"),
+    )
 }
 
 /// Nanoseconds this thread has run on a CPU (`CLOCK_THREAD_CPUTIME_ID`, which counts the
@@ -106,12 +128,13 @@ pub fn aggregate_launch_rate(
         .iter()
         .map(|&(handle, stream)| {
             let (s, barrier) = (session.clone(), barrier.clone());
-            std::thread::spawn(move || -> Result<u64> {
+            std::thread::spawn(move || -> Result<(u64, u64, u64)> {
                 let arg = [0u8; 12];
                 let mut result = Ok(());
-                let mut cpu = 0;
+                let (mut cpu, mut blocked, mut preempted) = (0, 0, 0);
                 for _ in 0..bursts {
                     barrier.wait();
+                    let switches = thread_switches();
                     let before = thread_cpu_ns();
                     for _ in 0..per_thread {
                         if result.is_err() {
@@ -142,10 +165,13 @@ pub fn aggregate_launch_rate(
                         };
                     }
                     cpu += thread_cpu_ns() - before;
+                    let (v, n) = thread_switches();
+                    blocked += v - switches.0;
+                    preempted += n - switches.1;
                     barrier.wait();
                 }
                 result?;
-                Ok(cpu)
+                Ok((cpu, blocked, preempted))
             })
         })
         .collect();
@@ -164,15 +190,21 @@ pub fn aggregate_launch_rate(
         }
         drained.push(n / start.elapsed().as_secs_f64());
     }
-    let mut cpu = 0u64;
+    let (mut cpu, mut blocked, mut preempted) = (0u64, 0u64, 0u64);
     for w in workers {
-        cpu += w.join().expect("launch thread")?;
+        let (c, b, p) = w.join().expect("launch thread")?;
+        cpu += c;
+        blocked += b;
+        preempted += p;
     }
+    let launches = n * bursts as f64;
     Ok(Rates {
         issued: median(&mut issued),
         drained: median(&mut drained),
-        cpu_ns_per_launch: cpu as f64 / (n * bursts as f64),
+        cpu_ns_per_launch: cpu as f64 / launches,
         on_cpu: cpu as f64 / 1e9 / (issuing * threads as f64),
+        blocked_per_k: blocked as f64 * 1000.0 / launches,
+        preempted_per_k: preempted as f64 * 1000.0 / launches,
     })
 }
 
@@ -244,14 +276,9 @@ pub fn run(args: &[String]) -> Result<()> {
         "client threads sharing {total} quiet launches, each on its own stream (one session, shm); median of {rounds} alternating rounds of 5 bursts"
     );
     let counts = [1usize, 2, 4];
-    // Per thread count and path: each round's issued rate, CPU time per launch and on-CPU share.
-    let mut got = vec![
-        [
-            [Vec::new(), Vec::new(), Vec::new()],
-            [Vec::new(), Vec::new(), Vec::new()]
-        ];
-        counts.len()
-    ];
+    // Per thread count and path: each round's issued rate, CPU time per launch, on-CPU share,
+    // and blocking and preempting switches per 1000 launches.
+    let mut got = vec![[[(); 5].map(|_| Vec::new()), [(); 5].map(|_| Vec::new())]; counts.len()];
     for _ in 0..rounds {
         for (i, &n) in counts.iter().enumerate() {
             for (j, path) in [Path::Locked, Path::Lanes].into_iter().enumerate() {
@@ -259,25 +286,31 @@ pub fn run(args: &[String]) -> Result<()> {
                 got[i][j][0].push(r.issued);
                 got[i][j][1].push(r.cpu_ns_per_launch);
                 got[i][j][2].push(r.on_cpu);
+                got[i][j][3].push(r.blocked_per_k);
+                got[i][j][4].push(r.preempted_per_k);
             }
         }
     }
-    let med: Vec<[[f64; 3]; 2]> = got
+    let med: Vec<[[f64; 5]; 2]> = got
         .iter_mut()
         .map(|paths| paths.each_mut().map(|v| v.each_mut().map(|v| median(v))))
         .collect();
     for (i, n) in counts.iter().enumerate() {
         let [locked, lanes] = med[i];
         println!(
-            "{n} thread(s): lanes {:10.0} /s ({:.2}x of 1 thread; {:.0} ns CPU per launch, threads on a CPU {:.0}% of the time)   under the session lock {:10.0} /s ({:.2}x of 1 thread; {:.0} ns, {:.0}%)   lanes/locked {:.2}x",
+            "{n} thread(s): lanes {:10.0} /s ({:.2}x of 1 thread; {:.0} ns CPU per launch, threads on a CPU {:.0}% of the time; per 1000 launches {:.2} blocked, {:.2} preempted)   under the session lock {:10.0} /s ({:.2}x; {:.0} ns, {:.0}%; {:.2} blocked, {:.2} preempted)   lanes/locked {:.2}x",
             lanes[0],
             lanes[0] / med[0][1][0],
             lanes[1],
             100.0 * lanes[2],
+            lanes[3],
+            lanes[4],
             locked[0],
             locked[0] / med[0][0][0],
             locked[1],
             100.0 * locked[2],
+            locked[3],
+            locked[4],
             lanes[0] / locked[0]
         );
     }
