@@ -15,9 +15,10 @@ use gpufuse_worker::LocalLedger;
 const HOST_MEMORY_ALREADY_REGISTERED: i32 = 712;
 const PAGE: usize = 4096;
 
-/// A session with a worker thread of its own on an emulated GPU, on a fresh unix socket (so
-/// it moves to the shared-memory rings), device 0's primary context current.
-fn session() -> Session {
+/// A node on a fresh unix socket (so sessions move to the shared-memory rings): each
+/// connection gets a worker thread on an emulated GPU of its own, all with the same address
+/// window (a session reconnected to another node finds its addresses free).
+fn node() -> gpufuse_transport::Address {
     static N: AtomicU32 = AtomicU32::new(0);
     let path = std::env::temp_dir().join(format!(
         "gpufuse-registered-test-{}-{}.sock",
@@ -27,22 +28,29 @@ fn session() -> Session {
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
     std::thread::spawn(move || {
-        let Ok((stream, _)) = listener.accept() else {
-            return;
-        };
-        let mut dev = EmuDevice::new(0, 1 << 30, 0x2000_0000_0000, 1 << 40);
-        let mut ledger = LocalLedger {
-            total: 1 << 30,
-            used: 0,
-        };
-        let mut conn = Conn::new(Stream::Unix(stream));
-        if conn.recv().is_err() {
-            return;
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            std::thread::spawn(move || {
+                let mut dev = EmuDevice::new(0, 1 << 30, 0x2000_0000_0000, 1 << 40);
+                let mut ledger = LocalLedger {
+                    total: 1 << 30,
+                    used: 0,
+                };
+                let mut conn = Conn::new(Stream::Unix(stream));
+                if conn.recv().is_err() {
+                    return;
+                }
+                let _ = gpufuse_worker::serve(conn, 1, &mut dev, &mut ledger, None);
+            });
         }
-        let _ = gpufuse_worker::serve(conn, 1, &mut dev, &mut ledger, None);
     });
+    format!("unix:{}", path.display()).parse().unwrap()
+}
+
+/// A session at `address`, device 0's primary context current.
+fn connect(address: &gpufuse_transport::Address) -> Session {
     let s = Session::connect(&SessionConfig {
-        address: format!("unix:{}", path.display()).parse().unwrap(),
+        address: address.clone(),
         token: String::new(),
         resources: Default::default(),
     })
@@ -50,6 +58,11 @@ fn session() -> Session {
     let ctx = s.lock().retain_primary(0).unwrap();
     s.lock().set_current(ctx).unwrap();
     s
+}
+
+/// A session on a node of its own.
+fn session() -> Session {
+    connect(&node())
 }
 
 fn status<T>(r: Result<T, ClientError>) -> i32 {
@@ -239,4 +252,44 @@ fn memory_that_cannot_move_is_registered_and_copied_through_the_rings() {
         libc::munmap(map as *mut libc::c_void, SIZE);
         libc::munmap(rw as *mut libc::c_void, SIZE);
     }
+}
+
+#[test]
+fn a_registration_outlives_a_reconnect_and_its_copies_then_carry_bytes() {
+    let s = session();
+    const SIZE: usize = 64 * PAGE;
+    let map = anonymous(SIZE, libc::PROT_READ | libc::PROT_WRITE);
+    // SAFETY: the mapping above, `SIZE` bytes, alive until the end of the test.
+    let buf = unsafe { std::slice::from_raw_parts_mut(map as *mut u8, SIZE) };
+    buf.copy_from_slice(&pattern(6, SIZE));
+    s.lock().host_register(map, SIZE, 0).unwrap();
+    let dev = s.lock().alloc(SIZE as u64).unwrap();
+    s.lock().copy_to_device(dev, buf, 0).unwrap();
+    // Another worker, with a new host arena: the alias's arena stays mapped (the application's
+    // pointers still reach it), and copies of it now travel through the rings.
+    s.reconnect(&node()).unwrap();
+    assert!(mapping_at(map).contains("gpufuse-pinned"));
+    let mut back = vec![0u8; SIZE];
+    s.lock().copy_from_device(&mut back, dev, 0).unwrap();
+    assert_eq!(
+        back,
+        pattern(6, SIZE),
+        "the device memory moved with the session"
+    );
+    buf.copy_from_slice(&pattern(7, SIZE));
+    let before = ring_bytes(&s);
+    s.lock().copy_to_device(dev, buf, 0).unwrap();
+    buf.fill(0);
+    s.lock().copy_from_device(buf, dev, 0).unwrap();
+    assert!(
+        ring_bytes(&s) - before >= 2 * SIZE as u64,
+        "an arena the worker does not map: the bytes travel"
+    );
+    assert_eq!(buf, &pattern(7, SIZE)[..]);
+    s.lock().host_unregister(map).unwrap();
+    assert!(!mapping_at(map).contains("gpufuse-pinned"));
+    assert_eq!(buf, &pattern(7, SIZE)[..]);
+    drop(s);
+    // SAFETY: the mapping above, no longer used.
+    unsafe { libc::munmap(map as *mut libc::c_void, SIZE) };
 }
