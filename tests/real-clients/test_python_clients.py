@@ -1,7 +1,7 @@
 """CuPy (cupy-cuda12x) and cuda-python (cuda.bindings) through the shim."""
 import pytest
 
-from support import HERE, assert_ok, run_client
+from support import HERE, NATIVE, TRANSPORT, assert_ok, run_client
 
 PY = HERE / "python"
 CUPY_CHECKS = ["device", "transfers", "runtime_calls", "memory_info", "streams_events"]
@@ -65,6 +65,17 @@ def test_cuda_bindings_jit_linker(programs, server):
                       programs.kernels["rdc_lib_fatbin"], programs.kernels["rdc_lib_object"]])
     assert_ok(res, ["PASS ptx+ptx", "PASS ptx+fatbin", "PASS ptx+object", "PASS unresolved",
                     "PASS duplicate", "PASS errors", "PASS cuda_bindings_link (results checked)"])
+
+
+def test_cuda_bindings_registered_memory(programs, server):
+    """cuMemHostRegister'ed NumPy memory copied both ways; on the shared-memory transport its
+    whole pages are the host arena's, mapped at the array's own addresses, until unregistered;
+    a forked child's pages are its own."""
+    transport = "native" if NATIVE else TRANSPORT
+    res = run_client(programs, server.unix,
+                     [programs.python, PY / "registered_memory.py", transport])
+    assert_ok(res, ["PASS registered_copies", "PASS registered_async_copies", "PASS fork",
+                    "PASS unregister"])
 
 
 def test_cuda_bindings_kernel_results(programs, server):

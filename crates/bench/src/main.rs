@@ -19,6 +19,10 @@
 //! TLS is measured against the same raw TCP baselines as plain TCP, so its rows show what
 //! encryption and the node's TLS relay add.
 //!
+//! On the rings also 64 MiB copies of page-locked memory (`copies.rs`: `cuMemHostAlloc`'s arena
+//! blocks and `cuMemHostRegister`ed memory; `gpufuse-bench copies` runs only those);
+//! `gpufuse-bench launches` runs only the quiet-launch line on the rings, round by round.
+//!
 //! `gpufuse-bench shares` measures compute shares and QoS instead (see `shares.rs`);
 //! `gpufuse-bench elastic` scale-to-zero warm-up and migration (see `elastic.rs`);
 //! `gpufuse-bench http` what `--http` costs the launch path, in alternating rounds against a
@@ -30,11 +34,14 @@
 //!
 //! Usage: `cargo run --release -p gpufuse-bench [-- [shares] [--quick] [--http]]`.
 
-#![forbid(unsafe_code)]
+// One system call without a safe wrapper in std (`threads.rs`: a thread's CPU time).
+#![deny(unsafe_code)]
 
 mod baseline;
+mod copies;
 mod elastic;
 mod http_cost;
+mod launches;
 mod remote;
 mod shares;
 mod threads;
@@ -199,6 +206,12 @@ fn main() -> Result<()> {
     if args.first().is_some_and(|a| a == "threads") {
         return threads::run(&args[1..]);
     }
+    if args.first().is_some_and(|a| a == "copies") {
+        return copies::run(&args[1..]);
+    }
+    if args.first().is_some_and(|a| a == "launches") {
+        return launches::run(&args[1..]);
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let scale = if quick { 10 } else { 1 };
     let http = args
@@ -287,24 +300,10 @@ fn main() -> Result<()> {
             100.0 * d2h / memcpy
         );
         if shm {
-            // Page-locked memory in the host arena: the worker copies in place. Against an
-            // in-process memcpy of the same size measured in the same rounds.
-            let (mut ph2d, mut pd2h, mut base) = (0f64, 0f64, 0f64);
-            for _ in 0..3 {
-                base = base.max(baseline::memcpy_gib_s(64 << 20));
-                if let Some((h, d)) = s.pinned_gib_s(64 << 20, 8)? {
-                    ph2d = ph2d.max(h);
-                    pd2h = pd2h.max(d);
-                }
-            }
-            println!(
-                "pinned host->device (host arena, 64 MiB): {ph2d:8.2} GiB/s = {:.2}x of memcpy ({base:.2} GiB/s) (target >= 0.8x)",
-                ph2d / base
-            );
-            println!(
-                "pinned device->host (host arena, 64 MiB): {pd2h:8.2} GiB/s = {:.2}x of memcpy (target >= 0.8x)\n",
-                pd2h / base
-            );
+            // Page-locked memory in the host arena (cuMemHostAlloc's blocks, and registered
+            // memory moved there): the worker copies in place. Against an in-process memcpy of
+            // the same size measured in the same rounds.
+            copies::print_lines(&shm_addr, &mut s, 3)?;
         }
     }
     println!(

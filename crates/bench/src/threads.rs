@@ -39,6 +39,50 @@ pub struct Rates {
     pub issued: f64,
     /// Launches per second until every stream was synchronized.
     pub drained: f64,
+    /// CPU time the launching threads spent per launch, in ns (all bursts): what grows with
+    /// threads when they contend (a shared lock or cache line), and stays flat when they do not.
+    pub cpu_ns_per_launch: f64,
+    /// The share of the issuing time the launching threads were on a CPU, on average (1.0:
+    /// never waiting; below it they waited for a core or a lock).
+    pub on_cpu: f64,
+    /// Context switches of the launching threads per 1,000 launches: voluntary (the thread
+    /// blocked: a contended lock, a full ring) and involuntary (preempted: it waited for a
+    /// core), which tell the two kinds of waiting apart.
+    pub blocked_per_k: f64,
+    pub preempted_per_k: f64,
+}
+
+/// This thread's context switches so far: (voluntary, involuntary), from
+/// `/proc/thread-self/status` (exact counts, kept at every switch).
+fn thread_switches() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (
+        field("voluntary_ctxt_switches:"),
+        field("nonvoluntary_ctxt_switches:"),
+    )
+}
+
+/// Nanoseconds this thread has run on a CPU (`CLOCK_THREAD_CPUTIME_ID`, which counts the
+/// running slice too: `/proc/thread-self/schedstat` lags by up to a scheduler tick, as long as
+/// a burst here).
+#[allow(unsafe_code)]
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call to fill.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Launches the threads share in one measurement: about 2.7 MiB of frames.
@@ -84,11 +128,14 @@ pub fn aggregate_launch_rate(
         .iter()
         .map(|&(handle, stream)| {
             let (s, barrier) = (session.clone(), barrier.clone());
-            std::thread::spawn(move || -> Result<()> {
+            std::thread::spawn(move || -> Result<(u64, u64, u64)> {
                 let arg = [0u8; 12];
                 let mut result = Ok(());
+                let (mut cpu, mut blocked, mut preempted) = (0, 0, 0);
                 for _ in 0..bursts {
                     barrier.wait();
+                    let switches = thread_switches();
+                    let before = thread_cpu_ns();
                     for _ in 0..per_thread {
                         if result.is_err() {
                             break;
@@ -117,18 +164,25 @@ pub fn aggregate_launch_rate(
                             }
                         };
                     }
+                    cpu += thread_cpu_ns() - before;
+                    let (v, n) = thread_switches();
+                    blocked += v - switches.0;
+                    preempted += n - switches.1;
                     barrier.wait();
                 }
-                Ok(result?)
+                result?;
+                Ok((cpu, blocked, preempted))
             })
         })
         .collect();
     let n = (threads * per_thread) as f64;
     let (mut issued, mut drained) = (Vec::new(), Vec::new());
+    let mut issuing = 0f64;
     for _ in 0..bursts {
         barrier.wait();
         let start = Instant::now();
         barrier.wait();
+        issuing += start.elapsed().as_secs_f64();
         issued.push(n / start.elapsed().as_secs_f64());
         let mut g = session.lock();
         for &(h, _) in &streams {
@@ -136,12 +190,21 @@ pub fn aggregate_launch_rate(
         }
         drained.push(n / start.elapsed().as_secs_f64());
     }
+    let (mut cpu, mut blocked, mut preempted) = (0u64, 0u64, 0u64);
     for w in workers {
-        w.join().expect("launch thread")?;
+        let (c, b, p) = w.join().expect("launch thread")?;
+        cpu += c;
+        blocked += b;
+        preempted += p;
     }
+    let launches = n * bursts as f64;
     Ok(Rates {
         issued: median(&mut issued),
         drained: median(&mut drained),
+        cpu_ns_per_launch: cpu as f64 / launches,
+        on_cpu: cpu as f64 / 1e9 / (issuing * threads as f64),
+        blocked_per_k: blocked as f64 * 1000.0 / launches,
+        preempted_per_k: preempted as f64 * 1000.0 / launches,
     })
 }
 
@@ -213,26 +276,42 @@ pub fn run(args: &[String]) -> Result<()> {
         "client threads sharing {total} quiet launches, each on its own stream (one session, shm); median of {rounds} alternating rounds of 5 bursts"
     );
     let counts = [1usize, 2, 4];
-    // Per thread count and path: the issued rate of each round.
-    let mut got = vec![[Vec::new(), Vec::new()]; counts.len()];
+    // Per thread count and path: each round's issued rate, CPU time per launch, on-CPU share,
+    // and blocking and preempting switches per 1000 launches.
+    let mut got = vec![[[(); 5].map(|_| Vec::new()), [(); 5].map(|_| Vec::new())]; counts.len()];
     for _ in 0..rounds {
         for (i, &n) in counts.iter().enumerate() {
             for (j, path) in [Path::Locked, Path::Lanes].into_iter().enumerate() {
-                got[i][j].push(aggregate_launch_rate(&addr, n, total, 5, path)?.issued);
+                let r = aggregate_launch_rate(&addr, n, total, 5, path)?;
+                got[i][j][0].push(r.issued);
+                got[i][j][1].push(r.cpu_ns_per_launch);
+                got[i][j][2].push(r.on_cpu);
+                got[i][j][3].push(r.blocked_per_k);
+                got[i][j][4].push(r.preempted_per_k);
             }
         }
     }
-    let med: Vec<[f64; 2]> = got
+    let med: Vec<[[f64; 5]; 2]> = got
         .iter_mut()
-        .map(|[a, b]| [median(a), median(b)])
+        .map(|paths| paths.each_mut().map(|v| v.each_mut().map(|v| median(v))))
         .collect();
     for (i, n) in counts.iter().enumerate() {
         let [locked, lanes] = med[i];
         println!(
-            "{n} thread(s): lanes {lanes:10.0} /s ({:.2}x of 1 thread)   under the session lock {locked:10.0} /s ({:.2}x of 1 thread)   lanes/locked {:.2}x",
-            lanes / med[0][1],
-            locked / med[0][0],
-            lanes / locked
+            "{n} thread(s): lanes {:10.0} /s ({:.2}x of 1 thread; {:.0} ns CPU per launch, threads on a CPU {:.0}% of the time; per 1000 launches {:.2} blocked, {:.2} preempted)   under the session lock {:10.0} /s ({:.2}x; {:.0} ns, {:.0}%; {:.2} blocked, {:.2} preempted)   lanes/locked {:.2}x",
+            lanes[0],
+            lanes[0] / med[0][1][0],
+            lanes[1],
+            100.0 * lanes[2],
+            lanes[3],
+            lanes[4],
+            locked[0],
+            locked[0] / med[0][0][0],
+            locked[1],
+            100.0 * locked[2],
+            locked[3],
+            locked[4],
+            lanes[0] / locked[0]
         );
     }
     Ok(())

@@ -266,6 +266,15 @@ impl Connection {
         Ok(())
     }
 
+    /// Bytes that crossed the shared-memory rings since this connection moved to them
+    /// (sent, received); `None` on a socket.
+    pub fn ring_bytes(&self) -> Option<(u64, u64)> {
+        match self.conn.stream() {
+            gpufuse_transport::Stream::Shm(s) => Some(s.bytes_moved()),
+            _ => None,
+        }
+    }
+
     /// The host arena of this session's worker, if it has one (see `host.rs`).
     pub fn host_arena(&self) -> Option<&std::sync::Arc<gpufuse_transport::arena::HostArena>> {
         self.arena.as_ref()

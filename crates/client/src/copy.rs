@@ -12,6 +12,7 @@ use gpufuse_proto::{Rect, ReplyBody, Request, MAX_COPY_CHUNK};
 use crate::error::ClientError;
 use crate::graph::Op;
 use crate::host::ARENA_SYNC_HTOD_MIN;
+use crate::registered::ArenaSpan;
 use crate::state::Inner;
 use crate::status::{INVALID_VALUE, NOT_SUPPORTED, UNKNOWN};
 use gpufuse_proto::{DevicePtr, StreamHandle};
@@ -48,20 +49,20 @@ impl Inner {
         }
         self.managed_to_device()?;
         if src.len() >= ARENA_SYNC_HTOD_MIN {
-            if let Some(offset) = self.arena_offset(src.as_ptr() as usize, src.len()) {
+            if let Some(span) = self.arena_span(src.as_ptr() as usize, src.len()) {
                 // Page-locked memory the worker maps: it copies from there. The application
                 // may reuse the source once this returns, so it waits for a reply, after which
                 // the worker has read it.
-                self.conn.quiet(&Request::MemcpyHtoDHost {
-                    dst: DevicePtr(dst),
-                    stream: StreamHandle(stream),
-                    offset,
-                    size: src.len() as u64,
-                })?;
+                self.send_htod_span(dst, src, stream, span)?;
                 self.conn.call_raw(&Request::Ping)?;
                 return Ok(());
             }
         }
+        self.send_htod(dst, src, stream)
+    }
+
+    /// Quiet host-to-device copies carrying `src`'s bytes, in frame-sized parts.
+    fn send_htod(&mut self, dst: u64, src: &[u8], stream: u64) -> Result<(), ClientError> {
         for (i, chunk) in src.chunks(MAX_COPY_CHUNK).enumerate() {
             let req = Request::MemcpyHtoD {
                 dst: DevicePtr(dst + (i * MAX_COPY_CHUNK) as u64),
@@ -71,6 +72,27 @@ impl Inner {
             self.conn.quiet(&req)?;
         }
         Ok(())
+    }
+
+    /// Quiet host-to-device copies of `src` split as `span` says: its arena part named by
+    /// offset, the application's own bytes before and after it carried.
+    fn send_htod_span(
+        &mut self,
+        dst: u64,
+        src: &[u8],
+        stream: u64,
+        span: ArenaSpan,
+    ) -> Result<(), ClientError> {
+        let (head, rest) = src.split_at(span.head);
+        let tail = &rest[span.mid..];
+        self.send_htod(dst, head, stream)?;
+        self.conn.quiet(&Request::MemcpyHtoDHost {
+            dst: DevicePtr(dst + span.head as u64),
+            stream: StreamHandle(stream),
+            offset: span.offset,
+            size: span.mid as u64,
+        })?;
+        self.send_htod(dst + (span.head + span.mid) as u64, tail, stream)
     }
 
     /// An asynchronous host-to-device copy of `src` to `dst` on `stream`. From page-locked
@@ -83,8 +105,8 @@ impl Inner {
         src: &[u8],
         stream: u64,
     ) -> Result<(), ClientError> {
-        let offset = match self.arena_offset(src.as_ptr() as usize, src.len()) {
-            Some(offset) if !src.is_empty() => offset,
+        let span = match self.arena_span(src.as_ptr() as usize, src.len()) {
+            Some(span) if !src.is_empty() => span,
             _ => return self.copy_to_device(dst, src, stream),
         };
         self.check_device_range(dst, src.len() as u64)?;
@@ -97,12 +119,7 @@ impl Inner {
             return Ok(());
         }
         self.managed_to_device()?;
-        self.conn.quiet(&Request::MemcpyHtoDHost {
-            dst: DevicePtr(dst),
-            stream: StreamHandle(stream),
-            offset,
-            size: src.len() as u64,
-        })?;
+        self.send_htod_span(dst, src, stream, span)?;
         self.arena_copies_queued();
         Ok(())
     }
@@ -119,19 +136,33 @@ impl Inner {
         self.check_device_range(src, dst.len() as u64)?;
         self.not_capturing(stream)?;
         self.managed_to_device()?;
-        if let Some(offset) = self.arena_offset(dst.as_ptr() as usize, dst.len()) {
-            if !dst.is_empty() {
-                // The worker writes it in place; the reply to the call after it says it has.
-                self.conn.quiet(&Request::MemcpyDtoHHost {
-                    src: DevicePtr(src),
-                    stream: StreamHandle(stream),
-                    offset,
-                    size: dst.len() as u64,
-                })?;
-                self.conn.call_raw(&Request::Ping)?;
-                return self.synchronized();
-            }
+        let span = match dst.is_empty() {
+            true => None,
+            false => self.arena_span(dst.as_ptr() as usize, dst.len()),
+        };
+        if let Some(span) = span {
+            // The worker writes the arena part in place; the reply to the call after it says
+            // it has. The application's own bytes around it come back in replies.
+            let (head, rest) = dst.split_at_mut(span.head);
+            let tail = &mut rest[span.mid..];
+            self.read_dtoh(head, src, stream)?;
+            self.conn.quiet(&Request::MemcpyDtoHHost {
+                src: DevicePtr(src + span.head as u64),
+                stream: StreamHandle(stream),
+                offset: span.offset,
+                size: span.mid as u64,
+            })?;
+            self.read_dtoh(tail, src + (span.head + span.mid) as u64, stream)?;
+            self.conn.call_raw(&Request::Ping)?;
+            return self.synchronized();
         }
+        self.read_dtoh(dst, src, stream)?;
+        self.synchronized()
+    }
+
+    /// Device-to-host copies answered with their bytes, received into `dst`, in frame-sized
+    /// parts.
+    fn read_dtoh(&mut self, dst: &mut [u8], src: u64, stream: u64) -> Result<(), ClientError> {
         for (i, chunk) in dst.chunks_mut(MAX_COPY_CHUNK).enumerate() {
             let req = Request::MemcpyDtoH {
                 src: DevicePtr(src + (i * MAX_COPY_CHUNK) as u64),
@@ -140,7 +171,7 @@ impl Inner {
             };
             self.conn.call_read_into(&req, chunk)?;
         }
-        self.synchronized()
+        Ok(())
     }
 
     /// An asynchronous device-to-host copy of `len` bytes into `dst`. To pageable memory the
@@ -171,17 +202,24 @@ impl Inner {
             return Ok(());
         }
         if len > 0 {
-            if let Some(offset) = self.arena_offset(dst as usize, len) {
-                // Page-locked memory the worker maps: written there in stream order.
+            if let Some(span) = self.arena_span(dst as usize, len) {
+                // Page-locked memory the worker maps: written there in stream order; the
+                // page-locked bytes around it (a registration's partial pages) are staged.
                 self.managed_to_device()?;
+                // SAFETY: this function's contract, for the first `head` bytes.
+                unsafe { self.stage_dtoh(dst, src, span.head, stream) }?;
                 self.conn.quiet(&Request::MemcpyDtoHHost {
-                    src: DevicePtr(src),
+                    src: DevicePtr(src + span.head as u64),
                     stream: StreamHandle(stream),
-                    offset,
-                    size: len as u64,
+                    offset: span.offset,
+                    size: span.mid as u64,
                 })?;
                 self.arena_copies_queued();
-                return Ok(());
+                let done = span.head + span.mid;
+                // SAFETY: this function's contract, for the bytes after the arena part.
+                return unsafe {
+                    self.stage_dtoh(dst.add(done), src + done as u64, len - done, stream)
+                };
             }
         }
         if self.find_host(dst as usize).is_none() {
@@ -194,6 +232,23 @@ impl Inner {
             return self.copy_from_device(dst, src, stream);
         }
         self.managed_to_device()?;
+        // SAFETY: this function's contract.
+        unsafe { self.stage_dtoh(dst, src, len, stream) }
+    }
+
+    /// Quiet device-to-host copies of `len` bytes whose data the worker stages and the client
+    /// writes into `dst` when a later reply brings it.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes until the copy's stream (or the whole
+    /// context) is synchronized.
+    unsafe fn stage_dtoh(
+        &mut self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        stream: u64,
+    ) -> Result<(), ClientError> {
         let mut off = 0;
         while off < len {
             let n = (len - off).min(MAX_COPY_CHUNK);

@@ -7,9 +7,11 @@
 //! On the shared-memory transport, `cuMemHostAlloc` carves its blocks from the session's host
 //! arena ([`gpufuse_transport::arena`]), which the worker maps too: copies between them and the
 //! device name arena offsets (`MemcpyHtoDHost`, `MemcpyDtoHHost`) and move no bytes through the
-//! rings (`copy.rs`). Registered memory (`cuMemHostRegister`) is the application's own and
-//! cannot move into the arena; its copies travel through the rings as pageable memory's do
-//! (docs/protocol.md, "Transports", says why not `process_vm_readv`).
+//! rings (`copy.rs`). Registered memory (`cuMemHostRegister`) is the application's own: its
+//! whole pages are moved into the arena in place, at the same addresses (`registered.rs`), so
+//! copies naming them move no bytes either; what cannot move (the partial pages at its ends,
+//! memory that is not private anonymous read-write, a full arena) travels through the rings
+//! as pageable memory's bytes do.
 
 use std::alloc::Layout;
 use std::sync::{Arc, Mutex};
@@ -20,6 +22,7 @@ use gpufuse_proto::ReplyBody;
 use gpufuse_proto::Request;
 
 use crate::error::ClientError;
+use crate::registered::ArenaSpan;
 use crate::state::{HostAllocation, Inner};
 use crate::status::{
     HOST_MEMORY_ALREADY_REGISTERED, HOST_MEMORY_NOT_REGISTERED, INVALID_VALUE, OUT_OF_MEMORY,
@@ -75,6 +78,32 @@ impl Inner {
         let off = arena.offset_of(p, len)?;
         let (base, h) = self.find_host(p)?;
         (!h.registered && !h.device_mapped && p + len <= base + h.size).then_some(off)
+    }
+
+    /// Where the worker finds `[p, p+len)` (`len` > 0): all of it in the connection's arena
+    /// (a `cuMemHostAlloc` block), or its part in a registration moved into the arena, with
+    /// the rest (`head` bytes before, the remainder after) the application's own memory.
+    /// `None` when no part of it is in the arena.
+    pub(crate) fn arena_span(&self, p: usize, len: usize) -> Option<ArenaSpan> {
+        if let Some(offset) = self.arena_offset(p, len) {
+            return Some(ArenaSpan {
+                head: 0,
+                offset,
+                mid: len,
+            });
+        }
+        if self.aliases.is_empty() {
+            return None;
+        }
+        self.aliases.span(self.conn.host_arena()?, p, len)
+    }
+
+    /// Bytes that crossed the shared-memory rings so far (sent, received), with every queued
+    /// request sent first; `None` on a socket.
+    pub fn ring_bytes(&mut self) -> Result<Option<(u64, u64)>, ClientError> {
+        self.drain_lanes();
+        self.conn.flush()?;
+        Ok(self.conn.ring_bytes())
     }
 
     /// Notes that quiet copies naming the arena may still be queued for the worker.
@@ -169,13 +198,22 @@ impl Inner {
         }
     }
 
-    /// `cuMemHostRegister`.
+    /// `cuMemHostRegister`. On the shared-memory transport its whole pages move into the host
+    /// arena in place when they can (`registered.rs`); otherwise they stay where they are and
+    /// copies carry their bytes.
     pub fn host_register(&mut self, p: usize, size: usize, flags: u32) -> Result<(), ClientError> {
+        let end = p.checked_add(size).ok_or(INVALID_VALUE)?;
         if p == 0 || size == 0 {
             return Err(INVALID_VALUE.into());
         }
-        if self.find_host(p).is_some() {
+        // Any overlap with memory already page-locked (registered or allocated), as the
+        // driver answers.
+        let overlaps = self.find_host(p).is_some() || self.host.range(p..end).next().is_some();
+        if overlaps {
             return Err(HOST_MEMORY_ALREADY_REGISTERED.into());
+        }
+        if let Some(arena) = self.conn.host_arena().cloned() {
+            self.aliases.alias(&arena, p, size, flags);
         }
         self.host.insert(
             p,
@@ -193,12 +231,20 @@ impl Inner {
     pub fn host_unregister(&mut self, p: usize) -> Result<(), ClientError> {
         match self.host.get(&p) {
             Some(h) if h.registered => {
-                // Staged asynchronous copies into it land first: the application may free
-                // the memory once this returns.
-                if self.conn.has_pending_copies() {
+                // Staged asynchronous copies into it, and quiet copies naming its pages in
+                // the arena, land first: the application may free the memory once this
+                // returns.
+                let queued = self
+                    .conn
+                    .host_arena()
+                    .is_some_and(|a| a.reads_queued(false));
+                if queued || self.conn.has_pending_copies() {
                     let _ = self.conn.call_raw(&Request::Ping);
                 }
-                self.host.remove(&p);
+                if let Some(h) = self.host.remove(&p) {
+                    // Private memory again, with the bytes the worker's copies left there.
+                    self.aliases.restore(p, h.size);
+                }
                 Ok(())
             }
             _ => Err(HOST_MEMORY_NOT_REGISTERED.into()),

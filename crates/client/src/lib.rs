@@ -28,6 +28,7 @@ pub mod memory;
 pub mod module;
 pub mod pools;
 pub mod reconnect;
+pub mod registered;
 pub mod state;
 pub mod status;
 pub mod stream;

@@ -179,6 +179,8 @@ pub struct Inner {
     pub(crate) conn: Connection,
     pub(crate) allocations: BTreeMap<u64, Allocation>,
     pub(crate) host: BTreeMap<usize, HostAllocation>,
+    /// Registered memory moved into the host arena in place ([`crate::registered`]).
+    pub(crate) aliases: crate::registered::Aliases,
     pub(crate) contexts: HashMap<u64, Context>,
     pub(crate) primary: Vec<PrimaryContext>,
     pub(crate) modules: HashMap<u64, Module>,
@@ -316,6 +318,7 @@ impl Session {
                 conn,
                 allocations: BTreeMap::new(),
                 host: BTreeMap::new(),
+                aliases: Default::default(),
                 contexts: HashMap::new(),
                 primary,
                 modules: HashMap::new(),

@@ -55,11 +55,14 @@ pub(crate) fn reachable(prog: &Program, kernel: usize) -> Vec<usize> {
     out
 }
 
+/// Runs a launch of `kernel`; `funcs` is what it reaches ([`reachable`], the kernel first),
+/// found once when the module was loaded.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     prog: &Program,
     module_shared: &[Var],
     kernel: usize,
+    funcs: &[usize],
     cfg: &LaunchConfig,
     params: &[u8],
     mem: &dyn DeviceMemory,
@@ -67,9 +70,8 @@ pub fn run(
     threads: usize,
     cooperative: Option<u64>,
 ) -> Result<LaunchStats, ExecError> {
-    let funcs = reachable(prog, kernel);
     let name = &prog.funcs[kernel].name;
-    for &f in &funcs {
+    for &f in funcs {
         let code = &prog.funcs[f];
         if let Some(op) = &code.unsupported {
             let via = if f == kernel {
@@ -127,7 +129,7 @@ pub fn run(
     // The reserved region after the kernel's own shared memory (`%reserved_smem_offset_*`).
     let shared_bytes = (round_up(shared_bytes, 16) + crate::RESERVED_SHARED) as usize;
     let mut syms = vec![None; prog.symbols.len()];
-    for &f in &funcs {
+    for &f in funcs {
         for &id in &prog.funcs[f].symbols {
             let slot = &mut syms[id as usize];
             if slot.is_some() {

@@ -229,6 +229,14 @@ pub struct Module {
     globals: Vec<Var>,
     /// Module-scope `.shared` variables (each block gets its own copy).
     shared: Vec<Var>,
+    /// Per function: for a kernel, the functions its launches can reach (itself first:
+    /// `launch::reachable`), found once at load instead of at every launch; empty otherwise.
+    reach: Vec<Vec<usize>>,
+    /// Per function: whether a kernel, or what it reaches, calls device `malloc` or `free`.
+    heap: Vec<bool>,
+    /// Kernel name -> (its function index, its index in `kernels`): a launch finds its kernel
+    /// without comparing names along a list (a library's module has thousands).
+    entries: std::collections::HashMap<String, (usize, usize)>,
 }
 
 fn round_up(x: u64, a: u64) -> u64 {
@@ -276,7 +284,7 @@ impl Module {
             .filter(|g| g.space == "shared")
             .map(|g| round_up(g.size, g.align))
             .sum();
-        let kernels = p
+        let kernels: Vec<KernelInfo> = p
             .functions
             .iter()
             .filter(|f| f.is_entry)
@@ -298,6 +306,30 @@ impl Module {
         let (shared, globals): (Vec<Var>, Vec<Var>) =
             p.globals.into_iter().partition(|g| g.space == "shared");
         let program = code::compile(&p.functions, &shared);
+        let reach: Vec<Vec<usize>> = (0..program.funcs.len())
+            .map(|k| match program.funcs[k].is_entry {
+                true => launch::reachable(&program, k),
+                false => Vec::new(),
+            })
+            .collect();
+        let heap = reach
+            .iter()
+            .map(|funcs| funcs.iter().any(|&f| calls_heap(&program.funcs[f])))
+            .collect();
+        // The first kernel and the first entry function of each name, as a search would find.
+        let kernel_of: std::collections::HashMap<&str, usize> = kernels
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, k)| (k.name.as_str(), i))
+            .collect();
+        let mut entries: std::collections::HashMap<String, (usize, usize)> =
+            std::collections::HashMap::new();
+        for (f, code) in program.funcs.iter().enumerate() {
+            if let Some(&k) = kernel_of.get(code.name.as_str()).filter(|_| code.is_entry) {
+                entries.entry(code.name.clone()).or_insert((f, k));
+            }
+        }
         Ok(Module {
             version: p.version,
             target: p.target,
@@ -305,6 +337,9 @@ impl Module {
             kernels,
             globals,
             shared,
+            reach,
+            heap,
+            entries,
         })
     }
 
@@ -329,7 +364,8 @@ impl Module {
     }
 
     pub fn kernel(&self, name: &str) -> Option<&KernelInfo> {
-        self.kernels.iter().find(|k| k.name == name)
+        let &(_, k) = self.entries.get(name)?;
+        self.kernels.get(k)
     }
 
     /// Whether a function of the module calls device `malloc` or `free` (the device then
@@ -342,15 +378,8 @@ impl Module {
     /// any of the module's), calls device `malloc` or `free`: a launch of it needs the heap.
     /// A name the module lacks answers like [`Module::uses_heap`].
     pub fn kernel_uses_heap(&self, kernel: &str) -> bool {
-        match self
-            .program
-            .funcs
-            .iter()
-            .position(|f| f.is_entry && f.name == kernel)
-        {
-            Some(k) => launch::reachable(&self.program, k)
-                .into_iter()
-                .any(|f| calls_heap(&self.program.funcs[f])),
+        match self.entries.get(kernel) {
+            Some(&(f, _)) => self.heap[f],
             None => self.uses_heap(),
         }
     }
@@ -402,15 +431,11 @@ impl Module {
         threads: usize,
         cooperative: Option<u64>,
     ) -> Result<LaunchStats, ExecError> {
-        let k = self
-            .program
-            .funcs
-            .iter()
-            .position(|f| f.is_entry && f.name == kernel)
+        let &(k, info) = self
+            .entries
+            .get(kernel)
             .ok_or_else(|| ExecError::NoKernel(kernel.to_string()))?;
-        let info = self
-            .kernel(kernel)
-            .ok_or_else(|| ExecError::NoKernel(kernel.to_string()))?;
+        let info = &self.kernels[info];
         if let Some(op) = &self.program.funcs[k].unsupported {
             return Err(ExecError::Unsupported(format!(
                 "PTX instruction `{op}` in {kernel} is not supported by the emulated GPU"
@@ -450,6 +475,7 @@ impl Module {
             &self.program,
             &self.shared,
             k,
+            &self.reach[k],
             cfg,
             params,
             mem,

@@ -133,7 +133,10 @@ pub fn store(
     v: u64,
 ) -> Result<(), ExecError> {
     let ok = match a & WINDOW_MASK {
-        SHARED_WINDOW => memory::write_bytes(&mut env.shared, a - SHARED_WINDOW, n, v),
+        SHARED_WINDOW => {
+            env.shared_dirty = true;
+            memory::write_bytes(&mut env.shared, a - SHARED_WINDOW, n, v)
+        }
         LOCAL_WINDOW => memory::write_bytes(&mut w.local[l], a - LOCAL_WINDOW, n, v),
         PARAM_WINDOW => None,
         ALLOCA_WINDOW => memory::write_bytes(&mut w.alloca[l], a - ALLOCA_WINDOW, n, v),
@@ -162,7 +165,10 @@ pub fn atomic(
         Some(old)
     };
     match a & WINDOW_MASK {
-        SHARED_WINDOW => plain(&mut env.shared, a - SHARED_WINDOW),
+        SHARED_WINDOW => {
+            env.shared_dirty = true;
+            plain(&mut env.shared, a - SHARED_WINDOW)
+        }
         LOCAL_WINDOW => plain(&mut w.local[l], a - LOCAL_WINDOW),
         PARAM_WINDOW => None,
         ALLOCA_WINDOW => plain(&mut w.alloca[l], a - ALLOCA_WINDOW),

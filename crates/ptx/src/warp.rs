@@ -89,6 +89,9 @@ pub struct Warp {
     pub alloca: [Vec<u8>; 32],
     /// Divergent branches whose lanes have not all met again yet, innermost last.
     pub joins: Vec<Join>,
+    /// The block shape `tid` and `exists` were computed for ([`Warp::place`]): a spare warp
+    /// placed again in the same shape keeps them.
+    placed: Option<(u32, u32, [u32; 3])>,
 }
 
 /// The lanes `mask` of a branch that diverged in function `func` at call depth `depth` meet
@@ -117,6 +120,7 @@ impl Warp {
             local: std::array::from_fn(|_| Vec::new()),
             alloca: std::array::from_fn(|_| Vec::new()),
             joins: Vec::new(),
+            placed: None,
         };
         w.place(index, threads, block);
         w
@@ -124,6 +128,12 @@ impl Warp {
 
     /// Makes this warp warp `index` of a block of `threads` threads shaped `block`.
     fn place(&mut self, index: u32, threads: u32, block: [u32; 3]) {
+        if self.placed == Some((index, threads, block)) {
+            // The same lanes as last time (a stream of launches of one shape).
+            self.live = self.exists;
+            return;
+        }
+        self.placed = Some((index, threads, block));
         let first = index * 32;
         let n = threads.saturating_sub(first).min(32);
         self.index = index;
@@ -163,6 +173,11 @@ impl Warp {
             s.clear();
         }
         let frame = kernel.frame as usize;
+        if frame == 0 {
+            // Nothing to zero: not even an empty `memset` per lane, which costs a launch of
+            // an empty kernel more than the rest of this reset.
+            return;
+        }
         for l in Bits(self.exists) {
             let local = &mut self.local[l];
             if local.len() < frame {
@@ -314,6 +329,9 @@ pub struct Env<'a> {
     pub bar_red: BarRed,
     /// Device memory was written since the block's last step began.
     pub wrote: bool,
+    /// Shared memory was written since it was last zeroed (`space.rs` sets it at every shared
+    /// store and atomic): the next block starts by zeroing it only then.
+    pub shared_dirty: bool,
 }
 
 impl Env<'_> {
@@ -362,6 +380,24 @@ thread_local! {
     /// The warps of this host thread's last block, kept with their register files so that a
     /// stream of small launches allocates nothing per launch.
     static SPARE: std::cell::RefCell<Vec<Warp>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The shared memory of this host thread's last block, kept for the same reason, and
+    /// whether it is all zeros (no block wrote it since it was zeroed): a stream of launches
+    /// that never touch shared memory zeroes nothing.
+    static SPARE_SHARED: std::cell::RefCell<(Vec<u8>, bool)> =
+        const { std::cell::RefCell::new((Vec::new(), true)) };
+}
+
+/// `len` zeroed bytes of shared memory, in this thread's spare buffer where there is one.
+fn spare_shared(len: usize) -> Vec<u8> {
+    let (mut shared, zeroed) = SPARE_SHARED
+        .try_with(|s| std::mem::take(&mut *s.borrow_mut()))
+        .unwrap_or_default();
+    if !zeroed {
+        shared.clear();
+    }
+    shared.truncate(len);
+    shared.resize(len, 0);
+    shared
 }
 
 /// Warps for a block of `threads` threads, from this thread's spares where there are some.
@@ -383,6 +419,10 @@ impl Drop for Block<'_> {
         let warps = std::mem::take(&mut self.warps);
         // A block holds at most 32 warps (1024 threads): the spares stay bounded.
         let _ = SPARE.try_with(|s| *s.borrow_mut() = warps);
+        // As is its shared memory (at most `MAX_SHARED` and the reserved region).
+        let shared = std::mem::take(&mut self.env.shared);
+        let zeroed = !self.env.shared_dirty;
+        let _ = SPARE_SHARED.try_with(|s| *s.borrow_mut() = (shared, zeroed));
     }
 }
 
@@ -398,11 +438,12 @@ impl<'a> Block<'a> {
         Block {
             env: Env {
                 l,
-                shared: vec![0; l.shared_bytes],
+                shared: spare_shared(l.shared_bytes),
                 ctaid: [0; 3],
                 region: None,
                 bar_red: BarRed::default(),
                 wrote: false,
+                shared_dirty: false,
             },
             warps: spare_warps(threads, l.cfg.block),
         }
@@ -426,7 +467,9 @@ impl<'a> Block<'a> {
         let l = self.env.l;
         let kernel = &l.prog.funcs[l.kernel];
         self.env.ctaid = ctaid;
-        self.env.shared.fill(0);
+        if std::mem::take(&mut self.env.shared_dirty) {
+            self.env.shared.fill(0);
+        }
         self.env.bar_red = BarRed::default();
         for w in &mut self.warps {
             w.reset(kernel);

@@ -366,6 +366,15 @@ impl ShmStream {
         self.end.side
     }
 
+    /// Bytes this side has written into and read out of the rings since they were set up:
+    /// (written, read), its own ring positions.
+    pub fn bytes_moved(&self) -> (u64, u64) {
+        (
+            self.end.my_write.load(Ordering::Relaxed),
+            self.end.my_read.load(Ordering::Relaxed),
+        )
+    }
+
     pub fn set_read_timeout(&self, t: Option<Duration>) {
         let ns = t.map_or(NO_TIMEOUT, |t| {
             t.as_nanos().min(u128::from(NO_TIMEOUT - 1)) as u64

@@ -391,7 +391,7 @@ impl<'a> Session<'a> {
                 .ensure_resident()
                 .and_then(|()| self.check_htod(dst, stream, len)),
         };
-        self.residency.last_active = std::time::Instant::now();
+        self.residency.touch();
         if let Err(e) = checked {
             self.deferred.get_or_insert(e);
             return HtodTarget::Discard;
@@ -424,7 +424,7 @@ impl<'a> Session<'a> {
             }
             (None, _) => self.handle(req),
         };
-        self.residency.last_active = std::time::Instant::now();
+        self.residency.touch();
         if quiet {
             if let Err(e) = result {
                 tracing::debug!(

@@ -45,8 +45,12 @@ pub(crate) struct Residency {
     disk: u64,
     /// Bytes released from the node's ledger by evictions (reserved again on the way back).
     released: u64,
-    /// The end of the last request (idle time starts there).
-    pub(crate) last_active: Instant,
+    /// The end of the last request (idle time starts there), as of the last idle look.
+    last_active: Instant,
+    /// A request ran since then: the next idle look starts idle time anew. A flag per
+    /// request instead of a clock read, since the idle look comes when the worker runs out of
+    /// requests, which is when the last one ended.
+    active: bool,
 }
 
 impl Residency {
@@ -59,7 +63,21 @@ impl Residency {
             disk: 0,
             released: 0,
             last_active: Instant::now(),
+            active: false,
         }
+    }
+
+    /// A request ran (idle time starts again).
+    pub(crate) fn touch(&mut self) {
+        self.active = true;
+    }
+
+    /// How long the session has been idle: since the last idle look that followed a request.
+    fn idle(&mut self) -> Duration {
+        if std::mem::take(&mut self.active) {
+            self.last_active = Instant::now();
+        }
+        self.last_active.elapsed()
     }
 
     /// Keeps the ledger's releases within what the session holds (`used` after a free):
@@ -264,7 +282,7 @@ impl Session<'_> {
     /// What an idle session does when its TTLs pass: all memory to host memory after
     /// `idle_ttl`, to disk after `idle_disk_ttl`. Returns how long until the next step is due.
     pub fn idle_tick(&mut self) -> Option<Duration> {
-        let idle = self.residency.last_active.elapsed();
+        let idle = self.residency.idle();
         let cfg = &self.residency.config;
         let (host_ttl, disk_ttl) = (
             cfg.idle_ttl,

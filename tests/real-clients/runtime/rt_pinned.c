@@ -62,7 +62,8 @@ void check_pinned_zero_copy(void) {
   expect_all(f, 0x22, 4 * MiB, "a new pinned block after a freed one with a queued copy");
   CK(cudaFreeHost(f));
 
-  /* Registered memory keeps working (copied through the transport). */
+  /* Registered memory (on the shared-memory transport its whole pages join the host arena in
+     place; the partial pages at its ends are copied through the transport). */
   unsigned char *g = (unsigned char *)xmalloc(2 * MiB);
   unsigned char *h = (unsigned char *)xmalloc(2 * MiB);
   CK(cudaHostRegister(g, 2 * MiB, cudaHostRegisterDefault));
