@@ -1,7 +1,8 @@
 //! Kubernetes: `gpufuse dra-plugin` (the DRA kubelet plugin, beside `gpufuse serve` on each
 //! node), `gpufuse operator` and `gpufuse controller --kubernetes` (GPUPool/GPUQuota into a
-//! controller's ledger), `gpufuse webhook` (shim injection for clusters without DRA). Thin over `gpufuse-k8s`. The Kubernetes connection is kube's:
-//! in-cluster service account, else `KUBECONFIG` or `~/.kube/config`.
+//! controller's ledger), `gpufuse webhook` (shim injection for clusters without DRA), and
+//! `gpufuse node --kubernetes`'s name and labels. Thin over `gpufuse-k8s`. The Kubernetes
+//! connection is kube's: in-cluster service account, else `KUBECONFIG` or `~/.kube/config`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -194,6 +195,24 @@ pub fn start_operator(
             rt.block_on(run_operator(client, controller, interval));
             tracing::warn!("the Kubernetes operator stopped: its watches ended");
         })?)
+}
+
+/// `gpufuse node --kubernetes`: the node's name ($NODE_NAME, the DaemonSet's spec.nodeName)
+/// and its Kubernetes node's labels. Fails when either cannot be had: a node registered
+/// under another name would not be a member of its GPUPools.
+pub fn node_identity() -> anyhow::Result<(String, std::collections::BTreeMap<String, String>)> {
+    let name = std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .context("--kubernetes names the node $NODE_NAME, which is not set (the DaemonSet sets it from spec.nodeName)")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let labels = rt.block_on(async {
+        let client = kube_client().await?;
+        gpufuse_k8s::node_labels::node_labels(client, &name).await
+    })?;
+    Ok((name, labels))
 }
 
 pub fn webhook(a: WebhookArgs) -> anyhow::Result<()> {

@@ -24,15 +24,22 @@ pub struct NodeArgs {
     #[arg(long, required = true)]
     controller: Option<gpufuse_transport::Address>,
     /// The node's name in the pool (the host name by default).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "kubernetes")]
     name: Option<String>,
+    /// Join the pool as this host's Kubernetes node: named $NODE_NAME (the DaemonSet passes
+    /// spec.nodeName), the name a GPUPool's members have, with the Node object's labels (read
+    /// once at start through kube's client: in-cluster account, KUBECONFIG or ~/.kube/config),
+    /// and --label's besides, which win.
+    #[arg(long)]
+    kubernetes: bool,
     /// A label sessions may select (`gpufuse run --selector K=V`); may be given several times.
     #[arg(long, value_parser = label)]
     label: Vec<(String, String)>,
     /// The address clients are sent to (the first --listen by default).
     #[arg(long)]
     advertise: Option<gpufuse_transport::Address>,
-    /// The token this node presents to a controller that checks tokens.
+    /// The token this node presents to a controller that checks tokens. Default: with
+    /// --token-secret-file (the controller's secret, shared), a token the node signs itself.
     #[arg(
         long,
         env = "GPUFUSE_TOKEN",
@@ -72,17 +79,36 @@ pub fn node(a: NodeArgs) -> anyhow::Result<()> {
             first
         }
     };
-    let link = gpufuse_node::agent::PoolLink::new(
-        controller,
-        a.name.unwrap_or_else(host_name),
-        advertise.to_string(),
-        a.label.into_iter().collect::<BTreeMap<_, _>>(),
-        a.token,
+    let (name, mut labels) = if a.kubernetes {
+        crate::k8s::node_identity()?
+    } else {
+        (a.name.unwrap_or_else(host_name), BTreeMap::new())
+    };
+    labels.extend(a.label);
+    let token = match (a.token.is_empty(), a.serve.token_secret()?) {
+        (true, Some(secret)) => agent_token(&secret, &name)?,
+        _ => a.token,
+    };
+    tracing::info!(
+        "node {name} joins the pool at {controller} with {} label(s)",
+        labels.len()
     );
+    let link =
+        gpufuse_node::agent::PoolLink::new(controller, name, advertise.to_string(), labels, token);
     let mut config = a.serve.node_config()?;
     config.pool = Some(Arc::new(link));
     gpufuse_node::serve(config)?;
     Ok(())
+}
+
+/// The token a node signs itself with the secret it shares with its controller, to register
+/// (subject `node/NAME`, no expiry: it is presented on every reconnection).
+fn agent_token(secret: &[u8], name: &str) -> anyhow::Result<String> {
+    let claims = gpufuse_auth::Claims {
+        subject: format!("node/{name}"),
+        ..Default::default()
+    };
+    gpufuse_auth::issue(secret, &claims).context("cannot sign the node's token")
 }
 
 impl NodeArgs {

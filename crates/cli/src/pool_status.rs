@@ -52,7 +52,7 @@ pub fn print(p: &PoolStatus, json: bool) -> anyhow::Result<()> {
             _ => "-".into(),
         };
         println!(
-            "  #{:<6} {:<8} tenant {:<12} on {:<16} vram {:>9} compute {:>4} qos {:<8} node session {}",
+            "  #{:<6} {:<8} tenant {:<12} on {:<16} vram {:>9} compute {:>4} qos {:<8} node session {}{}",
             s.id,
             s.state,
             s.tenant,
@@ -60,7 +60,11 @@ pub fn print(p: &PoolStatus, json: bool) -> anyhow::Result<()> {
             s.vram_limit_bytes.map_or("-".into(), |b| format!("{:.2}G", gib(b))),
             opt(s.compute_percent.map(|c| format!("{c}%"))),
             s.qos,
-            opt(s.node_session)
+            opt(s.node_session),
+            // Admitted by its node on a Kubernetes claim's token: it stays on its device.
+            s.claim
+                .as_ref()
+                .map_or(String::new(), |uid| format!(" claim {uid}"))
         );
     }
     print_pending(&p.pending);

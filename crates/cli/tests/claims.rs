@@ -121,6 +121,28 @@ fn a_claims_token_works_while_prepared_on_its_device_and_unprepare_ends_its_sess
     assert_eq!(mine.device, 1);
     assert_eq!(mine.limit_bytes, Some(256 << 20));
 
+    // It may not be moved off its device, not even by its own tenant.
+    let moved = Connection::one_shot(
+        &s.addr,
+        &Connection::hello(
+            SessionKind::Migrate {
+                session: mine.id,
+                device: 0,
+            },
+            claim_token(&second),
+            Default::default(),
+        ),
+    )
+    .unwrap();
+    match moved {
+        ServerHello::Refused { reason } => {
+            assert!(reason.contains("bound to its device"), "{reason}")
+        }
+        other => panic!("a claim's session was moved: {other:?}"),
+    }
+    let st = Connection::query_status(&s.addr, admin.clone()).unwrap();
+    assert_eq!(st.sessions[0].device, 1);
+
     // A device this node does not have: refused, naming it.
     let reason = refusal(open(
         &s,

@@ -139,6 +139,7 @@ pub(crate) fn parts(r: &NodeReport) -> (NodeSpec, Vec<SessionReport>, Vec<Device
             compute_percent: s.compute_percent,
             qos: s.qos,
             memory_used: s.memory_used_bytes,
+            claim: s.claim.clone(),
         })
         .collect();
     let mut devices: Vec<_> = r.devices.iter().collect();

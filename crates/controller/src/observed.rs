@@ -155,6 +155,7 @@ mod tests {
             qos: "high".into(),
             memory_used_bytes: 3 << 30,
             node_session: node.map(|_| gpufuse_proto::SessionId(5)),
+            claim: None,
         }
     }
 

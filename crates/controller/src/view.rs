@@ -57,6 +57,7 @@ pub(crate) fn snapshot(pool: &Pool, now: Millis) -> PoolStatus {
             qos: s.qos.name().into(),
             memory_used_bytes: s.memory_used,
             node_session: s.node_session.map(gpufuse_proto::SessionId),
+            claim: s.claim.clone(),
         })
         .collect();
     let pending: Vec<PoolPendingView> = pool
@@ -83,6 +84,7 @@ pub(crate) fn snapshot(pool: &Pool, now: Millis) -> PoolStatus {
         qos: p.qos.clone(),
         memory_used_bytes: 0,
         node_session: None,
+        claim: None,
     }));
     sessions.sort_by_key(|s| s.id);
     PoolStatus {

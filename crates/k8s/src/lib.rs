@@ -9,6 +9,8 @@
 //! - [`crd`], [`operator`]: the `GPUPool` and `GPUQuota` resources, reconciled into a
 //!   [`operator::PoolBackend`] (the pool's scheduler), with status written back and claims
 //!   over quota refused with an Event.
+//! - [`node_labels`]: a gpufuse node joining the pool as its Kubernetes node
+//!   (`gpufuse node --kubernetes`): the Node object's labels.
 //! - [`webhook`]: the mutating admission webhook for clusters without DRA.
 //! - [`fake_api`]: an in-process stand-in for the Kubernetes API server that the tests (and
 //!   anyone without a cluster) run the above against.
@@ -28,6 +30,7 @@ pub mod crd;
 pub mod driver;
 pub mod fake_api;
 pub mod inventory;
+pub mod node_labels;
 pub mod operator;
 pub mod plugin;
 pub mod prepare;

@@ -4,7 +4,10 @@
 //! tokens required) and gets exactly the claimed slice on the allocated device: it sees the
 //! slice's memory, the node shows its share, tenant and device, and an allocation past the
 //! slice fails. Unpreparing the claim ends the session a second client has open, and the
-//! claim's token opens nothing after that.
+//! claim's token opens nothing after that. The same again with the node a member of a pool
+//! (`gpufuse node --controller`, as the Helm chart runs it): the client still goes straight
+//! to its node with the claim's token, no grant, and the controller's pool view shows the
+//! session once, on the claim's device, with the claim's UID.
 //!
 //! Real-client tier: needs the release binaries and .deps (cuda-python); run by
 //! scripts/run-real-clients.sh (`cargo test --release -p gpufuse-k8s --test cdi_end_to_end
@@ -47,6 +50,42 @@ impl Drop for Node {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "real-client tier: needs release binaries and .deps (cuda-python); scripts/run-real-clients.sh runs it"]
 async fn a_prepared_claim_runs_a_cuda_client_in_its_slice() {
+    claim_runs_a_cuda_client(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "real-client tier: needs release binaries and .deps (cuda-python); scripts/run-real-clients.sh runs it"]
+async fn a_prepared_claim_runs_a_cuda_client_on_a_pool_node() {
+    claim_runs_a_cuda_client(true).await;
+}
+
+/// The pool's sessions, as its controller at `ctrl` shows them.
+fn pool_sessions(
+    ctrl: &gpufuse_transport::Address,
+    token: &str,
+) -> Vec<gpufuse_proto::PoolSessionView> {
+    let hello = gpufuse_client::Connection::hello(
+        gpufuse_proto::SessionKind::Status,
+        token.to_string(),
+        Default::default(),
+    );
+    match gpufuse_client::Connection::one_shot(ctrl, &hello).unwrap() {
+        gpufuse_proto::ServerHello::PoolStatus(p) => p.sessions,
+        other => panic!("not a pool's status: {other:?}"),
+    }
+}
+
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The test, with the node standalone (`gpufuse serve`) or in a pool (`gpufuse node
+/// --controller`, the controller a process too).
+async fn claim_runs_a_cuda_client(pool: bool) {
     let bin = release_dir();
     let gpufuse = bin.join("gpufuse");
     let python = std::env::var("GPUFUSE_PY").expect("GPUFUSE_PY (source .deps/env.sh)");
@@ -85,9 +124,29 @@ async fn a_prepared_claim_runs_a_cuda_client_in_its_slice() {
         .collect();
     let socket = dir.path().join("node.sock");
     let address = format!("unix:{}", socket.display());
+    let ctrl_socket = dir.path().join("controller.sock");
+    let ctrl = format!("unix:{}", ctrl_socket.display());
+    let _controller = pool.then(|| {
+        Node(
+            Command::new(&gpufuse)
+                .args(["controller", "--listen", &ctrl, "--heartbeat-ms", "100"])
+                .arg("--token-secret-file")
+                .arg(&secret_file)
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    });
+    let mut node = Command::new(&gpufuse);
+    if pool {
+        // As the chart runs it, named after its Kubernetes node (`--kubernetes` reads the
+        // name from NODE_NAME and the labels from the API: crates/cli/tests/k8s_pool.rs).
+        node.args(["node", "--controller", &ctrl, "--name", "node-a"]);
+    } else {
+        node.arg("serve");
+    }
     let _node = Node(
-        Command::new(&gpufuse)
-            .args(["serve", "--listen", &address, "--devices", "emu:2:2GiB"])
+        node.args(["--listen", &address, "--devices", "emu:2:2GiB"])
             .arg("--image-cache")
             .arg(dir.path().join("images"))
             .arg("--cdi-dir")
@@ -194,6 +253,24 @@ async fn a_prepared_claim_runs_a_cuda_client_in_its_slice() {
     assert_eq!(session.limit_bytes, Some(256 << 20));
     assert_eq!(session.compute_percent, Some(40));
     assert_eq!(session.device, 1);
+    // In a pool, the controller was not asked, and it shows the session once, as the claim's.
+    let ctrl: gpufuse_transport::Address = ctrl.parse().unwrap();
+    if pool {
+        eventually("the pool shows the claim's session", || {
+            !pool_sessions(&ctrl, &admin_token).is_empty()
+        });
+        let sessions = pool_sessions(&ctrl, &admin_token);
+        assert_eq!(sessions.len(), 1, "{sessions:?}");
+        let s = &sessions[0];
+        assert_eq!(s.claim.as_deref(), Some(uid.as_str()), "{s:?}");
+        assert_eq!(
+            (s.node.as_deref(), s.device),
+            (Some("node-a"), Some(1)),
+            "{s:?}"
+        );
+        assert_eq!(s.tenant, "team-a/train");
+        assert_eq!(s.vram_limit_bytes, Some(256 << 20));
+    }
 
     // Past the slice: refused.
     client.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
@@ -223,6 +300,11 @@ async fn a_prepared_claim_runs_a_cuda_client_in_its_slice() {
         claim_session().is_none(),
         "the claim's session outlived its unprepare"
     );
+    if pool {
+        eventually("the pool forgets the claim's sessions", || {
+            pool_sessions(&ctrl, &admin_token).is_empty()
+        });
+    }
     let _ = second.kill();
     let _ = second.wait();
     let Err(err) = start_client(&python, &env) else {

@@ -4,7 +4,9 @@
 //! controller learns every running session this way), and admits only the sessions the
 //! controller granted: a `Cuda` hello must carry a grant signed with the key the controller
 //! gave at registration, naming this node; the session gets the device and slice the grant
-//! names. The controller ends preempted sessions with a signed end order.
+//! names. The controller ends preempted sessions with a signed end order. The exception: a
+//! Kubernetes claim's token, which the node admits itself (`claims.rs`) and reports with the
+//! claim's UID, so the controller counts it on its device and keeps it there.
 //!
 //! Sessions never depend on the link: a controller outage stops new placements only.
 
@@ -257,8 +259,14 @@ fn session_shape(state: &Shared) -> Vec<(u64, u32)> {
 }
 
 fn report(link: &PoolLink, state: &Shared) -> (NodeReport, Vec<(u64, u32)>) {
-    let (status, promised, promisable, capacity, shape) = {
+    let (status, promised, promisable, capacity, shape, claims) = {
         let s = lock(state);
+        // The sessions admitted on a Kubernetes claim's token, and the claim (`claims.rs`).
+        let claims: HashMap<u64, String> = s
+            .sessions
+            .iter()
+            .filter_map(|(&id, r)| Some((id, r.claim.clone()?)))
+            .collect();
         let promised: Vec<u64> = s.devices.iter().map(|d| d.promised).collect();
         // What the node may promise: with oversubscription (`--vram-oversubscribe`) more than
         // the device holds, the rest waiting in host memory or on disk.
@@ -278,7 +286,7 @@ fn report(link: &PoolLink, state: &Shared) -> (NodeReport, Vec<(u64, u32)>) {
             .map(|(&id, r)| (id, r.worker_pid))
             .collect();
         shape.sort_unstable();
-        (s.status(), promised, promisable, capacity, shape)
+        (s.status(), promised, promisable, capacity, shape, claims)
     };
     let mut books = link.books();
     books
@@ -322,6 +330,7 @@ fn report(link: &PoolLink, state: &Shared) -> (NodeReport, Vec<(u64, u32)>) {
                     compute_percent: s.compute_percent,
                     qos: s.qos,
                     memory_used_bytes: s.used_bytes,
+                    claim: claims.get(&s.id.get()).cloned(),
                 }
             })
             .collect(),

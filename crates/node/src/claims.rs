@@ -6,10 +6,17 @@
 //! claim, and a copy of it taken to another node opens nothing. Its sessions run only on the
 //! allocated device. On unprepare the plugin asks the node to end the claim's sessions
 //! (`SessionKind::EndClaim`). A node without `--cdi-dir` cannot tell and refuses claim tokens.
+//!
+//! On a pool node (`gpufuse node --controller`), whose other sessions need the controller's
+//! grant, a claim's token is admitted by the node itself, the same way: the cluster's
+//! scheduler placed the claim, and the operator charged it to its namespace's quota. The node
+//! reports the session with the claim's UID, so the controller counts it on its device once
+//! and never moves it (`agent.rs`).
 
 use gpufuse_auth::Claims;
-use gpufuse_proto::{uuid_text, ServerHello};
+use gpufuse_proto::{uuid_text, ClientHello, ServerHello, SessionKind};
 
+use crate::agent::PoolLink;
 use crate::{lock, DeviceState, NodeConfig, Shared, TokenPolicy};
 
 /// The hello's token's claims, on a node that checks tokens and when the token verifies
@@ -24,12 +31,21 @@ pub fn verified(config: &NodeConfig, token: &str) -> Option<Claims> {
     gpufuse_auth::verify(secret, token, now).ok()
 }
 
+/// Whether a pool node admits this hello itself rather than through its controller: a `Cuda`
+/// hello whose token verifies and names a claim, on a node whose controller is another
+/// process (`gpufuse serve`'s own controller places claims' sessions on their device).
+pub fn admitted_by_node(config: &NodeConfig, link: &PoolLink, hello: &ClientHello) -> bool {
+    link.local.is_none()
+        && matches!(hello.kind, SessionKind::Cuda)
+        && verified(config, &hello.token).is_some_and(|c| c.claim.is_some())
+}
+
 /// [`binding`] for a hello's token: the device its session must run on, or why it may not
 /// open one here.
 pub fn check_hello(
     state: &Shared,
     config: &NodeConfig,
-    hello: &gpufuse_proto::ClientHello,
+    hello: &ClientHello,
 ) -> Result<Option<u32>, String> {
     match verified(config, &hello.token) {
         Some(c) if c.claim.is_some() || c.device.is_some() => {
@@ -75,7 +91,7 @@ pub fn end_claim(
     state: &Shared,
     config: &NodeConfig,
     claims: Option<&Claims>,
-    asker: &gpufuse_proto::ClientHello,
+    asker: &ClientHello,
 ) -> ServerHello {
     let Some(uid) = claims.and_then(|c| c.claim.as_deref()) else {
         return ServerHello::Refused {

@@ -252,6 +252,14 @@ const MIGRATE_WAIT: Duration = Duration::from_secs(300);
 /// and hands it over at its client's next synchronous call (`gpufuse_worker`'s `remote.rs`).
 /// A refusal leaves the session where it was. Once it moved, the session's books here are
 /// released at once; its worker ends when the client has gone to the other node.
+/// Why session `id` may not leave its device: a Kubernetes claim's session runs only on the
+/// device allocated to the claim (`claims.rs`), and its token opens nothing elsewhere.
+fn bound_to_device(id: u64, rec: &crate::SessionRecord) -> Option<String> {
+    rec.claim.as_ref().map(|uid| {
+        format!("session {id} runs under Kubernetes claim {uid} and is bound to its device")
+    })
+}
+
 pub fn migrate_out(
     state: &Shared,
     id: u64,
@@ -266,6 +274,9 @@ pub fn migrate_out(
         let Some(rec) = s.sessions.get(&id) else {
             return refused(format!("there is no session {id}"));
         };
+        if let Some(why) = bound_to_device(id, rec) {
+            return refused(why);
+        }
         if rec.elastic.incoming_key.is_some() {
             return refused(format!(
                 "session {id} is still arriving from another node (its client has not resumed it)"
@@ -428,6 +439,9 @@ pub fn migrate(state: &Shared, id: u64, target: u32) -> ServerHello {
         let Some(rec) = s.sessions.get(&id) else {
             return refused(format!("there is no session {id}"));
         };
+        if let Some(why) = bound_to_device(id, rec) {
+            return refused(why);
+        }
         let Some(d) = s.devices.get(target as usize) else {
             return refused(format!(
                 "device {target} does not exist (the node has {})",

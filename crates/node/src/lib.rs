@@ -501,7 +501,7 @@ fn handle_connection(stream: Stream, slot: HandshakeSlot, state: &Shared, config
     if let Some(link) = config
         .pool
         .as_ref()
-        .filter(|l| agent::intercepts(l, &hello))
+        .filter(|l| agent::intercepts(l, &hello) && !claims::admitted_by_node(config, l, &hello))
     {
         return agent::serve_hello(link, conn, hello, tcp, state, config);
     }

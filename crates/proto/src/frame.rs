@@ -13,10 +13,12 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
 /// `MigrateTo` hellos; `Move`, `MoveReply` and `Moved` frames). 11: drain and cordon (`Drain`,
 /// `Cordon` hellos, `Drained`, `Cordoned` answers, a node's `cordoned` in the pool's status),
 /// quiet requests forwarded by a session's old worker after a move (`MoveMessage::Forward`).
-pub const PROTOCOL_VERSION: u16 = 11;
+/// 12: the Kubernetes claim of a session a pool node admitted on a claim's token, in the
+/// node's report (`PoolSessionReport::claim`) and the pool's status (`PoolSessionView::claim`).
+pub const PROTOCOL_VERSION: u16 = 12;
 /// The protocol versions this build speaks. Both sides check every header against it; the
 /// node refuses a hello outside it with a reason naming both sides' versions.
-pub const SUPPORTED_VERSIONS: std::ops::RangeInclusive<u16> = 11..=PROTOCOL_VERSION;
+pub const SUPPORTED_VERSIONS: std::ops::RangeInclusive<u16> = 12..=PROTOCOL_VERSION;
 /// Largest body accepted from the wire. A 64 MiB copy chunk plus its envelope fits.
 pub const MAX_BODY_LEN: u32 = 64 * 1024 * 1024 + 64 * 1024;
 /// Host-to-device copies larger than this are split into several requests.

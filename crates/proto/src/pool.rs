@@ -65,6 +65,11 @@ pub struct PoolSessionReport {
     pub compute_percent: Option<u32>,
     pub qos: Qos,
     pub memory_used_bytes: u64,
+    /// The Kubernetes claim (its UID) whose token the node admitted the session with, on the
+    /// claim's allocated device and without a grant (protocol 12). Such a session is bound
+    /// to its device (the pool never moves it) and is charged to its namespace's quota
+    /// through its claim, which the operator charges at allocation.
+    pub claim: Option<String>,
 }
 
 /// A node's registration (the first report on a link) or heartbeat (every later one).
@@ -174,6 +179,9 @@ pub struct PoolSessionView {
     pub memory_used_bytes: u64,
     /// The node's id of the session (for `gpufuse kill --server NODE`).
     pub node_session: Option<SessionId>,
+    /// The Kubernetes claim (UID) it runs under: its node admitted it on the claim's token,
+    /// and it stays on the claim's device (protocol 12).
+    pub claim: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

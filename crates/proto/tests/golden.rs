@@ -775,6 +775,27 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
             ..Default::default()
         })),
     ));
+    // A claim's session in the pool's status (protocol 12).
+    out.push((
+        "ServerHello::PoolStatus with a claim's session",
+        body(&ServerHello::PoolStatus(gpufuse_proto::PoolStatus {
+            policy: "spread".into(),
+            sessions: vec![gpufuse_proto::PoolSessionView {
+                id: gpufuse_proto::SessionId(2),
+                tenant: "ns/c".into(),
+                node: Some("a".into()),
+                device: Some(1),
+                state: "running".into(),
+                vram_limit_bytes: Some(1 << 28),
+                compute_percent: Some(30),
+                qos: "medium".into(),
+                memory_used_bytes: 0,
+                node_session: Some(gpufuse_proto::SessionId(4)),
+                claim: Some("u-1".into()),
+            }],
+            ..Default::default()
+        })),
+    ));
     out.push((
         "ServerHello::PoolAgent",
         body(&ServerHello::PoolAgent {
@@ -808,6 +829,28 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
                 compute_percent: Some(25),
                 qos: Qos::High,
                 memory_used_bytes: 1 << 20,
+                claim: None,
+            }],
+        }),
+    ));
+    // A session a pool node admitted on a Kubernetes claim's token (protocol 12).
+    out.push((
+        "NodeReport with a claim's session",
+        body(&gpufuse_proto::NodeReport {
+            name: "a".into(),
+            address: "unix:/a".into(),
+            labels: Default::default(),
+            devices: Vec::new(),
+            sessions: vec![gpufuse_proto::PoolSessionReport {
+                pool_session: None,
+                node_session: gpufuse_proto::SessionId(4),
+                tenant: Some("ns/c".into()),
+                device: 1,
+                vram_limit_bytes: Some(1 << 28),
+                compute_percent: None,
+                qos: Qos::Medium,
+                memory_used_bytes: 0,
+                claim: Some("u-1".into()),
             }],
         }),
     ));
@@ -973,7 +1016,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("ReplyBody::Global", "08806004"),
     ("ReplyBody::Launches", "0901016b010101200101000004deadbeef"),
     ("Reply", "0001f80a010904deadbeef0368690a018020"),
-    ("ClientHello", "0b0001742a0170018080808004011e0002"),
+    ("ClientHello", "0c0001742a0170018080808004011e0002"),
     ("SessionKind::Status", "01"),
     ("SessionKind::Check", "02"),
     ("SessionKind::End", "0303"),
@@ -1002,12 +1045,14 @@ const OTHERS: &[(&str, &str)] = &[
     ("NodeCommand::Migrate", "0101"),
     ("NodeCommand::MigrateWithFigures", "0201"),
     ("ControlAnswer", "01e807"),
-    ("FrameHeader", "474655530b000401040302010b0a00008877665544332211"),
+    ("FrameHeader", "474655530c000401040302010b0a00008877665544332211"),
     ("SessionKind::NodeAgent", "04"),
     ("ServerHello::Redirect", "0507756e69783a2f6e0167"),
     ("ServerHello::PoolStatus", "060762696e7061636b000000"),
+    ("ServerHello::PoolStatus with a claim's session", "0606737072656164000102046e732f6301016101010772756e6e696e67018080808001011e066d656469756d0001040103752d3100"),
     ("ServerHello::PoolAgent", "07020102e807"),
-    ("NodeReport", "016107756e69783a2f6101047a6f6e6501780100016d808080800480804080808080020a0080f10405070707070707070707070707070707070101070301017400018080808002011902808040"),
+    ("NodeReport", "016107756e69783a2f6101047a6f6e6501780100016d808080800480804080808080020a0080f1040507070707070707070707070707070707010107030101740001808080800201190280804000"),
+    ("NodeReport with a claim's session", "016107756e69783a2f61000001000401046e732f63010180808080010001000103752d31"),
     ("AgentAnswer::Ack", "00"),
     ("SessionKind::MoveIn", "0703018020dc0b"),
     ("SessionKind::Resume", "0805"),

@@ -145,6 +145,10 @@ pub struct Session {
     /// Bound to its device (a Kubernetes claim's allocated device): it never moves.
     #[serde(default)]
     pub pinned: bool,
+    /// The Kubernetes claim (UID) its node admitted it under, without the pool (a pod's
+    /// session on a pool node): pinned, and charged to the namespace's quota by its claim.
+    #[serde(default)]
+    pub claim: Option<String>,
 }
 
 impl Session {
@@ -173,6 +177,9 @@ pub struct SessionReport {
     pub compute_percent: Option<u32>,
     pub qos: Qos,
     pub memory_used: u64,
+    /// The Kubernetes claim (UID) whose token admitted it on its node, without the pool: it
+    /// is bound to the claim's device.
+    pub claim: Option<String>,
 }
 
 /// A slice placed outside the pool and charged to a tenant: a Kubernetes `ResourceClaim`
@@ -786,7 +793,12 @@ impl Pool {
                     .get(&id)
                     .map(|s| s.selector.clone())
                     .unwrap_or_default(),
-                pinned: self.sessions.get(&id).is_some_and(|s| s.pinned),
+                // A claim's session stays on the claim's device, however it was admitted.
+                pinned: r.claim.is_some() || self.sessions.get(&id).is_some_and(|s| s.pinned),
+                claim: r
+                    .claim
+                    .clone()
+                    .or_else(|| self.sessions.get(&id).and_then(|s| s.claim.clone())),
             };
             if self.sessions.get(&id) != Some(&fresh) {
                 self.remove_session(id);
@@ -1102,6 +1114,7 @@ impl Pool {
             node_session: None,
             selector: req.selector.clone(),
             pinned: req.device_uuid.is_some(),
+            claim: None,
         });
         placement
     }
@@ -1363,7 +1376,9 @@ impl Pool {
                     .iter()
                     .filter_map(|id| self.sessions.get(id))
                     .filter(|s| {
+                        // A claim's session is the cluster's allocation, not the pool's to end.
                         s.qos == Qos::Low
+                            && s.claim.is_none()
                             && s.state == SessionState::Running
                             && s.node_session.is_some()
                             && !self.moving.contains_key(&s.id)

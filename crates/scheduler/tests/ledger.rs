@@ -90,6 +90,7 @@ fn reports(p: &Pool, n: u8) -> Vec<SessionReport> {
             compute_percent: s.compute_percent,
             qos: s.qos,
             memory_used: s.vram_limit.unwrap_or(0) / 2,
+            claim: None,
         })
         .collect()
 }

@@ -40,6 +40,7 @@ fn report(id: u64, device: u32, gib: u64, qos: Qos) -> SessionReport {
         compute_percent: None,
         qos,
         memory_used: 0,
+        claim: None,
     }
 }
 
@@ -358,5 +359,47 @@ fn preemption_moves_victims_that_fit_elsewhere_and_ends_the_rest() {
     p.finish_move(moved[0].session, MoveEnd::Ended);
     assert!(p.session(moved[0].session).is_none());
     assert_eq!(p.node("b").unwrap().devices[0].charged_memory, 6 * GIB);
+    p.check_invariants().unwrap();
+}
+
+/// A session its node admitted on a Kubernetes claim's token (no grant, so no pool id; the
+/// claim named in the report): counted once on its device, never moved by a drain or a
+/// defragmentation round, never a preemption's victim, and still there when the node reports
+/// it again.
+#[test]
+fn a_claims_session_stays_on_its_device_and_is_never_a_victim() {
+    let mut p = Pool::new(Policy::Binpack, QuotaFile::default());
+    let mut claimed = report(0, 0, 4, Qos::Low);
+    claimed.pool_session = None;
+    claimed.node_session = 7;
+    claimed.tenant = Some("team-a/train".into());
+    claimed.claim = Some("5b7a1c2e-0000-4000-8000-00000000000a".into());
+    p.register_node(node("a", 1, "B200", &[]), &[claimed.clone()], &[], 0);
+    p.register_node(node("b", 1, "B200", &[]), &[], &[], 0);
+    let s = p.sessions().next().unwrap().clone();
+    assert!(s.pinned);
+    assert_eq!(s.claim, claimed.claim);
+    assert_eq!(s.tenant, "team-a/train");
+    assert_eq!(p.node("a").unwrap().devices[0].charged_memory, 4 * GIB);
+    // Reported again, by the same node id: the same session, not a second one.
+    p.report("a", &[claimed.clone()], &[], 1);
+    assert_eq!(p.sessions().count(), 1);
+    assert_eq!(p.node("a").unwrap().devices[0].charged_memory, 4 * GIB);
+
+    let plan = p.plan_drain("a").unwrap();
+    assert!(plan.moves.is_empty(), "{plan:?}");
+    assert_eq!(plan.stuck.len(), 1);
+    assert!(
+        plan.stuck[0].1.contains("bound to its device"),
+        "{}",
+        plan.stuck[0].1
+    );
+    assert!(p.plan_defrag(100).is_empty());
+    // A critical session that needs the whole device waits rather than end the claim's.
+    p.report("b", &[report(9, 0, 14, Qos::Medium)], &[], 1);
+    let mut r = ask(16);
+    r.qos = Qos::Critical;
+    assert!(matches!(p.submit(&r, 2).unwrap(), Decision::Pending { .. }));
+    assert_eq!(p.sessions().filter(|s| s.pinned).count(), 1);
     p.check_invariants().unwrap();
 }

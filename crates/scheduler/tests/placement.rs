@@ -210,6 +210,7 @@ fn high_qos_preempts_the_fewest_low_sessions() {
         compute_percent: None,
         qos: Qos::Low,
         memory_used: 0,
+        claim: None,
     };
     let reports = [low(12, 0, 1), low(4, 1, 2), low(4, 1, 3), low(4, 1, 4)];
     running(&mut p, "a", &reports);
@@ -248,6 +249,7 @@ fn a_silent_node_is_lost_then_reconciled_from_its_report() {
         compute_percent: None,
         qos: Qos::Medium,
         memory_used: GIB,
+        claim: None,
     };
     p.report(&pl.node, std::slice::from_ref(&report), &[], 1_000);
     assert_eq!(p.session(pl.session).unwrap().state, SessionState::Running);
@@ -284,6 +286,7 @@ fn a_restarted_controller_learns_sessions_from_reports() {
         compute_percent: Some(30),
         qos: Qos::High,
         memory_used: 0,
+        claim: None,
     };
     p.register_node(node("a", 2, &[], "B200"), &[report], &[], 0);
     let s = p.session(41).unwrap();

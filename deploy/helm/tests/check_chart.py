@@ -112,12 +112,41 @@ def check_values(label: str, values: dict) -> None:
     pod = ds["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0].get("env", [])}
     assert env.get("NVIDIA_VISIBLE_DEVICES") == "all", env
+    check_node_joins_pool(label, objects, pod)
     if label == "everything":
         args = pod["containers"][0]["args"]
         assert "--http=0.0.0.0:9400" in args and "--listen=tcp:0.0.0.0:7070" in args, args
         assert pod.get("runtimeClassName") == "nvidia", pod.get("runtimeClassName")
     else:
         assert "runtimeClassName" not in pod, pod["runtimeClassName"]
+
+
+def check_node_joins_pool(label: str, objects: list[dict], pod: dict) -> None:
+    """With the controller, the node is `gpufuse node --kubernetes` registered with the
+    controller's Service, named spec.nodeName, allowed to read its Node; without, `serve`."""
+    node = pod["containers"][0]
+    args = node["args"]
+    if label == "node only":
+        assert args[0] == "serve", args
+        return
+    assert args[:2] == ["node", "--kubernetes"], args
+    service = next(o for o in objects if o["kind"] == "Service"
+                   and o["metadata"]["name"] == "gpufuse-controller")
+    port = service["spec"]["ports"][0]["port"]
+    want = f"--controller=tcp:gpufuse-controller.gpufuse.svc:{port}"
+    assert want in args, (want, args)
+    assert "--token-secret-file=/etc/gpufuse/token/secret" in args, args
+    assert any(a.startswith("--cdi-dir=") for a in args), args
+    env = {e["name"]: e for e in node.get("env", [])}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", env
+    if label == "everything":
+        assert "--advertise=tcp:$(POD_IP):7070" in args, args
+        assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP", env
+    else:
+        assert not any(a.startswith("--advertise") for a in args), args
+    role = next(o for o in objects if o["kind"] == "ClusterRole"
+                and o["metadata"]["name"] == "gpufuse-node")
+    assert any("nodes" in r["resources"] and "get" in r["verbs"] for r in role["rules"]), role
 
 
 def lint() -> None:

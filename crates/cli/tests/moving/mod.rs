@@ -29,7 +29,16 @@ pub fn pattern(n: usize) -> Vec<u8> {
 
 /// The client's session: a large range filled with a pattern, a 4 KiB counter, `bump` loaded.
 pub fn session_at(addr: &Address, resources: ResourceRequest) -> (Connection, u64, u64, u64) {
-    let hello = Connection::hello(SessionKind::Cuda, String::new(), resources);
+    session_with_token(addr, String::new(), resources)
+}
+
+/// [`session_at`] with a session token.
+pub fn session_with_token(
+    addr: &Address,
+    token: String,
+    resources: ResourceRequest,
+) -> (Connection, u64, u64, u64) {
+    let hello = Connection::hello(SessionKind::Cuda, token, resources);
     let (mut c, accepted) = Connection::open(addr, &hello).unwrap();
     let ptr = |r| match r {
         ReplyBody::Ptr(DevicePtr(p)) => p,
