@@ -7,7 +7,8 @@
   for the fields Prometheus needs.
 - The CRDs (crds/) validate as CustomResourceDefinitions, and the examples in examples/k8s
   validate: GPUPool/GPUQuota against the CRDs' own schemas, the rest against Kubernetes'.
-- A webhook without its server address refuses to render.
+- The webhook sends pods to the controller by default (the nodes then need a TCP listener);
+  without the controller, a webhook without its server address refuses to render.
 
 Prints one line per check and a closing `N passed, M failed`; exits non-zero on a failure.
 """
@@ -61,7 +62,7 @@ def validate_service_monitor(obj: dict) -> None:
 VALUE_SETS = {
     "defaults": {},
     "everything": {
-        "webhook": {"enabled": True, "server": "tcp:gpufuse-node.gpufuse:7070"},
+        "webhook": {"enabled": True},
         "nodeTcpPort": 7070,
         "metrics": {"enabled": True, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
         "node": {"devices": "emu:2:16GiB", "nodeSelector": {"gpufuse.dev/node": "true"},
@@ -155,13 +156,26 @@ def lint() -> None:
     assert not report.get("errors") and not problems, report
 
 
-def webhook_needs_a_server() -> None:
+def refuses_to_render(values: dict, message: str) -> None:
     try:
-        render({"webhook": {"enabled": True}})
+        render(values)
     except helm.HelmError as e:
-        assert "webhook.server must be set" in str(e), e
+        assert message in str(e), e
     else:
-        raise AssertionError("a webhook without webhook.server rendered")
+        raise AssertionError(f"{values} rendered")
+
+
+def webhook_needs_a_server() -> None:
+    """Without the controller, the webhook needs webhook.server; with it, the controller is
+    the default, and the nodes need a TCP listener for the pods it sends them."""
+    refuses_to_render({"webhook": {"enabled": True}, "controller": {"enabled": False}},
+                      "webhook.server must be set")
+    refuses_to_render({"webhook": {"enabled": True}}, "set nodeTcpPort")
+    objects = render({"webhook": {"enabled": True}, "nodeTcpPort": 7070})
+    hook = next(o for o in objects if o["kind"] == "Deployment"
+                and o["metadata"]["name"] == "gpufuse-webhook")
+    args = hook["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--server=tcp:gpufuse-controller.gpufuse.svc:7070" in args, args
 
 
 def crds() -> dict[str, dict]:
@@ -198,7 +212,8 @@ def main() -> int:
     for label, values in VALUE_SETS.items():
         check(f"render ({label}) validates against Kubernetes {KUBE}",
               lambda v=values, l=label: check_values(l, v))
-    check("a webhook without webhook.server refuses to render", webhook_needs_a_server)
+    check("the webhook's server: the controller by default, else webhook.server",
+          webhook_needs_a_server)
     check("CRDs validate as CustomResourceDefinitions", crds)
     check("examples/k8s validate (CRD schemas and Kubernetes')", examples)
     print(f"helm {helm.helm_sdk_version()}, kubernetes-validate {kubernetes_validate.version.__version__ if hasattr(kubernetes_validate.version, '__version__') else ''}")
