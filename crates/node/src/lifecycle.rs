@@ -34,6 +34,9 @@ pub fn lock_sockets(sockets: &[PathBuf]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// How long a starting node waits for an earlier node's workers to let go of its lock.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 fn lock_one(socket: &Path) -> std::io::Result<File> {
     let path = lock_path(socket);
     let file = std::fs::OpenOptions::new()
@@ -43,16 +46,26 @@ fn lock_one(socket: &Path) -> std::io::Result<File> {
         .truncate(false)
         .open(&path)
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    // SAFETY: flock on a descriptor this function owns; no memory is passed.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        return Ok(file);
-    }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-        return Err(std::io::Error::new(
-            err.kind(),
-            format!("cannot lock {}: {err}", path.display()),
-        ));
+    // Workers of a node that was just killed are ending (their parent-death signal), but a
+    // process lets go of its descriptors only when its last thread has exited: a restart right
+    // after the kill waits a moment for them instead of refusing at once.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        // SAFETY: flock on a descriptor this function owns; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(file);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(std::io::Error::new(
+                err.kind(),
+                format!("cannot lock {}: {err}", path.display()),
+            ));
+        }
+        if std::time::Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
     // The socket was bound first (a live server there is refused by `Address::bind`), so the
     // holders are workers of a node that is gone.
