@@ -197,6 +197,9 @@ pub fn start_operator(
         })?)
 }
 
+/// How long `gpufuse node --kubernetes` waits for the API server at start.
+const NODE_LABELS_WAIT: Duration = Duration::from_secs(30);
+
 /// `gpufuse node --kubernetes`: the node's name ($NODE_NAME, the DaemonSet's spec.nodeName)
 /// and its Kubernetes node's labels. Fails when either cannot be had: a node registered
 /// under another name would not be a member of its GPUPools.
@@ -208,10 +211,20 @@ pub fn node_identity() -> anyhow::Result<(String, std::collections::BTreeMap<Str
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let labels = rt.block_on(async {
+    let read = async {
         let client = kube_client().await?;
         gpufuse_k8s::node_labels::node_labels(client, &name).await
-    })?;
+    };
+    // The node starts only once it knows its labels: a silent API server is an error the
+    // kubelet restarts it on, not a hang.
+    let labels = rt
+        .block_on(async { tokio::time::timeout(NODE_LABELS_WAIT, read).await })
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "--kubernetes: the API server did not answer for node {name}'s labels within {} s",
+                NODE_LABELS_WAIT.as_secs()
+            )
+        })??;
     Ok((name, labels))
 }
 
