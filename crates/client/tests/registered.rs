@@ -3,48 +3,19 @@
 //! (synchronous and asynchronous) carry no bytes through the rings, the partial pages at its
 //! ends still arrive, and unregistering gives the application private memory with its bytes.
 
-use std::os::unix::net::UnixListener;
-use std::sync::atomic::{AtomicU32, Ordering};
+mod common;
 
 use gpufuse_client::state::{Session, SessionConfig};
 use gpufuse_client::ClientError;
-use gpufuse_device::emu::EmuDevice;
-use gpufuse_transport::{Conn, Stream};
-use gpufuse_worker::LocalLedger;
 
 const HOST_MEMORY_ALREADY_REGISTERED: i32 = 712;
 const PAGE: usize = 4096;
 
-/// A node on a fresh unix socket (so sessions move to the shared-memory rings): each
-/// connection gets a worker thread on an emulated GPU of its own, all with the same address
-/// window (a session reconnected to another node finds its addresses free).
+/// A node on a fresh unix socket (so sessions move to the shared-memory rings), its workers
+/// all with the same address window (a session reconnected to another node finds its
+/// addresses free).
 fn node() -> gpufuse_transport::Address {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let path = std::env::temp_dir().join(format!(
-        "gpufuse-registered-test-{}-{}.sock",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).unwrap();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            std::thread::spawn(move || {
-                let mut dev = EmuDevice::new(0, 1 << 30, 0x2000_0000_0000, 1 << 40);
-                let mut ledger = LocalLedger {
-                    total: 1 << 30,
-                    used: 0,
-                };
-                let mut conn = Conn::new(Stream::Unix(stream));
-                if conn.recv().is_err() {
-                    return;
-                }
-                let _ = gpufuse_worker::serve(conn, 1, &mut dev, &mut ledger, None);
-            });
-        }
-    });
-    format!("unix:{}", path.display()).parse().unwrap()
+    common::Node::start().address
 }
 
 /// A session at `address`, device 0's primary context current.

@@ -2,20 +2,19 @@
 //! connections are served by `gpufuse_worker::serve` on an emulated GPU, each in a thread) and
 //! drives a `Session` through the core's API, as the shim's exports do.
 
-use std::os::unix::net::UnixListener;
-use std::sync::atomic::{AtomicU32, Ordering};
+mod common;
+
+use common::Node;
+
 use std::sync::mpsc;
 use std::time::Duration;
 
 use gpufuse_client::copy::Side2D;
 use gpufuse_client::lanes::StreamRef;
 use gpufuse_client::launch::{pack_params, KernelLaunch, LaunchConfig};
-use gpufuse_client::state::{self, Session, SessionConfig};
+use gpufuse_client::state::{self, Session};
 use gpufuse_client::work::SyncScope;
 use gpufuse_client::ClientError;
-use gpufuse_device::emu::EmuDevice;
-use gpufuse_transport::{Address, Conn, Stream};
-use gpufuse_worker::LocalLedger;
 
 const INVALID_VALUE: i32 = 1;
 const INVALID_CONTEXT: i32 = 201;
@@ -57,66 +56,6 @@ $L__END:
 \tret;
 }
 \0";
-
-/// A node on a unix socket: every connection gets a worker thread on its own emulated GPU
-/// (same address window, so a moved session finds its addresses free). Each worker reports the
-/// bytes its ledger still held when its session ended.
-struct Node {
-    address: Address,
-    ended: mpsc::Receiver<u64>,
-}
-
-impl Node {
-    fn start() -> Node {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "gpufuse-client-test-{}-{}.sock",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).unwrap();
-        let (tx, ended) = mpsc::channel();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { return };
-                let tx = tx.clone();
-                std::thread::spawn(move || {
-                    let mut dev = EmuDevice::new(0, 1 << 30, 0x2000_0000_0000, 1 << 40);
-                    let mut ledger = LocalLedger {
-                        total: 1 << 30,
-                        used: 0,
-                    };
-                    let mut conn = Conn::new(Stream::Unix(stream));
-                    // The node reads the hello before it hands the connection to a worker.
-                    if conn.recv().is_err() {
-                        return;
-                    }
-                    let _ = gpufuse_worker::serve(conn, 1, &mut dev, &mut ledger, None);
-                    let _ = tx.send(ledger.used);
-                });
-            }
-        });
-        Node {
-            address: format!("unix:{}", path.display()).parse().unwrap(),
-            ended,
-        }
-    }
-
-    fn connect(&self) -> Session {
-        Session::connect(&SessionConfig {
-            address: self.address.clone(),
-            token: String::new(),
-            resources: Default::default(),
-        })
-        .unwrap()
-    }
-
-    /// The bytes the next session to end left in its ledger.
-    fn ended_with(&self) -> u64 {
-        self.ended.recv_timeout(Duration::from_secs(10)).unwrap()
-    }
-}
 
 fn status<T>(r: Result<T, ClientError>) -> i32 {
     match r {
