@@ -6,6 +6,11 @@ https://github.com/NVIDIA/cuda-samples.
 
     .deps/venv/bin/python scripts/cuda_samples.py SAMPLES_CHECKOUT [--jobs N] [-k SUBSTRING]
         [--server ADDR] [--devices SPEC] [--timeout SECONDS] [--markdown FILE]
+        [--nvcc PATH --arch sm_XX] [--gpufuse PATH] [--native]
+
+On a GPU machine (the GPU lane), `--nvcc` uses that machine's toolkit instead of .deps,
+`--devices cuda` serves its GPU, and `--native` also runs each sample directly against NVIDIA's
+driver, so the two columns compare.
 
 A sample is left out (and listed as such, with the reason) when its sources include a header of
 a library or system other than the CUDA runtime (OpenGL, cuBLAS, cuFFT, NVRTC, the driver API,
@@ -73,7 +78,7 @@ def excluded(d: Path) -> str | None:
     return None
 
 
-def build(d: Path, out: Path, env: dict[str, str]) -> str | None:
+def build(d: Path, out: Path, env: dict[str, str], arch: str = "sm_80") -> str | None:
     cmake = (d / "CMakeLists.txt").read_text(errors="replace") if (d / "CMakeLists.txt").exists() else ""
     extra = []
     if re.search(r"CUDA_SEPARABLE_COMPILATION\s+ON", cmake):
@@ -83,7 +88,7 @@ def build(d: Path, out: Path, env: dict[str, str]) -> str | None:
     common = d.parents[2] / "Common"
     # CCCL 13 (Thrust, CUB, libcu++) lives in include/cccl beside nvcc's headers.
     cccl = Path(env["GPUFUSE_NVCC"]).resolve().parents[1] / "include" / "cccl"
-    cmd = [env["GPUFUSE_NVCC"], "-O2", "-arch=sm_80", "-std=c++17", f"-I{common}", f"-I{d}",
+    cmd = [env["GPUFUSE_NVCC"], "-O2", f"-arch={arch}", "-std=c++17", f"-I{common}", f"-I{d}",
            *([f"-I{cccl}"] if cccl.is_dir() else []),
            *[str(s) for s in sources(d)], "-o", str(out), *extra]
     if "pthread" in cmake.lower():
@@ -95,10 +100,13 @@ def build(d: Path, out: Path, env: dict[str, str]) -> str | None:
     return None
 
 
-def run(d: Path, exe: Path, server: str, env: dict[str, str], timeout: float) -> tuple[bool, str]:
+def run(d: Path, exe: Path, server: str | None, env: dict[str, str],
+        timeout: float) -> tuple[bool, str]:
+    """Runs a sample through gpufuse, or directly when `server` is None."""
     t = time.monotonic()
+    prefix = [str(GPUFUSE), "run", "--server", server, "--"] if server else []
     try:
-        res = subprocess.run([str(GPUFUSE), "run", "--server", server, "--", str(exe)],
+        res = subprocess.run([*prefix, str(exe)],
                              capture_output=True, text=True, env=env, cwd=d, timeout=timeout,
                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
@@ -122,11 +130,18 @@ def main() -> int:
     ap.add_argument("--devices", default="emu:1:16GiB")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--nvcc", help="this nvcc instead of .deps' (a GPU machine's toolkit)")
+    ap.add_argument("--arch", default="sm_80", help="nvcc -arch (default sm_80)")
+    ap.add_argument("--gpufuse", type=Path, help="the gpufuse binary (default target/release)")
+    ap.add_argument("--native", action="store_true",
+                    help="also run each sample directly, without gpufuse")
     a = ap.parse_args()
 
-    deps = load_deps()
+    global GPUFUSE
+    if a.gpufuse:
+        GPUFUSE = a.gpufuse.resolve()
     env = dict(os.environ)
-    env.update(deps)
+    env.update({"GPUFUSE_NVCC": a.nvcc} if a.nvcc else load_deps())
     dirs = sorted(p for p in (a.checkout / "Samples").glob("*/*") if p.is_dir() and sources(p)
                   and a.filter in p.name)
     results: dict[str, tuple[str, str]] = {}
@@ -153,10 +168,13 @@ def main() -> int:
     try:
         def one(d: Path) -> tuple[str, tuple[str, str]]:
             exe = bindir / d.name
-            err = build(d, exe, env)
+            err = build(d, exe, env, a.arch)
             if err:
                 return d.name, ("build failed", err)
             ok, note = run(d, exe, server, env, a.timeout)
+            if a.native:
+                nok, nnote = run(d, exe, None, env, a.timeout)
+                note = f"{note}; natively {'pass' if nok else 'FAIL'} {nnote}"
             return d.name, ("pass" if ok else "FAIL", note)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:

@@ -33,7 +33,7 @@ step() {
   rc=$?
   t1=$EPOCHREALTIME
   say "$(printf '%-26s rc=%-3d wall=%6.1fs' "$label" "$rc" "$(python3 -c "print($t1 - $t0)")")"
-  grep -E "FAILED|passed|failed|ratio|device:|mem_get_info|launches|pipeline|OutOfMemory|->|sees|Error|error" "$out/$label.log" | head -25 | sed 's/^/    /' | tee -a "$out/summary.txt"
+  grep -E "FAILED|FAIL |PASS|passed|failed|ratio|device:|mem_get_info|launches|pipeline|bandwidth|OutOfMemory|->|sees|slot 7|Error|error" "$out/$label.log" | head -25 | sed 's/^/    /' | tee -a "$out/summary.txt"
   [ $rc -eq 0 ] || { status=1; tail -5 "$out/$label.log" | sed 's/^/    | /' | tee -a "$out/summary.txt"; }
   return $rc
 }
@@ -57,6 +57,18 @@ step smoke-native 30 "$work/smoke"
 step smoke-gpufuse-unix 60 "$gpufuse" run --server "$U" -- "$work/smoke"
 step smoke-gpufuse-tcp 60 "$gpufuse" run --server "$T" -- "$work/smoke"
 step smoke-ptx-jit-gpufuse 60 "$gpufuse" run --server "$U" -- "$work/smoke-ptx"
+
+say "== with the host arena page-locked (GPUFUSE_CUDA_LOCK_ARENA=1, off by default) =="
+GPUFUSE_CUDA_LOCK_ARENA=1 "$gpufuse" serve --listen "unix:$work/lock.sock" --devices "${GPUFUSE_LANE_DEVICES:-cuda}" 2>"$out/server-lock.log" &
+lock=$!
+for _ in $(seq 100); do [ -S "$work/lock.sock" ] && break; sleep 0.1; done
+step smoke-gpufuse-locked 60 "$gpufuse" run --server "unix:$work/lock.sock" -- "$work/smoke"
+step cupy-gpufuse-locked 90 "$gpufuse" run --server "unix:$work/lock.sock" -- "$py" tests/gpu-lane/cupy_checks.py
+kill $lock 2>/dev/null
+
+say "== listing a module's functions (cuFFT's export table 6e163fbe slot 7) =="
+step module-listing-native 60 "$py" tests/real-clients/python/module_listing.py
+step module-listing-gpufuse 60 "$gpufuse" run --server "$U" -- "$py" tests/real-clients/python/module_listing.py
 
 say "== CuPy and cuda-python =="
 step cupy-native 60 "$py" tests/gpu-lane/cupy_checks.py

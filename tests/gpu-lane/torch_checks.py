@@ -97,6 +97,16 @@ static_in.copy_(torch.arange(1024, dtype=torch.float32, device=dev))
 out, ms = timed(lambda: (g.replay(), static_out)[1])
 record("cuda_graphs", out, torch.arange(1024, dtype=torch.float32) * 3 + 1, ms, 1e-6)
 
+# Last: a failing kernel poisons the context, and every check after it would fail too.
+try:
+    sig = torch.randn(64, 4096)
+    sigd = sig.to(dev)
+    out, ms = timed(lambda: torch.fft.rfft(sigd).abs())
+    record("fft_cufft", out, torch.fft.rfft(sig).abs(), ms, 1e-2)
+except Exception as e:  # reported, never hidden
+    results["fft_cufft"] = {"ok": False, "error": repr(e)}
+    print(json.dumps({"check": "fft_cufft", "ok": False, "error": repr(e)}), flush=True)
+
 path = sys.argv[1]
 with open(path, "w") as fh:
     json.dump(results, fh)

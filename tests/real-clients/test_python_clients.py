@@ -49,6 +49,15 @@ def test_cuda_bindings_driver(programs, server):
 
 
 @pytest.mark.kernel_results
+@pytest.mark.kernel_results
+def test_module_listing(programs, server):
+    """cuModuleEnumerateFunctions and its kin, and cuFFT's walk over a module's functions
+    (export table 6e163fbe slot 7), which cuFFT needs before it runs anything."""
+    res = run_client(programs, server.unix, [programs.python, PY / "module_listing.py"])
+    assert_ok(res, ["PASS module_listing", "module functions=3", "library kernels=3",
+                    "tools-module walk=3"])
+
+
 def test_cuda_bindings_textures(programs, server):
     """Texture and surface objects through the driver API: descriptors, errors, kernels."""
     res = run_client(programs, server.unix, [programs.python, PY / "cuda_bindings_textures.py"])

@@ -8,7 +8,7 @@ CHECKS = [
     "device_props", "alloc_free", "memcpy_all_directions", "memset", "memcpy_2d",
     "pinned_host", "mem_info", "pointer_attributes", "streams", "events",
     "async_stream_order", "error_paths", "threads", "device_reset", "graph_nodes",
-    "pinned_zero_copy",
+    "pinned_zero_copy", "thread_exit_calls",
 ]
 VERSIONS = [12, 13]
 

@@ -3,7 +3,8 @@
 //! memory (a block of the host arena, named by offset: [`crate::remote::Session::pinned_gib_s`])
 //! and `cuMemHostRegister`ed memory (the application's own buffer, its whole pages moved into
 //! the arena in place), through the client core as the shim drives it, with the bytes that
-//! crossed the rings meanwhile.
+//! crossed the rings meanwhile; and pageable memory (a plain heap buffer), whose bytes cross
+//! the rings, also through the client core.
 //!
 //! `gpufuse-bench copies [--rounds N]` runs only these lines.
 
@@ -23,10 +24,15 @@ pub struct Registered {
     pub ring_bytes_per_copy: u64,
 }
 
-/// `size`-byte copies to and from a `cuMemHostRegister`ed heap buffer (as an application's
-/// `malloc` gives: its first and last pages partial), `reps` each way, each as the shim's
-/// synchronous `cuMemcpyHtoD`/`cuMemcpyDtoH` makes it.
-pub fn registered_gib_s(addr: &Address, size: usize, reps: usize) -> Result<Registered> {
+/// `size`-byte copies to and from a heap buffer (as an application's `malloc` gives: its
+/// first and last pages partial), `cuMemHostRegister`ed if `register`, `reps` each way, each
+/// as the shim's synchronous `cuMemcpyHtoD`/`cuMemcpyDtoH` makes it.
+pub fn registered_gib_s(
+    addr: &Address,
+    size: usize,
+    reps: usize,
+    register: bool,
+) -> Result<Registered> {
     let s = Session::connect(&SessionConfig {
         address: addr.clone(),
         token: String::new(),
@@ -37,7 +43,9 @@ pub fn registered_gib_s(addr: &Address, size: usize, reps: usize) -> Result<Regi
     s.lock().set_current(ctx)?;
     let mut buf = vec![7u8; size];
     let p = buf.as_ptr() as usize;
-    s.lock().host_register(p, size, 0)?;
+    if register {
+        s.lock().host_register(p, size, 0)?;
+    }
     let dev = s.lock().alloc(size as u64)?;
     let ring = |s: &Session| -> Result<u64> {
         match s.lock().ring_bytes()? {
@@ -60,7 +68,9 @@ pub fn registered_gib_s(addr: &Address, size: usize, reps: usize) -> Result<Regi
     }
     let d2h = t.elapsed().as_secs_f64();
     let moved = ring(&s)? - before;
-    s.lock().host_unregister(p)?;
+    if register {
+        s.lock().host_unregister(p)?;
+    }
     s.lock().free(dev)?;
     let gib = (size * reps) as f64 / (1u64 << 30) as f64;
     Ok(Registered {
@@ -80,16 +90,20 @@ pub fn print_lines(
     const SIZE: usize = 64 << 20;
     let (mut ph2d, mut pd2h, mut base) = (0f64, 0f64, 0f64);
     let (mut rh2d, mut rd2h, mut ring_bytes) = (0f64, 0f64, 0u64);
+    let (mut gh2d, mut gd2h) = (0f64, 0f64);
     for _ in 0..rounds {
         base = base.max(baseline::memcpy_gib_s(SIZE));
         if let Some((h, d)) = pinned.pinned_gib_s(SIZE, 8)? {
             ph2d = ph2d.max(h);
             pd2h = pd2h.max(d);
         }
-        let r = registered_gib_s(addr, SIZE, 8)?;
+        let r = registered_gib_s(addr, SIZE, 8, true)?;
         rh2d = rh2d.max(r.h2d);
         rd2h = rd2h.max(r.d2h);
         ring_bytes = ring_bytes.max(r.ring_bytes_per_copy);
+        let g = registered_gib_s(addr, SIZE, 8, false)?;
+        gh2d = gh2d.max(g.h2d);
+        gd2h = gd2h.max(g.d2h);
     }
     println!(
         "pinned host->device (host arena, 64 MiB): {ph2d:8.2} GiB/s = {:.2}x of memcpy ({base:.2} GiB/s) (target >= 0.8x)",
@@ -106,6 +120,14 @@ pub fn print_lines(
     println!(
         "registered device->host (cuMemHostRegister, 64 MiB): {rd2h:8.2} GiB/s = {:.2}x of memcpy (target >= 0.8x); {ring_bytes} bytes through the rings per copy\n",
         rd2h / base
+    );
+    println!(
+        "pageable host->device (client core, rings, 64 MiB): {gh2d:8.2} GiB/s = {:.2}x of memcpy",
+        gh2d / base
+    );
+    println!(
+        "pageable device->host (client core, rings, 64 MiB): {gd2h:8.2} GiB/s = {:.2}x of memcpy\n",
+        gd2h / base
     );
     Ok(())
 }

@@ -61,15 +61,17 @@ impl Inner {
         self.send_htod(dst, src, stream)
     }
 
-    /// Quiet host-to-device copies carrying `src`'s bytes, in frame-sized parts.
+    /// Quiet host-to-device copies carrying `src`'s bytes, in frame-sized parts. Each part is
+    /// its frame's tail: sent from `src` itself, never copied into the frame buffer, and the
+    /// worker receives a large one straight into device memory.
     fn send_htod(&mut self, dst: u64, src: &[u8], stream: u64) -> Result<(), ClientError> {
         for (i, chunk) in src.chunks(MAX_COPY_CHUNK).enumerate() {
             let req = Request::MemcpyHtoD {
                 dst: DevicePtr(dst + (i * MAX_COPY_CHUNK) as u64),
                 stream: StreamHandle(stream),
-                data: chunk,
+                data: &[],
             };
-            self.conn.quiet(&req)?;
+            self.conn.quiet_with_tail(&req, chunk)?;
         }
         Ok(())
     }

@@ -304,8 +304,9 @@ impl Lanes {
         };
         let generation = self.generation();
         // Everything below runs on this thread's cache, borrowed: nothing shared is touched
-        // but the lane's lock (and, once per batch, the count of lanes with frames).
-        CACHE.with(|c| {
+        // but the lane's lock (and, once per batch, the count of lanes with frames). In a
+        // thread-local destructor at thread exit the cache is gone: the locked path serves.
+        let fast = CACHE.try_with(|c| {
             let mut c = c.borrow_mut();
             let c = c.at(self.uid, generation);
             let Some(target) = c.functions.get(&f) else {
@@ -319,7 +320,8 @@ impl Lanes {
                 return Ok(Fast::Locked(None));
             };
             self.queue(lane, target, dims, pack)
-        })
+        });
+        fast.unwrap_or(Ok(Fast::Locked(None)))
     }
 
     fn queue(
@@ -363,7 +365,9 @@ impl Lanes {
     pub(crate) fn grant(&self, key: LaneKey, stream: u64, f: u64, target: Target) {
         let generation = self.generation();
         let mut reg = self.registry();
-        CACHE.with(|c| {
+        // In a thread-local destructor the cache is gone: nothing is granted, and the
+        // launch stays on the locked path.
+        let _ = CACHE.try_with(|c| {
             let mut c = c.borrow_mut();
             let c = c.at(self.uid, generation);
             let lane = match key {

@@ -322,6 +322,11 @@ impl Inner {
         self.functions.contains_key(&f).then_some(f)
     }
 
+    /// The device module `m` is loaded on and the image it was loaded from.
+    pub fn module_image(&self, m: u64) -> Option<(u32, Arc<[u8]>)> {
+        self.modules.get(&m).map(|m| (m.device, m.image.clone()))
+    }
+
     /// The device module `m` is loaded on.
     pub fn module_device(&self, m: u64) -> Option<u32> {
         self.modules.get(&m).map(|m| m.device)

@@ -3,6 +3,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpufuse_proto::{DeviceInfo, FunctionInfo, Qos, ResourceRequest, SessionKind};
@@ -410,33 +411,56 @@ thread_local! {
     static CONTEXT_STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The current context of threads whose stack is gone: a driver call from a thread-local
+/// destructor at thread exit (an allocator's cache freeing memory) runs after the stack's
+/// own destructor, and must neither panic nor lose the context its library just made
+/// current. Shared by every exiting thread, which at worst see each other's context.
+static EXITING_CONTEXT: AtomicU64 = AtomicU64::new(0);
+
+fn exiting() -> &'static AtomicU64 {
+    &EXITING_CONTEXT
+}
+
 /// The calling thread's current context (0 if none).
 pub fn current_context() -> u64 {
-    CONTEXT_STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
+    CONTEXT_STACK
+        .try_with(|s| s.borrow().last().copied().unwrap_or(0))
+        .unwrap_or_else(|_| exiting().load(Ordering::Acquire))
 }
 
 /// Replaces the current context (`cuCtxSetCurrent`); 0 pops it.
 pub fn set_current_context(ctx: u64) {
-    CONTEXT_STACK.with(|s| {
+    let set = CONTEXT_STACK.try_with(|s| {
         let mut s = s.borrow_mut();
         s.pop();
         if ctx != 0 {
             s.push(ctx);
         }
-    })
+    });
+    if set.is_err() {
+        exiting().store(ctx, Ordering::Release);
+    }
 }
 
 pub fn push_context(ctx: u64) {
-    CONTEXT_STACK.with(|s| s.borrow_mut().push(ctx));
+    if CONTEXT_STACK
+        .try_with(|s| s.borrow_mut().push(ctx))
+        .is_err()
+    {
+        exiting().store(ctx, Ordering::Release);
+    }
 }
 
 pub fn pop_context() -> Option<u64> {
-    CONTEXT_STACK.with(|s| s.borrow_mut().pop())
+    CONTEXT_STACK
+        .try_with(|s| s.borrow_mut().pop())
+        .unwrap_or_else(|_| Some(exiting().swap(0, Ordering::AcqRel)).filter(|&c| c != 0))
 }
 
 /// Removes `ctx` from the calling thread's stack (when it is destroyed).
 pub fn forget_context(ctx: u64) {
-    CONTEXT_STACK.with(|s| s.borrow_mut().retain(|&c| c != ctx));
+    let _ = CONTEXT_STACK.try_with(|s| s.borrow_mut().retain(|&c| c != ctx));
+    let _ = exiting().compare_exchange(ctx, 0, Ordering::AcqRel, Ordering::Acquire);
 }
 
 #[cfg(test)]

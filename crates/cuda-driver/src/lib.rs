@@ -43,6 +43,66 @@ handles! {
     Event;
 }
 
+/// Host memory copies reach through a raw pointer: memory another process may write at the same
+/// time (a client's host arena, shared with its worker), which no Rust reference may alias.
+/// The driver reads and writes it directly; [`HostSpan::copy_to`] and [`HostSpan::copy_from`]
+/// copy it without making a reference to it.
+#[derive(Clone, Copy, Debug)]
+pub struct HostSpan {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a span is an address and a length; the memory it names is mapped in the whole
+// process (`new`'s contract), so any thread may hand it to the driver.
+unsafe impl Send for HostSpan {}
+
+impl HostSpan {
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes for as long as the span (or a
+    /// copy of it) is used.
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> Self {
+        Self { ptr, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The address of the first byte.
+    pub fn addr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// `[offset, offset + len)` of this span, if it lies inside it.
+    pub fn sub(&self, offset: usize, len: usize) -> Option<HostSpan> {
+        (offset.checked_add(len)? <= self.len).then(|| HostSpan {
+            ptr: self.ptr.wrapping_add(offset),
+            len,
+        })
+    }
+
+    /// Copies the span's first `dst.len()` bytes (at most its length) into `dst`.
+    pub fn copy_to(&self, dst: &mut [u8]) {
+        let n = dst.len().min(self.len);
+        // SAFETY: `new`'s contract makes `ptr` readable for `len` >= `n` bytes; `dst` is a
+        // distinct, writable buffer of at least `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr, dst.as_mut_ptr(), n) }
+    }
+
+    /// Copies `src` (at most the span's length) to the span's start.
+    pub fn copy_from(&self, src: &[u8]) {
+        let n = src.len().min(self.len);
+        // SAFETY: `new`'s contract makes `ptr` writable for `len` >= `n` bytes; `src` is a
+        // distinct buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr, n) }
+    }
+}
+
 /// Why the driver could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
@@ -305,6 +365,42 @@ impl Driver {
         })
     }
 
+    /// A host-to-device copy from a [`HostSpan`].
+    pub fn htod_span(&self, dst: u64, src: HostSpan) -> Result<(), DriverError> {
+        // SAFETY: `HostSpan::new`'s contract makes the span readable; `dst` was validated by
+        // the caller.
+        self.check("cuMemcpyHtoD_v2", unsafe {
+            (self.fns.cuMemcpyHtoD_v2)(dst, src.ptr.cast(), src.len)
+        })
+    }
+
+    /// A device-to-host copy into a [`HostSpan`].
+    pub fn dtoh_span(&self, dst: HostSpan, src: u64) -> Result<(), DriverError> {
+        // SAFETY: `HostSpan::new`'s contract makes the span writable; `src` was validated by
+        // the caller.
+        self.check("cuMemcpyDtoH_v2", unsafe {
+            (self.fns.cuMemcpyDtoH_v2)(dst.ptr.cast(), src, dst.len)
+        })
+    }
+
+    /// Page-locks `span` for the driver (`cuMemHostRegister`, no flags): copies from and to
+    /// it then run as DMA instead of through the driver's staging buffers.
+    pub fn host_register(&self, span: HostSpan) -> Result<(), DriverError> {
+        // SAFETY: `HostSpan::new`'s contract: the range is mapped for as long as the span is
+        // used, which includes until `host_unregister`.
+        self.check("cuMemHostRegister_v2", unsafe {
+            (self.fns.cuMemHostRegister_v2)(span.ptr.cast(), span.len, 0)
+        })
+    }
+
+    /// Undoes [`Driver::host_register`].
+    pub fn host_unregister(&self, span: HostSpan) -> Result<(), DriverError> {
+        // SAFETY: the driver only looks the address up among its registrations.
+        self.check("cuMemHostUnregister", unsafe {
+            (self.fns.cuMemHostUnregister)(span.ptr.cast())
+        })
+    }
+
     pub fn dtod(&self, dst: u64, src: u64, len: usize) -> Result<(), DriverError> {
         // SAFETY: both ranges were validated by the caller.
         self.check("cuMemcpyDtoD_v2", unsafe {
@@ -404,6 +500,63 @@ impl Driver {
     }
 
     /// Launches `f` with a parameter buffer packed at device offsets (the `extra` form).
+    /// Sets a function attribute (`cuFuncSetAttribute`).
+    pub fn set_function_attribute(
+        &self,
+        f: Function,
+        attr: i32,
+        value: i32,
+    ) -> Result<(), DriverError> {
+        // SAFETY: a valid function; the attribute and value are plain integers.
+        self.check("cuFuncSetAttribute", unsafe {
+            (self.fns.cuFuncSetAttribute)(f.0, attr, value)
+        })
+    }
+
+    /// A cooperative launch (`cuLaunchCooperativeKernel`, which takes no packed buffer):
+    /// `params` is the packed parameter buffer and `layout` its parameters' (offset, size).
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_cooperative(
+        &self,
+        f: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        stream: Stream,
+        params: &[u8],
+        layout: &[(u32, u32)],
+    ) -> Result<(), DriverError> {
+        let mut buf = params.to_vec();
+        let mut args: Vec<*mut c_void> = Vec::with_capacity(layout.len());
+        for &(offset, size) in layout {
+            if offset as usize + size as usize > buf.len() {
+                return Err(DriverError::Cuda {
+                    call: "cuLaunchCooperativeKernel",
+                    code: 1,
+                    name: "CUDA_ERROR_INVALID_VALUE".into(),
+                });
+            }
+            args.push(buf[offset as usize..].as_mut_ptr().cast());
+        }
+        // SAFETY: each pointer points at its parameter's bytes inside `buf`, which outlives
+        // the call (the driver copies the parameters at launch).
+        let r = unsafe {
+            (self.fns.cuLaunchCooperativeKernel)(
+                f.0,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared,
+                stream.0,
+                args.as_mut_ptr(),
+            )
+        };
+        self.check("cuLaunchCooperativeKernel", r)
+    }
+
     pub fn launch(
         &self,
         f: Function,

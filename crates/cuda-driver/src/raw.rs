@@ -113,6 +113,8 @@ fns! {
     cuMemUnmap: fn(CUdeviceptr, usize);
     cuMemSetAccess: fn(CUdeviceptr, usize, *const MemAccessDesc, usize);
     cuMemcpyHtoD_v2: fn(CUdeviceptr, *const c_void, usize);
+    cuMemHostRegister_v2: fn(*mut c_void, usize, c_uint);
+    cuMemHostUnregister: fn(*mut c_void);
     cuMemcpyDtoH_v2: fn(*mut c_void, CUdeviceptr, usize);
     cuMemcpyDtoD_v2: fn(CUdeviceptr, CUdeviceptr, usize);
     cuMemsetD8_v2: fn(CUdeviceptr, u8, usize);
@@ -123,6 +125,8 @@ fns! {
     cuModuleUnload: fn(CUmodule);
     cuModuleGetFunction: fn(*mut CUfunction, CUmodule, *const c_char);
     cuFuncGetAttribute: fn(*mut c_int, c_int, CUfunction);
+    cuFuncSetAttribute: fn(CUfunction, c_int, c_int);
+    cuLaunchCooperativeKernel: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void);
     cuLaunchKernel: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void);
     cuStreamCreateWithPriority: fn(*mut CUstream, c_uint, c_int);
     cuStreamDestroy_v2: fn(CUstream);

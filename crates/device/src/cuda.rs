@@ -16,11 +16,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use gpufuse_cuda_driver::{CUdevice, Driver, DriverError, Function, Module};
+use gpufuse_cuda_driver::{CUdevice, Driver, DriverError, Function, HostSpan, Module};
 use gpufuse_proto::{DeviceInfo, DeviceKind, FunctionInfo, ParamSlot};
 
+use crate::host_pins::HostPins;
 use crate::status::*;
 use crate::{Device, KernelLaunch, ModuleId};
+
+/// Dynamic shared memory a launch may use without the function's opt-in.
+const DEFAULT_SHARED_LIMIT: u32 = 48 << 10;
+/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
+const MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
 
 /// One mapping: its size as asked, its mapped (granularity-rounded) size, its physical handle.
 struct Mapping {
@@ -32,6 +38,11 @@ struct Mapping {
 struct Loaded {
     module: Module,
     functions: HashMap<String, Function>,
+    /// The module variables asked for: address -> size. They live where the driver put them,
+    /// outside the session's window, and copies to and from them are allowed.
+    globals: BTreeMap<u64, u64>,
+    /// Parameter layouts of the functions launched cooperatively.
+    layouts: HashMap<String, Vec<(u32, u32)>>,
 }
 
 /// A GPU as one session sees it.
@@ -48,6 +59,9 @@ pub struct CudaDevice {
     modules: HashMap<ModuleId, Loaded>,
     next_module: ModuleId,
     info: DeviceInfo,
+    /// The client's host arena and the parts of it page-locked with the driver.
+    pins: HostPins,
+    arena: Option<HostSpan>,
 }
 
 fn status_of(e: &DriverError) -> Status {
@@ -78,6 +92,8 @@ impl CudaDevice {
             modules: HashMap::new(),
             next_module: 1,
             info,
+            pins: HostPins::default(),
+            arena: None,
         })
     }
 
@@ -104,12 +120,65 @@ impl CudaDevice {
         Ok(handle)
     }
 
+    /// Page-locks the parts of the arena a large copy of `span` touches that are not yet
+    /// (`host_pins`), with `GPUFUSE_CUDA_LOCK_ARENA=1` only. Off by default: the client gives
+    /// freed arena blocks' pages back to the system (and moves registered memory's pages in),
+    /// after which the pages the driver locked are no longer the arena's, and nothing tells the
+    /// worker (docs/gpu-validation.md: 52 GB/s locked, 13-16 GB/s not, on an H200).
+    fn lock_for(&mut self, span: HostSpan) {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if !*ON.get_or_init(|| std::env::var("GPUFUSE_CUDA_LOCK_ARENA").is_ok_and(|v| v == "1")) {
+            return;
+        }
+        for (addr, len) in self.pins.runs_for(span.addr() as u64, span.len() as u64) {
+            let locked = self
+                .arena_part(addr, len)
+                .is_some_and(|part| self.driver.host_register(part).is_ok());
+            match locked {
+                true => self.pins.locked((addr, len)),
+                false => self.pins.refused(),
+            }
+        }
+    }
+
+    /// `[addr, addr + len)` of the arena, if it lies inside it.
+    fn arena_part(&self, addr: u64, len: u64) -> Option<HostSpan> {
+        let arena = self.arena?;
+        let offset = (addr as usize).checked_sub(arena.addr() as usize)?;
+        arena.sub(offset, len as usize)
+    }
+
+    fn unlock(&mut self, runs: Vec<(u64, u64)>) {
+        for (addr, len) in runs {
+            if let Some(part) = self.arena_part(addr, len) {
+                let _ = self.driver.host_unregister(part);
+            }
+        }
+    }
+
     fn error(&self, e: DriverError) -> DeviceError {
         DeviceError::new(status_of(&e), format!("GPU {}: {e}", self.index))
     }
 
     fn loaded(&self, m: ModuleId) -> Result<&Loaded, Status> {
         self.modules.get(&m).ok_or(INVALID_HANDLE)
+    }
+
+    /// A function's parameter layout, asked of the driver once.
+    fn layout(
+        &mut self,
+        m: ModuleId,
+        name: &str,
+        f: Function,
+    ) -> Result<Vec<(u32, u32)>, DeviceError> {
+        if let Some(l) = self.loaded(m).ok().and_then(|l| l.layouts.get(name)) {
+            return Ok(l.clone());
+        }
+        let layout = self.driver.param_layout(f).map_err(|e| self.error(e))?;
+        if let Some(l) = self.modules.get_mut(&m) {
+            l.layouts.insert(name.to_string(), layout.clone());
+        }
+        Ok(layout)
     }
 
     fn function_handle(&mut self, m: ModuleId, name: &str) -> Result<Function, Status> {
@@ -146,6 +215,8 @@ fn describe(driver: &Driver, dev: CUdevice) -> Result<DeviceInfo, DriverError> {
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         let _ = self.driver.synchronize();
+        let runs = self.pins.take_runs();
+        self.unlock(runs);
         for (_, l) in self.modules.drain() {
             let _ = self.driver.unload_module(l.module);
         }
@@ -206,10 +277,21 @@ impl Device for CudaDevice {
     }
 
     fn contains(&self, ptr: u64, len: u64) -> bool {
-        self.mappings
+        let Some(end) = ptr.checked_add(len) else {
+            return false;
+        };
+        let in_mapping = self
+            .mappings
             .range(..=ptr)
             .next_back()
-            .is_some_and(|(&a, m)| ptr.checked_add(len).is_some_and(|end| end <= a + m.size))
+            .is_some_and(|(&a, m)| end <= a + m.size);
+        in_mapping
+            || self.modules.values().any(|l| {
+                l.globals
+                    .range(..=ptr)
+                    .next_back()
+                    .is_some_and(|(&a, &size)| end <= a + size)
+            })
     }
 
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Status> {
@@ -218,6 +300,23 @@ impl Device for CudaDevice {
 
     fn read(&mut self, src: u64, out: &mut [u8]) -> Result<(), Status> {
         self.driver.dtoh(out, src).map_err(|e| self.fail(e))
+    }
+
+    fn write_span(&mut self, dst: u64, src: HostSpan) -> Result<(), Status> {
+        self.lock_for(src);
+        self.driver.htod_span(dst, src).map_err(|e| self.fail(e))
+    }
+
+    fn read_span(&mut self, src: u64, dst: HostSpan) -> Result<(), Status> {
+        self.lock_for(dst);
+        self.driver.dtoh_span(dst, src).map_err(|e| self.fail(e))
+    }
+
+    fn host_arena(&mut self, arena: HostSpan) -> Result<(), Status> {
+        let old = self.pins.set_arena(arena.addr() as u64, arena.len() as u64);
+        self.unlock(old);
+        self.arena = Some(arena);
+        Ok(())
     }
 
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status> {
@@ -256,6 +355,8 @@ impl Device for CudaDevice {
             Loaded {
                 module,
                 functions: HashMap::new(),
+                globals: BTreeMap::new(),
+                layouts: HashMap::new(),
             },
         );
         Ok(id)
@@ -286,22 +387,40 @@ impl Device for CudaDevice {
 
     fn global(&mut self, module: ModuleId, name: &str) -> Result<(u64, u64), Status> {
         let m = self.loaded(module)?.module;
-        self.driver.global(m, name).map_err(|e| status_of(&e))
+        let (addr, size) = self.driver.global(m, name).map_err(|e| status_of(&e))?;
+        if let Some(l) = self.modules.get_mut(&module) {
+            l.globals.insert(addr, size);
+        }
+        Ok((addr, size))
     }
 
     fn launch(&mut self, l: &KernelLaunch) -> Result<Duration, DeviceError> {
         let f = self.function_handle(l.module, l.function)?;
+        if l.shared_mem > DEFAULT_SHARED_LIMIT {
+            // More than 48 KiB of dynamic shared memory needs the function's opt-in, which
+            // the application set on its own (client-side) function.
+            self.driver
+                .set_function_attribute(f, MAX_DYNAMIC_SHARED_SIZE_BYTES, l.shared_mem as i32)
+                .map_err(|e| self.error(e))?;
+        }
         let start = Instant::now();
-        self.driver
-            .launch(
+        let stream = gpufuse_cuda_driver::Stream::NULL;
+        let launched = if l.cooperative {
+            let layout = self.layout(l.module, l.function, f)?;
+            self.driver.launch_cooperative(
                 f,
                 l.grid,
                 l.block,
                 l.shared_mem,
-                gpufuse_cuda_driver::Stream::NULL,
+                stream,
                 l.params,
+                &layout,
             )
-            .map_err(|e| self.error(e))?;
+        } else {
+            self.driver
+                .launch(f, l.grid, l.block, l.shared_mem, stream, l.params)
+        };
+        launched.map_err(|e| self.error(e))?;
         self.driver.synchronize().map_err(|e| self.error(e))?;
         Ok(start.elapsed())
     }

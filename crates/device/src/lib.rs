@@ -16,6 +16,7 @@
 pub mod capture;
 pub mod cuda;
 pub mod emu;
+pub mod host_pins;
 pub mod model;
 pub mod ptx_layout;
 pub mod status;
@@ -23,6 +24,7 @@ pub mod status;
 use gpufuse_proto::{DeviceInfo, FunctionInfo};
 
 pub use capture::{CaptureRefused, DeviceImage};
+pub use gpufuse_cuda_driver::HostSpan;
 pub use status::{DeviceError, Status};
 
 /// A loaded module, as the device knows it.
@@ -50,6 +52,26 @@ pub trait Device: Send {
     /// host memory: large host-to-device copies are then received straight into them.
     fn view_mut(&mut self, _dst: u64, _len: u64) -> Option<&mut [u8]> {
         None
+    }
+    /// Copies `src` (host memory another process may write too: the client's host arena) to
+    /// `dst`. The default reads it into a buffer first.
+    fn write_span(&mut self, dst: u64, src: HostSpan) -> Result<(), Status> {
+        let mut data = vec![0u8; src.len()];
+        src.copy_to(&mut data);
+        self.write(dst, &data)
+    }
+    /// Copies `[src, src + dst.len())` into `dst` (as [`Device::write_span`]'s `src`).
+    fn read_span(&mut self, src: u64, dst: HostSpan) -> Result<(), Status> {
+        let mut data = vec![0u8; dst.len()];
+        self.read(src, &mut data)?;
+        dst.copy_from(&data);
+        Ok(())
+    }
+    /// The client's host arena, which later `*_span` copies lie in: a backend may page-lock
+    /// the parts large copies use so that they run as DMA (the real GPU: [`host_pins`]). The
+    /// arena stays mapped while the device lives.
+    fn host_arena(&mut self, _arena: HostSpan) -> Result<(), Status> {
+        Ok(())
     }
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status>;
     /// Sets `count` elements of `elem_size` (1, 2 or 4) bytes at `dst` to `value`.

@@ -14,11 +14,13 @@
 #![forbid(unsafe_code)]
 
 mod cubin;
+mod names;
 mod units;
 
 use std::borrow::Cow;
 
 pub use cubin::{cubin_info, cubin_sm, CubinInfo, CubinKernel, CubinParam, CubinVariable};
+pub use names::kernel_names;
 pub use units::{
     fatbins_in_object, is_multi_unit, link_image, select_units, with_prelinked_ptx, MAX_UNITS,
     UNIT_TAG,

@@ -208,6 +208,17 @@ impl Session<'_> {
                 tracing::warn!(offset, "a forwarded copy does not fit the client's arena");
             }
         }
+        // SAFETY: the whole mapping, which the session keeps (and so maps) for as long as
+        // its device lives: `memory.arena` is only ever replaced by another arena, and the
+        // device is told of the new one here.
+        let whole = unsafe { gpufuse_device::HostSpan::new(arena.base(), arena.len()) };
+        if let Err(status) = self.device.host_arena(whole) {
+            tracing::info!(
+                status,
+                bytes = arena.len(),
+                "the host arena could not be page-locked: its copies are staged"
+            );
+        }
         self.memory.arena = Some(arena);
     }
 
@@ -246,11 +257,9 @@ impl Session<'_> {
                 arena.read(offset, bytes);
                 Ok(())
             }
-            None => {
-                let mut data = vec![0u8; size as usize];
-                arena.read(offset, &mut data);
-                self.device.write(dst, &data)
-            }
+            None => self
+                .device
+                .write_span(dst, arena_span(arena, offset, size)?),
         }
     }
 
@@ -283,12 +292,7 @@ impl Session<'_> {
                 arena.write(offset, bytes);
                 Ok(())
             }
-            None => {
-                let mut data = vec![0u8; size as usize];
-                self.device.read(src, &mut data)?;
-                arena.write(offset, &data);
-                Ok(())
-            }
+            None => self.device.read_span(src, arena_span(arena, offset, size)?),
         }
     }
 
@@ -475,4 +479,13 @@ impl Session<'_> {
         self.memory.vmm.mapped.retain(|&p, _| p < ptr || p >= end);
         Ok(())
     }
+}
+
+/// `size` bytes of the client's arena at `offset`, checked, for the device to copy from or
+/// to in place.
+fn arena_span(arena: &HostArena, offset: u64, size: u64) -> R<gpufuse_device::HostSpan> {
+    let p = arena.checked(offset, size).ok_or(st::INVALID_VALUE)?;
+    // SAFETY: `checked` returned the start of `size` mapped bytes of the arena, which stays
+    // mapped for the session's life; the span is used within this request only.
+    Ok(unsafe { gpufuse_device::HostSpan::new(p, size as usize) })
 }

@@ -92,6 +92,7 @@ void check_threads(void);
 void check_device_reset(void);
 void check_graph_nodes(void);
 void check_pinned_zero_copy(void);
+void check_thread_exit_calls(void);
 void check_vram_limit(void);
 void hold_1gib(void);
 void hold_until_stdin(void);

@@ -29,6 +29,7 @@ static const struct check checks[] = {
     {"device_reset", check_device_reset, 1},
     {"graph_nodes", check_graph_nodes, 1},
     {"pinned_zero_copy", check_pinned_zero_copy, 1},
+    {"thread_exit_calls", check_thread_exit_calls, 1},
     {"vram_limit", check_vram_limit, 0},
     {"hold_1gib", hold_1gib, 0},
     {"hold_until_stdin", hold_until_stdin, 0},

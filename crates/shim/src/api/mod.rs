@@ -10,6 +10,7 @@ pub mod graph_nodes;
 pub mod init;
 pub mod launch;
 pub mod link;
+pub mod listing;
 pub mod managed;
 pub mod memory;
 pub mod module;

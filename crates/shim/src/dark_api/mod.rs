@@ -14,6 +14,7 @@
 
 mod cublas;
 mod cudart;
+mod tools;
 
 use std::ffi::c_void;
 use std::io::Write;
@@ -129,6 +130,8 @@ known_tables! {
     INTEGRITY_CHECK = cudart::UUID_INTEGRITY, "INTEGRITY_CHECK", cudart::INTEGRITY, true, SUCCESS;
     PRIVATE_21318C60 = cublas::UUID_21318C60, "PRIVATE_21318C60",
         cublas::PRIVATE_21318C60, true, NOT_SUPPORTED;
+    TOOLS_MODULE = tools::UUID_TOOLS_MODULE, "TOOLS_MODULE", tools::TOOLS_MODULE, true,
+        NOT_SUPPORTED;
 }
 
 /// The table for an export-table UUID, or None to refuse it (the caller logs refusals).

@@ -1,0 +1,53 @@
+//! The export table `6e163fbe` (`CU_ETID_ToolsModule` in public dumps of the driver): cuFFT
+//! asks for it when it loads its kernels and calls slot 7 to walk a module's functions. Refused,
+//! or answered 801, cuFFT gives up with `CUFFT_INTERNAL_ERROR` (seen on an H200 and on the
+//! emulated GPU, 2026-11-27).
+//!
+//! Slot 7 `(CUcontext ctx, CUmodule module, callback, void* user)` calls
+//! `callback(user, CUfunction f, CUmodule module)` for each function of `module`; docs/export-tables.md
+//! records what was observed.
+
+use std::ffi::c_void;
+
+use super::{ix, ExportTable};
+use crate::api::context::CUcontext;
+use crate::api::module::{h, CUmodule};
+use crate::status::{CUresult, INVALID_VALUE};
+
+pub const UUID_TOOLS_MODULE: [u8; 16] = [
+    0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e,
+];
+
+type EachFunction = extern "C" fn(user: *mut c_void, f: *mut c_void, module: CUmodule);
+
+/// Slot 7: calls `each(user, f, module)` for every function of `module`.
+extern "C" fn for_each_function(
+    _ctx: CUcontext,
+    module: CUmodule,
+    each: Option<EachFunction>,
+    user: *mut c_void,
+) -> CUresult {
+    let Some(each) = each else {
+        return INVALID_VALUE;
+    };
+    let functions = match crate::api::listing::module_functions(h(module)) {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    if super::verbose() {
+        eprintln!(
+            "gpufuse: export table 6e163fbe slot 7: {} function(s) of module {:#x}",
+            functions.len(),
+            h(module)
+        );
+    }
+    for &f in &functions {
+        each(user, f as usize as *mut c_void, module);
+    }
+    functions.len() as CUresult
+}
+
+/// The driver's table size is not known; 64 slots cover slot 7 and leave every other slot
+/// its reporting fallback.
+pub static TOOLS_MODULE: ExportTable<64> =
+    ExportTable::sized::<{ ix::TOOLS_MODULE }>().with(7, for_each_function as *const c_void);
