@@ -428,7 +428,7 @@ impl Device for CudaDevice {
     // Eviction keeps the address (the window stays reserved) and gives back the physical
     // memory: its contents are copied out (`cuMemcpyDtoH`), then `cuMemUnmap` + `cuMemRelease`;
     // bringing it back is `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` at the same address and
-    // a copy in. Untested on hardware (no GPU was available when this was written).
+    // a copy in. Not yet run on hardware: the lane of 2026-11-27 (an H200) evicted nothing.
 
     fn resident(&self) -> Vec<(u64, u64)> {
         self.mappings

@@ -20,7 +20,7 @@ const CC_MAJOR: i32 = 75;
 const CC_MINOR: i32 = 76;
 
 /// The kernel names of module `m`, in the order the enumeration lists them.
-pub(crate) fn kernel_names(m: u64) -> Result<Vec<String>, CUresult> {
+fn kernel_names(m: u64) -> Result<Vec<String>, CUresult> {
     let s = session()?;
     let (device, image) = s.lock().module_image(m).ok_or(INVALID_HANDLE)?;
     let cc = |attr| s.attribute(device as i32, attr).ok_or(INVALID_HANDLE);
@@ -28,15 +28,23 @@ pub(crate) fn kernel_names(m: u64) -> Result<Vec<String>, CUresult> {
     gpufuse_fatbin::kernel_names(&image, sm).map_err(|_| crate::status::INVALID_IMAGE)
 }
 
-/// Module `m`'s functions, as `cuModuleGetFunction` gives them.
-pub(crate) fn module_functions(m: u64) -> Result<Vec<u64>, CUresult> {
+/// Module `m`'s functions, as `cuModuleGetFunction` gives them, with their names.
+pub(crate) fn named_functions(m: u64) -> Result<Vec<(String, u64)>, CUresult> {
     let names = kernel_names(m)?;
     with_core(|g| {
         names
-            .iter()
-            .map(|name| g.function(m, name))
+            .into_iter()
+            .map(|name| {
+                let f = g.function(m, &name)?;
+                Ok((name, f))
+            })
             .collect::<Result<Vec<_>, _>>()
     })
+}
+
+/// Module `m`'s functions, as `cuModuleGetFunction` gives them.
+fn module_functions(m: u64) -> Result<Vec<u64>, CUresult> {
+    Ok(named_functions(m)?.into_iter().map(|(_, f)| f).collect())
 }
 
 fn library_module(lib: CUlibrary) -> Result<u64, CUresult> {

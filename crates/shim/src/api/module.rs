@@ -428,21 +428,24 @@ static NAMES: Mutex<Option<HashMap<String, &'static CString>>> = Mutex::new(None
 /// # Safety
 /// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
 unsafe fn name_of(f: *mut c_void, pname: *mut *const c_char) -> Result<(), CUresult> {
+    let name = with_function(f, |func| Ok(func.name.clone()))?;
     // SAFETY: the caller vouches for the pointer arguments (# Safety).
-    unsafe {
-        let name = with_function(f, |func| Ok(func.name.clone()))?;
-        let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
-        let map = names.get_or_insert_with(HashMap::new);
-        let c: &'static CString = match map.get(&name) {
-            Some(c) => c,
-            None => {
-                let c = Box::leak(Box::new(CString::new(name.clone()).map_err(|_| NOT_FOUND)?));
-                map.insert(name, c);
-                c
-            }
-        };
-        out(pname, c.as_ptr())
-    }
+    unsafe { out(pname, lasting_name(name)?) }
+}
+
+/// `name` as a NUL-terminated string that lives as long as the process.
+pub(crate) fn lasting_name(name: String) -> Result<*const c_char, CUresult> {
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    let map = names.get_or_insert_with(HashMap::new);
+    let c: &'static CString = match map.get(&name) {
+        Some(c) => c,
+        None => {
+            let c = Box::leak(Box::new(CString::new(name.clone()).map_err(|_| NOT_FOUND)?));
+            map.insert(name, c);
+            c
+        }
+    };
+    Ok(c.as_ptr())
 }
 
 #[no_mangle]

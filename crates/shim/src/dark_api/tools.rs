@@ -4,10 +4,13 @@
 //! emulated GPU, 2026-11-27).
 //!
 //! Slot 7 `(CUcontext ctx, CUmodule module, callback, void* user)` calls
-//! `callback(user, CUfunction f, CUmodule module)` for each function of `module`; docs/export-tables.md
-//! records what was observed.
+//! `callback(user, CUfunction f, const char* name)` for each function of `module` and returns
+//! how many it called back for. NVIDIA's driver (580, on an H200) was seen to return the
+//! count and to pass each function (the `CUfunction` `cuModuleEnumerateFunctions` lists)
+//! with a third pointer, distinct per function and byte-aligned, which gpufuse takes for the
+//! function's name; docs/export-tables.md records the observations.
 
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void};
 
 use super::{ix, ExportTable};
 use crate::api::context::CUcontext;
@@ -18,9 +21,9 @@ pub const UUID_TOOLS_MODULE: [u8; 16] = [
     0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e,
 ];
 
-type EachFunction = extern "C" fn(user: *mut c_void, f: *mut c_void, module: CUmodule);
+type EachFunction = extern "C" fn(user: *mut c_void, f: *mut c_void, name: *const c_char);
 
-/// Slot 7: calls `each(user, f, module)` for every function of `module`.
+/// Slot 7: calls `each(user, f, name)` for every function of `module`; returns the count.
 extern "C" fn for_each_function(
     _ctx: CUcontext,
     module: CUmodule,
@@ -30,7 +33,7 @@ extern "C" fn for_each_function(
     let Some(each) = each else {
         return INVALID_VALUE;
     };
-    let functions = match crate::api::listing::module_functions(h(module)) {
+    let functions = match crate::api::listing::named_functions(h(module)) {
         Ok(f) => f,
         Err(e) => return e,
     };
@@ -41,8 +44,9 @@ extern "C" fn for_each_function(
             h(module)
         );
     }
-    for &f in &functions {
-        each(user, f as usize as *mut c_void, module);
+    for (name, f) in &functions {
+        let name = crate::api::module::lasting_name(name.clone()).unwrap_or(std::ptr::null());
+        each(user, *f as usize as *mut c_void, name);
     }
     functions.len() as CUresult
 }
