@@ -54,7 +54,7 @@ CHECKS = {
     "calls": ["noinline", "recursion", "function_pointers", "barrier_in_callee"],
     "fn_table": ["table"],
     "graphs": ["capture_replay", "fork_join", "many_nodes", "malloc_async_capture", "mem_nodes",
-               "generic_nodes"],
+               "generic_nodes", "exec_update", "mem_node_freed_outside"],
     "faults": ["trap", "illegal_address", "misaligned", "assert", "reset_after_fault",
                "reset_relaunch"],
     "device_io": ["printf", "malloc"],

@@ -261,7 +261,7 @@ impl Inner {
 
     /// Graph `graph` as an executable takes it: its conditional nodes carry their bodies'
     /// operations as they are now.
-    fn freeze(&self, graph: &Graph, depth: usize) -> Result<Graph, ClientError> {
+    pub(crate) fn freeze(&self, graph: &Graph, depth: usize) -> Result<Graph, ClientError> {
         let mut out = graph.clone();
         for op in &mut out.ops {
             if let Op::Conditional { bodies, frozen, .. } = op {

@@ -20,6 +20,7 @@ pub mod copy;
 pub mod error;
 pub mod graph;
 pub mod graph_ops;
+pub mod graph_update;
 pub mod handles;
 pub mod host;
 pub mod lanes;

@@ -289,9 +289,18 @@ impl Inner {
     }
 
     /// Frees the allocation at `ptr` (`cuMemFree`; NULL does nothing, as the driver does). A
-    /// graph's allocation is freed with its graph, and mapped memory only by unmapping.
+    /// graph's allocation that a launch made live ends its life, as `cuMemFreeAsync` outside
+    /// the graph does (NVIDIA's graphMemoryNodes sample frees it so); its memory stays reserved
+    /// for the graph, freed with it. Mapped memory is freed only by unmapping.
     pub fn free(&mut self, ptr: u64) -> Result<(), ClientError> {
         if ptr == 0 {
+            return Ok(());
+        }
+        if let Some(a) = self.graphs.allocations.get_mut(&ptr) {
+            if !a.live {
+                return Err(INVALID_VALUE.into());
+            }
+            a.live = false;
             return Ok(());
         }
         match self.allocations.get(&ptr) {

@@ -421,7 +421,91 @@ static void check_generic_nodes() {
   CK(cudaFree(d_acc));
 }
 
+// Changing what an executable runs: a kernel node's arguments set in the executable
+// (cudaGraphExecKernelNodeSetParams, as NVIDIA's jacobiCudaGraphs sample does), set in the
+// graph and taken over by cudaGraphExecUpdate, and an update the executable cannot take.
+__global__ void set_all(int* x, int v) { x[threadIdx.x] = v; }
+
+static void check_exec_update() {
+  const int n = 64;
+  int *d = nullptr, host[n];
+  CK(cudaMalloc(&d, n * sizeof(int)));
+  int v = 1;
+  void* args[] = {&d, &v};
+  cudaKernelNodeParams kp = {};
+  kp.func = (void*)set_all;
+  kp.gridDim = dim3(1);
+  kp.blockDim = dim3(n);
+  kp.kernelParams = args;
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  cudaGraphNode_t k;
+  CK(cudaGraphCreate(&g, 0));
+  CK(cudaGraphAddKernelNode(&k, g, nullptr, 0, &kp));
+  CK(cudaGraphInstantiate(&e, g, 0));
+  auto run_and_expect = [&](int want, const char* what) {
+    CK(cudaGraphLaunch(e, 0));
+    CK(cudaMemcpy(host, d, sizeof host, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++) EXPECT_RESULT(host[i] == want, what);
+  };
+  run_and_expect(1, "exec update: the first launch");
+  v = 2;  // the node copied its arguments: this changes nothing until they are set again
+  run_and_expect(1, "exec update: arguments are copied when the node is made");
+  CK(cudaGraphExecKernelNodeSetParams(e, k, &kp));
+  run_and_expect(2, "exec update: cudaGraphExecKernelNodeSetParams");
+  v = 3;
+  CK(cudaGraphKernelNodeSetParams(k, &kp));
+  run_and_expect(2, "exec update: the graph's node changed, the executable not yet");
+  cudaGraphExecUpdateResultInfo info = {};
+  CK(cudaGraphExecUpdate(e, g, &info));
+  EXPECT_RESULT(info.result == cudaGraphExecUpdateSuccess, "exec update: result");
+  run_and_expect(3, "exec update: cudaGraphExecUpdate");
+  // Another node: the topology changed, the update is refused and the executable unchanged.
+  cudaGraphNode_t k2;
+  CK(cudaGraphAddKernelNode(&k2, g, &k, 1, &kp));
+  cudaError_t r = cudaGraphExecUpdate(e, g, &info);
+  EXPECT_RESULT(r == cudaErrorGraphExecUpdateFailure, "exec update: a new node is refused");
+  EXPECT_RESULT(info.result == cudaGraphExecUpdateErrorTopologyChanged,
+                "exec update: refused as a topology change");
+  cudaGetLastError();
+  run_and_expect(3, "exec update: a refused update leaves the executable as it was");
+  CK(cudaGraphExecDestroy(e));
+  CK(cudaGraphDestroy(g));
+  CK(cudaFree(d));
+  std::printf("checked cudaGraphExecKernelNodeSetParams and cudaGraphExecUpdate\n");
+}
+
+// A graph allocation that leaves the graph live (no free node) is freed by the application
+// with cudaFree after the launch, as NVIDIA's graphMemoryNodes sample does; the next launch
+// allocates it again.
+static void check_mem_node_freed_outside() {
+  const int n = 256;
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  int* out = nullptr;
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CK(cudaMallocAsync((void**)&out, n * sizeof(int), s));
+  set_all<<<1, n, 0, s>>>(out, 9);
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&e, g, 0));
+  int host[n];
+  for (int round = 0; round < 2; round++) {
+    CK(cudaGraphLaunch(e, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpy(host, out, sizeof host, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++) EXPECT_RESULT(host[i] == 9, "graph allocation: wrong value");
+    CK(cudaFree(out));
+  }
+  CK(cudaGraphExecDestroy(e));
+  CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(s));
+  std::printf("freed a graph allocation with cudaFree after each launch\n");
+}
+
 KCHECK_MAIN({"capture_replay", check_capture_replay}, {"fork_join", check_fork_join},
             {"many_nodes", check_many_nodes}, {"malloc_async_capture", check_malloc_async_capture},
             {"mem_nodes", check_mem_nodes},
-            {"generic_nodes", check_generic_nodes})
+            {"generic_nodes", check_generic_nodes}, {"exec_update", check_exec_update},
+            {"mem_node_freed_outside", check_mem_node_freed_outside})

@@ -61,7 +61,55 @@ unsafe fn add(
 
 /// `CUDA_KERNEL_NODE_PARAMS_v2` (the v1 struct is its first 56 bytes); the node parameter
 /// structs here are generated from NVIDIA's header.
-type KernelNodeParams = gpufuse_cuda_types::structs::CUDA_KERNEL_NODE_PARAMS;
+pub(crate) type KernelNodeParams = gpufuse_cuda_types::structs::CUDA_KERNEL_NODE_PARAMS;
+/// The launch a kernel node's parameters describe, its arguments packed now (as CUDA copies
+/// them when the node is made or its parameters set).
+///
+/// # Safety
+/// `p`'s argument pointers are the application's, valid as the CUDA API contract says.
+pub(crate) unsafe fn launch_op(g: &mut Inner, p: &KernelNodeParams) -> Result<Op, CUresult> {
+    let grid = [p.grid_dim_x, p.grid_dim_y, p.grid_dim_z];
+    let block = [p.block_dim_x, p.block_dim_y, p.block_dim_z];
+    if grid.contains(&0) || block.contains(&0) {
+        return Err(INVALID_VALUE);
+    }
+    let handle = if p.func.is_null() { p.kern } else { p.func };
+    let (function, layout) = g
+        .launch_layout(handle as usize as u64)
+        .map_err(|_| INVALID_HANDLE)?;
+    // SAFETY: this function's contract: the argument pointers are valid.
+    let params = unsafe {
+        pack(
+            &layout,
+            p.kernel_params.cast_const().cast(),
+            p.extra.cast_const().cast(),
+        )
+    }?;
+    Ok(Op::Launch {
+        function,
+        grid,
+        block,
+        shared_mem: p.shared_mem_bytes,
+        params,
+        attributes: Vec::new(),
+    })
+}
+
+/// Kernel node parameters in the v1 layout (`CUDA_KERNEL_NODE_PARAMS_v1`: everything up to
+/// `extra`), widened to the v2 struct.
+///
+/// # Safety
+/// `params` is the application's pointer to a v1 struct.
+pub(crate) unsafe fn read_v1(params: *const c_void) -> Result<KernelNodeParams, CUresult> {
+    // SAFETY: this function's contract.
+    let v1 = unsafe { read(params.cast::<[u8; 56]>()) }?;
+    let mut bytes = [0u8; std::mem::size_of::<KernelNodeParams>()];
+    bytes[..56].copy_from_slice(&v1);
+    // SAFETY: a local buffer of the struct's size; every bit pattern is a valid struct of
+    // integers and pointers.
+    unsafe { read(bytes.as_ptr().cast::<KernelNodeParams>()) }
+}
+
 /// # Safety
 /// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
 unsafe fn kernel_node(
@@ -71,32 +119,11 @@ unsafe fn kernel_node(
     ndeps: usize,
     p: KernelNodeParams,
 ) -> Result<(), CUresult> {
+    let s = session()?;
+    let mut g = s.lock();
     // SAFETY: the caller vouches for the pointer arguments (# Safety).
     unsafe {
-        let grid = [p.grid_dim_x, p.grid_dim_y, p.grid_dim_z];
-        let block = [p.block_dim_x, p.block_dim_y, p.block_dim_z];
-        if grid.contains(&0) || block.contains(&0) {
-            return Err(INVALID_VALUE);
-        }
-        let s = session()?;
-        let mut g = s.lock();
-        let handle = if p.func.is_null() { p.kern } else { p.func };
-        let (function, layout) = g
-            .launch_layout(handle as usize as u64)
-            .map_err(|_| INVALID_HANDLE)?;
-        let params = pack(
-            &layout,
-            p.kernel_params.cast_const().cast(),
-            p.extra.cast_const().cast(),
-        )?;
-        let op = Op::Launch {
-            function,
-            grid,
-            block,
-            shared_mem: p.shared_mem_bytes,
-            params,
-            attributes: Vec::new(),
-        };
+        let op = launch_op(&mut g, &p)?;
         add(&mut g, node, graph, deps, ndeps, vec![op])
     }
 }
@@ -110,14 +137,7 @@ pub unsafe extern "C" fn cuGraphAddKernelNode(
     params: *const c_void,
 ) -> CUresult {
     // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
-    guard(|| unsafe {
-        // The v1 struct: everything up to `extra`.
-        let v1 = read(params.cast::<[u8; 56]>())?;
-        let mut bytes = [0u8; std::mem::size_of::<KernelNodeParams>()];
-        bytes[..56].copy_from_slice(&v1);
-        let p = read(bytes.as_ptr().cast::<KernelNodeParams>())?;
-        kernel_node(node, graph, deps, ndeps, p)
-    })
+    guard(|| unsafe { kernel_node(node, graph, deps, ndeps, read_v1(params)?) })
 }
 
 #[no_mangle]

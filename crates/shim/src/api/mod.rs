@@ -6,6 +6,7 @@ pub mod context;
 pub mod copy;
 pub mod device;
 pub mod graph;
+pub mod graph_exec;
 pub mod graph_nodes;
 pub mod init;
 pub mod launch;

@@ -1,0 +1,144 @@
+//! Changing what a graph or an executable graph runs (`gpufuse_client::graph_update`):
+//! kernel nodes' parameters (`cuGraphKernelNodeSetParams`, `cuGraphExecKernelNodeSetParams`)
+//! and a whole executable from an edited graph (`cuGraphExecUpdate`).
+
+use std::ffi::c_void;
+
+use gpufuse_client::graph_update::UpdateRefused;
+
+use crate::api::graph::{CUgraph, CUgraphExec};
+use crate::api::graph_nodes::{launch_op, read_v1, CUgraphNode, KernelNodeParams};
+use crate::api::module::h;
+use crate::ffi::{out_opt, read};
+use crate::global::{client_err, session};
+use crate::guard::guard;
+use crate::status::{CUresult, INVALID_VALUE};
+
+/// `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`.
+const GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
+
+/// `CUgraphExecUpdateResultInfo`: the result, the node concerned and the node it came from.
+#[repr(C)]
+pub struct UpdateResultInfo {
+    result: u32,
+    error_node: CUgraphNode,
+    error_from_node: CUgraphNode,
+}
+
+/// # Safety
+/// `p`'s argument pointers are the application's, valid as the CUDA API contract says.
+unsafe fn set_kernel(
+    exec: Option<u64>,
+    node: CUgraphNode,
+    p: KernelNodeParams,
+) -> Result<(), CUresult> {
+    let s = session()?;
+    let mut g = s.lock();
+    // SAFETY: this function's contract.
+    let op = unsafe { launch_op(&mut g, &p) }?;
+    g.set_kernel_node(exec, node as usize as u64, op)
+        .map_err(client_err)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeSetParams(
+    node: CUgraphNode,
+    params: *const c_void,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { set_kernel(None, node, read_v1(params)?) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeSetParams_v2(
+    node: CUgraphNode,
+    params: *const c_void,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { set_kernel(None, node, read(params.cast::<KernelNodeParams>())?) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *const c_void,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { set_kernel(Some(h(exec)), node, read_v1(params)?) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams_v2(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *const c_void,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
+        set_kernel(
+            Some(h(exec)),
+            node,
+            read(params.cast::<KernelNodeParams>())?,
+        )
+    })
+}
+
+/// The update, and the node handle of the operation a refusal concerns.
+fn update(exec: CUgraphExec, graph: CUgraph) -> Result<Result<(), (u32, CUgraphNode)>, CUresult> {
+    let s = session()?;
+    let mut g = s.lock();
+    let outcome = g.update_exec(h(exec), h(graph)).map_err(client_err)?;
+    Ok(outcome.map_err(|UpdateRefused { result, index }| {
+        let node = index.map_or(std::ptr::null_mut(), |i| {
+            ((h(graph) & 0xffff_ffff) << 16 | i as u64) as usize as CUgraphNode
+        });
+        (result, node)
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecUpdate_v2(
+    exec: CUgraphExec,
+    graph: CUgraph,
+    info: *mut UpdateResultInfo,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
+        let (result, node, status) = match update(exec, graph)? {
+            Ok(()) => (0, std::ptr::null_mut(), Ok(())),
+            Err((r, n)) => (r, n, Err(GRAPH_EXEC_UPDATE_FAILURE)),
+        };
+        out_opt(
+            info,
+            UpdateResultInfo {
+                result,
+                error_node: node,
+                error_from_node: std::ptr::null_mut(),
+            },
+        );
+        status
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecUpdate(
+    exec: CUgraphExec,
+    graph: CUgraph,
+    error_node: *mut CUgraphNode,
+    result: *mut u32,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
+        if result.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let (r, node, status) = match update(exec, graph)? {
+            Ok(()) => (0, std::ptr::null_mut(), Ok(())),
+            Err((r, n)) => (r, n, Err(GRAPH_EXEC_UPDATE_FAILURE)),
+        };
+        out_opt(error_node, node);
+        out_opt(result, r);
+        status
+    })
+}
