@@ -444,6 +444,47 @@ fn redux_packed_pairs_and_scoped_statements() {
     assert_eq!(got[5], 0x0001_0000);
 }
 
+/// Warp collectives of groups that run one instruction together with different membermasks,
+/// as `cg::labeled_partition` makes them (NVIDIA's warpAggregatedAtomicsCG sample): lanes
+/// with an even lane id form one group, odd ones another; `redux`, `match`, `vote` and
+/// `elect` each compute over the lane's own group. Each lane stores its results.
+#[test]
+fn collectives_compute_over_each_lanes_membermask() {
+    let ptx = ".version 8.8\n.target sm_90\n.address_size 64\n\
+        .visible .entry k(.param .u64 out)\n{\n.reg .b32 %r<16>;\n.reg .b64 %rd<4>;\n\
+        .reg .pred %p<4>;\n\
+        mov.u32 %r1, %laneid;\nand.b32 %r2, %r1, 1;\n\
+        setp.eq.u32 %p1, %r2, 0;\nselp.b32 %r3, 0x55555555, 0xAAAAAAAA, %p1;\n\
+        redux.sync.max.s32 %r4, %r1, %r3;\n\
+        shr.u32 %r5, %r1, 2;\nmatch.any.sync.b32 %r6, %r5, %r3;\n\
+        setp.lt.u32 %p2, %r1, 8;\nvote.sync.ballot.b32 %r7, %p2, %r3;\n\
+        elect.sync %r8|%p3, %r3;\n\
+        ld.param.u64 %rd1, [out];\nmul.wide.u32 %rd2, %r1, 16;\nadd.s64 %rd1, %rd1, %rd2;\n\
+        st.global.v4.u32 [%rd1], {%r4, %r6, %r7, %r8};\nret;\n}\n";
+    let m = Module::parse(ptx).unwrap();
+    assert_eq!(m.unsupported().count(), 0);
+    let mem = memory(1, 32 * 16);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    m.launch("k", &cfg, &BASE.to_le_bytes(), &mem, &|_| None)
+        .unwrap();
+    let got = u32s(&mem, 0, 32 * 4);
+    for lane in 0..32u32 {
+        let group: u32 = if lane % 2 == 0 { 0x5555_5555 } else { 0xAAAA_AAAA };
+        let row = &got[lane as usize * 4..][..4];
+        assert_eq!(row[0], if lane % 2 == 0 { 30 } else { 31 }, "redux.max, lane {lane}");
+        let same_quad = (0..32u32)
+            .filter(|&o| group & (1 << o) != 0 && o / 4 == lane / 4)
+            .fold(0, |m, o| m | 1 << o);
+        assert_eq!(row[1], same_quad, "match.any, lane {lane}");
+        assert_eq!(row[2], group & 0xff, "vote.ballot, lane {lane}");
+        assert_eq!(row[3], group.trailing_zeros(), "elect leader, lane {lane}");
+    }
+}
+
 /// An instruction the VM lacks fails only the kernels that hold it, naming it at launch.
 #[test]
 fn unsupported_instructions_fail_their_kernel_only() {
