@@ -41,7 +41,8 @@ def test_launches_over_tcp(programs, server):
 # run (XPASS) once fixed, so the mark must go then.
 
 CHECKS = {
-    "warp": ["shfl_reduce", "shfl_scan", "vote", "match_redux", "match_all", "syncwarp_barrier"],
+    "warp": ["shfl_reduce", "shfl_scan", "vote", "match_redux", "match_all", "syncwarp_barrier",
+             "labeled_partition"],
     "histogram": ["global_atomics", "shared_atomics", "contention", "atomic_ops"],
     "matmul": ["float", "double", "int"],
     "transpose": ["tiled", "naive"],
@@ -50,7 +51,7 @@ CHECKS = {
     "double": ["ieee", "conversions", "reduction", "directed_rounding"],
     "math": ["float_functions", "float_intrinsics", "double_functions", "double_trig_pow"],
     "memory_spaces": ["dynamic_shared", "constant_memory", "device_globals", "local_memory",
-                      "managed", "arrays", "mapped_host"],
+                      "managed", "arrays", "mapped_host", "func_attributes"],
     "calls": ["noinline", "recursion", "function_pointers", "barrier_in_callee"],
     "fn_table": ["table"],
     "graphs": ["capture_replay", "fork_join", "many_nodes", "malloc_async_capture", "mem_nodes",

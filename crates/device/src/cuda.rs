@@ -378,8 +378,9 @@ impl Device for CudaDevice {
             .into_iter()
             .map(|(offset, size)| ParamSlot { offset, size })
             .collect();
-        // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK .. CLUSTER_SCHEDULING_POLICY_PREFERENCE.
-        let attributes = (0..=15)
+        // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK .. SHARED_MEMORY_MODE (CUDA 13; a driver
+        // that lacks the newest answers without them).
+        let attributes = (0..=17)
             .filter_map(|a| Some((a, self.driver.function_attribute(f, a).ok()?)))
             .collect();
         Ok(FunctionInfo { params, attributes })

@@ -304,7 +304,28 @@ static void check_mapped_host() {
   std::printf("checked mapped pinned memory: %d floats written by a kernel\n", n);
 }
 
+// cudaFuncGetAttributes: libcudart 13.5 asks the driver for every function attribute up to
+// CUDA 13's CU_FUNC_ATTRIBUTE_SHARED_MEMORY_MODE (17); one missing fails the call (and Thrust's
+// radix sort with it: NVIDIA's radixSortThrust sample).
+__global__ void attr_probe(int* x) {
+  __shared__ int s[64];
+  s[threadIdx.x] = threadIdx.x;
+  __syncthreads();
+  x[threadIdx.x] = s[63 - threadIdx.x];
+}
+
+static void check_func_attributes() {
+  cudaFuncAttributes a = {};
+  CK(cudaFuncGetAttributes(&a, attr_probe));
+  EXPECT_RESULT(a.maxThreadsPerBlock > 0 && a.maxThreadsPerBlock <= 1024, "maxThreadsPerBlock %d",
+                a.maxThreadsPerBlock);
+  EXPECT_RESULT(a.sharedSizeBytes >= 64 * sizeof(int), "sharedSizeBytes %zu", a.sharedSizeBytes);
+  EXPECT_RESULT(a.ptxVersion > 0 || a.binaryVersion > 0, "no ptx or binary version");
+  std::printf("cudaFuncGetAttributes: %d threads, %zu shared bytes, %d registers\n",
+              a.maxThreadsPerBlock, a.sharedSizeBytes, a.numRegs);
+}
+
 KCHECK_MAIN({"dynamic_shared", check_dynamic_shared}, {"constant_memory", check_constant_memory},
             {"device_globals", check_device_globals}, {"local_memory", check_local_memory},
             {"managed", check_managed}, {"arrays", check_arrays},
-            {"mapped_host", check_mapped_host})
+            {"mapped_host", check_mapped_host}, {"func_attributes", check_func_attributes})

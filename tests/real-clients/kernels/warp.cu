@@ -1,8 +1,13 @@
 // Warp-level primitives: shuffle reductions (down, xor, 32- and 64-bit, float), a warp scan with
 // __shfl_up_sync, indexed shuffles with a width, votes (ballot/any/all, partial masks),
 // __match_any_sync and the __reduce_*_sync (redux.sync) family.
+#include <cooperative_groups.h>
+#include <algorithm>
+#include <cooperative_groups/reduce.h>
 #include <vector>
 #include "kcheck.h"
+
+namespace cg = cooperative_groups;
 
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -320,6 +325,45 @@ static void check_syncwarp_barrier() {
   CK(cudaFree(d));
 }
 
+// cg::labeled_partition and cg::reduce over it (NVIDIA's warpAggregatedAtomicsCG pattern):
+// lanes of different labels run one redux/match together with different membermasks, and
+// each group's maximum must be its own.
+__global__ void label_max(const int* label, const int* value, int* out, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  cg::coalesced_group active = cg::coalesced_threads();
+  auto group = cg::labeled_partition(active, label[i]);
+  int m = cg::reduce(group, value[i], cg::greater<int>());
+  if (group.thread_rank() == 0) atomicMax(&out[label[i]], m);
+}
+
+static void check_labeled_partition() {
+  const int n = 4096, labels = 7;
+  std::vector<int> lab(n), val(n), want(labels, 0), got(labels);
+  for (int i = 0; i < n; i++) {
+    lab[i] = (i * 37 + i / 5) % labels;
+    val[i] = (i * 7919) % 100003;
+    want[lab[i]] = std::max(want[lab[i]], val[i]);
+  }
+  int *dl, *dv, *dout;
+  CK(cudaMalloc(&dl, n * sizeof(int)));
+  CK(cudaMalloc(&dv, n * sizeof(int)));
+  CK(cudaMalloc(&dout, labels * sizeof(int)));
+  CK(cudaMemcpy(dl, lab.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dv, val.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+  CK(cudaMemset(dout, 0, labels * sizeof(int)));
+  label_max<<<n / 256, 256>>>(dl, dv, dout, n);
+  CK(cudaGetLastError());
+  CK(cudaMemcpy(got.data(), dout, labels * sizeof(int), cudaMemcpyDeviceToHost));
+  for (int l = 0; l < labels; l++)
+    EXPECT_RESULT(got[l] == want[l], "label %d: max %d, want %d", l, got[l], want[l]);
+  CK(cudaFree(dl));
+  CK(cudaFree(dv));
+  CK(cudaFree(dout));
+  std::printf("checked cg::reduce over cg::labeled_partition (%d labels)\n", labels);
+}
+
 KCHECK_MAIN({"shfl_reduce", check_shfl_reduce}, {"shfl_scan", check_shfl_scan},
             {"vote", check_vote}, {"match_redux", check_match_redux},
-            {"match_all", check_match_all}, {"syncwarp_barrier", check_syncwarp_barrier})
+            {"match_all", check_match_all}, {"syncwarp_barrier", check_syncwarp_barrier},
+            {"labeled_partition", check_labeled_partition})

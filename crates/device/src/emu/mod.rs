@@ -453,6 +453,10 @@ impl Device for EmuDevice {
             (13, 0),
             (14, 0), // non-portable cluster size allowed
             (15, 0), // cluster scheduling policy
+            // CUDA 13's: libcudart 13.5's cudaFuncGetAttributes asks for them, and Thrust's
+            // radix sort fails on an error (NVIDIA's radixSortThrust sample).
+            (16, 0), // device node update supported
+            (17, 0), // shared memory mode: CU_SHARED_MEMORY_MODE_DEFAULT
         ];
         Ok(FunctionInfo {
             params: k.params.clone(),
