@@ -42,14 +42,22 @@ impl FromStr for Address {
             .map(|hp| (false, hp))
             .or_else(|| s.strip_prefix("tcp+tls:").map(|hp| (true, hp)))
         {
-            if hp
+            if let Some((h, p)) = hp
                 .rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+                .filter(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
             {
-                return Ok(if tls {
-                    Address::TcpTls(hp.to_string())
+                // An IPv6 host written without brackets (a Kubernetes pod's `$(POD_IP)` in
+                // `tcp:$(POD_IP):7070`): the port is after the last colon, and the host gets
+                // the brackets a socket address needs.
+                let hp = if h.contains(':') && !h.starts_with('[') {
+                    format!("[{h}]:{p}")
                 } else {
-                    Address::Tcp(hp.to_string())
+                    hp.to_string()
+                };
+                return Ok(if tls {
+                    Address::TcpTls(hp)
+                } else {
+                    Address::Tcp(hp)
                 });
             }
         }
@@ -246,6 +254,15 @@ mod tests {
             Address::TcpTls("localhost:7000".into()).to_string(),
             "tcp+tls:localhost:7000"
         );
+        // IPv6, bracketed or not (a pod IP substituted into `tcp:$(POD_IP):7070`).
+        assert_eq!(
+            "tcp:fd00::1:7070".parse::<Address>().unwrap(),
+            Address::Tcp("[fd00::1]:7070".into())
+        );
+        assert_eq!(
+            "tcp:[fd00::1]:7070".parse::<Address>().unwrap(),
+            Address::Tcp("[fd00::1]:7070".into())
+        );
         for bad in [
             "",
             "unix:",
@@ -259,5 +276,26 @@ mod tests {
         ] {
             assert!(bad.parse::<Address>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_unbracketed_ipv6_address_listens_and_connects() {
+        assert_eq!(
+            "tcp:::1:0".parse::<Address>().unwrap().to_string(),
+            "tcp:[::1]:0"
+        );
+        let l = match "tcp:::1:0".parse::<Address>().unwrap().bind() {
+            Ok(l) => l,
+            // A host without an IPv6 loopback (EADDRNOTAVAIL) cannot run the rest; the
+            // parsing above ran.
+            Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => return,
+            Err(e) => panic!("binding [::1]: {e}"),
+        };
+        let Listener::Tcp(ref tcp) = l else {
+            panic!("not a TCP listener");
+        };
+        let port = tcp.local_addr().unwrap().port();
+        let addr: Address = format!("tcp:::1:{port}").parse().unwrap();
+        addr.connect().unwrap();
     }
 }
