@@ -67,10 +67,10 @@ def test_torch_nvml_queries_see_the_slice_and_the_session(programs, server, torc
     assert int(stdout_value(res, "nvml_total")) == 2 * GiB
 
 
-@pytest.mark.xfail(strict=True, reason="a copy that spans two adjacent cuMemMap mappings is "
-                   "refused (CUDA_ERROR_INVALID_VALUE); expandable segments place tensors across "
-                   "them. Device attribute 102 stays 0 until that works.")
 def test_torch_expandable_segments(programs, server, torch_py):
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: PyTorch maps physical memory into one
+    growing reservation (cuMemCreate/cuMemMap) and places tensors across adjacent mappings,
+    which copies and kernels then span."""
     res = torch_run(programs, server, torch_py, "expandable",
                     env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     assert_ok(res, ["PASS expandable"])

@@ -128,14 +128,37 @@ impl Inner {
         (end <= base + a.size.max(1) && ptr < base + a.size.max(1)).then_some((base, a))
     }
 
-    /// Checks that `[ptr, ptr+len)` lies in one of the session's allocations (an empty range
-    /// always does).
+    /// Checks that `[ptr, ptr+len)` lies in one of the session's allocations, or in mappings
+    /// (`cuMemMap`) that follow each other without a gap, as PyTorch's expandable segments
+    /// place tensors across them (an empty range always does).
     pub fn check_device_range(&self, ptr: u64, len: u64) -> Result<(), ClientError> {
-        if len == 0 || self.find_allocation(ptr, len).is_some() {
+        if len == 0 || self.find_allocation(ptr, len).is_some() || self.in_mappings(ptr, len) {
             Ok(())
         } else {
             Err(INVALID_VALUE.into())
         }
+    }
+
+    /// Whether `[ptr, ptr+len)` is covered by adjacent mappings, each starting where the last
+    /// ended.
+    fn in_mappings(&self, ptr: u64, len: u64) -> bool {
+        let Some(end) = ptr.checked_add(len) else {
+            return false;
+        };
+        let Some((&base, a)) = self.allocations.range(..=ptr).next_back() else {
+            return false;
+        };
+        if !a.is_mapped() || ptr >= base + a.size {
+            return false;
+        }
+        let mut covered = base + a.size;
+        while covered < end {
+            match self.allocations.get(&covered) {
+                Some(next) if next.is_mapped() && next.size > 0 => covered += next.size,
+                _ => return false,
+            }
+        }
+        true
     }
 
     /// The allocation that starts at `ptr`.

@@ -219,7 +219,7 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (97, m.shared_per_block_optin),
         (98, 0),
         (99, 1),  // host register supported
-        (102, 0), // virtual memory management: not exposed to clients yet
+        (102, 1), // virtual memory management (cuMemCreate/cuMemMap; copies across adjacent mappings)
         (106, m.blocks_per_sm),
         // Persisting L2: the figures of the GPU modelled (a quarter of L2 may persist, windows
         // up to 128 MiB); the VM has no cache, so hints are accepted and change nothing.

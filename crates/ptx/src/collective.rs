@@ -19,7 +19,14 @@ fn val(w: &Warp, env: &Env, g: &Group, ins: &Ins, k: usize, size: u8) -> Result<
 
 /// Each running lane's group: the running lanes in its `membermask` (source `k`), or all of
 /// `run` for the forms without one (`vote` before `.sync`).
-fn groups(w: &Warp, env: &Env, g: &Group, ins: &Ins, k: usize, run: u32) -> Result<[u32; 32], ExecError> {
+fn groups(
+    w: &Warp,
+    env: &Env,
+    g: &Group,
+    ins: &Ins,
+    k: usize,
+    run: u32,
+) -> Result<[u32; 32], ExecError> {
     let mut out = [run; 32];
     if k < ins.ns as usize {
         let masks = val(w, env, g, ins, k, 4)?;

@@ -473,9 +473,17 @@ fn collectives_compute_over_each_lanes_membermask() {
         .unwrap();
     let got = u32s(&mem, 0, 32 * 4);
     for lane in 0..32u32 {
-        let group: u32 = if lane % 2 == 0 { 0x5555_5555 } else { 0xAAAA_AAAA };
+        let group: u32 = if lane % 2 == 0 {
+            0x5555_5555
+        } else {
+            0xAAAA_AAAA
+        };
         let row = &got[lane as usize * 4..][..4];
-        assert_eq!(row[0], if lane % 2 == 0 { 30 } else { 31 }, "redux.max, lane {lane}");
+        assert_eq!(
+            row[0],
+            if lane % 2 == 0 { 30 } else { 31 },
+            "redux.max, lane {lane}"
+        );
         let same_quad = (0..32u32)
             .filter(|&o| group & (1 << o) != 0 && o / 4 == lane / 4)
             .fold(0, |m, o| m | 1 << o);

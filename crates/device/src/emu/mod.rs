@@ -194,6 +194,33 @@ impl EmuDevice {
             .then_some((base, off as usize))
     }
 
+    /// The pieces of `[ptr, ptr+len)` as (address, length), each inside one allocation: one
+    /// piece, or several across virtual-memory mappings that follow each other without a gap
+    /// (a range `cuMemMap` made contiguous; separate allocations never join). None if any
+    /// byte is outside.
+    fn pieces(&self, ptr: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+        if self.find(ptr, len).is_some() {
+            return Some(vec![(ptr, len)]);
+        }
+        let end = ptr.checked_add(len)?;
+        let (&base, buf) = self.allocations.range(..=ptr).next_back()?;
+        let mut at_end = base + buf.len() as u64;
+        if ptr >= at_end || !self.vmm.is_mapped(base) {
+            return None;
+        }
+        let mut out = vec![(ptr, at_end - ptr)];
+        while at_end < end {
+            let next = self.allocations.get(&at_end)?;
+            if !self.vmm.is_mapped(at_end) || next.len() == 0 {
+                return None;
+            }
+            let n = (next.len() as u64).min(end - at_end);
+            out.push((at_end, n));
+            at_end += next.len() as u64;
+        }
+        Some(out)
+    }
+
     fn slice_mut(&mut self, ptr: u64, len: u64) -> Result<&mut [u8], Status> {
         let (base, off) = self.find(ptr, len).ok_or(INVALID_VALUE)?;
         let buf = self.allocations.get_mut(&base).ok_or(INVALID_VALUE)?;
@@ -249,17 +276,26 @@ impl Device for EmuDevice {
     }
 
     fn contains(&self, ptr: u64, len: u64) -> bool {
-        self.find(ptr, len).is_some()
+        self.pieces(ptr, len).is_some()
     }
 
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Status> {
-        self.slice_mut(dst, data.len() as u64)?
-            .copy_from_slice(data);
+        let mut rest = data;
+        for (at, n) in self.pieces(dst, data.len() as u64).ok_or(INVALID_VALUE)? {
+            let (here, after) = rest.split_at(n as usize);
+            self.slice_mut(at, n)?.copy_from_slice(here);
+            rest = after;
+        }
         Ok(())
     }
 
     fn read(&mut self, src: u64, out: &mut [u8]) -> Result<(), Status> {
-        out.copy_from_slice(self.slice(src, out.len() as u64)?);
+        let mut rest = &mut out[..];
+        for (at, n) in self.pieces(src, rest.len() as u64).ok_or(INVALID_VALUE)? {
+            let (here, after) = rest.split_at_mut(n as usize);
+            here.copy_from_slice(self.slice(at, n)?);
+            rest = after;
+        }
         Ok(())
     }
 
@@ -272,12 +308,27 @@ impl Device for EmuDevice {
     }
 
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status> {
-        let data = self.slice(src, len)?.to_vec();
+        let mut data = vec![0u8; usize::try_from(len).map_err(|_| INVALID_VALUE)?];
+        self.read(src, &mut data)?;
         self.write(dst, &data)
     }
 
     fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status> {
         let len = count.checked_mul(elem_size as u64).ok_or(INVALID_VALUE)?;
+        let pieces = self.pieces(dst, len).ok_or(INVALID_VALUE)?;
+        if pieces.len() > 1 {
+            // Across mappings: the pattern written whole, piece by piece.
+            let mut pattern = vec![0u8; usize::try_from(len).map_err(|_| INVALID_VALUE)?];
+            let bytes = value.to_le_bytes();
+            let e = elem_size as usize;
+            if !matches!(e, 1 | 2 | 4) {
+                return Err(INVALID_VALUE);
+            }
+            pattern
+                .chunks_exact_mut(e)
+                .for_each(|c| c.copy_from_slice(&bytes[..e]));
+            return self.write(dst, &pattern);
+        }
         let s = self.slice_mut(dst, len)?;
         match elem_size {
             1 => s.fill(value as u8),
@@ -817,6 +868,40 @@ mod tests {
         assert_eq!(d.free(p + 1), Err(INVALID_VALUE));
         assert_eq!(d.free(p), Ok(1000));
         assert_eq!(d.alloc(2 << 30), Err(OUT_OF_MEMORY));
+    }
+
+    /// Copies and memsets across virtual-memory mappings that follow each other (PyTorch's
+    /// expandable segments); separate allocations never join, and a gap ends the range.
+    #[test]
+    fn ranges_span_adjacent_mappings_only() {
+        use vmm::GRANULARITY as G;
+        let mut d = dev();
+        let range = d.reserve(4 * G, 0).unwrap();
+        for i in 0..2 {
+            let p = d.create_physical(G).unwrap();
+            d.map(range + i * G, p).unwrap();
+        }
+        let across = range + G - 3;
+        assert!(d.contains(across, 6));
+        d.write(across, b"abcdef").unwrap();
+        let mut out = [0u8; 6];
+        d.read(across, &mut out).unwrap();
+        assert_eq!(&out, b"abcdef");
+        d.memset(across - 1, 0x0102_0304, 4, 2).unwrap();
+        d.read(across - 1, &mut out).unwrap();
+        assert_eq!(out, [4, 3, 2, 1, 4, 3]);
+        d.copy(range, across - 1, 6).unwrap();
+        let mut back = [0u8; 6];
+        d.read(range, &mut back).unwrap();
+        assert_eq!(back, out);
+        // The third granule is unmapped: a range into it is refused.
+        assert!(!d.contains(range + 2 * G - 2, 4));
+        assert_eq!(d.write(range + 2 * G - 2, &[0; 4]), Err(INVALID_VALUE));
+        // Two plain allocations that happen to be adjacent do not join.
+        let a = d.alloc(ALIGN).unwrap();
+        let b = d.alloc(ALIGN).unwrap();
+        assert_eq!(b, a + ALIGN);
+        assert!(!d.contains(a + ALIGN - 2, 4));
     }
 
     #[test]
