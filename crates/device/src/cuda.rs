@@ -198,9 +198,18 @@ impl CudaDevice {
 }
 
 /// Name, memory, identity and every attribute the driver answers, as the client caches them.
+/// Attributes a session on this backend does not have, whatever the GPU says: virtual memory
+/// management for the application (`cuMemCreate`/`cuMemMap` are the emulated GPU's only; an
+/// application that sees 1, PyTorch's expandable segments, would fail at its first mapping)
+/// and shareable handles for it (POSIX file descriptor, Win32, KMT).
+const NOT_FOR_SESSIONS: [i32; 4] = [102, 103, 104, 105];
+
 fn describe(driver: &Driver, dev: CUdevice) -> Result<DeviceInfo, DriverError> {
     let attributes: Vec<(i32, i32)> = (1..=161)
-        .map(|a| (a, driver.attribute(dev, a).unwrap_or(0)))
+        .map(|a| match NOT_FOR_SESSIONS.contains(&a) {
+            true => (a, 0),
+            false => (a, driver.attribute(dev, a).unwrap_or(0)),
+        })
         .collect();
     Ok(DeviceInfo {
         index: dev as u32,
