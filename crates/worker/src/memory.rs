@@ -216,7 +216,7 @@ impl Session<'_> {
             tracing::info!(
                 status,
                 bytes = arena.len(),
-                "the host arena could not be page-locked: its copies are staged"
+                "the device did not take the host arena: its copies go through a buffer"
             );
         }
         self.memory.arena = Some(arena);
