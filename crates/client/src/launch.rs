@@ -163,6 +163,16 @@ impl Inner {
         Ok((function, info.params.clone()))
     }
 
+    /// The `CUkernel` (`cuLibraryGetKernel`) whose function `function` is, if any: what a
+    /// kernel node made from a `CUkernel` reports back, for the runtime to find its host
+    /// function by.
+    pub fn kernel_of(&self, function: u64) -> Option<u64> {
+        self.kernels
+            .iter()
+            .find(|(_, k)| k.function == function)
+            .map(|(&h, _)| h)
+    }
+
     /// Launches `function` (the worker's id, from [`Inner::launch_layout`]) with packed
     /// parameters, or records the launch if the stream is capturing.
     pub fn launch(

@@ -421,7 +421,8 @@ static void check_generic_nodes() {
   CK(cudaFree(d_acc));
 }
 
-// Changing what an executable runs: a kernel node's arguments set in the executable
+// Reading a kernel node's parameters (cudaGraphKernelNodeGetParams) and changing what an
+// executable runs: a kernel node's arguments set in the executable
 // (cudaGraphExecKernelNodeSetParams, as NVIDIA's jacobiCudaGraphs sample does), set in the
 // graph and taken over by cudaGraphExecUpdate, and an update the executable cannot take.
 __global__ void set_all(int* x, int v) { x[threadIdx.x] = v; }
@@ -449,6 +450,12 @@ static void check_exec_update() {
     for (int i = 0; i < n; i++) EXPECT_RESULT(host[i] == want, what);
   };
   run_and_expect(1, "exec update: the first launch");
+  cudaKernelNodeParams got = {};
+  CK(cudaGraphKernelNodeGetParams(k, &got));
+  EXPECT_RESULT(got.gridDim.x == 1 && got.blockDim.x == (unsigned)n && got.sharedMemBytes == 0,
+                "cudaGraphKernelNodeGetParams: dimensions");
+  EXPECT_RESULT(*(int**)got.kernelParams[0] == d && *(int*)got.kernelParams[1] == 1,
+                "cudaGraphKernelNodeGetParams: arguments");
   v = 2;  // the node copied its arguments: this changes nothing until they are set again
   run_and_expect(1, "exec update: arguments are copied when the node is made");
   CK(cudaGraphExecKernelNodeSetParams(e, k, &kp));

@@ -1,15 +1,20 @@
-//! Changing what a graph or an executable graph runs (`gpufuse_client::graph_update`):
-//! kernel nodes' parameters (`cuGraphKernelNodeSetParams`, `cuGraphExecKernelNodeSetParams`)
-//! and a whole executable from an edited graph (`cuGraphExecUpdate`).
+//! Reading and changing what a graph or an executable graph runs
+//! (`gpufuse_client::graph_update`): kernel nodes' parameters (`cuGraphKernelNodeGetParams`,
+//! `cuGraphKernelNodeSetParams`, `cuGraphExecKernelNodeSetParams`) and a whole executable from
+//! an edited graph (`cuGraphExecUpdate`).
 
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Mutex;
+
+use gpufuse_client::graph::Op;
 
 use gpufuse_client::graph_update::UpdateRefused;
 
 use crate::api::graph::{CUgraph, CUgraphExec};
-use crate::api::graph_nodes::{launch_op, read_v1, CUgraphNode, KernelNodeParams};
+use crate::api::graph_nodes::{launch_op, node_op, read_v1, CUgraphNode, KernelNodeParams};
 use crate::api::module::h;
-use crate::ffi::{out_opt, read};
+use crate::ffi::{out, out_opt, read};
 use crate::global::{client_err, session};
 use crate::guard::guard;
 use crate::status::{CUresult, INVALID_VALUE};
@@ -23,6 +28,81 @@ pub struct UpdateResultInfo {
     result: u32,
     error_node: CUgraphNode,
     error_from_node: CUgraphNode,
+}
+
+/// The arguments `cuGraphKernelNodeGetParams` hands out, per node: a copy of the packed
+/// parameters and the array of pointers into it (addresses), kept until the node's next get.
+type Args = (Box<[u8]>, Box<[usize]>);
+static ARGS: Mutex<Option<HashMap<u64, Args>>> = Mutex::new(None);
+
+/// A kernel node's parameters: its function, dimensions, and `kernelParams` pointing at a copy
+/// of the arguments it was given (no `extra`, as the driver answers).
+fn get_kernel(node: CUgraphNode) -> Result<KernelNodeParams, CUresult> {
+    let s = session()?;
+    let g = s.lock();
+    let Op::Launch {
+        function,
+        grid,
+        block,
+        shared_mem,
+        params,
+        ..
+    } = node_op(&g, node)?
+    else {
+        return Err(INVALID_VALUE);
+    };
+    let (_, layout) = g.launch_layout(function).map_err(client_err)?;
+    let kernel = g.kernel_of(function);
+    drop(g);
+    let bytes: Box<[u8]> = params.into_boxed_slice();
+    let base = bytes.as_ptr() as usize;
+    let pointers: Box<[usize]> = layout.iter().map(|p| base + p.offset as usize).collect();
+    let kernel_params = pointers.as_ptr() as *mut *mut c_void;
+    // Moving the boxes moves no heap data: the addresses stay valid while they are kept.
+    ARGS.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(node as usize as u64, (bytes, pointers));
+    Ok(KernelNodeParams {
+        func: function as usize as *mut c_void,
+        grid_dim_x: grid[0],
+        grid_dim_y: grid[1],
+        grid_dim_z: grid[2],
+        block_dim_x: block[0],
+        block_dim_y: block[1],
+        block_dim_z: block[2],
+        shared_mem_bytes: shared_mem,
+        kernel_params,
+        extra: std::ptr::null_mut(),
+        kern: kernel.map_or(std::ptr::null_mut(), |k| k as usize as *mut c_void),
+        ctx: std::ptr::null_mut(),
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeGetParams_v2(
+    node: CUgraphNode,
+    params: *mut KernelNodeParams,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe { out(params, get_kernel(node)?) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeGetParams(
+    node: CUgraphNode,
+    params: *mut c_void,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
+        let p = get_kernel(node)?;
+        // The v1 struct: everything up to `extra` (56 bytes).
+        let bytes = std::slice::from_raw_parts((&p as *const KernelNodeParams).cast::<u8>(), 56);
+        out(
+            params.cast::<[u8; 56]>(),
+            <[u8; 56]>::try_from(bytes).map_err(|_| INVALID_VALUE)?,
+        )
+    })
 }
 
 /// # Safety

@@ -354,7 +354,7 @@ const LOCATION_TYPE_DEVICE: c_uint = 1;
 
 /// The operation a node stands for (its handle holds the graph and the index of its last
 /// operation).
-fn node_op(g: &Inner, node: CUgraphNode) -> Result<Op, CUresult> {
+pub(crate) fn node_op(g: &Inner, node: CUgraphNode) -> Result<Op, CUresult> {
     let n = node as usize as u64;
     let graph = g.graph_of_node(n).ok_or(INVALID_HANDLE)?;
     let index = (n & 0xffff) as usize;
