@@ -60,7 +60,8 @@ CHECKS = {
                "reset_relaunch"],
     "device_io": ["printf", "malloc"],
     "textures": ["point_filter", "linear_filter", "normalized_coords", "normalized_float",
-                 "fetch_linear", "pitch2d", "volume", "gather", "surface", "destroyed"],
+                 "fetch_linear", "pitch2d", "volume", "gather", "surface", "destroyed",
+                 "cubemap"],
     "cooperative": ["grid_sync", "too_large", "hang_fails", "persisting_l2"],
 }
 

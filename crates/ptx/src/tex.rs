@@ -117,6 +117,8 @@ pub enum Geom {
     D3,
     A1,
     A2,
+    /// A cubemap: a direction (x, y, z) picks a face of a six-layer 2-D array.
+    Cube,
 }
 
 impl Geom {
@@ -127,6 +129,7 @@ impl Geom {
             "3d" => Geom::D3,
             "a1d" => Geom::A1,
             "a2d" => Geom::A2,
+            "cube" => Geom::Cube,
             _ => return None,
         })
     }
@@ -136,7 +139,7 @@ impl Geom {
         match self {
             Geom::D1 => 1,
             Geom::D2 | Geom::A1 => 2,
-            Geom::D3 | Geom::A2 => 3,
+            Geom::D3 | Geom::A2 | Geom::Cube => 3,
         }
     }
 
@@ -147,6 +150,7 @@ impl Geom {
             Geom::D3 => "3d",
             Geom::A1 => "a1d",
             Geom::A2 => "a2d",
+            Geom::Cube => "cube",
         }
     }
 }
@@ -346,7 +350,7 @@ pub fn decode(
             (d, c)
         }
         Op::Suld | Op::Sust => {
-            let g = geom.ok_or_else(unsupported)?;
+            let g = geom.filter(|&g| g != Geom::Cube).ok_or_else(unsupported)?;
             let [d] = <[Type; 1]>::try_from(types.clone()).map_err(|_| unsupported())?;
             if d.kind != Ty::B || !mods_s.contains(&"b") {
                 // `sust.p` (formatted stores) is not implemented.
@@ -407,6 +411,7 @@ fn check_geom(t: &Texture, g: Geom, what: &str) -> Result<(), ExecError> {
         Geom::D3 => t.shape == Shape::D3,
         Geom::A1 => t.shape == Shape::A1,
         Geom::A2 => t.shape == Shape::A2,
+        Geom::Cube => t.shape == Shape::A2 && t.depth == 6 && t.width == t.height,
     };
     if ok {
         Ok(())
@@ -640,6 +645,9 @@ fn sample(
     want_float: bool,
     gather: bool,
 ) -> Result<[u32; 4], ExecError> {
+    if op.geom == Geom::Cube {
+        return sample_cube(w, env, l, t, s, op, c, want_float);
+    }
     let layered = matches!(op.geom, Geom::A1 | Geom::A2);
     // The layer (an integer, clamped to the layers there are) comes first.
     let layer = if layered {
@@ -716,6 +724,73 @@ fn sample(
     Ok(acc.map(f32::to_bits))
 }
 
+/// The face a direction points at and the face's normalized coordinates (s, t), by the table
+/// of the CUDA programming guide ("Cubemap Fetch"): the major axis picks the face, and
+/// s = (sc / |m| + 1) / 2, t = (tc / |m| + 1) / 2.
+pub fn cube_face(x: f32, y: f32, z: f32) -> (u64, f32, f32) {
+    let (ax, ay, az) = (x.abs(), y.abs(), z.abs());
+    let (face, m, sc, tc) = if ax >= ay && ax >= az {
+        if x >= 0.0 {
+            (0, ax, -z, -y)
+        } else {
+            (1, ax, z, -y)
+        }
+    } else if ay >= az {
+        if y >= 0.0 {
+            (2, ay, x, z)
+        } else {
+            (3, ay, x, -z)
+        }
+    } else if z >= 0.0 {
+        (4, az, x, -y)
+    } else {
+        (5, az, -x, -y)
+    };
+    let m = if m > 0.0 { m } else { 1.0 };
+    (face, (sc / m + 1.0) / 2.0, (tc / m + 1.0) / 2.0)
+}
+
+/// `tex.cube`: the face's layer of the array, sampled at the face's normalized coordinates
+/// with the texture's filter and address modes.
+#[allow(clippy::too_many_arguments)]
+fn sample_cube(
+    w: &Warp,
+    env: &mut Env,
+    l: usize,
+    t: &Texture,
+    s: &Sampler,
+    op: TexOp,
+    c: &[Lanes; 3],
+    want_float: bool,
+) -> Result<[u32; 4], ExecError> {
+    let f = |k: usize| f32::from_bits(c[k][l] as u32);
+    let (face, u, v) = cube_face(f(0), f(1), f(2));
+    let mut layer = [[0u64; 32]; 3];
+    layer[0][l] = face;
+    layer[1][l] = u.to_bits() as u64;
+    layer[2][l] = v.to_bits() as u64;
+    let face_op = TexOp {
+        geom: Geom::A2,
+        ..op
+    };
+    let normalized = Sampler {
+        normalized_coords: true,
+        ..*s
+    };
+    sample(
+        w,
+        env,
+        l,
+        t,
+        &normalized,
+        face_op,
+        &layer,
+        true,
+        want_float,
+        false,
+    )
+}
+
 /// `txq` and `suq`.
 pub fn query(w: &mut Warp, env: &mut Env, g: &Group, ins: &Ins, run: u32) -> Result<(), ExecError> {
     let Some(op) = ins.m.tex else {
@@ -779,6 +854,11 @@ fn surface_at(
         Geom::D3 => ((c[0], c[1], c[2]), (true, true)),
         Geom::A1 => ((c[1], 0, c[0]), (false, true)),
         Geom::A2 => ((c[1], c[2], c[0]), (true, true)),
+        Geom::Cube => {
+            return Err(ExecError::Texture(
+                "a surface access with .cube geometry".into(),
+            ))
+        }
     };
     let row = t.width * t.elem();
     let mut out = false;
@@ -882,4 +962,25 @@ pub fn surface(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cube_face;
+
+    /// The guide's face table: the major axis picks the face; the face's center is (0.5, 0.5)
+    /// and its corners follow the table's signs.
+    #[test]
+    fn cube_faces_follow_the_guides_table() {
+        assert_eq!(cube_face(1.0, 0.0, 0.0), (0, 0.5, 0.5));
+        assert_eq!(cube_face(-1.0, 0.0, 0.0), (1, 0.5, 0.5));
+        assert_eq!(cube_face(0.0, 1.0, 0.0), (2, 0.5, 0.5));
+        assert_eq!(cube_face(0.0, -1.0, 0.0), (3, 0.5, 0.5));
+        assert_eq!(cube_face(0.0, 0.0, 1.0), (4, 0.5, 0.5));
+        assert_eq!(cube_face(0.0, 0.0, -1.0), (5, 0.5, 0.5));
+        // +X: s from -z, t from -y.
+        assert_eq!(cube_face(2.0, -1.0, 1.0), (0, 0.25, 0.75));
+        // -Z: s from -x, t from -y.
+        assert_eq!(cube_face(0.5, 0.5, -1.0), (5, 0.25, 0.25));
+    }
 }

@@ -655,8 +655,66 @@ static void check_destroyed() {
   std::printf("destroyed texture object: %s\n", cudaGetErrorName(e));
 }
 
+// A cubemap (cudaArrayCubemap: six square faces, texCubemap with a direction): each face's
+// texel centers, reached from the direction through them, read back that face's texels, by
+// the guide's face table (NVIDIA's simpleCubemapTexture sample does the same).
+__global__ void sample_cube(cudaTextureObject_t t, float* out, int w) {
+  int x = threadIdx.x, y = threadIdx.y, face = blockIdx.x;
+  float u = ((x + 0.5f) / w) * 2.f - 1.f, v = ((y + 0.5f) / w) * 2.f - 1.f;
+  float cx, cy, cz;
+  switch (face) {
+    case 0: cx = 1; cy = -v; cz = -u; break;
+    case 1: cx = -1; cy = -v; cz = u; break;
+    case 2: cx = u; cy = 1; cz = v; break;
+    case 3: cx = u; cy = -1; cz = -v; break;
+    case 4: cx = u; cy = -v; cz = 1; break;
+    default: cx = -u; cy = -v; cz = -1; break;
+  }
+  out[(face * w + y) * w + x] = texCubemap<float>(t, cx, cy, cz);
+}
+
+static void check_cubemap() {
+  const int w = 8, n = 6 * w * w;
+  std::vector<float> host(n);
+  for (int i = 0; i < n; i++) host[i] = (float)i;
+  cudaChannelFormatDesc fd = cudaCreateChannelDesc<float>();
+  cudaArray_t a;
+  CK(cudaMalloc3DArray(&a, &fd, make_cudaExtent(w, w, 6), cudaArrayCubemap));
+  cudaMemcpy3DParms p = {};
+  p.srcPtr = make_cudaPitchedPtr(host.data(), w * sizeof(float), w, w);
+  p.dstArray = a;
+  p.extent = make_cudaExtent(w, w, 6);
+  p.kind = cudaMemcpyHostToDevice;
+  CK(cudaMemcpy3D(&p));
+  cudaResourceDesc r = {};
+  r.resType = cudaResourceTypeArray;
+  r.res.array.array = a;
+  for (int linear = 0; linear < 2; linear++) {
+    cudaTextureDesc td = {};
+    td.normalizedCoords = true;
+    td.filterMode = linear ? cudaFilterModeLinear : cudaFilterModePoint;
+    td.addressMode[0] = td.addressMode[1] = td.addressMode[2] = cudaAddressModeWrap;
+    td.readMode = cudaReadModeElementType;
+    cudaTextureObject_t t;
+    CK(cudaCreateTextureObject(&t, &r, &td, nullptr));
+    float* dout = dev_alloc<float>(n);
+    sample_cube<<<6, dim3(w, w)>>>(t, dout, w);
+    CK(cudaGetLastError());
+    std::vector<float> got(n);
+    CK(cudaMemcpy(got.data(), dout, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++)
+      EXPECT_RESULT(got[i] == host[i], "cubemap (%s) texel %d: %g, want %g",
+                    linear ? "linear" : "point", i, got[i], host[i]);
+    CK(cudaDestroyTextureObject(t));
+    CK(cudaFree(dout));
+  }
+  CK(cudaFreeArray(a));
+  std::printf("checked a cubemap: six faces of %dx%d texels, point and linear\n", w, w);
+}
+
 KCHECK_MAIN({"point_filter", check_point_filter}, {"linear_filter", check_linear_filter},
             {"normalized_coords", check_normalized_coords},
             {"normalized_float", check_normalized_float}, {"fetch_linear", check_fetch_linear},
             {"pitch2d", check_pitch2d}, {"volume", check_volume}, {"gather", check_gather},
-            {"surface", check_surface}, {"destroyed", check_destroyed})
+            {"surface", check_surface}, {"destroyed", check_destroyed},
+            {"cubemap", check_cubemap})

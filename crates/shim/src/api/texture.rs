@@ -10,7 +10,7 @@
 //! The object reads the memory in place, so copies into the array are seen by later kernels.
 //!
 //! What the emulated GPU does not do is an error naming it (with `GPUFUSE_LOG` set), never
-//! ignored: mipmapped arrays, cubemaps, sRGB, anisotropic filtering, resource views that
+//! ignored: mipmapped arrays, layered cubemaps, sRGB, anisotropic filtering, resource views that
 //! change the format or select part of the array, and unknown flags.
 
 use std::ffi::{c_int, c_uint};
@@ -126,14 +126,21 @@ fn resource(g: &Inner, r: &ResourceDesc, surface: bool) -> Result<TexObjectDesc,
             // SAFETY: see above.
             let h_array: CUarray = unsafe { r.res.array.h_array };
             let a: ArrayInfo = crate::api::array::array(g, h_array)?;
-            if a.flags & ARRAY3D_CUBEMAP != 0 {
-                return Err(refuse("a cubemap array", NOT_SUPPORTED));
+            let cubemap = a.flags & ARRAY3D_CUBEMAP != 0;
+            if cubemap && (a.depth != 6 || a.width != a.height || a.flags & ARRAY3D_LAYERED != 0) {
+                // A cubemap is six square faces; layered cubemaps are not implemented.
+                return Err(refuse(
+                    "a layered or non-square cubemap array",
+                    NOT_SUPPORTED,
+                ));
             }
             if surface && a.flags & ARRAY3D_SURFACE_LDST == 0 {
                 // CUDA requires CUDA_ARRAY3D_SURFACE_LDST (cudaArraySurfaceLoadStore).
                 return Err(INVALID_VALUE);
             }
-            let layered = a.flags & ARRAY3D_LAYERED != 0;
+            // A cubemap's faces are the six layers of a 2-D layered array; `tex.cube` picks
+            // the face from the direction it is given.
+            let layered = a.flags & ARRAY3D_LAYERED != 0 || cubemap;
             let shape = match (layered, a.height, a.depth) {
                 (false, 0, _) => TexShape::D1,
                 (false, _, 0) => TexShape::D2,
