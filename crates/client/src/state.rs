@@ -404,6 +404,13 @@ impl Session {
         let d = self.attributes.get(usize::try_from(device).ok()?)?;
         d.get(usize::try_from(attr).ok()?).copied()
     }
+
+    /// Device `device`'s compute capability as one number (9.0 is 90), from its attributes
+    /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` (75) and `_MINOR` (76).
+    pub fn compute_capability(&self, device: i32) -> Option<u32> {
+        let (major, minor) = (self.attribute(device, 75)?, self.attribute(device, 76)?);
+        u32::try_from(major * 10 + minor).ok()
+    }
 }
 
 thread_local! {
@@ -417,15 +424,11 @@ thread_local! {
 /// current. Shared by every exiting thread, which at worst see each other's context.
 static EXITING_CONTEXT: AtomicU64 = AtomicU64::new(0);
 
-fn exiting() -> &'static AtomicU64 {
-    &EXITING_CONTEXT
-}
-
 /// The calling thread's current context (0 if none).
 pub fn current_context() -> u64 {
     CONTEXT_STACK
         .try_with(|s| s.borrow().last().copied().unwrap_or(0))
-        .unwrap_or_else(|_| exiting().load(Ordering::Acquire))
+        .unwrap_or_else(|_| EXITING_CONTEXT.load(Ordering::Acquire))
 }
 
 /// Replaces the current context (`cuCtxSetCurrent`); 0 pops it.
@@ -438,7 +441,7 @@ pub fn set_current_context(ctx: u64) {
         }
     });
     if set.is_err() {
-        exiting().store(ctx, Ordering::Release);
+        EXITING_CONTEXT.store(ctx, Ordering::Release);
     }
 }
 
@@ -447,20 +450,20 @@ pub fn push_context(ctx: u64) {
         .try_with(|s| s.borrow_mut().push(ctx))
         .is_err()
     {
-        exiting().store(ctx, Ordering::Release);
+        EXITING_CONTEXT.store(ctx, Ordering::Release);
     }
 }
 
 pub fn pop_context() -> Option<u64> {
     CONTEXT_STACK
         .try_with(|s| s.borrow_mut().pop())
-        .unwrap_or_else(|_| Some(exiting().swap(0, Ordering::AcqRel)).filter(|&c| c != 0))
+        .unwrap_or_else(|_| Some(EXITING_CONTEXT.swap(0, Ordering::AcqRel)).filter(|&c| c != 0))
 }
 
 /// Removes `ctx` from the calling thread's stack (when it is destroyed).
 pub fn forget_context(ctx: u64) {
     let _ = CONTEXT_STACK.try_with(|s| s.borrow_mut().retain(|&c| c != ctx));
-    let _ = exiting().compare_exchange(ctx, 0, Ordering::AcqRel, Ordering::Acquire);
+    let _ = EXITING_CONTEXT.compare_exchange(ctx, 0, Ordering::AcqRel, Ordering::Acquire);
 }
 
 #[cfg(test)]

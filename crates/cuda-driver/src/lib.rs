@@ -122,6 +122,17 @@ pub enum DriverError {
     },
 }
 
+impl DriverError {
+    /// `CUDA_ERROR_INVALID_VALUE` for `call`, found before the driver was called.
+    fn invalid_value(call: &'static str) -> Self {
+        DriverError::Cuda {
+            call,
+            code: 1,
+            name: "CUDA_ERROR_INVALID_VALUE".into(),
+        }
+    }
+}
+
 /// The loaded driver.
 pub struct Driver {
     fns: raw::Fns,
@@ -431,11 +442,8 @@ impl Driver {
 
     /// A module variable's device address and size.
     pub fn global(&self, m: Module, name: &str) -> Result<(u64, u64), DriverError> {
-        let name = CString::new(name).map_err(|_| DriverError::Cuda {
-            call: "cuModuleGetGlobal",
-            code: 1,
-            name: "CUDA_ERROR_INVALID_VALUE".into(),
-        })?;
+        let name =
+            CString::new(name).map_err(|_| DriverError::invalid_value("cuModuleGetGlobal"))?;
         let (mut ptr, mut size) = (0u64, 0usize);
         // SAFETY: valid module, name and out-pointers.
         self.check("cuModuleGetGlobal_v2", unsafe {
@@ -459,11 +467,8 @@ impl Driver {
     }
 
     pub fn function(&self, m: Module, name: &str) -> Result<Function, DriverError> {
-        let name = CString::new(name).map_err(|_| DriverError::Cuda {
-            call: "cuModuleGetFunction",
-            code: 1,
-            name: "CUDA_ERROR_INVALID_VALUE".into(),
-        })?;
+        let name =
+            CString::new(name).map_err(|_| DriverError::invalid_value("cuModuleGetFunction"))?;
         let mut f = std::ptr::null_mut();
         // SAFETY: valid module, name and out-pointer.
         self.check("cuModuleGetFunction", unsafe {
@@ -530,11 +535,7 @@ impl Driver {
         let mut args: Vec<*mut c_void> = Vec::with_capacity(layout.len());
         for &(offset, size) in layout {
             if offset as usize + size as usize > buf.len() {
-                return Err(DriverError::Cuda {
-                    call: "cuLaunchCooperativeKernel",
-                    code: 1,
-                    name: "CUDA_ERROR_INVALID_VALUE".into(),
-                });
+                return Err(DriverError::invalid_value("cuLaunchCooperativeKernel"));
             }
             args.push(buf[offset as usize..].as_mut_ptr().cast());
         }

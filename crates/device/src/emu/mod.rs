@@ -276,10 +276,14 @@ impl Device for EmuDevice {
     }
 
     fn contains(&self, ptr: u64, len: u64) -> bool {
-        self.pieces(ptr, len).is_some()
+        self.find(ptr, len).is_some() || self.pieces(ptr, len).is_some()
     }
 
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Status> {
+        if let Ok(s) = self.slice_mut(dst, data.len() as u64) {
+            s.copy_from_slice(data);
+            return Ok(());
+        }
         let mut rest = data;
         for (at, n) in self.pieces(dst, data.len() as u64).ok_or(INVALID_VALUE)? {
             let (here, after) = rest.split_at(n as usize);
@@ -290,6 +294,10 @@ impl Device for EmuDevice {
     }
 
     fn read(&mut self, src: u64, out: &mut [u8]) -> Result<(), Status> {
+        if let Ok(s) = self.slice(src, out.len() as u64) {
+            out.copy_from_slice(s);
+            return Ok(());
+        }
         let mut rest = &mut out[..];
         for (at, n) in self.pieces(src, rest.len() as u64).ok_or(INVALID_VALUE)? {
             let (here, after) = rest.split_at_mut(n as usize);

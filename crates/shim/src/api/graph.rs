@@ -205,7 +205,7 @@ pub unsafe extern "C" fn cuGraphGetNodes(
                 crate::ffi::write_at(
                     nodes,
                     i,
-                    ((h(graph) & 0xffff_ffff) << 16 | (i as u64 + 1)) as usize as *mut c_void,
+                    crate::api::graph_nodes::node_handle(h(graph), i as u64 + 1),
                 )?;
             }
         }

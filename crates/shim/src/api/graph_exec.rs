@@ -12,7 +12,9 @@ use gpufuse_client::graph::Op;
 use gpufuse_client::graph_update::UpdateRefused;
 
 use crate::api::graph::{CUgraph, CUgraphExec};
-use crate::api::graph_nodes::{launch_op, node_op, read_v1, CUgraphNode, KernelNodeParams};
+use crate::api::graph_nodes::{
+    launch_op, node_handle, node_op, read_v1, CUgraphNode, KernelNodeParams,
+};
 use crate::api::module::h;
 use crate::ffi::{out, out_opt, read};
 use crate::global::{client_err, session};
@@ -170,9 +172,7 @@ fn update(exec: CUgraphExec, graph: CUgraph) -> Result<Result<(), (u32, CUgraphN
     let mut g = s.lock();
     let outcome = g.update_exec(h(exec), h(graph)).map_err(client_err)?;
     Ok(outcome.map_err(|UpdateRefused { result, index }| {
-        let node = index.map_or(std::ptr::null_mut(), |i| {
-            ((h(graph) & 0xffff_ffff) << 16 | i as u64) as usize as CUgraphNode
-        });
+        let node = index.map_or(std::ptr::null_mut(), |i| node_handle(h(graph), i as u64));
         (result, node)
     }))
 }

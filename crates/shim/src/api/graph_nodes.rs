@@ -21,6 +21,12 @@ use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED};
 
 pub type CUgraphNode = *mut c_void;
 
+/// The handle of node `index` (1-based: its last operation) of `graph`:
+/// `(graph & 0xffff_ffff) << 16 | index`, as `cuGraphGetNodes` numbers them.
+pub(crate) fn node_handle(graph: u64, index: u64) -> CUgraphNode {
+    ((graph & 0xffff_ffff) << 16 | index) as usize as CUgraphNode
+}
+
 /// Appends `ops` to `graph` after checking `deps` name nodes of it; writes the new node's
 /// handle (the graph and the index of its last operation, as `cuGraphGetNodes` numbers them).
 ///
@@ -52,10 +58,7 @@ unsafe fn add(
         graph_ref.ops.extend(ops);
         // An empty node stands at the last operation so far (the index is never replayed alone).
         let index = graph_ref.ops.len().max(1) as u64;
-        out(
-            node,
-            ((gh & 0xffff_ffff) << 16 | index) as usize as CUgraphNode,
-        )
+        out(node, node_handle(gh, index))
     }
 }
 

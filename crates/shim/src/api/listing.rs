@@ -15,16 +15,11 @@ use crate::global::{session, with_core};
 use crate::guard::guard;
 use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE};
 
-/// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` and `_MINOR`.
-const CC_MAJOR: i32 = 75;
-const CC_MINOR: i32 = 76;
-
 /// The kernel names of module `m`, in the order the enumeration lists them.
 fn kernel_names(m: u64) -> Result<Vec<String>, CUresult> {
     let s = session()?;
     let (device, image) = s.lock().module_image(m).ok_or(INVALID_HANDLE)?;
-    let cc = |attr| s.attribute(device as i32, attr).ok_or(INVALID_HANDLE);
-    let sm = (cc(CC_MAJOR)? * 10 + cc(CC_MINOR)?) as u32;
+    let sm = s.compute_capability(device as i32).ok_or(INVALID_HANDLE)?;
     gpufuse_fatbin::kernel_names(&image, sm).map_err(|_| crate::status::INVALID_IMAGE)
 }
 

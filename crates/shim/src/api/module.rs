@@ -30,10 +30,6 @@ fn p(h: u64) -> *mut c_void {
     h as usize as *mut c_void
 }
 
-/// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` and `_MINOR`.
-const CC_MAJOR: i32 = 75;
-const CC_MINOR: i32 = 76;
-
 /// Loads a module in the current context. An image with no code the context's device can
 /// load is refused here, as the driver refuses it at `cuModuleLoadData` also in lazy mode
 /// (the image itself may reach the worker only at its first use).
@@ -41,9 +37,7 @@ fn load_checked(bytes: &[u8]) -> Result<CUmodule, CUresult> {
     let s = session()?;
     let mut g = s.lock();
     let (_, device) = g.current().map_err(client_err)?;
-    let cc = |attr| s.attribute(device as i32, attr);
-    if let (Some(major), Some(minor)) = (cc(CC_MAJOR), cc(CC_MINOR)) {
-        let sm = (major * 10 + minor) as u32;
+    if let Some(sm) = s.compute_capability(device as i32) {
         if !gpufuse_fatbin::has_code_for(bytes, sm) {
             return Err(NO_BINARY_FOR_GPU);
         }
