@@ -4,12 +4,14 @@ through `gpufuse run`.
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import hashlib
 import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,6 +40,18 @@ if TRANSPORT not in ("shm", "socket"):
     raise RuntimeError(f"GPUFUSE_TEST_TRANSPORT={TRANSPORT!r}: expected shm or socket")
 NATIVE = os.environ.get("GPUFUSE_NATIVE") == "1"
 DEVICE_BYTES = 16 << 30
+
+# Every server's directory (socket, log, image cache: about 160 MiB each) is removed when the
+# test process ends; GPUFUSE_KEEP_TEST_DIRS=1 keeps them to read the logs afterwards.
+_SERVER_DIRS: list[Path] = []
+
+
+@atexit.register
+def _remove_server_dirs() -> None:
+    if os.environ.get("GPUFUSE_KEEP_TEST_DIRS") == "1":
+        return
+    for d in _SERVER_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
 
 CLIENT_TIMEOUT_S = 300
 
@@ -262,6 +276,7 @@ class Server:
         self.extra_args = extra_args or []
         self.tls = ""
         self.dir = Path(tempfile.mkdtemp(prefix="gpufuse-real-clients-"))
+        _SERVER_DIRS.append(self.dir)
         self.log_path = self.dir / "server.log"
         self.proc: subprocess.Popen | None = None
         self.unix = f"unix:{self.dir / 'gpufuse.sock'}"
