@@ -4,7 +4,7 @@
 
 use crate::alu::{self, mask, sext, B32, PRED, U32};
 use crate::code::Ins;
-use crate::inst::{Op, Ty, Type};
+use crate::inst::{Cmp, Op, Ty, Type};
 use crate::lanes::{map1, map2, map3, put, try_map2};
 use crate::round;
 use crate::warp::{Bits, Env, Group, Lanes, Warp};
@@ -156,6 +156,33 @@ pub(super) fn exec(
                 map3(&x, &y, &z, run, |a, b, c| {
                     alu::fma_f32(alu::f32v(a), alu::f32v(b), alu::f32v(c)).to_bits() as u64
                 })
+            } else if ins.op == Op::Mad
+                && matches!(ty.kind, Ty::U | Ty::S | Ty::B)
+                && !ins.m.cc
+                && !ins.m.hi
+                && !ins.m.sat
+            {
+                // Integer multiply-add, low half or wide: no carry, no per-lane dispatch.
+                if !ins.m.wide {
+                    let m = mask(ty.size);
+                    map3(&x, &y, &z, run, |a, b, c| {
+                        a.wrapping_mul(b).wrapping_add(c) & m
+                    })
+                } else if ty.kind == Ty::S && ty.size < 8 {
+                    let size = ty.size;
+                    map3(&x, &y, &z, run, |a, b, c| {
+                        (sext(a, size).wrapping_mul(sext(b, size)) as u64).wrapping_add(c)
+                    })
+                } else if ty.size < 8 {
+                    map3(&x, &y, &z, run, |a, b, c| a.wrapping_mul(b).wrapping_add(c))
+                } else {
+                    let mut r = [0u64; 32];
+                    for l in Bits(run) {
+                        let mut c = false;
+                        r[l] = alu::mad(ins, x[l], y[l], z[l], &mut c);
+                    }
+                    r
+                }
             } else {
                 let mut r = [0u64; 32];
                 for l in Bits(run) {
@@ -279,7 +306,10 @@ pub(super) fn exec(
             let cty = if ins.op == Op::Set { ins.ty2 } else { ty };
             let (x, y) = (v!(w, env, g, ins, 0, cty), v!(w, env, g, ins, 1, cty));
             let cmp = ins.m.cmp;
-            let mut r = map2(&x, &y, run, |a, b| alu::cmp(cmp, a, b, cty) as u64);
+            let mut r = match int_cmp(cmp, cty, &x, &y, run) {
+                Some(r) => r,
+                None => map2(&x, &y, run, |a, b| alu::cmp(cmp, a, b, cty) as u64),
+            };
             if ins.m.bool_op != crate::inst::BoolOp::None {
                 let c = v!(w, env, g, ins, 2, PRED);
                 let op = ins.m.bool_op;
@@ -362,6 +392,52 @@ fn binary(ins: &Ins, x: &Lanes, y: &Lanes, run: u32) -> Option<Lanes> {
             Op::Mul if int && !ins.m.wide && !ins.m.hi => {
                 return Some(map2(x, y, run, |a, b| a.wrapping_mul(b) & m))
             }
+            Op::Mul if int && ins.m.wide => {
+                let size = ty.size;
+                return Some(if ty.kind == Ty::S {
+                    map2(x, y, run, |a, b| {
+                        sext(a, size).wrapping_mul(sext(b, size)) as u64
+                    })
+                } else {
+                    map2(x, y, run, |a, b| a.wrapping_mul(b))
+                });
+            }
+            Op::Shl if int => {
+                let bits = ty.size as u64 * 8;
+                return Some(map2(
+                    x,
+                    y,
+                    run,
+                    |a, b| {
+                        if b >= bits {
+                            0
+                        } else {
+                            (a << b) & m
+                        }
+                    },
+                ));
+            }
+            Op::Shr if int && ty.kind != Ty::S => {
+                let bits = ty.size as u64 * 8;
+                return Some(map2(x, y, run, |a, b| if b >= bits { 0 } else { a >> b }));
+            }
+            Op::Shr if int => {
+                let (size, bits) = (ty.size, ty.size as u64 * 8);
+                return Some(map2(x, y, run, |a, b| {
+                    (sext(a, size) >> b.min(bits).min(63)) as u64 & m
+                }));
+            }
+            Op::Min | Op::Max if int && !ins.m.relu => {
+                let (size, max) = (ty.size, ins.op == Op::Max);
+                return Some(if ty.kind == Ty::S {
+                    map2(x, y, run, |a, b| {
+                        let (p, q) = (sext(a, size), sext(b, size));
+                        (if max { p.max(q) } else { p.min(q) }) as u64 & m
+                    })
+                } else {
+                    map2(x, y, run, |a, b| if max { a.max(b) } else { a.min(b) })
+                });
+            }
             Op::And if int => return Some(map2(x, y, run, |a, b| a & b)),
             Op::Or if int => return Some(map2(x, y, run, |a, b| a | b)),
             Op::Xor if int => return Some(map2(x, y, run, |a, b| a ^ b)),
@@ -378,6 +454,43 @@ fn binary(ins: &Ins, x: &Lanes, y: &Lanes, run: u32) -> Option<Lanes> {
         }
     }
     try_map2(x, y, run, |a, b| alu::arith(ins, a, b))
+}
+
+/// An integer comparison with the choice of comparison made once, not per lane; `None` for
+/// the others (floats, or a comparison the type does not have), which `alu::cmp` does.
+#[inline(always)]
+fn int_cmp(cmp: Cmp, ty: Type, x: &Lanes, y: &Lanes, run: u32) -> Option<Lanes> {
+    macro_rules! by {
+        ($cmp:expr, $conv:expr) => {{
+            let c = $conv;
+            Some(match $cmp {
+                Cmp::Eq => map2(x, y, run, |a, b| (c(a) == c(b)) as u64),
+                Cmp::Ne => map2(x, y, run, |a, b| (c(a) != c(b)) as u64),
+                Cmp::Lt => map2(x, y, run, |a, b| (c(a) < c(b)) as u64),
+                Cmp::Le => map2(x, y, run, |a, b| (c(a) <= c(b)) as u64),
+                Cmp::Gt => map2(x, y, run, |a, b| (c(a) > c(b)) as u64),
+                Cmp::Ge => map2(x, y, run, |a, b| (c(a) >= c(b)) as u64),
+                _ => return None,
+            })
+        }};
+    }
+    match ty.kind {
+        Ty::S => {
+            let size = ty.size;
+            by!(cmp, |v: u64| sext(v, size))
+        }
+        Ty::U | Ty::B => {
+            let cmp = match cmp {
+                Cmp::Lo => Cmp::Lt,
+                Cmp::Ls => Cmp::Le,
+                Cmp::Hi => Cmp::Gt,
+                Cmp::Hs => Cmp::Ge,
+                c => c,
+            };
+            by!(cmp, |v: u64| v)
+        }
+        _ => None,
+    }
 }
 
 fn alu_f32() -> Type {

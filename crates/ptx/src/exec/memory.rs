@@ -60,6 +60,8 @@ pub(super) fn exec(
             let x = v!(w, env, g, ins, 0, ty);
             put(w, g, d0, &x, run);
         }
+        Op::Ld | Op::Ldu if super::fast::ld(w, env, g, ins, run) => {}
+        Op::St if super::fast::st_shared(w, env, g, ins, run) => {}
         Op::Ld | Op::Ldu => {
             let mut a = [0u64; 32];
             addrs(w, env, g, ins, &mut a)?;

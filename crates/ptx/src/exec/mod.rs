@@ -3,7 +3,9 @@
 //! in their own modules, and the rest lane by lane over operand arrays (`lanes.rs`) with the
 //! scalar semantics of `alu.rs` and memory of `space.rs`, by family: [`memory`] (data
 //! movement, atomics), [`arith`] (arithmetic, conversions, comparisons) and [`bits`]. No
-//! allocation, no lookup by name.
+//! allocation, no lookup by name. Single-element loads and stores whose lanes are all in range
+//! take [`fast`]'s paths; the common integer operations choose their operation once per
+//! instruction, not per lane (`arith.rs`).
 
 /// An operand's value in every lane: the `k`-th source of `ins`, as type `t`.
 macro_rules! v {
@@ -16,6 +18,7 @@ macro_rules! v {
 
 mod arith;
 mod bits;
+mod fast;
 mod memory;
 
 use std::sync::atomic::{fence, Ordering};
