@@ -117,7 +117,7 @@ pub fn val(w: &Warp, env: &Env, g: &Group, s: Src, size: u8) -> Result<Lanes, Ex
 }
 
 /// [`val`] into `out`.
-#[inline(always)]
+#[inline(never)]
 pub fn val_into(
     w: &Warp,
     env: &Env,
@@ -181,6 +181,56 @@ pub fn put(w: &mut Warp, g: &Group, d: Dst, v: &Lanes, run: u32) {
         } else {
             for l in Bits(run) {
                 row[l] = v[l];
+            }
+        }
+    }
+}
+
+/// `f` of each running lane's operands, written straight into destination `d` (no result
+/// array to copy); a sink destination (`_`) takes nothing.
+#[inline(always)]
+pub fn put_map2(
+    w: &mut Warp,
+    g: &Group,
+    d: Dst,
+    x: &Lanes,
+    y: &Lanes,
+    run: u32,
+    f: impl Fn(u64, u64) -> u64,
+) {
+    if let Dst::Reg(r) = d {
+        let row = &mut w.levels[g.depth][r as usize];
+        if run == u32::MAX {
+            for l in 0..32 {
+                row[l] = f(x[l], y[l]);
+            }
+        } else {
+            for l in Bits(run) {
+                row[l] = f(x[l], y[l]);
+            }
+        }
+    }
+}
+
+/// [`put_map2`] of three operands.
+#[inline(always)]
+pub fn put_map3(
+    w: &mut Warp,
+    g: &Group,
+    d: Dst,
+    (x, y, z): (&Lanes, &Lanes, &Lanes),
+    run: u32,
+    f: impl Fn(u64, u64, u64) -> u64,
+) {
+    if let Dst::Reg(r) = d {
+        let row = &mut w.levels[g.depth][r as usize];
+        if run == u32::MAX {
+            for l in 0..32 {
+                row[l] = f(x[l], y[l], z[l]);
+            }
+        } else {
+            for l in Bits(run) {
+                row[l] = f(x[l], y[l], z[l]);
             }
         }
     }

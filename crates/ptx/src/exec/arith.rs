@@ -5,7 +5,7 @@
 use crate::alu::{self, mask, sext, B32, PRED, U32};
 use crate::code::Ins;
 use crate::inst::{Cmp, Op, Ty, Type};
-use crate::lanes::{map1, map2, map3, put, try_map2};
+use crate::lanes::{map1, map2, map3, put, put_map2, put_map3, try_map2};
 use crate::round;
 use crate::warp::{Bits, Env, Group, Lanes, Warp};
 use crate::ExecError;
@@ -41,7 +41,8 @@ pub(super) fn exec(
                 Op::Fma | Op::Mad => 3,
                 _ => 2,
             };
-            let x = v!(
+            lanes!(
+                x,
                 w,
                 env,
                 g,
@@ -70,7 +71,7 @@ pub(super) fn exec(
                 return Err(unsupported());
             };
             let src = ins.m.pk_src;
-            let a = v!(w, env, g, ins, 0, ins.ty2);
+            lanes!(a, w, env, g, ins, 0, ins.ty2);
             let b = if src.is_none() && dst != crate::half::Packed::Tf32 {
                 v!(w, env, g, ins, 1, ins.ty2)
             } else {
@@ -83,14 +84,15 @@ pub(super) fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Cvt => {
-            let x = v!(w, env, g, ins, 0, ins.ty2);
+            lanes!(x, w, env, g, ins, 0, ins.ty2);
             let r = map1(&x, run, |x| alu::cvt(ins, x));
             put(w, g, d0, &r, run);
         }
         Op::Add | Op::Sub | Op::Addc | Op::Subc
             if ins.m.cc || matches!(ins.op, Op::Addc | Op::Subc) =>
         {
-            let (x, y) = (v!(w, env, g, ins, 0, ty), v!(w, env, g, ins, 1, ty));
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(y, w, env, g, ins, 1, ty);
             let mut r = [0u64; 32];
             for l in Bits(run) {
                 let mut c = w.carry & (1 << l) != 0;
@@ -118,18 +120,20 @@ pub(super) fn exec(
             } else {
                 ty
             };
-            let (x, y) = (v!(w, env, g, ins, 0, ty), v!(w, env, g, ins, 1, sty));
-            let r = if ty.kind == Ty::Pred {
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(y, w, env, g, ins, 1, sty);
+            if ty.kind == Ty::Pred {
                 match ins.op {
-                    Op::And => map2(&x, &y, run, |a, b| a & b),
-                    Op::Or => map2(&x, &y, run, |a, b| a | b),
-                    Op::Xor => map2(&x, &y, run, |a, b| a ^ b),
+                    Op::And => put_map2(w, g, d0, &x, &y, run, |a, b| a & b),
+                    Op::Or => put_map2(w, g, d0, &x, &y, run, |a, b| a | b),
+                    Op::Xor => put_map2(w, g, d0, &x, &y, run, |a, b| a ^ b),
                     _ => return Err(unsupported()),
                 }
-            } else {
-                binary(ins, &x, &y, run).ok_or_else(unsupported)?
-            };
-            put(w, g, d0, &r, run);
+            } else if !binary(w, g, ins, &x, &y, run) {
+                let r =
+                    try_map2(&x, &y, run, |a, b| alu::arith(ins, a, b)).ok_or_else(unsupported)?;
+                put(w, g, d0, &r, run);
+            }
         }
         Op::Mad | Op::Fma | Op::Madc | Op::Mad24 => {
             let zty = if ins.m.wide {
@@ -140,63 +144,59 @@ pub(super) fn exec(
             } else {
                 ty
             };
-            let (x, y, z) = (
-                v!(w, env, g, ins, 0, ty),
-                v!(w, env, g, ins, 1, ty),
-                v!(w, env, g, ins, 2, zty),
-            );
-            let r = if let Some(e) = ins.m.x2 {
-                map3(&x, &y, &z, run, |a, b, c| {
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(y, w, env, g, ins, 1, ty);
+            lanes!(z, w, env, g, ins, 2, zty);
+            let xyz = (&x, &y, &z);
+            let int = matches!(ty.kind, Ty::U | Ty::S | Ty::B);
+            let (m, size) = (mask(ty.size), ty.size);
+            if let Some(e) = ins.m.x2 {
+                put_map3(w, g, d0, xyz, run, |a, b, c| {
                     let lo = alu::fma_of(ins, e, a & 0xffff, b & 0xffff, c & 0xffff);
                     let hi =
                         alu::fma_of(ins, e, a >> 16 & 0xffff, b >> 16 & 0xffff, c >> 16 & 0xffff);
                     (hi & 0xffff) << 16 | (lo & 0xffff)
-                })
+                });
             } else if ty.kind == Ty::F && ty.size == 4 && !ins.m.sat && !ins.m.relu {
-                map3(&x, &y, &z, run, |a, b, c| {
+                put_map3(w, g, d0, xyz, run, |a, b, c| {
                     alu::fma_f32(alu::f32v(a), alu::f32v(b), alu::f32v(c)).to_bits() as u64
-                })
+                });
             } else if ins.op == Op::Mad
-                && matches!(ty.kind, Ty::U | Ty::S | Ty::B)
+                && int
                 && !ins.m.cc
                 && !ins.m.hi
                 && !ins.m.sat
+                && (!ins.m.wide || size < 8)
             {
                 // Integer multiply-add, low half or wide: no carry, no per-lane dispatch.
                 if !ins.m.wide {
-                    let m = mask(ty.size);
-                    map3(&x, &y, &z, run, |a, b, c| {
+                    put_map3(w, g, d0, xyz, run, |a, b, c| {
                         a.wrapping_mul(b).wrapping_add(c) & m
-                    })
-                } else if ty.kind == Ty::S && ty.size < 8 {
-                    let size = ty.size;
-                    map3(&x, &y, &z, run, |a, b, c| {
+                    });
+                } else if ty.kind == Ty::S {
+                    put_map3(w, g, d0, xyz, run, |a, b, c| {
                         (sext(a, size).wrapping_mul(sext(b, size)) as u64).wrapping_add(c)
-                    })
-                } else if ty.size < 8 {
-                    map3(&x, &y, &z, run, |a, b, c| a.wrapping_mul(b).wrapping_add(c))
+                    });
                 } else {
-                    let mut r = [0u64; 32];
-                    for l in Bits(run) {
-                        let mut c = false;
-                        r[l] = alu::mad(ins, x[l], y[l], z[l], &mut c);
-                    }
-                    r
+                    put_map3(w, g, d0, xyz, run, |a, b, c| {
+                        a.wrapping_mul(b).wrapping_add(c)
+                    });
                 }
             } else {
                 let mut r = [0u64; 32];
                 for l in Bits(run) {
                     let mut c = w.carry & (1 << l) != 0;
                     r[l] = alu::mad(ins, x[l], y[l], z[l], &mut c);
-                    w.carry = (w.carry & !(1 << l)) | ((c as u32) << l);
+                    if ins.m.cc || ins.op == Op::Madc {
+                        w.carry = (w.carry & !(1 << l)) | ((c as u32) << l);
+                    }
                 }
-                r
-            };
-            put(w, g, d0, &r, run);
+                put(w, g, d0, &r, run);
+            }
         }
         Op::Abs | Op::Neg if ins.m.x2.is_some() || (ty.is_float() && ty.size == 2) => {
             // f16/bf16 (and pairs): the sign bit(s), NaN payloads kept.
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             let sign = if ins.m.x2.is_some() {
                 0x8000_8000
             } else {
@@ -207,7 +207,7 @@ pub(super) fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Tanh | Op::Ex2 if ins.m.x2.is_some() => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             let e = ins.m.x2.unwrap_or(ty);
             let one = crate::code::Ins {
                 ty: e,
@@ -222,7 +222,7 @@ pub(super) fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Abs | Op::Neg if !ty.is_float() => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             let (abs, size) = (ins.op == Op::Abs, ty.size);
             let r = map1(&x, run, |x| {
                 let x = sext(x, size);
@@ -245,7 +245,7 @@ pub(super) fn exec(
         | Op::Ex2
         | Op::Lg2
         | Op::Tanh => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             let mut r = [0u64; 32];
             for l in Bits(run) {
                 r[l] = alu::unary_float(ins, x[l]).ok_or_else(unsupported)?;
@@ -253,20 +253,21 @@ pub(super) fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Not => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             let (pred, m) = (ty.kind == Ty::Pred, mask(ty.size));
             let r = map1(&x, run, |x| if pred { (x == 0) as u64 } else { !x & m });
             put(w, g, d0, &r, run);
         }
         Op::Cnot => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             put(w, g, d0, &map1(&x, run, |x| (x == 0) as u64), run);
         }
         Op::Setp | Op::Set if ins.m.x2.is_some() => {
             // Packed pairs: `setp.cmp.f16x2 p|q, a, b` (p for the low element), or
             // `set.cmp.{u32,f16x2}.f16x2 d, a, b` (each half all ones, or 1.0 of the element).
             let e = ins.m.x2.unwrap_or(ty);
-            let (x, y) = (v!(w, env, g, ins, 0, B32), v!(w, env, g, ins, 1, B32));
+            lanes!(x, w, env, g, ins, 0, B32);
+            lanes!(y, w, env, g, ins, 1, B32);
             let c = if ins.m.bool_op != crate::inst::BoolOp::None {
                 v!(w, env, g, ins, 2, PRED)
             } else {
@@ -304,14 +305,15 @@ pub(super) fn exec(
         Op::Setp | Op::Set => {
             // `set.cmp.dtype.stype`: the comparison is of the source type.
             let cty = if ins.op == Op::Set { ins.ty2 } else { ty };
-            let (x, y) = (v!(w, env, g, ins, 0, cty), v!(w, env, g, ins, 1, cty));
+            lanes!(x, w, env, g, ins, 0, cty);
+            lanes!(y, w, env, g, ins, 1, cty);
             let cmp = ins.m.cmp;
             let mut r = match int_cmp(cmp, cty, &x, &y, run) {
                 Some(r) => r,
                 None => map2(&x, &y, run, |a, b| alu::cmp(cmp, a, b, cty) as u64),
             };
             if ins.m.bool_op != crate::inst::BoolOp::None {
-                let c = v!(w, env, g, ins, 2, PRED);
+                lanes!(c, w, env, g, ins, 2, PRED);
                 let op = ins.m.bool_op;
                 r = map2(&r, &c, run, |r, c| {
                     let (r, c) = (r != 0, c != 0);
@@ -345,14 +347,16 @@ pub(super) fn exec(
             }
         }
         Op::Selp => {
-            let c = v!(w, env, g, ins, 2, PRED);
-            let (x, y) = (v!(w, env, g, ins, 0, ty), v!(w, env, g, ins, 1, ty));
+            lanes!(c, w, env, g, ins, 2, PRED);
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(y, w, env, g, ins, 1, ty);
             let r = map3(&c, &x, &y, run, |c, x, y| if c != 0 { x } else { y });
             put(w, g, d0, &r, run);
         }
         Op::Slct => {
-            let (x, y) = (v!(w, env, g, ins, 0, ty), v!(w, env, g, ins, 1, ty));
-            let c = v!(w, env, g, ins, 2, ins.ty2);
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(y, w, env, g, ins, 1, ty);
+            lanes!(c, w, env, g, ins, 2, ins.ty2);
             let cty = ins.ty2;
             let r = map3(&x, &y, &c, run, |x, y, c| {
                 let take_a = if cty.is_float() {
@@ -370,7 +374,7 @@ pub(super) fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Testp => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             let mode = ins.m.testp;
             let r = map1(&x, run, |x| alu::testp(mode, ty, x) as u64);
             put(w, g, d0, &r, run);
@@ -379,81 +383,52 @@ pub(super) fn exec(
     }
     Ok(())
 }
-/// Two-operand arithmetic; the common integer and f32 forms run specialized loops.
+/// Two-operand arithmetic in the common integer and f32 forms, each a loop of its own written
+/// straight into the destination; `false` leaves the instruction to the per-lane path.
 #[inline(always)]
-fn binary(ins: &Ins, x: &Lanes, y: &Lanes, run: u32) -> Option<Lanes> {
+fn binary(w: &mut Warp, g: &Group, ins: &Ins, x: &Lanes, y: &Lanes, run: u32) -> bool {
     let ty = ins.ty;
-    let m = mask(ty.size);
-    if ins.m.x2.is_none() && !ins.m.sat {
-        let int = matches!(ty.kind, Ty::U | Ty::S | Ty::B);
-        match ins.op {
-            Op::Add if int => return Some(map2(x, y, run, |a, b| a.wrapping_add(b) & m)),
-            Op::Sub if int => return Some(map2(x, y, run, |a, b| a.wrapping_sub(b) & m)),
-            Op::Mul if int && !ins.m.wide && !ins.m.hi => {
-                return Some(map2(x, y, run, |a, b| a.wrapping_mul(b) & m))
-            }
-            Op::Mul if int && ins.m.wide => {
-                let size = ty.size;
-                return Some(if ty.kind == Ty::S {
-                    map2(x, y, run, |a, b| {
-                        sext(a, size).wrapping_mul(sext(b, size)) as u64
-                    })
-                } else {
-                    map2(x, y, run, |a, b| a.wrapping_mul(b))
-                });
-            }
-            Op::Shl if int => {
-                let bits = ty.size as u64 * 8;
-                return Some(map2(
-                    x,
-                    y,
-                    run,
-                    |a, b| {
-                        if b >= bits {
-                            0
-                        } else {
-                            (a << b) & m
-                        }
-                    },
-                ));
-            }
-            Op::Shr if int && ty.kind != Ty::S => {
-                let bits = ty.size as u64 * 8;
-                return Some(map2(x, y, run, |a, b| if b >= bits { 0 } else { a >> b }));
-            }
-            Op::Shr if int => {
-                let (size, bits) = (ty.size, ty.size as u64 * 8);
-                return Some(map2(x, y, run, |a, b| {
-                    (sext(a, size) >> b.min(bits).min(63)) as u64 & m
-                }));
-            }
-            Op::Min | Op::Max if int && !ins.m.relu => {
-                let (size, max) = (ty.size, ins.op == Op::Max);
-                return Some(if ty.kind == Ty::S {
-                    map2(x, y, run, |a, b| {
-                        let (p, q) = (sext(a, size), sext(b, size));
-                        (if max { p.max(q) } else { p.min(q) }) as u64 & m
-                    })
-                } else {
-                    map2(x, y, run, |a, b| if max { a.max(b) } else { a.min(b) })
-                });
-            }
-            Op::And if int => return Some(map2(x, y, run, |a, b| a & b)),
-            Op::Or if int => return Some(map2(x, y, run, |a, b| a | b)),
-            Op::Xor if int => return Some(map2(x, y, run, |a, b| a ^ b)),
-            Op::Add if ty == alu_f32() => {
-                return Some(map2(x, y, run, |a, b| f32op(a, b, |p, q| p + q)))
-            }
-            Op::Sub if ty == alu_f32() => {
-                return Some(map2(x, y, run, |a, b| f32op(a, b, |p, q| p - q)))
-            }
-            Op::Mul if ty == alu_f32() => {
-                return Some(map2(x, y, run, |a, b| f32op(a, b, |p, q| p * q)))
-            }
-            _ => {}
-        }
+    if ins.m.x2.is_some() || ins.m.sat {
+        return false;
     }
-    try_map2(x, y, run, |a, b| alu::arith(ins, a, b))
+    let (m, size, bits) = (mask(ty.size), ty.size, ty.size as u64 * 8);
+    let int = matches!(ty.kind, Ty::U | Ty::S | Ty::B);
+    let (signed, f32) = (ty.kind == Ty::S, ty == alu_f32());
+    macro_rules! each {
+        ($f:expr) => {
+            put_map2(w, g, ins.d[0], x, y, run, $f)
+        };
+    }
+    match ins.op {
+        Op::Add if int => each!(|a, b| a.wrapping_add(b) & m),
+        Op::Sub if int => each!(|a, b| a.wrapping_sub(b) & m),
+        Op::Mul if int && !ins.m.wide && !ins.m.hi => each!(|a, b| a.wrapping_mul(b) & m),
+        Op::Mul if int && ins.m.wide && signed => {
+            each!(|a, b| sext(a, size).wrapping_mul(sext(b, size)) as u64)
+        }
+        Op::Mul if int && ins.m.wide => each!(|a, b| a.wrapping_mul(b)),
+        Op::Shl if int => each!(|a, b| if b >= bits { 0 } else { (a << b) & m }),
+        Op::Shr if int && signed => {
+            each!(|a, b| (sext(a, size) >> b.min(bits).min(63)) as u64 & m)
+        }
+        Op::Shr if int => each!(|a, b| if b >= bits { 0 } else { a >> b }),
+        Op::Min if int && !ins.m.relu && signed => {
+            each!(|a, b| sext(a, size).min(sext(b, size)) as u64 & m)
+        }
+        Op::Max if int && !ins.m.relu && signed => {
+            each!(|a, b| sext(a, size).max(sext(b, size)) as u64 & m)
+        }
+        Op::Min if int && !ins.m.relu => each!(|a, b| a.min(b)),
+        Op::Max if int && !ins.m.relu => each!(|a, b| a.max(b)),
+        Op::And if int => each!(|a, b| a & b),
+        Op::Or if int => each!(|a, b| a | b),
+        Op::Xor if int => each!(|a, b| a ^ b),
+        Op::Add if f32 => each!(|a, b| f32op(a, b, |p, q| p + q)),
+        Op::Sub if f32 => each!(|a, b| f32op(a, b, |p, q| p - q)),
+        Op::Mul if f32 => each!(|a, b| f32op(a, b, |p, q| p * q)),
+        _ => return false,
+    }
+    true
 }
 
 /// An integer comparison with the choice of comparison made once, not per lane; `None` for

@@ -22,31 +22,34 @@ pub(super) fn exec(
     let d0 = ins.d[0];
     match ins.op {
         Op::Popc => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             put(w, g, d0, &map1(&x, run, |x| x.count_ones() as u64), run);
         }
         Op::Clz => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             let unused = 64 - ty.size as u32 * 8;
             let r = map1(&x, run, |x| (x.leading_zeros() - unused) as u64);
             put(w, g, d0, &r, run);
         }
         Op::Brev => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             let sh = 64 - ty.size as u32 * 8;
             put(w, g, d0, &map1(&x, run, |x| x.reverse_bits() >> sh), run);
         }
         Op::Bfe => {
-            let x = v!(w, env, g, ins, 0, ty);
-            let (pos, len) = (v!(w, env, g, ins, 1, U32), v!(w, env, g, ins, 2, U32));
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(pos, w, env, g, ins, 1, U32);
+            lanes!(len, w, env, g, ins, 2, U32);
             let r = map3(&x, &pos, &len, run, |x, p, n| {
                 alu::bfe(ty, x, p & 0xff, n & 0xff)
             });
             put(w, g, d0, &r, run);
         }
         Op::Bfi => {
-            let (x, y) = (v!(w, env, g, ins, 0, ty), v!(w, env, g, ins, 1, ty));
-            let (pos, len) = (v!(w, env, g, ins, 2, U32), v!(w, env, g, ins, 3, U32));
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(y, w, env, g, ins, 1, ty);
+            lanes!(pos, w, env, g, ins, 2, U32);
+            lanes!(len, w, env, g, ins, 3, U32);
             let mut r = [0u64; 32];
             for l in Bits(run) {
                 r[l] = alu::bfi(ty, x[l], y[l], pos[l] & 0xff, len[l] & 0xff);
@@ -54,39 +57,34 @@ pub(super) fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Prmt => {
-            let (x, y, s) = (
-                v!(w, env, g, ins, 0, ty),
-                v!(w, env, g, ins, 1, ty),
-                v!(w, env, g, ins, 2, ty),
-            );
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(y, w, env, g, ins, 1, ty);
+            lanes!(s, w, env, g, ins, 2, ty);
             let mode = ins.m.prmt;
             let r = map3(&x, &y, &s, run, |a, b, c| alu::prmt_mode(mode, a, b, c));
             put(w, g, d0, &r, run);
         }
         Op::Bfind => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             let sa = ins.m.shiftamt;
             put(w, g, d0, &map1(&x, run, |x| alu::bfind(ty, sa, x)), run);
         }
         Op::Fns => {
-            let (m, b, o) = (
-                v!(w, env, g, ins, 0, U32),
-                v!(w, env, g, ins, 1, U32),
-                v!(w, env, g, ins, 2, U32),
-            );
+            lanes!(m, w, env, g, ins, 0, U32);
+            lanes!(b, w, env, g, ins, 1, U32);
+            lanes!(o, w, env, g, ins, 2, U32);
             put(w, g, d0, &map3(&m, &b, &o, run, alu::fns), run);
         }
         Op::Dp2a => {
-            let (x, y, z) = (
-                v!(w, env, g, ins, 0, ty),
-                v!(w, env, g, ins, 1, ins.ty2),
-                v!(w, env, g, ins, 2, ty),
-            );
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(y, w, env, g, ins, 1, ins.ty2);
+            lanes!(z, w, env, g, ins, 2, ty);
             let r = map3(&x, &y, &z, run, |x, y, z| alu::dp2a(ins, x, y, z));
             put(w, g, d0, &r, run);
         }
         Op::Szext => {
-            let (x, b) = (v!(w, env, g, ins, 0, ty), v!(w, env, g, ins, 1, U32));
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(b, w, env, g, ins, 1, U32);
             let wrap = ins.m.shf_wrap;
             put(
                 w,
@@ -97,7 +95,8 @@ pub(super) fn exec(
             );
         }
         Op::Bmsk => {
-            let (a, b) = (v!(w, env, g, ins, 0, U32), v!(w, env, g, ins, 1, U32));
+            lanes!(a, w, env, g, ins, 0, U32);
+            lanes!(b, w, env, g, ins, 1, U32);
             let wrap = ins.m.shf_wrap;
             put(
                 w,
@@ -110,11 +109,9 @@ pub(super) fn exec(
         Op::Vabsdiff => {
             // d = each element's |a - b| (or their sum plus c with `.add`); `ty` is the
             // sources' type (its kind says whether the elements are signed).
-            let (x, y, z) = (
-                v!(w, env, g, ins, 0, U32),
-                v!(w, env, g, ins, 1, U32),
-                v!(w, env, g, ins, 2, U32),
-            );
+            lanes!(x, w, env, g, ins, 0, U32);
+            lanes!(y, w, env, g, ins, 1, U32);
+            lanes!(z, w, env, g, ins, 2, U32);
             let (n, add, signed) = (ins.m.simd as u32, ins.m.simd_add, ty.kind == Ty::S);
             let bits = 32 / n.max(1);
             let r = map3(&x, &y, &z, run, |a, b, c| {
@@ -139,11 +136,9 @@ pub(super) fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Shf => {
-            let (lo, hi, sh) = (
-                v!(w, env, g, ins, 0, ty),
-                v!(w, env, g, ins, 1, ty),
-                v!(w, env, g, ins, 2, ty),
-            );
+            lanes!(lo, w, env, g, ins, 0, ty);
+            lanes!(hi, w, env, g, ins, 1, ty);
+            lanes!(sh, w, env, g, ins, 2, ty);
             let (wrap, left) = (ins.m.shf_wrap, ins.m.shf_left);
             let r = map3(&lo, &hi, &sh, run, |lo, hi, sh| {
                 let sh = if wrap { sh & 31 } else { sh.min(32) };
@@ -153,12 +148,10 @@ pub(super) fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Lop3 => {
-            let (x, y, z) = (
-                v!(w, env, g, ins, 0, ty),
-                v!(w, env, g, ins, 1, ty),
-                v!(w, env, g, ins, 2, ty),
-            );
-            let lut = v!(w, env, g, ins, 3, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(y, w, env, g, ins, 1, ty);
+            lanes!(z, w, env, g, ins, 2, ty);
+            lanes!(lut, w, env, g, ins, 3, ty);
             let mut r = [0u64; 32];
             for l in Bits(run) {
                 r[l] = alu::lop3(x[l], y[l], z[l], lut[l]);
@@ -166,11 +159,9 @@ pub(super) fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Sad => {
-            let (x, y, z) = (
-                v!(w, env, g, ins, 0, ty),
-                v!(w, env, g, ins, 1, ty),
-                v!(w, env, g, ins, 2, ty),
-            );
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(y, w, env, g, ins, 1, ty);
+            lanes!(z, w, env, g, ins, 2, ty);
             let r = map3(&x, &y, &z, run, |x, y, z| {
                 let d = if ty.kind == Ty::S {
                     sext(x, ty.size)
@@ -184,11 +175,9 @@ pub(super) fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Dp4a => {
-            let (x, y, z) = (
-                v!(w, env, g, ins, 0, ty),
-                v!(w, env, g, ins, 1, ins.ty2),
-                v!(w, env, g, ins, 2, ty),
-            );
+            lanes!(x, w, env, g, ins, 0, ty);
+            lanes!(y, w, env, g, ins, 1, ins.ty2);
+            lanes!(z, w, env, g, ins, 2, ty);
             put(
                 w,
                 g,

@@ -27,7 +27,7 @@ pub(super) fn exec(
     match ins.op {
         Op::Mov if ins.dvec => {
             // Unpack: mov.b64 {lo, hi}, %rd
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             let n = ins.nd as u32;
             let bits = (ty.size as u32 * 8) / n.max(1);
             let m = low_bits(bits);
@@ -48,7 +48,7 @@ pub(super) fn exec(
             let m = low_bits(bits);
             let mut x = [0u64; 32];
             for k in 0..ins.ns as usize {
-                let p = v!(w, env, g, ins, k, part_ty);
+                lanes!(p, w, env, g, ins, k, part_ty);
                 let sh = bits * k as u32;
                 for l in Bits(run) {
                     x[l] |= (p[l] & m).checked_shl(sh).unwrap_or(0);
@@ -57,7 +57,7 @@ pub(super) fn exec(
             put(w, g, d0, &x, run);
         }
         Op::Mov => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             put(w, g, d0, &x, run);
         }
         Op::Ld | Op::Ldu if super::fast::ld(w, env, g, ins, run) => {}
@@ -86,14 +86,14 @@ pub(super) fn exec(
             aligned(ins, &a, run)?;
             let n = ty.size as u64;
             for k in 0..ins.ns as usize {
-                let x = v!(w, env, g, ins, k, ty);
+                lanes!(x, w, env, g, ins, k, ty);
                 for l in Bits(run) {
                     store(w, env, l, a[l].wrapping_add(k as u64 * n), n, x[l])?;
                 }
             }
         }
         Op::Cvta => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             let win = match ins.m.space2 {
                 Some(Space::Shared) => SHARED_WINDOW,
                 Some(Space::Local) => LOCAL_WINDOW,
@@ -117,7 +117,8 @@ pub(super) fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Isspacep => {
-            let x = v!(
+            lanes!(
+                x,
                 w,
                 env,
                 g,
@@ -150,7 +151,7 @@ pub(super) fn exec(
                 return Err(unsupported());
             }
             if m == MbarOp::PendingCount {
-                let st = v!(w, env, g, ins, 0, b64);
+                lanes!(st, w, env, g, ins, 0, b64);
                 put(w, g, d0, &map1(&st, run, |s| s & 0xffff_ffff), run);
                 return Ok(());
             }
@@ -214,7 +215,7 @@ pub(super) fn exec(
                 return Err(unsupported());
             }
             for k in 0..elems {
-                let x = v!(w, env, g, ins, k, ty);
+                lanes!(x, w, env, g, ins, k, ty);
                 let y = if op == crate::inst::AtomOp::Cas {
                     v!(w, env, g, ins, 1, ty)
                 } else {
@@ -233,7 +234,7 @@ pub(super) fn exec(
         }
         Op::Alloca => {
             // alloca.u64 ptr, size{, align}: a block on the lane's alloca stack.
-            let size = v!(w, env, g, ins, 0, ty);
+            lanes!(size, w, env, g, ins, 0, ty);
             let align = if ins.ns > 1 {
                 v!(w, env, g, ins, 1, U32)
             } else {
@@ -263,7 +264,7 @@ pub(super) fn exec(
             put(w, g, d0, &r, run);
         }
         Op::Stackrestore => {
-            let x = v!(w, env, g, ins, 0, ty);
+            lanes!(x, w, env, g, ins, 0, ty);
             for l in Bits(run) {
                 let sp = x[l].wrapping_sub(crate::space::ALLOCA_WINDOW);
                 if sp > w.alloca[l].len() as u64 {

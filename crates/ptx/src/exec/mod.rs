@@ -16,6 +16,16 @@ macro_rules! v {
     }};
 }
 
+/// `lanes!(x, w, env, g, ins, k, t)`: binds `x` to [`v!`]'s value, read straight into `x`
+/// (no 256-byte copy out of a temporary, which the optimizer does not always remove).
+macro_rules! lanes {
+    ($x:ident, $w:expr, $env:expr, $g:expr, $ins:expr, $k:expr, $t:expr) => {
+        let mut $x = [0u64; 32];
+        crate::lanes::val_into($w, $env, $g, $ins.src($k), $t.size, &mut $x)?;
+        let $x = $x;
+    };
+}
+
 mod arith;
 mod bits;
 mod fast;
