@@ -61,7 +61,7 @@ CHECKS = {
     "device_io": ["printf", "malloc"],
     "textures": ["point_filter", "linear_filter", "normalized_coords", "normalized_float",
                  "fetch_linear", "pitch2d", "volume", "gather", "surface", "destroyed",
-                 "cubemap"],
+                 "cubemap", "cubemap_layered"],
     "cooperative": ["grid_sync", "too_large", "hang_fails", "persisting_l2"],
 }
 

@@ -6,13 +6,14 @@
 //! device. Libraries whose PTX targets a newer architecture (NVIDIA's cuBLAS and cuBLASLt ship
 //! `compute_120` PTX only) need a newer model: `--devices emu:1:16GiB:sm_120`. The figures of
 //! each model are the public specifications of the GPU it is named after. Features the emulated
-//! GPU does not have (mipmapped and cubemap textures, peer access, managed memory, IPC,
+//! GPU does not have (mipmapped textures, peer access, managed memory, IPC,
 //! multi-device cooperative launches) are reported as absent (0); cooperative launches are
 //! reported and run every block at once (crates/ptx/src/launch.rs); persisting L2 reports the
 //! modelled GPU's sizes and its hints change nothing (the VM has no cache); the client answers
 //! managed memory itself, and mapped pinned memory is kept like managed memory
-//! (crates/shim/src/api/managed.rs). Texture and surface objects of 1-D, 2-D, 3-D and layered
-//! arrays, linear and pitched memory are sampled by the VM (crates/ptx/src/tex.rs): their size
+//! (crates/shim/src/api/managed.rs). Texture and surface objects of 1-D, 2-D, 3-D, layered and
+//! cubemap arrays (layered cubemaps too), linear and pitched memory are sampled by the VM
+//! (crates/ptx/src/tex.rs): their size
 //! limits are those of a 9.x/10.x GPU.
 
 /// One emulated GPU model: what `cuDeviceGetAttribute` reports, by the GPU it is named after.
@@ -152,7 +153,7 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (19, 1),               // can map host memory: mapped pinned memory moves like managed
         (20, 0),               // compute mode default
         // Texture and surface sizes (those of compute capability 9.x and 10.x GPUs); mipmapped
-        // and cubemap textures and surfaces are not supported (0).
+        // textures are not supported (0).
         (21, 131072), // 1-D texture width
         (22, 131072), // 2-D texture width, height
         (23, 65536),
@@ -182,6 +183,9 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (48, 8192),
         (49, 32768),
         (50, domain as i32),
+        (52, 32768), // cubemap texture width; layered: width, cubemaps x 6
+        (53, 32768),
+        (54, 2046),
         (51, 32),     // texture pitch alignment
         (55, 32768),  // 1-D surface width
         (56, 131072), // 2-D surface width, height
@@ -194,6 +198,9 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (63, 32768), // layered 2-D surface width, height, layers
         (64, 32768),
         (65, 2048),
+        (66, 32768), // cubemap surface width; layered: width, cubemaps x 6
+        (67, 32768),
+        (68, 2046),
         (69, 268435456), // 1-D texture of linear memory: elements
         (70, 131072),    // 2-D texture of pitched memory: width, height, pitch
         (71, 65000),

@@ -119,6 +119,8 @@ pub enum Geom {
     A2,
     /// A cubemap: a direction (x, y, z) picks a face of a six-layer 2-D array.
     Cube,
+    /// A layered cubemap: a layer, then a direction; cubemap `n`'s faces are layers `6n..6n+6`.
+    ACube,
 }
 
 impl Geom {
@@ -130,6 +132,7 @@ impl Geom {
             "a1d" => Geom::A1,
             "a2d" => Geom::A2,
             "cube" => Geom::Cube,
+            "acube" => Geom::ACube,
             _ => return None,
         })
     }
@@ -140,6 +143,7 @@ impl Geom {
             Geom::D1 => 1,
             Geom::D2 | Geom::A1 => 2,
             Geom::D3 | Geom::A2 | Geom::Cube => 3,
+            Geom::ACube => 4,
         }
     }
 
@@ -151,6 +155,7 @@ impl Geom {
             Geom::A1 => "a1d",
             Geom::A2 => "a2d",
             Geom::Cube => "cube",
+            Geom::ACube => "acube",
         }
     }
 }
@@ -339,7 +344,7 @@ pub fn decode(
             }
             t.geom = g;
             args.push(dst_vector(&items[0], operand)?);
-            let layered = matches!(g, Geom::A1 | Geom::A2);
+            let layered = matches!(g, Geom::A1 | Geom::A2 | Geom::ACube);
             args.push(address(
                 &items[1],
                 g.coords(),
@@ -350,7 +355,9 @@ pub fn decode(
             (d, c)
         }
         Op::Suld | Op::Sust => {
-            let g = geom.filter(|&g| g != Geom::Cube).ok_or_else(unsupported)?;
+            let g = geom
+                .filter(|&g| !matches!(g, Geom::Cube | Geom::ACube))
+                .ok_or_else(unsupported)?;
             let [d] = <[Type; 1]>::try_from(types.clone()).map_err(|_| unsupported())?;
             if d.kind != Ty::B || !mods_s.contains(&"b") {
                 // `sust.p` (formatted stores) is not implemented.
@@ -412,6 +419,9 @@ fn check_geom(t: &Texture, g: Geom, what: &str) -> Result<(), ExecError> {
         Geom::A1 => t.shape == Shape::A1,
         Geom::A2 => t.shape == Shape::A2,
         Geom::Cube => t.shape == Shape::A2 && t.depth == 6 && t.width == t.height,
+        Geom::ACube => {
+            t.shape == Shape::A2 && t.depth >= 6 && t.depth.is_multiple_of(6) && t.width == t.height
+        }
     };
     if ok {
         Ok(())
@@ -590,7 +600,7 @@ pub fn tex(
     let mut h = [0u64; 32];
     val_into(w, env, g, ins.src(0), 8, &mut h)?;
     let n = op.geom.coords();
-    let mut c = [[0u64; 32]; 3];
+    let mut c = [[0u64; 32]; 4];
     for (k, ck) in c.iter_mut().enumerate().take(n) {
         val_into(w, env, g, ins.src(1 + k), 4, ck)?;
     }
@@ -640,12 +650,12 @@ fn sample(
     t: &Texture,
     s: &Sampler,
     op: TexOp,
-    c: &[Lanes; 3],
+    c: &[Lanes; 4],
     coord_float: bool,
     want_float: bool,
     gather: bool,
 ) -> Result<[u32; 4], ExecError> {
-    if op.geom == Geom::Cube {
+    if matches!(op.geom, Geom::Cube | Geom::ACube) {
         return sample_cube(w, env, l, t, s, op, c, want_float);
     }
     let layered = matches!(op.geom, Geom::A1 | Geom::A2);
@@ -760,13 +770,20 @@ fn sample_cube(
     t: &Texture,
     s: &Sampler,
     op: TexOp,
-    c: &[Lanes; 3],
+    c: &[Lanes; 4],
     want_float: bool,
 ) -> Result<[u32; 4], ExecError> {
-    let f = |k: usize| f32::from_bits(c[k][l] as u32);
+    // `.acube`: the cubemap (an integer, clamped to the cubemaps there are) comes first.
+    let (first, cube) = if op.geom == Geom::ACube {
+        let cubes = (t.depth / 6).max(1) as i32;
+        (1, (c[0][l] as u32 as i32).clamp(0, cubes - 1) as u64)
+    } else {
+        (0, 0)
+    };
+    let f = |k: usize| f32::from_bits(c[first + k][l] as u32);
     let (face, u, v) = cube_face(f(0), f(1), f(2));
-    let mut layer = [[0u64; 32]; 3];
-    layer[0][l] = face;
+    let mut layer = [[0u64; 32]; 4];
+    layer[0][l] = 6 * cube + face;
     layer[1][l] = u.to_bits() as u64;
     layer[2][l] = v.to_bits() as u64;
     let face_op = TexOp {
@@ -854,10 +871,11 @@ fn surface_at(
         Geom::D3 => ((c[0], c[1], c[2]), (true, true)),
         Geom::A1 => ((c[1], 0, c[0]), (false, true)),
         Geom::A2 => ((c[1], c[2], c[0]), (true, true)),
-        Geom::Cube => {
-            return Err(ExecError::Texture(
-                "a surface access with .cube geometry".into(),
-            ))
+        Geom::Cube | Geom::ACube => {
+            return Err(ExecError::Texture(format!(
+                "a surface access with .{} geometry",
+                op.geom.name()
+            )))
         }
     };
     let row = t.width * t.elem();

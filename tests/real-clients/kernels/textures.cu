@@ -712,9 +712,74 @@ static void check_cubemap() {
   std::printf("checked a cubemap: six faces of %dx%d texels, point and linear\n", w, w);
 }
 
+// A layered cubemap (cudaArrayCubemap | cudaArrayLayered, 6 x layers faces): texCubemapLayered
+// reads cubemap `layer`'s faces, layer after layer; a cubemap whose depth is not six (or a
+// multiple of six when layered) is refused when the array is made.
+__global__ void sample_cube_layered(cudaTextureObject_t t, float* out, int w) {
+  int x = threadIdx.x, y = threadIdx.y, face = blockIdx.x % 6, layer = blockIdx.x / 6;
+  float u = ((x + 0.5f) / w) * 2.f - 1.f, v = ((y + 0.5f) / w) * 2.f - 1.f;
+  float cx, cy, cz;
+  switch (face) {
+    case 0: cx = 1; cy = -v; cz = -u; break;
+    case 1: cx = -1; cy = -v; cz = u; break;
+    case 2: cx = u; cy = 1; cz = v; break;
+    case 3: cx = u; cy = -1; cz = -v; break;
+    case 4: cx = u; cy = -v; cz = 1; break;
+    default: cx = -u; cy = -v; cz = -1; break;
+  }
+  out[(blockIdx.x * w + y) * w + x] = texCubemapLayered<float>(t, cx, cy, cz, layer);
+}
+
+static void check_cubemap_layered() {
+  const int w = 4, layers = 3, n = 6 * layers * w * w;
+  cudaChannelFormatDesc fd = cudaCreateChannelDesc<float>();
+  cudaArray_t bad;
+  EXPECT_RESULT(cudaMalloc3DArray(&bad, &fd, make_cudaExtent(w, w, 5), cudaArrayCubemap) ==
+                    cudaErrorInvalidValue,
+                "a cubemap of five faces was made");
+  cudaGetLastError();
+  EXPECT_RESULT(cudaMalloc3DArray(&bad, &fd, make_cudaExtent(w, w, 9),
+                                  cudaArrayCubemap | cudaArrayLayered) == cudaErrorInvalidValue,
+                "a layered cubemap of nine faces was made");
+  cudaGetLastError();
+  std::vector<float> host(n);
+  for (int i = 0; i < n; i++) host[i] = (float)(i * 3 + 1);
+  cudaArray_t a;
+  CK(cudaMalloc3DArray(&a, &fd, make_cudaExtent(w, w, 6 * layers),
+                       cudaArrayCubemap | cudaArrayLayered));
+  cudaMemcpy3DParms p = {};
+  p.srcPtr = make_cudaPitchedPtr(host.data(), w * sizeof(float), w, w);
+  p.dstArray = a;
+  p.extent = make_cudaExtent(w, w, 6 * layers);
+  p.kind = cudaMemcpyHostToDevice;
+  CK(cudaMemcpy3D(&p));
+  cudaResourceDesc r = {};
+  r.resType = cudaResourceTypeArray;
+  r.res.array.array = a;
+  cudaTextureDesc td = {};
+  td.normalizedCoords = true;
+  td.filterMode = cudaFilterModePoint;
+  td.addressMode[0] = td.addressMode[1] = td.addressMode[2] = cudaAddressModeWrap;
+  td.readMode = cudaReadModeElementType;
+  cudaTextureObject_t t;
+  CK(cudaCreateTextureObject(&t, &r, &td, nullptr));
+  float* dout = dev_alloc<float>(n);
+  sample_cube_layered<<<6 * layers, dim3(w, w)>>>(t, dout, w);
+  CK(cudaGetLastError());
+  std::vector<float> got(n);
+  CK(cudaMemcpy(got.data(), dout, n * sizeof(float), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < n; i++)
+    EXPECT_RESULT(got[i] == host[i], "layered cubemap texel %d (layer %d): %g, want %g", i,
+                  i / (6 * w * w), got[i], host[i]);
+  CK(cudaDestroyTextureObject(t));
+  CK(cudaFree(dout));
+  CK(cudaFreeArray(a));
+  std::printf("checked a layered cubemap: %d cubemaps of six %dx%d faces\n", layers, w, w);
+}
+
 KCHECK_MAIN({"point_filter", check_point_filter}, {"linear_filter", check_linear_filter},
             {"normalized_coords", check_normalized_coords},
             {"normalized_float", check_normalized_float}, {"fetch_linear", check_fetch_linear},
             {"pitch2d", check_pitch2d}, {"volume", check_volume}, {"gather", check_gather},
             {"surface", check_surface}, {"destroyed", check_destroyed},
-            {"cubemap", check_cubemap})
+            {"cubemap", check_cubemap}, {"cubemap_layered", check_cubemap_layered})

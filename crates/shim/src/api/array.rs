@@ -4,8 +4,9 @@
 //! arrays work (1-D offsets, 2-D and 3-D copies naming an array). Kernels sample them through
 //! texture objects and read and write them through surface objects (`texture.rs`; the VM's
 //! `tex`/`suld`/`sust`, crates/ptx/src/tex.rs), which read this memory in place. Layered,
-//! surface load/store, texture gather, depth-texture and colour-attachment flags are accepted
-//! (cubemap arrays are storage only: no texture object samples them); sparse, deferred-mapping
+//! surface load/store, texture gather, depth-texture, colour-attachment and cubemap flags are
+//! accepted (a cubemap is six square faces, a layered one six per cubemap, kept as the layers
+//! of a 2-D layered array that `tex.cube`/`tex.acube` sample); sparse, deferred-mapping
 //! and video arrays are `CUDA_ERROR_NOT_SUPPORTED`, and unknown flags `CUDA_ERROR_INVALID_VALUE`.
 
 use std::ffi::{c_int, c_uint, c_void};
@@ -58,6 +59,17 @@ fn create(
     }
     if flags & !ACCEPTED != 0 || (flags & 0x01 != 0 && depth == 0) {
         return Err(INVALID_VALUE);
+    }
+    if flags & 0x04 != 0 {
+        // CUBEMAP: six square faces (a multiple of six with LAYERED), as cuArray3DCreate says.
+        let faces_ok = if flags & 0x01 != 0 {
+            depth > 0 && depth.is_multiple_of(6)
+        } else {
+            depth == 6
+        };
+        if width != height || !faces_ok {
+            return Err(INVALID_VALUE);
+        }
     }
     if height == 0 && depth != 0 && flags & 0x01 == 0 {
         // A 3-D array needs a height (a 1-D layered array is width x layers).

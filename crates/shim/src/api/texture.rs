@@ -10,8 +10,8 @@
 //! The object reads the memory in place, so copies into the array are seen by later kernels.
 //!
 //! What the emulated GPU does not do is an error naming it (with `GPUFUSE_LOG` set), never
-//! ignored: mipmapped arrays, layered cubemaps, sRGB, anisotropic filtering, resource views that
-//! change the format or select part of the array, and unknown flags.
+//! ignored: mipmapped arrays, sRGB, anisotropic filtering, seamless cubemap filtering, resource
+//! views that change the format or select part of the array, and unknown flags.
 
 use std::ffi::{c_int, c_uint};
 
@@ -127,19 +127,22 @@ fn resource(g: &Inner, r: &ResourceDesc, surface: bool) -> Result<TexObjectDesc,
             let h_array: CUarray = unsafe { r.res.array.h_array };
             let a: ArrayInfo = crate::api::array::array(g, h_array)?;
             let cubemap = a.flags & ARRAY3D_CUBEMAP != 0;
-            if cubemap && (a.depth != 6 || a.width != a.height || a.flags & ARRAY3D_LAYERED != 0) {
-                // A cubemap is six square faces; layered cubemaps are not implemented.
-                return Err(refuse(
-                    "a layered or non-square cubemap array",
-                    NOT_SUPPORTED,
-                ));
+            let layered_cubemap = cubemap && a.flags & ARRAY3D_LAYERED != 0;
+            if cubemap
+                && (a.width != a.height
+                    || (!layered_cubemap && a.depth != 6)
+                    || (layered_cubemap && (a.depth == 0 || !a.depth.is_multiple_of(6))))
+            {
+                // A cubemap is six square faces, a layered one six per cubemap.
+                return Err(INVALID_VALUE);
             }
             if surface && a.flags & ARRAY3D_SURFACE_LDST == 0 {
                 // CUDA requires CUDA_ARRAY3D_SURFACE_LDST (cudaArraySurfaceLoadStore).
                 return Err(INVALID_VALUE);
             }
-            // A cubemap's faces are the six layers of a 2-D layered array; `tex.cube` picks
-            // the face from the direction it is given.
+            // A cubemap's faces are the six layers of a 2-D layered array (cubemap `n` of a
+            // layered one: layers 6n..6n+6); `tex.cube`/`tex.acube` pick the face from the
+            // direction they are given.
             let layered = a.flags & ARRAY3D_LAYERED != 0 || cubemap;
             let shape = match (layered, a.height, a.depth) {
                 (false, 0, _) => TexShape::D1,
