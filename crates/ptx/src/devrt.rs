@@ -4,8 +4,10 @@
 //! the child's parameters, laid out as the child's `.param` list), then
 //! `cudaLaunchDeviceV2(buffer, stream)`; with CUDA 12 and later the PTX names them
 //! `__cudaCDP2GetParameterBufferV2` and so on. NVIDIA's libcudadevrt, which defines them,
-//! ships only SASS, so the VM provides the device runtime itself: the calls are builtins
-//! (`code.rs` gives them callees of their own, the linker needs no definition for them).
+//! ships SASS and (CUDA 13) PTX for sm_121 only, and its code drives a GPU's launch hardware,
+//! so the VM provides the device runtime itself: the calls are builtins (`code.rs` gives them
+//! callees of their own, the linker needs no definition for them), and libcudadevrt's unit is
+//! left out of an image's units (`gpufuse_fatbin::select_units`).
 //!
 //! Scheduling. A launch from the host is a tree of grids: [`Module::launch`](crate::Module)
 //! runs the root grid's blocks, then the grids and copies each grid enqueued, in the order

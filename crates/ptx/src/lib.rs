@@ -45,6 +45,14 @@
 //!   sense, whatever the kernel does), and atomic instructions are exact across threads
 //!   (`memory.rs`).
 //!
+//! - device-side launches (CUDA Dynamic Parallelism, CDP2; `devrt.rs`): the device runtime's
+//!   functions (`cudaGetParameterBufferV2`, `cudaLaunchDeviceV2`, device streams, events,
+//!   `cudaMalloc`/`cudaFree`/`cudaMemcpyAsync`, `cudaGetLastError`, ...) are VM builtins,
+//!   which the linker needs no definition for; a launch of a kernel that reaches them runs the
+//!   tree of grids it makes (each grid's blocks, then its enqueued work in launch order, each
+//!   to completion, then its tail launches) and ends when the whole tree has; nesting and
+//!   pending-launch limits as CUDA's defaults, failed launches in the calling thread's
+//!   `cudaGetLastError`;
 //! - texture and surface objects (`tex`, `tld4`, `txq`, `suld.b`, `sust.b`, `suq`;
 //!   `tex.rs`): the device describes each live handle ([`DeviceMemory::texture`]) and the VM
 //!   samples its memory by the CUDA programming guide's texture fetching rules.
