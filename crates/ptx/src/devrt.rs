@@ -344,6 +344,7 @@ fn error_text(code: u32, name: bool) -> &'static str {
 }
 
 /// Argument `k`'s `size` bytes at byte `off` of it, for lane `l`.
+#[allow(clippy::too_many_arguments)]
 fn arg(
     w: &Warp,
     env: &mut Env,
