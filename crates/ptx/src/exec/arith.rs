@@ -121,9 +121,11 @@ pub(super) fn exec(
             let (x, y) = (v!(w, env, g, ins, 0, ty), v!(w, env, g, ins, 1, sty));
             let r = if ty.kind == Ty::Pred {
                 match ins.op {
-                    Op::And => map2(&x, &y, run, |a, b| a & b),
-                    Op::Or => map2(&x, &y, run, |a, b| a | b),
-                    Op::Xor => map2(&x, &y, run, |a, b| a ^ b),
+                    // An immediate operand may be any integer (nvcc writes `xor.pred %p, %q,
+                    // -1;` for a negation): nonzero is true.
+                    Op::And => map2(&x, &y, run, |a, b| (a != 0 && b != 0) as u64),
+                    Op::Or => map2(&x, &y, run, |a, b| (a != 0 || b != 0) as u64),
+                    Op::Xor => map2(&x, &y, run, |a, b| ((a != 0) ^ (b != 0)) as u64),
                     _ => return Err(unsupported()),
                 }
             } else {
