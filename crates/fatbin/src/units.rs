@@ -167,7 +167,8 @@ pub fn link_image(inputs: &[(&str, &[u8])]) -> Result<Vec<u8>, FatbinError> {
 /// The PTX of each unit of `image` to run on a device of compute capability `max_sm`: one text
 /// for PTX, for a fatbin whose PTX entries carry no unit, or a linked image of one unit (see
 /// [`crate::select_ptx`]); for one of several units, each unit's PTX entry with the highest
-/// arch not above `max_sm`, in unit order.
+/// arch not above `max_sm`, in unit order, leaving out the unit of NVIDIA's device runtime
+/// (libcudadevrt, [`defines_device_runtime`]): the emulated GPU provides it.
 pub fn select_units(image: &[u8], max_sm: u32) -> Result<Vec<String>, FatbinError> {
     if classify(image) != ImageKind::Fatbin {
         return crate::select_ptx(image, max_sm).map(|t| vec![t]);
@@ -217,9 +218,8 @@ pub fn select_units(image: &[u8], max_sm: u32) -> Result<Vec<String>, FatbinErro
         }
         out.push(String::from_utf8(text).map_err(|_| FatbinError::Malformed("PTX is not text"))?);
     }
-    if out.is_empty() {
-        return Err(FatbinError::NoBinaryForGpu(max_sm));
-    }
+    // Empty only for an image of the device runtime alone (`cuLinkAddFile` of
+    // libcudadevrt.a), which holds nothing to run.
     Ok(out)
 }
 

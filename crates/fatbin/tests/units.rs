@@ -67,6 +67,10 @@ fn the_device_runtimes_unit_is_left_out() {
         assert_eq!(units.len(), 1, "sm_{sm}");
         assert!(units[0].contains(".entry k()"));
     }
+    // The device runtime alone (`cuLinkAddFile` of libcudadevrt.a with another input of its
+    // own): nothing to run.
+    let img = link_image(&[("cudadevrt", &devrt[..]), ("cudadevrt again", &devrt[..])]).unwrap();
+    assert_eq!(select_units(&img, 100), Ok(vec![]));
     // Any other unit without code for the device still fails the load.
     let img = link_image(&[("app", &app[..]), ("other", &other[..])]).unwrap();
     assert_eq!(
