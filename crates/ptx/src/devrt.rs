@@ -186,11 +186,19 @@ struct Buffer {
     size: u64,
 }
 
+/// What a launch from device code needs to know of a kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    pub param_bytes: u32,
+    /// `.maxntid`, `.reqntid`: the block shapes it allows.
+    pub max_threads: Option<u32>,
+    pub req_threads: Option<[u32; 3]>,
+}
+
 /// The state of one host launch's tree of grids.
 pub struct Tree<'a> {
-    /// Per function of the module: the parameter bytes of a kernel, `None` for a device
-    /// function.
-    pub entry_params: &'a [Option<u32>],
+    /// Per function of the module: a kernel's interface, `None` for a device function.
+    pub entry_params: &'a [Option<Entry>],
     buffers: Mutex<HashMap<u64, Buffer>>,
     pending: AtomicUsize,
     handles: AtomicU64,
@@ -199,7 +207,7 @@ pub struct Tree<'a> {
 }
 
 impl<'a> Tree<'a> {
-    pub fn new(entry_params: &'a [Option<u32>]) -> Tree<'a> {
+    pub fn new(entry_params: &'a [Option<Entry>]) -> Tree<'a> {
         Tree {
             entry_params,
             buffers: Mutex::new(HashMap::new()),
@@ -445,7 +453,7 @@ pub fn call(
                     let block_dim = dim3(w, env, g, cs, 2, l)?;
                     let shared = arg(w, env, g, cs, 3, l, 0, 4)? as u32;
                     match function_index(func)
-                        .and_then(|i| Some((i, tree.entry_params.get(i).copied()??)))
+                        .and_then(|i| Some((i, tree.entry_params.get(i).copied()??.param_bytes)))
                     {
                         Some((i, bytes)) => (
                             Some((
@@ -649,12 +657,19 @@ fn launch(
         free(&b);
         return Ok(INVALID_DEVICE_FUNCTION);
     };
-    let want = tree.entry_params[func].map_or(0, u64::from);
+    let entry = tree.entry_params[func];
+    let want = entry.map_or(0, |e| u64::from(e.param_bytes));
     let params = read(mem, buf, want.min(b.size));
     free(&b);
     let mut params = params?;
     params.resize(want as usize, 0);
-    if !valid_config(&cfg) {
+    let threads: u64 = cfg.block.iter().map(|&d| u64::from(d)).product();
+    if !valid_config(&cfg)
+        || entry.is_some_and(|e| {
+            e.max_threads.is_some_and(|n| threads > u64::from(n))
+                || e.req_threads.is_some_and(|r| r != cfg.block)
+        })
+    {
         return Ok(INVALID_CONFIGURATION);
     }
     if grid.depth + 1 > MAX_DEPTH {

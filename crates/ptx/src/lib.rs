@@ -249,7 +249,7 @@ pub struct Module {
     devrt: Vec<bool>,
     /// Per function: a kernel's parameter bytes (`None` for a device function), for launches
     /// from device code.
-    entry_params: Vec<Option<u32>>,
+    entry_params: Vec<Option<devrt::Entry>>,
     /// Kernel name -> (its function index, its index in `kernels`): a launch finds its kernel
     /// without comparing names along a list (a library's module has thousands).
     entries: std::collections::HashMap<String, (usize, usize)>,
@@ -339,7 +339,13 @@ impl Module {
         let entry_params = p
             .functions
             .iter()
-            .map(|f| f.is_entry.then_some(f.param_bytes))
+            .map(|f| {
+                f.is_entry.then_some(devrt::Entry {
+                    param_bytes: f.param_bytes,
+                    max_threads: f.max_threads,
+                    req_threads: f.req_threads,
+                })
+            })
             .collect();
         // The first kernel and the first entry function of each name, as a search would find.
         let kernel_of: std::collections::HashMap<&str, usize> = kernels
@@ -557,24 +563,8 @@ impl Module {
                 devrt::run_copy(mem, &work)?;
                 continue;
             };
+            // The launch call checked its shape (`devrt::launch`).
             tree.started();
-            let code = &self.program.funcs[func];
-            let info = self
-                .entries
-                .get(&code.name)
-                .filter(|&&(f, _)| f == func)
-                .map(|&(_, i)| &self.kernels[i]);
-            let threads_per_block: u32 = cfg.block.iter().product();
-            if let Some(info) = info {
-                if info.max_threads.is_some_and(|n| threads_per_block > n)
-                    || info.req_threads.is_some_and(|r| r != cfg.block)
-                {
-                    return Err(ExecError::InvalidLaunch(format!(
-                        "device-side launch of {} with block {:?}, beyond its .maxntid/.reqntid",
-                        code.name, cfg.block
-                    )));
-                }
-            }
             let child = devrt::Grid::new(grid.depth + 1);
             let s = launch::run(
                 &self.program,

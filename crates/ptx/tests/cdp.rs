@@ -209,3 +209,21 @@ fn a_missing_device_runtime_function_is_named() {
         "{e:?}"
     );
 }
+
+/// A block beyond the child's `__launch_bounds__` (`.maxntid`) is
+/// `cudaErrorInvalidConfiguration` at the launch call; a fitting one runs.
+#[test]
+fn a_launch_beyond_the_childs_bounds_fails_at_the_call() {
+    let m = module();
+    let mem = memory();
+    launch(
+        &m,
+        &mem,
+        "_Z14launch_boundedPiS_",
+        cfg(1, 1),
+        &[BASE, BASE + 64],
+    )
+    .unwrap();
+    assert_eq!(i32s(&mem, 0, 2), [9, 0]);
+    assert_eq!(i32s(&mem, 64, 1), [128]);
+}
