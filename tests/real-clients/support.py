@@ -219,6 +219,12 @@ def build_programs() -> Programs:
     jobs.append(("graph_conditional", out,
                  [nvcc, "-O2", "-rdc=true", "-arch=sm_80", "-o", str(out), str(cond),
                   "-lcudadevrt"], [cond, HERE / "kernels" / "kcheck.h"]))
+    # Dynamic parallelism: kernels that launch kernels (the device runtime, libcudadevrt).
+    cdp = HERE / "rdc" / "dynamic_parallelism.cu"
+    out = BUILD / "dynamic_parallelism"
+    jobs.append(("dynamic_parallelism", out,
+                 [nvcc, "-O2", "-rdc=true", "-arch=sm_80", "-o", str(out), str(cdp),
+                  "-lcudadevrt"], [cdp, HERE / "kernels" / "kcheck.h"]))
     # rdc_lib.cu as inputs of the driver's JIT linker (cuLinkAddFile): a relocatable fatbin
     # (PTX and SASS) and a host object file whose .nv_fatbin section holds it.
     for name, flags in (("rdc_lib_fatbin", ["-fatbin"]), ("rdc_lib_object", ["-c"])):

@@ -120,6 +120,17 @@ def test_conditional_graph_nodes(programs, server, check):
     assert_ok(res, [f"PASS {check} (results checked)"])
 
 
+@pytest.mark.kernel_results
+@pytest.mark.parametrize("check", ["tree_sum", "children", "launch_error"])
+def test_dynamic_parallelism(programs, server, check):
+    """Kernels that launch kernels (CDP2, -rdc=true -lcudadevrt; the device runtime is the
+    VM's, crates/ptx/src/devrt.rs): a recursive sum over a tree of grids whose tail launches
+    add the halves, a child per block with arguments and dynamic shared memory, and a launch
+    error that device code reads with cudaGetLastError; the host checks every result."""
+    res = run_client(programs, server.unix, [programs.kernels["dynamic_parallelism"], check])
+    assert_ok(res, [f"PASS {check} (results checked)"])
+
+
 def test_relocatable_code_of_two_units_is_linked_and_runs(programs, server):
     """Its kernel calls a function and reads a variable of the other unit: the host code
     registers the device-linked image (SASS only) with both units' PTX, which the device links

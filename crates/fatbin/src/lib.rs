@@ -22,8 +22,8 @@ use std::borrow::Cow;
 pub use cubin::{cubin_info, cubin_sm, CubinInfo, CubinKernel, CubinParam, CubinVariable};
 pub use names::kernel_names;
 pub use units::{
-    fatbins_in_object, is_multi_unit, link_image, select_units, with_prelinked_ptx, MAX_UNITS,
-    UNIT_TAG,
+    defines_device_runtime, fatbins_in_object, is_multi_unit, link_image, select_units,
+    with_prelinked_ptx, MAX_UNITS, UNIT_TAG,
 };
 
 /// Reads bytes of an image at an offset from its start.

@@ -167,7 +167,8 @@ pub fn link_image(inputs: &[(&str, &[u8])]) -> Result<Vec<u8>, FatbinError> {
 /// The PTX of each unit of `image` to run on a device of compute capability `max_sm`: one text
 /// for PTX, for a fatbin whose PTX entries carry no unit, or a linked image of one unit (see
 /// [`crate::select_ptx`]); for one of several units, each unit's PTX entry with the highest
-/// arch not above `max_sm`, in unit order.
+/// arch not above `max_sm`, in unit order, leaving out the unit of NVIDIA's device runtime
+/// (libcudadevrt, [`defines_device_runtime`]): the emulated GPU provides it.
 pub fn select_units(image: &[u8], max_sm: u32) -> Result<Vec<String>, FatbinError> {
     if classify(image) != ImageKind::Fatbin {
         return crate::select_ptx(image, max_sm).map(|t| vec![t]);
@@ -199,12 +200,39 @@ pub fn select_units(image: &[u8], max_sm: u32) -> Result<Vec<String>, FatbinErro
             .iter()
             .map(|&i| &parsed[i])
             .filter(|e| e.sm <= max_sm)
-            .max_by_key(|e| e.sm)
-            .ok_or(FatbinError::NoBinaryForGpu(max_sm))?;
+            .max_by_key(|e| e.sm);
+        let Some(best) = best else {
+            // The device runtime of libcudadevrt (CUDA 13 ships its PTX for the newest GPU
+            // only) is left out: the emulated GPU provides it (`gpufuse_ptx`'s `devrt.rs`).
+            if let Some(&i) = list.first() {
+                if defines_device_runtime(&parsed[i].contents()?) {
+                    continue;
+                }
+            }
+            return Err(FatbinError::NoBinaryForGpu(max_sm));
+        };
         let text = best.contents()?.into_owned();
+        // Whatever its arch, libcudadevrt's unit gives way to the VM's own device runtime.
+        if defines_device_runtime(&text) {
+            continue;
+        }
         out.push(String::from_utf8(text).map_err(|_| FatbinError::Malformed("PTX is not text"))?);
     }
+    // Empty only for an image of the device runtime alone (`cuLinkAddFile` of
+    // libcudadevrt.a), which holds nothing to run.
     Ok(out)
+}
+
+/// Whether PTX text is NVIDIA's device runtime (libcudadevrt's unit, linked into programs
+/// that use dynamic parallelism): it defines `cudaLaunchDeviceV2` or, as CUDA 12 and later
+/// name it, `__cudaCDP2LaunchDeviceV2`. An application's unit never does (nvlink would find
+/// the symbol defined twice).
+pub fn defines_device_runtime(ptx: &[u8]) -> bool {
+    String::from_utf8_lossy(ptx).lines().any(|l| {
+        let l = l.trim_start();
+        (l.starts_with(".visible .func") || l.starts_with(".weak .func"))
+            && (l.contains(" __cudaCDP2LaunchDeviceV2(") || l.contains(" cudaLaunchDeviceV2("))
+    })
 }
 
 /// Whether `image` holds PTX of more than one unit (loading it links them).

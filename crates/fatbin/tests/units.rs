@@ -53,6 +53,32 @@ fn every_unit_of_relocatable_code_keeps_its_ptx() {
     assert_eq!(select_units(&one, 80).unwrap().len(), 1);
 }
 
+/// A program that launches kernels from the device links libcudadevrt, whose unit (CUDA 13:
+/// PTX for sm_121 only) the emulated GPU leaves out, since it provides the device runtime
+/// itself: the application's units are what it links, for any device.
+#[test]
+fn the_device_runtimes_unit_is_left_out() {
+    let app = b".version 8.0\n.target sm_80\n.address_size 64\n.extern .func (.param .b32 func_retval0) __cudaCDP2LaunchDeviceV2(.param .b64 a, .param .b64 b);\n.visible .entry k() { ret; }\n";
+    let devrt = b".version 9.5\n.target sm_121\n.address_size 64\n.visible .func (.param .b32 func_retval0) __cudaCDP2LaunchDeviceV2(\n.param .b64 a,\n.param .b64 b\n)\n{\nret;\n}\n";
+    let other = b".version 9.5\n.target sm_121\n.address_size 64\n.visible .func f() { ret; }\n";
+    let img = link_image(&[("app", &app[..]), ("cudadevrt", &devrt[..])]).unwrap();
+    for sm in [80, 100, 121] {
+        let units = select_units(&img, sm).unwrap();
+        assert_eq!(units.len(), 1, "sm_{sm}");
+        assert!(units[0].contains(".entry k()"));
+    }
+    // The device runtime alone (`cuLinkAddFile` of libcudadevrt.a with another input of its
+    // own): nothing to run.
+    let img = link_image(&[("cudadevrt", &devrt[..]), ("cudadevrt again", &devrt[..])]).unwrap();
+    assert_eq!(select_units(&img, 100), Ok(vec![]));
+    // Any other unit without code for the device still fails the load.
+    let img = link_image(&[("app", &app[..]), ("other", &other[..])]).unwrap();
+    assert_eq!(
+        select_units(&img, 100),
+        Err(FatbinError::NoBinaryForGpu(100))
+    );
+}
+
 #[test]
 fn the_jit_linkers_image_holds_each_input_as_a_unit() {
     let ptx = b".version 8.0\n.target sm_75\n.address_size 64\n.visible .func f() { ret; }\n\0";

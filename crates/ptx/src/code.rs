@@ -451,6 +451,20 @@ fn compile_inst(
                 }
                 (SET_CONDITIONAL_CALLEE, None, rets)
             }
+            // The device runtime (dynamic parallelism, `devrt.rs`).
+            Operand::Sym(name)
+                if !by_name.contains_key(name.as_str()) && crate::devrt::is_runtime(name) =>
+            {
+                let Some((f, nargs)) = crate::devrt::lookup(name) else {
+                    return Err(format!(
+                        "call of the device runtime's {name}, which the emulated GPU does not provide"
+                    ));
+                };
+                if a.len() != nargs || rets.len() != 1 {
+                    return Err(format!("call that does not match {name}: {}", inst.text));
+                }
+                (crate::devrt::CALLEE_BASE + f as u32, None, rets)
+            }
             Operand::Sym(name) => {
                 let &callee = by_name
                     .get(name.as_str())

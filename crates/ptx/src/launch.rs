@@ -41,6 +41,8 @@ pub(crate) fn reachable(prog: &Program, kernel: usize) -> Vec<usize> {
                 | FREE_CALLEE
                 | SET_CONDITIONAL_CALLEE => 0..0,
                 INDIRECT_CALLEE => 0..prog.funcs.len(),
+                // The device runtime's functions have no body either (`devrt.rs`).
+                c if c >= crate::devrt::CALLEE_BASE => 0..0,
                 c => c as usize..c as usize + 1,
             };
             for c in callees {
@@ -69,6 +71,7 @@ pub fn run(
     symbols: &dyn Fn(&str) -> Option<u64>,
     threads: usize,
     cooperative: Option<u64>,
+    devrt: Option<(&crate::devrt::Tree, &crate::devrt::Grid)>,
 ) -> Result<LaunchStats, ExecError> {
     let name = &prog.funcs[kernel].name;
     for &f in funcs {
@@ -156,6 +159,7 @@ pub fn run(
         workspace: cooperative.unwrap_or(0),
         epoch: cooperative.map(|_| &epoch),
         cancel: mem.cancel(),
+        devrt,
     };
     let ctaid = |i: u64| {
         let (gx, gy) = (cfg.grid[0] as u64, cfg.grid[1] as u64);

@@ -45,6 +45,14 @@
 //!   sense, whatever the kernel does), and atomic instructions are exact across threads
 //!   (`memory.rs`).
 //!
+//! - device-side launches (CUDA Dynamic Parallelism, CDP2; `devrt.rs`): the device runtime's
+//!   functions (`cudaGetParameterBufferV2`, `cudaLaunchDeviceV2`, device streams, events,
+//!   `cudaMalloc`/`cudaFree`/`cudaMemcpyAsync`, `cudaGetLastError`, ...) are VM builtins,
+//!   which the linker needs no definition for; a launch of a kernel that reaches them runs the
+//!   tree of grids it makes (each grid's blocks, then its enqueued work in launch order, each
+//!   to completion, then its tail launches) and ends when the whole tree has; nesting and
+//!   pending-launch limits as CUDA's defaults, failed launches in the calling thread's
+//!   `cudaGetLastError`;
 //! - texture and surface objects (`tex`, `tld4`, `txq`, `suld.b`, `sust.b`, `suq`;
 //!   `tex.rs`): the device describes each live handle ([`DeviceMemory::texture`]) and the VM
 //!   samples its memory by the CUDA programming guide's texture fetching rules.
@@ -66,6 +74,7 @@ mod alu;
 mod code;
 mod collective;
 mod copy;
+mod devrt;
 mod exec;
 mod graph;
 mod half;
@@ -232,8 +241,15 @@ pub struct Module {
     /// Per function: for a kernel, the functions its launches can reach (itself first:
     /// `launch::reachable`), found once at load instead of at every launch; empty otherwise.
     reach: Vec<Vec<usize>>,
-    /// Per function: whether a kernel, or what it reaches, calls device `malloc` or `free`.
+    /// Per function: whether a kernel, or what it reaches, calls device `malloc` or `free`
+    /// or the device runtime (whose parameter buffers come from the heap).
     heap: Vec<bool>,
+    /// Per function: whether a kernel, or what it reaches, calls the device runtime
+    /// (`devrt.rs`): its launches run as a tree of grids.
+    devrt: Vec<bool>,
+    /// Per function: a kernel's parameter bytes (`None` for a device function), for launches
+    /// from device code.
+    entry_params: Vec<Option<devrt::Entry>>,
     /// Kernel name -> (its function index, its index in `kernels`): a launch finds its kernel
     /// without comparing names along a list (a library's module has thousands).
     entries: std::collections::HashMap<String, (usize, usize)>,
@@ -316,6 +332,21 @@ impl Module {
             .iter()
             .map(|funcs| funcs.iter().any(|&f| calls_heap(&program.funcs[f])))
             .collect();
+        let devrt = reach
+            .iter()
+            .map(|funcs| funcs.iter().any(|&f| calls_devrt(&program.funcs[f])))
+            .collect();
+        let entry_params = p
+            .functions
+            .iter()
+            .map(|f| {
+                f.is_entry.then_some(devrt::Entry {
+                    param_bytes: f.param_bytes,
+                    max_threads: f.max_threads,
+                    req_threads: f.req_threads,
+                })
+            })
+            .collect();
         // The first kernel and the first entry function of each name, as a search would find.
         let kernel_of: std::collections::HashMap<&str, usize> = kernels
             .iter()
@@ -339,6 +370,8 @@ impl Module {
             shared,
             reach,
             heap,
+            devrt,
+            entry_params,
             entries,
         })
     }
@@ -471,18 +504,86 @@ impl Module {
                 info.param_bytes
             )));
         }
-        launch::run(
-            &self.program,
-            &self.shared,
-            k,
-            &self.reach[k],
-            cfg,
-            params,
-            mem,
-            symbols,
-            threads,
-            cooperative,
-        )
+        if !self.devrt[k] {
+            return launch::run(
+                &self.program,
+                &self.shared,
+                k,
+                &self.reach[k],
+                cfg,
+                params,
+                mem,
+                symbols,
+                threads,
+                cooperative,
+                None,
+            );
+        }
+        // A kernel that launches kernels: the tree of grids it makes, run to its end.
+        let start = std::time::Instant::now();
+        let tree = devrt::Tree::new(&self.entry_params);
+        let root = devrt::Grid::new(0);
+        let run = || -> Result<LaunchStats, ExecError> {
+            let mut stats = launch::run(
+                &self.program,
+                &self.shared,
+                k,
+                &self.reach[k],
+                cfg,
+                params,
+                mem,
+                symbols,
+                threads,
+                cooperative,
+                Some((&tree, &root)),
+            )?;
+            self.run_children(&tree, &root, mem, symbols, threads, &mut stats)?;
+            Ok(stats)
+        };
+        let result = run();
+        tree.finish(mem);
+        let mut stats = result?;
+        stats.elapsed = start.elapsed();
+        Ok(stats)
+    }
+
+    /// Runs the work `grid` enqueued (`devrt.rs`), each grid with its own work after it,
+    /// depth first; adds their costs to `stats`.
+    fn run_children(
+        &self,
+        tree: &devrt::Tree,
+        grid: &devrt::Grid,
+        mem: &dyn DeviceMemory,
+        symbols: &dyn Fn(&str) -> Option<u64>,
+        threads: usize,
+        stats: &mut LaunchStats,
+    ) -> Result<(), ExecError> {
+        for work in grid.take() {
+            let devrt::Work::Grid { func, cfg, params } = work else {
+                devrt::run_copy(mem, &work)?;
+                continue;
+            };
+            // The launch call checked its shape (`devrt::launch`).
+            tree.started();
+            let child = devrt::Grid::new(grid.depth + 1);
+            let s = launch::run(
+                &self.program,
+                &self.shared,
+                func,
+                &self.reach[func],
+                &cfg,
+                &params,
+                mem,
+                symbols,
+                threads,
+                None,
+                Some((tree, &child)),
+            )?;
+            stats.lane_instructions += s.lane_instructions;
+            stats.threads = stats.threads.max(s.threads);
+            self.run_children(tree, &child, mem, symbols, threads, stats)?;
+        }
+        Ok(())
     }
 }
 
@@ -610,10 +711,19 @@ impl DeviceMemory for VecMemory {
     }
 }
 
-/// Whether `f` itself calls device `malloc` or `free`.
+/// Whether `f` itself calls device `malloc` or `free`, or the device runtime (whose
+/// parameter buffers, `cudaMalloc` and error strings come from the heap).
 fn calls_heap(f: &code::Code) -> bool {
     use code::{FREE_CALLEE, MALLOC_CALLEE};
+    calls_devrt(f)
+        || f.calls
+            .iter()
+            .any(|c| matches!(c.callee, MALLOC_CALLEE | FREE_CALLEE))
+}
+
+/// Whether `f` itself calls the device runtime (`devrt.rs`).
+fn calls_devrt(f: &code::Code) -> bool {
     f.calls
         .iter()
-        .any(|c| matches!(c.callee, MALLOC_CALLEE | FREE_CALLEE))
+        .any(|c| devrt::from_callee(c.callee).is_some())
 }

@@ -94,6 +94,7 @@ pub fn link(mut units: Vec<(String, Unit)>) -> Result<Unit, PtxError> {
                 fn_def.contains_key(name)
                     || defined_here.contains(name.as_str())
                     || BUILTIN_FUNCTIONS.contains(&name.as_str())
+                    || crate::devrt::is_runtime(name)
             } else {
                 var_def.contains_key(name) || defined_here.contains(name.as_str())
             };

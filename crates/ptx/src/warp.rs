@@ -89,6 +89,8 @@ pub struct Warp {
     pub alloca: [Vec<u8>; 32],
     /// Divergent branches whose lanes have not all met again yet, innermost last.
     pub joins: Vec<Join>,
+    /// Each lane's last device runtime error (`cudaGetLastError` in device code, `devrt.rs`).
+    pub devrt_error: [u32; 32],
     /// The block shape `tid` and `exists` were computed for ([`Warp::place`]): a spare warp
     /// placed again in the same shape keeps them.
     placed: Option<(u32, u32, [u32; 3])>,
@@ -120,6 +122,7 @@ impl Warp {
             local: std::array::from_fn(|_| Vec::new()),
             alloca: std::array::from_fn(|_| Vec::new()),
             joins: Vec::new(),
+            devrt_error: [0; 32],
             placed: None,
         };
         w.place(index, threads, block);
@@ -162,6 +165,7 @@ impl Warp {
         self.carry = 0;
         self.calling = 0;
         self.pc = [0; 32];
+        self.devrt_error = [0; 32];
         for a in &mut self.alloca {
             a.clear();
         }
@@ -316,6 +320,9 @@ pub struct Launch<'a> {
     pub epoch: Option<&'a std::sync::atomic::AtomicU64>,
     /// Set: the launch stops at its blocks' next step ([`crate::DeviceMemory::cancel`]).
     pub cancel: Option<&'a std::sync::atomic::AtomicBool>,
+    /// The launch tree this grid belongs to and the work it enqueues (`devrt.rs`), for a
+    /// kernel that reaches the device runtime.
+    pub devrt: Option<(&'a crate::devrt::Tree<'a>, &'a crate::devrt::Grid)>,
 }
 
 /// A block's own state, apart from its warps.
@@ -666,6 +673,9 @@ pub fn call(
     }
     if cs.callee == crate::code::SET_CONDITIONAL_CALLEE {
         return crate::graph::set_conditional(w, env, g, cs, run);
+    }
+    if let Some(f) = crate::devrt::from_callee(cs.callee) {
+        return crate::devrt::call(w, env, g, cs, run, f);
     }
     if cs.callee == crate::code::VPRINTF_CALLEE {
         return crate::printf::vprintf(w, env, g, cs, run);

@@ -1881,3 +1881,33 @@ fn mma_fp8() {
         }
     }
 }
+
+/// Predicate logic with an immediate operand: nvcc negates a predicate with
+/// `xor.pred %p, %q, -1;` (any nonzero immediate is true), as in cooperative groups'
+/// `coalesced_group::ballot(!x)`.
+#[test]
+fn predicate_logic_with_immediates() {
+    let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\
+        .visible .entry k(.param .u64 out, .param .u32 v) {\n\
+        .reg .pred %p<8>;\n .reg .b32 %r<8>;\n .reg .b64 %rd<2>;\n\
+        ld.param.u64 %rd1, [out];\n ld.param.u32 %r1, [v];\n\
+        setp.ne.u32 %p1, %r1, 0;\n\
+        xor.pred %p2, %p1, -1;\n and.pred %p3, %p1, -1;\n or.pred %p4, %p1, 0;\n xor.pred %p5, %p1, 1;\n\
+        selp.u32 %r2, 1, 0, %p2;\n selp.u32 %r3, 1, 0, %p3;\n selp.u32 %r4, 1, 0, %p4;\n selp.u32 %r5, 1, 0, %p5;\n\
+        st.global.v4.u32 [%rd1], {%r2, %r3, %r4, %r5};\n ret;\n}\n";
+    let m = Module::parse(ptx).unwrap();
+    for v in [0u32, 1] {
+        let mem = VecMemory::new(0x1000, 64);
+        let mut params = 0x1000u64.to_le_bytes().to_vec();
+        params.extend_from_slice(&v.to_le_bytes());
+        let cfg = gpufuse_ptx::LaunchConfig {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            dynamic_shared_bytes: 0,
+        };
+        m.launch("k", &cfg, &params, &mem, &|_| None).unwrap();
+        let got: Vec<u8> = mem.read(0, 16).chunks(4).map(|c| c[0]).collect();
+        let p = v as u8;
+        assert_eq!(got, [1 - p, p, p, 1 - p], "v = {v}");
+    }
+}

@@ -140,3 +140,34 @@ fn links_reports_and_refuses_as_the_driver_does() {
     );
     assert_eq!(destroy(state), 0);
 }
+
+/// A program that launches kernels from the device adds NVIDIA's device runtime
+/// (libcudadevrt); its unit is accepted and left out of the link (the emulated GPU provides
+/// the device runtime), whichever input it is, and the other units keep their names.
+#[test]
+fn the_device_runtime_is_accepted_and_left_out() {
+    let launcher = format!(
+        "{HEAD}.extern .func (.param .b32 r) __cudaCDP2LaunchDeviceV2(.param .b64 a, .param .b64 b);\n\
+         .extern .func (.param .b32 r) f();\n.visible .entry k() {{ ret; }}\n\0"
+    );
+    let devrt = ".version 9.5\n.target sm_121\n.address_size 64\n\
+        .visible .func (.param .b32 func_retval0) __cudaCDP2LaunchDeviceV2(\n.param .b64 a,\n.param .b64 b\n)\n{\nret;\n}\n\0";
+    let (mut err, mut info) = (vec![0u8; 1024], vec![0u8; 1024]);
+    let (state, _o, _v) = create(&mut err, &mut info);
+    assert_eq!(add_ptx(state, devrt, "cudadevrt.ptx"), 0, "{}", text(&err));
+    assert_eq!(add_ptx(state, &launcher, "launcher.ptx"), 0);
+    // `f` is defined by no unit: the error names the unit that declared it.
+    assert_eq!(complete(state).0, 200);
+    assert!(
+        text(&err).contains("function `f` (declared in launcher.ptx)"),
+        "{}",
+        text(&err)
+    );
+    assert_eq!(add_ptx(state, &callee(), "callee.ptx"), 0);
+    let (r, bytes) = complete(state);
+    assert_eq!(r, 0, "{}", text(&err));
+    let units = gpufuse_fatbin::select_units(&bytes, 100).unwrap();
+    assert_eq!(units.len(), 2);
+    assert!(units[0].contains(".entry k()") && units[1].contains("st.param.b32 [r], 7"));
+    assert_eq!(destroy(state), 0);
+}

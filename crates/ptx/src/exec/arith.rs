@@ -124,9 +124,11 @@ pub(super) fn exec(
             lanes!(y, w, env, g, ins, 1, sty);
             if ty.kind == Ty::Pred {
                 match ins.op {
-                    Op::And => put_map2(w, g, d0, &x, &y, run, |a, b| a & b),
-                    Op::Or => put_map2(w, g, d0, &x, &y, run, |a, b| a | b),
-                    Op::Xor => put_map2(w, g, d0, &x, &y, run, |a, b| a ^ b),
+                    // An immediate operand may be any integer (nvcc writes `xor.pred %p, %q,
+                    // -1;` for a negation): nonzero is true.
+                    Op::And => put_map2(w, g, d0, &x, &y, run, |a, b| (a != 0 && b != 0) as u64),
+                    Op::Or => put_map2(w, g, d0, &x, &y, run, |a, b| (a != 0 || b != 0) as u64),
+                    Op::Xor => put_map2(w, g, d0, &x, &y, run, |a, b| ((a != 0) ^ (b != 0)) as u64),
                     _ => return Err(unsupported()),
                 }
             } else if !binary(w, g, ins, &x, &y, run) {

@@ -217,8 +217,12 @@ fn accept(kind: c_uint, name: &str, bytes: &[u8]) -> Result<Units, (CUresult, St
             .map_err(|e| (NO_BINARY_FOR_GPU, e.to_string()))?;
         let texts = gpufuse_fatbin::select_units(&image, u32::MAX)
             .map_err(|e| (INVALID_IMAGE, format!("{uname}: {e}")))?;
-        for t in texts {
-            gpufuse_ptx::Module::parse(&t).map_err(|e| (INVALID_PTX, format!("{uname}: {e}")))?;
+        // NVIDIA's device runtime (libcudadevrt) is not linked: the emulated GPU provides it.
+        for t in texts
+            .iter()
+            .filter(|t| !gpufuse_fatbin::defines_device_runtime(t.as_bytes()))
+        {
+            gpufuse_ptx::Module::parse(t).map_err(|e| (INVALID_PTX, format!("{uname}: {e}")))?;
         }
     }
     Ok(units)
@@ -356,16 +360,24 @@ unsafe fn link_complete(
             Ok(i) => i,
             Err(e) => return fail(s, NO_BINARY_FOR_GPU, e.to_string()),
         };
-        let texts = match gpufuse_fatbin::select_units(&image, u32::MAX) {
-            Ok(t) => t,
-            Err(e) => return fail(s, INVALID_IMAGE, e.to_string()),
-        };
-        // One text per input, in order (`link_image` makes each input a unit).
-        let units: Vec<(&str, &str)> = inputs
-            .iter()
-            .map(|i| i.0)
-            .zip(texts.iter().map(String::as_str))
-            .collect();
+        // Each input's text (`link_image` makes each input a unit), named by its input; an
+        // input that is NVIDIA's device runtime (libcudadevrt) has none: the emulated GPU
+        // provides it.
+        let mut texts: Vec<(&str, String)> = Vec::with_capacity(inputs.len());
+        for &(name, bytes) in &inputs {
+            let one = match gpufuse_fatbin::link_image(&[(name, bytes)])
+                .and_then(|i| gpufuse_fatbin::select_units(&i, u32::MAX))
+            {
+                Ok(t) => t,
+                Err(e) => return fail(s, INVALID_IMAGE, e.to_string()),
+            };
+            texts.extend(
+                one.into_iter()
+                    .filter(|t| !gpufuse_fatbin::defines_device_runtime(t.as_bytes()))
+                    .map(|t| (name, t)),
+            );
+        }
+        let units: Vec<(&str, &str)> = texts.iter().map(|(n, t)| (*n, t.as_str())).collect();
         match gpufuse_ptx::Module::link(&units) {
             Ok(_) => {}
             Err(e @ gpufuse_ptx::PtxError::Link(_)) => {
