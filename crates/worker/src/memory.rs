@@ -113,18 +113,20 @@ impl Session<'_> {
 
     /// `MemAllocShared`: `size` bytes whose memory is the client's host arena at `offset`
     /// (managed memory the client uses at the same time as the device), charged like any
-    /// allocation. The range comes from the client: it must be whole pages' start inside the
-    /// arena.
+    /// allocation. The range comes from the client: it must start on a page and lie inside the
+    /// arena, whole words.
     pub(crate) fn alloc_shared(&mut self, size: u64, offset: u64) -> R<u64> {
         if size == 0 || !offset.is_multiple_of(gpufuse_transport::arena::PAGE as u64) {
             return Err(st::INVALID_VALUE);
         }
         let arena = self.memory.arena.as_ref().ok_or(st::INVALID_VALUE)?;
-        let at = arena.checked(offset, size).ok_or(st::INVALID_VALUE)?;
-        // SAFETY: `[at, at+size)` lies inside the arena's mapping (checked), which the session
-        // keeps mapped for as long as its device lives: an arena attached later retires this
-        // one into `retired_arenas` instead of unmapping it.
-        let span = unsafe { gpufuse_device::HostSpan::new(at, size as usize) };
+        // The device keeps whole words: the block (whole pages) covers the last one.
+        let words = size.checked_next_multiple_of(8).ok_or(st::INVALID_VALUE)?;
+        let at = arena.checked(offset, words).ok_or(st::INVALID_VALUE)?;
+        // SAFETY: `[at, at+words)` lies inside the arena's mapping (checked), which the
+        // session keeps mapped for as long as its device lives: an arena attached later
+        // retires this one into `retired_arenas` instead of unmapping it.
+        let span = unsafe { gpufuse_device::HostSpan::new(at, words as usize) };
         self.charge(size)?;
         match self.device.alloc_shared(size, span) {
             Ok(p) => {
