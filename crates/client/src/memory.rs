@@ -352,16 +352,17 @@ impl Inner {
 
     /// Managed memory shared with the device: a block of the host arena that the worker makes
     /// an allocation of (`MemAllocShared`) and this process maps at its address. `None` when
-    /// the arena has no room or the device keeps its memory elsewhere: the caller then makes
-    /// moved managed memory.
+    /// the device keeps its memory elsewhere (it refuses with `CUDA_ERROR_NOT_SUPPORTED`): the
+    /// caller then makes moved managed memory. A full arena (`GPUFUSE_PINNED_ARENA`, which
+    /// pinned memory shares) is `CUDA_ERROR_OUT_OF_MEMORY`.
     fn alloc_shared_managed(&mut self, device: u32, size: u64) -> Result<Option<u64>, ClientError> {
         let Some(arena) = self.conn.host_arena().cloned() else {
             return Ok(None);
         };
         let len = page_len(size);
-        let Some(block) = arena.alloc(len) else {
-            return Ok(None);
-        };
+        // Out of arena room is out of memory: moved managed memory instead would break the
+        // concurrent access the device reports.
+        let block = arena.alloc(len).ok_or(ClientError::Cuda(OUT_OF_MEMORY))?;
         let offset = block as usize as u64 - arena.base() as usize as u64;
         let req = Request::MemAllocShared {
             device,
