@@ -445,7 +445,11 @@ fn shared_allocations_are_arena_blocks_charged_and_released_with_the_session() {
     let size = 3 * 4096 + 100;
     let (block, off) = arena_block(&c, size);
     let p = alloc_shared(&mut c, size as u64, off).unwrap();
-    assert_eq!(p % (64 << 10), 0, "a shared allocation starts on a 64 KiB boundary");
+    assert_eq!(
+        p % (64 << 10),
+        0,
+        "a shared allocation starts on a 64 KiB boundary"
+    );
     // Host writes are the device's contents at once, and device writes the host's.
     let data: Vec<u8> = (0..size).map(|i| (i * 31 + 7) as u8).collect();
     assert!(arena.write(off, &data));
@@ -478,7 +482,9 @@ fn shared_allocations_are_arena_blocks_charged_and_released_with_the_session() {
     // Charged like any allocation, to the session and the device.
     eventually("the session is charged", || {
         let st = status(&s);
-        st.sessions.first().is_some_and(|x| x.used_bytes == size as u64)
+        st.sessions
+            .first()
+            .is_some_and(|x| x.used_bytes == size as u64)
             && st.devices[0].used_bytes >= size as u64
     });
     // Bad ranges: unaligned, past the arena's end, empty.
@@ -492,7 +498,10 @@ fn shared_allocations_are_arena_blocks_charged_and_released_with_the_session() {
     assert_eq!(reply.deferred_error, None);
     assert!(arena.free(block, size));
     eventually("the free is uncharged", || {
-        status(&s).sessions.first().is_some_and(|x| x.used_bytes == 0)
+        status(&s)
+            .sessions
+            .first()
+            .is_some_and(|x| x.used_bytes == 0)
     });
     // A session over the socket has no arena to share.
     let mut socket = open(&Address::Unix(s.sock.clone()), Transport::Socket);
@@ -506,8 +515,11 @@ fn shared_allocations_are_arena_blocks_charged_and_released_with_the_session() {
     });
     drop(c);
     drop(arena);
-    eventually("the dead client's session ends and its memory is released", || {
-        let st = status(&s);
-        st.sessions.is_empty() && st.devices[0].used_bytes == 0
-    });
+    eventually(
+        "the dead client's session ends and its memory is released",
+        || {
+            let st = status(&s);
+            st.sessions.is_empty() && st.devices[0].used_bytes == 0
+        },
+    );
 }
