@@ -9,7 +9,9 @@ import support
 from support import HERE, assert_ok, client_argv
 
 PY = HERE / "python"
-ENV = {"CUPY_COMPILE_WITH_PTX": "1"}
+# The workloads' managed memory moves (GPUFUSE_SHARED_MANAGED=0): managed memory shared with the
+# device over the rings cannot move with its session (test_shared_managed_memory_stays_put).
+ENV = {"CUPY_COMPILE_WITH_PTX": "1", "GPUFUSE_SHARED_MANAGED": "0"}
 
 
 def start(programs, server, argv, vram=None):
@@ -385,6 +387,36 @@ def test_a_session_that_cannot_move_stays_untouched(programs, tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.kernel_results
+@pytest.mark.skipif(support.TRANSPORT != "shm" or support.NATIVE,
+                    reason="managed memory is shared with the device only over the rings")
+def test_shared_managed_memory_stays_put(programs, elastic_server, tmp_path):
+    """A session holding managed memory shared with its worker (the client uses those pages at
+    the same time) is refused a move with the reason and goes on where it was, every byte
+    right."""
+    flag = tmp_path / "go"
+    e = dict(programs.env)
+    e["CUPY_COMPILE_WITH_PTX"] = "1"
+    proc = subprocess.Popen(client_argv(elastic_server.unix,
+                                        [programs.python, PY / "elastic_workload.py", "64", "8",
+                                         "0.05", "5", "--wait-file", flag]),
+                            env=e, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        before = wait_until("the session", lambda: elastic_server.status()["sessions"])[0]
+        wait_until("the workload's first steps",
+                   lambda: elastic_server.status()["sessions"][0]["device_time_us"] > 0)
+        res = migrate(elastic_server, before["id"], 1 - before["device"], timeout=120)
+        assert res.returncode != 0, res.stdout
+        assert "shared with its client" in res.stderr, res.stderr
+        st = elastic_server.status()
+        assert st["sessions"][0]["device"] == before["device"], st
+        assert st["devices"][1 - before["device"]]["used_bytes"] == 0, st
+    finally:
+        flag.touch()
+    assert_ok(finish(proc), ["PASS elastic_workload"])
 
 
 @pytest.mark.kernel_results

@@ -63,7 +63,17 @@ CHECKS = {
                  "fetch_linear", "pitch2d", "volume", "gather", "surface", "destroyed",
                  "cubemap", "cubemap_layered"],
     "cooperative": ["grid_sync", "too_large", "hang_fails", "persisting_l2"],
+    "system_atomics": ["attribute", "concurrent_atomics", "flag_handshake"],
 }
+
+# Managed memory is shared between the host and the emulated GPU (concurrentManagedAccess 1)
+# only on the shared-memory transport; over a socket it moves at launches and synchronizes (0),
+# and the checks that use it concurrently do not apply. A real GPU's driver (support.NATIVE)
+# reports 1.
+CONCURRENT_MANAGED = 1 if support.NATIVE or support.TRANSPORT == "shm" else 0
+NEEDS_CONCURRENT_MANAGED = {("system_atomics", "concurrent_atomics"),
+                            ("system_atomics", "flag_handshake")}
+CHECK_ENV = {"KCHECK_CONCURRENT_MANAGED": str(CONCURRENT_MANAGED)}
 
 XFAIL: dict = {}
 
@@ -74,6 +84,9 @@ def _check_params():
             for build in support.KERNEL_BUILDS:
                 reason = XFAIL.get((prog + build, check))
                 marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+                if (prog, check) in NEEDS_CONCURRENT_MANAGED and not CONCURRENT_MANAGED:
+                    marks.append(pytest.mark.skip(reason="managed memory is not shared over "
+                                                         "a socket (concurrentManagedAccess 0)"))
                 yield pytest.param(prog + build, check, id=f"{prog}{build}-{check}",
                                    marks=marks)
 
@@ -85,9 +98,20 @@ assert all(check in CHECKS[_stem(prog)] for prog, check in XFAIL)
 @pytest.mark.kernel_results
 @pytest.mark.parametrize("prog,check", list(_check_params()))
 def test_kernel_check(programs, server, prog, check):
-    res = run_client(programs, server.unix, [programs.kernels[prog], check])
+    res = run_client(programs, server.unix, [programs.kernels[prog], check], env=CHECK_ENV)
     assert_ok(res, [f"PASS {check} (results checked)"])
     assert "checked" in res.stdout or "launched" in res.stdout  # each check says what it verified
+
+
+@pytest.mark.skipif(support.NATIVE, reason="a native run has no TCP session")
+def test_managed_memory_is_not_concurrent_over_tcp(programs, server):
+    """A TCP session cannot share pages with its worker: concurrentManagedAccess reads 0 and
+    managed memory keeps moving at launches and synchronizes (results still exact)."""
+    res = run_client(programs, server.tcp, [programs.kernels["system_atomics"], "attribute"],
+                     env={"KCHECK_CONCURRENT_MANAGED": "0"})
+    assert_ok(res, ["PASS attribute (results checked)"])
+    res = run_client(programs, server.tcp, [programs.kernels["memory_spaces"], "managed"])
+    assert_ok(res, ["PASS managed (results checked)"])
 
 
 @pytest.mark.kernel_results

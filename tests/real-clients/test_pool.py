@@ -198,6 +198,9 @@ class Workload:
     def __init__(self, programs, pool, flag: Path, args, steps: int, pause: float):
         env = dict(programs.env)
         env["CUPY_COMPILE_WITH_PTX"] = "1"
+        # Its managed memory moves: memory shared with the device over the rings cannot move
+        # with the session (test_elastic.py, test_shared_managed_memory_stays_put).
+        env["GPUFUSE_SHARED_MANAGED"] = "0"
         self.flag = flag
         self.proc = subprocess.Popen(
             [str(GPUFUSE), "run", "--server", pool.ctrl, *args, "--", str(programs.python),

@@ -1,9 +1,13 @@
-"""A client SIGKILLed while holding 1 GiB: the server frees its memory and ends its session."""
+"""A client SIGKILLed while holding 1 GiB of device memory, or 256 MiB of managed memory (shared
+with its worker on the shared-memory transport): the server frees its memory and ends its
+session."""
 import os
 import select
 import signal
 import subprocess
 import time
+
+import pytest
 
 from support import client_argv
 
@@ -33,12 +37,13 @@ def _wait_for_ready(proc, timeout):
     raise AssertionError(f"client never got ready (exit {proc.poll()}): stdout {seen!r}\n{err}")
 
 
-def test_sigkilled_client_releases_memory_and_session(programs, server):
+@pytest.mark.parametrize("check,held", [("hold_1gib", 1 << 30), ("hold_managed", 256 << 20)])
+def test_sigkilled_client_releases_memory_and_session(programs, server, check, held):
     baseline = server.status()
     base_used = _device_used(baseline)
     base_sessions = {s["id"] for s in baseline["sessions"]}
 
-    proc = subprocess.Popen(client_argv(server.unix, [programs.rt[13], "hold_1gib"]),
+    proc = subprocess.Popen(client_argv(server.unix, [programs.rt[13], check]),
                             env=programs.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         # `gpufuse run` execs the program, so proc.pid is the client itself.
@@ -48,10 +53,10 @@ def test_sigkilled_client_releases_memory_and_session(programs, server):
         during = server.status()
         ours = [s for s in during["sessions"] if s["pid"] == proc.pid]
         assert ours, f"no session for pid {proc.pid} in {during['sessions']}"
-        assert _device_used(during) >= base_used + (1 << 30), (
-            f"device used_bytes {_device_used(during)} while the client holds 1 GiB "
+        assert _device_used(during) >= base_used + held, (
+            f"device used_bytes {_device_used(during)} while the client holds {held} B "
             f"(baseline {base_used})")
-        assert ours[0]["used_bytes"] >= 1 << 30, f"session used_bytes {ours[0]['used_bytes']}"
+        assert ours[0]["used_bytes"] >= held, f"session used_bytes {ours[0]['used_bytes']}"
 
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)

@@ -415,3 +415,111 @@ fn a_bogus_arena_offset_is_an_error_and_the_session_goes_on() {
     assert!(arena.free(p, 4096));
     assert_eq!(sessions(&s), 1);
 }
+
+fn status(s: &Server) -> gpufuse_proto::NodeStatus {
+    Connection::query_status(&Address::Unix(s.sock.clone()), String::new()).unwrap()
+}
+
+fn alloc_shared(c: &mut Connection, size: u64, offset: u64) -> Result<u64, i32> {
+    match c.call(&Request::MemAllocShared {
+        device: 0,
+        size,
+        offset,
+    }) {
+        Ok(ReplyBody::Ptr(DevicePtr(p))) => Ok(p),
+        Ok(other) => panic!("{other:?}"),
+        Err(gpufuse_client::ClientError::Cuda(e)) => Err(e),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Managed memory shared with the device (`MemAllocShared`): the allocation's memory is the
+/// client's arena block, both ways at once (no copy between them); it is charged to the session
+/// and the device's ledger like any allocation, released by `MemFree`, and by the session's end
+/// when the client dies holding it. Bad arena ranges and sessions without an arena are errors.
+#[test]
+fn shared_allocations_are_arena_blocks_charged_and_released_with_the_session() {
+    let s = start("shared-managed");
+    let mut c = open(&Address::Unix(s.sock.clone()), Transport::Shm);
+    let arena = c.host_arena().unwrap().clone();
+    let size = 3 * 4096 + 100;
+    let (block, off) = arena_block(&c, size);
+    let p = alloc_shared(&mut c, size as u64, off).unwrap();
+    assert_eq!(
+        p % (64 << 10),
+        0,
+        "a shared allocation starts on a 64 KiB boundary"
+    );
+    // Host writes are the device's contents at once, and device writes the host's.
+    let data: Vec<u8> = (0..size).map(|i| (i * 31 + 7) as u8).collect();
+    assert!(arena.write(off, &data));
+    let mut back = vec![0u8; size];
+    c.call_read_into(
+        &Request::MemcpyDtoH {
+            src: DevicePtr(p),
+            size: size as u64,
+            stream: StreamHandle(0),
+        },
+        &mut back,
+    )
+    .unwrap();
+    assert!(back == data, "the device reads the client's words");
+    c.quiet(&Request::Memset {
+        dst: DevicePtr(p + 5),
+        value: 0xab,
+        elem_size: 1,
+        count: 10,
+        stream: StreamHandle(0),
+    })
+    .unwrap();
+    let reply = c.call_raw(&Request::Ping).unwrap();
+    assert_eq!((reply.status, reply.deferred_error), (0, None));
+    let mut got = vec![0u8; 20];
+    assert!(arena.read(off, &mut got));
+    assert_eq!(&got[..5], &data[..5]);
+    assert_eq!(&got[5..15], &[0xab; 10]);
+    assert_eq!(&got[15..], &data[15..20]);
+    // Charged like any allocation, to the session and the device.
+    eventually("the session is charged", || {
+        let st = status(&s);
+        st.sessions
+            .first()
+            .is_some_and(|x| x.used_bytes == size as u64)
+            && st.devices[0].used_bytes >= size as u64
+    });
+    // Bad ranges: unaligned, past the arena's end, empty.
+    let len = arena.len() as u64;
+    assert_eq!(alloc_shared(&mut c, 4096, 8), Err(1));
+    assert_eq!(alloc_shared(&mut c, 8192, len - 4096), Err(1));
+    assert_eq!(alloc_shared(&mut c, 0, 0), Err(1));
+    // Freed: uncharged; the arena block is the client's to give back.
+    c.quiet(&Request::MemFree { ptr: DevicePtr(p) }).unwrap();
+    let reply = c.call_raw(&Request::Ping).unwrap();
+    assert_eq!(reply.deferred_error, None);
+    assert!(arena.free(block, size));
+    eventually("the free is uncharged", || {
+        status(&s)
+            .sessions
+            .first()
+            .is_some_and(|x| x.used_bytes == 0)
+    });
+    // A session over the socket has no arena to share.
+    let mut socket = open(&Address::Unix(s.sock.clone()), Transport::Socket);
+    assert_eq!(alloc_shared(&mut socket, 4096, 0), Err(1));
+    drop(socket);
+    // A client that dies holding shared memory: its session ends and the ledger lets go.
+    let (_, off) = arena_block(&c, 1 << 20);
+    alloc_shared(&mut c, 1 << 20, off).unwrap();
+    eventually("the second allocation is charged", || {
+        status(&s).devices[0].used_bytes >= 1 << 20
+    });
+    drop(c);
+    drop(arena);
+    eventually(
+        "the dead client's session ends and its memory is released",
+        || {
+            let st = status(&s);
+            st.sessions.is_empty() && st.devices[0].used_bytes == 0
+        },
+    );
+}

@@ -137,7 +137,7 @@ impl Inner {
             .lane_key()
             .filter(|_| l.attributes.is_empty())
             .filter(|_| self.graphs.capturing(stream).is_none())
-            .filter(|_| self.managed_count == 0);
+            .filter(|_| self.managed_count == 0 && self.shared_count == 0);
         let config = LaunchConfig {
             grid: l.grid,
             block: l.block,

@@ -13,12 +13,20 @@
 //! ([`Inner::synchronize`](crate::state::Inner::synchronize)). Whole allocations move each time
 //! (no dirty-page tracking yet): correct, and cheap for the small managed buffers programs
 //! usually have.
+//!
+//! On a same-host session whose device keeps its memory in host memory (the shared-memory
+//! transport with a host arena, an emulated GPU), managed memory is shared instead
+//! ([`MemoryKind::SharedManaged`]): a block of the host arena, which the worker makes the
+//! allocation's memory (`MemAllocShared`) and this process maps at the allocation's address,
+//! so the host and the device use the same words at the same time (host atomics and the
+//! device's system-scope atomics are one coherence domain). Nothing moves for it, and the
+//! device reports `CONCURRENT_MANAGED_ACCESS` 1 ([`Inner::shares_managed`]).
 
 use gpufuse_proto::{ReplyBody, Request, MAX_COPY_CHUNK};
 
 use crate::error::ClientError;
 use crate::state::Inner;
-use crate::status::{INVALID_VALUE, OUT_OF_MEMORY, UNKNOWN};
+use crate::status::{INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, UNKNOWN};
 use gpufuse_proto::{DevicePtr, StreamHandle};
 
 /// What kind of device memory an allocation is.
@@ -33,6 +41,10 @@ pub enum MemoryKind {
     /// the contents move between the two. `offset`: how far into the server's allocation the
     /// pointer starts (it is page-aligned inside a larger one); the server frees by its start.
     Managed { offset: u64 },
+    /// Managed memory shared with the device: the host arena's block at `arena_offset`,
+    /// mapped here at the allocation's address and in the worker as its memory (nothing
+    /// moves; see the module's documentation).
+    SharedManaged { arena_offset: u64 },
     /// Physical memory mapped with `cuMemMap`: unmapped, never freed with `cuMemFree`.
     Mapped,
     /// A module's global variable (`cuModuleGetGlobal`): placed by the module's load.
@@ -51,8 +63,22 @@ pub struct Allocation {
 }
 
 impl Allocation {
+    /// Managed memory of either kind (moved or shared).
     pub fn is_managed(&self) -> bool {
+        matches!(
+            self.kind,
+            MemoryKind::Managed { .. } | MemoryKind::SharedManaged { .. }
+        )
+    }
+
+    /// Managed memory whose contents move between host and device.
+    pub fn is_moved_managed(&self) -> bool {
         matches!(self.kind, MemoryKind::Managed { .. })
+    }
+
+    /// Managed memory shared with the device.
+    pub fn is_shared_managed(&self) -> bool {
+        matches!(self.kind, MemoryKind::SharedManaged { .. })
     }
 
     pub fn is_mapped(&self) -> bool {
@@ -106,6 +132,37 @@ fn map_at(addr: u64, size: u64) -> bool {
     }
     if got as usize as u64 != addr {
         // A kernel without MAP_FIXED_NOREPLACE placed it elsewhere.
+        // SAFETY: `got` is the mapping just made, of `len` bytes.
+        unsafe { libc::munmap(got, len) };
+        return false;
+    }
+    true
+}
+
+/// Maps `size` bytes of `fd` from `offset` at exactly `addr`, shared with every other mapping
+/// of it (the worker's), or fails without touching anything already mapped there.
+fn map_shared_at(addr: u64, size: u64, fd: std::os::fd::BorrowedFd<'_>, offset: u64) -> bool {
+    use std::os::fd::AsRawFd;
+    let len = page_len(size);
+    let Ok(off) = libc::off_t::try_from(offset) else {
+        return false;
+    };
+    // SAFETY: a shared mapping of the arena's memfd with MAP_FIXED_NOREPLACE never replaces
+    // an existing mapping; the result is checked before the memory is used.
+    let got = unsafe {
+        libc::mmap(
+            addr as usize as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+            fd.as_raw_fd(),
+            off,
+        )
+    };
+    if got == libc::MAP_FAILED {
+        return false;
+    }
+    if got as usize as u64 != addr {
         // SAFETY: `got` is the mapping just made, of `len` bytes.
         unsafe { libc::munmap(got, len) };
         return false;
@@ -239,6 +296,11 @@ impl Inner {
             return Err(INVALID_VALUE.into());
         }
         let (_, device) = self.current()?;
+        if self.shares_managed(device) {
+            if let Some(p) = self.alloc_shared_managed(device, size)? {
+                return Ok(p);
+            }
+        }
         // Host pages must start at the device address: the server's allocation gets a page
         // more, and the managed pointer is its first page boundary (what the slice is charged
         // for includes that page and the rounding up to whole pages).
@@ -276,6 +338,91 @@ impl Inner {
         self.managed_on_device = false;
         self.lanes_changed();
         Ok(p)
+    }
+
+    /// Whether managed memory on `device` is shared with it (the session's devices that
+    /// report `CONCURRENT_MANAGED_ACCESS` 1), and the connection still has a host arena.
+    pub fn shares_managed(&self, device: u32) -> bool {
+        self.shared_managed
+            .get(device as usize)
+            .copied()
+            .unwrap_or(false)
+            && self.conn.host_arena().is_some()
+    }
+
+    /// Managed memory shared with the device: a block of the host arena that the worker makes
+    /// an allocation of (`MemAllocShared`) and this process maps at its address. `None` when
+    /// the device keeps its memory elsewhere (it refuses with `CUDA_ERROR_NOT_SUPPORTED`): the
+    /// caller then makes moved managed memory. A full arena (`GPUFUSE_PINNED_ARENA`, which
+    /// pinned memory shares) is `CUDA_ERROR_OUT_OF_MEMORY`.
+    fn alloc_shared_managed(&mut self, device: u32, size: u64) -> Result<Option<u64>, ClientError> {
+        let Some(arena) = self.conn.host_arena().cloned() else {
+            return Ok(None);
+        };
+        let len = page_len(size);
+        // Out of arena room is out of memory: moved managed memory instead would break the
+        // concurrent access the device reports.
+        let block = arena.alloc(len).ok_or(ClientError::Cuda(OUT_OF_MEMORY))?;
+        let offset = block as usize as u64 - arena.base() as usize as u64;
+        let req = Request::MemAllocShared {
+            device,
+            size,
+            offset,
+        };
+        let p = match self.conn.call(&req) {
+            Ok(ReplyBody::Ptr(DevicePtr(p))) => p,
+            Ok(_) => {
+                arena.free(block, len);
+                return Err(UNKNOWN.into());
+            }
+            Err(ClientError::Cuda(NOT_SUPPORTED)) => {
+                arena.free(block, len);
+                return Ok(None);
+            }
+            Err(e) => {
+                arena.free(block, len);
+                return Err(e);
+            }
+        };
+        if !p.is_multiple_of(page()) || !map_shared_at(p, size, arena.fd(), offset) {
+            self.conn.quiet(&Request::MemFree { ptr: DevicePtr(p) })?;
+            self.conn.call(&Request::Ping)?;
+            arena.free(block, len);
+            return Err(OUT_OF_MEMORY.into());
+        }
+        let order = self.next_order();
+        self.allocations.insert(
+            p,
+            Allocation {
+                size,
+                device,
+                kind: MemoryKind::SharedManaged {
+                    arena_offset: offset,
+                },
+                order,
+            },
+        );
+        self.shared_count += 1;
+        self.lanes_changed();
+        Ok(Some(p))
+    }
+
+    /// Gives back what a shared managed allocation at `p` held: its mapping here, then (once
+    /// the worker has freed it, so no device work can touch it) its arena block.
+    fn release_shared_managed(&mut self, p: u64, a: &Allocation) -> Result<(), ClientError> {
+        let MemoryKind::SharedManaged { arena_offset } = a.kind else {
+            return Ok(());
+        };
+        unmap(p, a.size);
+        self.conn.quiet(&Request::MemFree { ptr: DevicePtr(p) })?;
+        // The worker runs the session's work in order: once this answers, the free is done.
+        self.conn.call(&Request::Ping)?;
+        if let Some(arena) = self.conn.host_arena() {
+            if let Some(block) = arena.checked(arena_offset, page_len(a.size) as u64) {
+                arena.free(block, page_len(a.size));
+            }
+        }
+        Ok(())
     }
 
     /// Records memory the server placed without an allocation of ours: module `module`'s
@@ -331,7 +478,12 @@ impl Inner {
             _ => return Err(INVALID_VALUE.into()),
         }
         let a = self.allocations.remove(&ptr).ok_or(INVALID_VALUE)?;
-        if a.is_managed() {
+        if a.is_shared_managed() {
+            self.shared_count -= 1;
+            self.lanes_changed();
+            return self.release_shared_managed(ptr, &a);
+        }
+        if a.is_moved_managed() {
             unmap(ptr, a.size);
             self.managed_count -= 1;
         }
@@ -358,9 +510,26 @@ impl Inner {
             .filter(|(_, a)| a.device == device && a.is_managed())
         {
             unmap(p, a.size);
+            // The reset freed the worker's allocation first: the arena block is free to reuse.
+            if let (MemoryKind::SharedManaged { arena_offset }, Some(arena)) =
+                (a.kind, self.conn.host_arena())
+            {
+                if let Some(block) = arena.checked(arena_offset, page_len(a.size) as u64) {
+                    arena.free(block, page_len(a.size));
+                }
+            }
         }
         self.allocations.retain(|_, a| a.device != device);
-        self.managed_count = self.allocations.values().filter(|a| a.is_managed()).count();
+        self.managed_count = self
+            .allocations
+            .values()
+            .filter(|a| a.is_moved_managed())
+            .count();
+        self.shared_count = self
+            .allocations
+            .values()
+            .filter(|a| a.is_shared_managed())
+            .count();
         self.physical.retain(|_, (_, dev)| *dev != device);
         let allocations = &self.allocations;
         self.mappings.retain(|p, _| allocations.contains_key(p));
@@ -373,10 +542,11 @@ impl Inner {
         });
     }
 
+    /// Managed memory that moves (shared managed memory never does).
     fn managed_ranges(&self) -> Vec<(u64, u64)> {
         self.allocations
             .iter()
-            .filter(|(_, a)| a.is_managed())
+            .filter(|(_, a)| a.is_moved_managed())
             .map(|(&p, a)| (p, a.size))
             .collect()
     }

@@ -89,6 +89,12 @@ impl Inner {
                 "virtual memory mappings (cuMemMap) are not carried yet",
             ));
         }
+        if self.shared_count > 0 {
+            return Err(refuse(
+                "managed memory shared with the device (a same-host session's \
+                 cudaMallocManaged) is not carried: the new worker cannot map it",
+            ));
+        }
         if !self.textures.is_empty() {
             return Err(refuse("texture and surface objects are not carried yet"));
         }

@@ -52,8 +52,21 @@ pub use crate::memory::{Allocation, MemoryKind};
 
 /// Device attributes the client answers for managed memory: MANAGED_MEMORY 1,
 /// PAGEABLE_MEMORY_ACCESS 0, CONCURRENT_MANAGED_ACCESS 0, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES
-/// 0, DIRECT_MANAGED_MEM_ACCESS_FROM_HOST 0.
+/// 0, DIRECT_MANAGED_MEM_ACCESS_FROM_HOST 0. A device whose managed memory is shared
+/// ([`shares_managed_memory`]) reports CONCURRENT_MANAGED_ACCESS 1 instead.
 const MANAGED_ATTRIBUTES: [(usize, i32); 5] = [(83, 1), (88, 0), (89, 0), (100, 0), (101, 0)];
+/// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`.
+const CONCURRENT_MANAGED_ACCESS: usize = 89;
+
+/// Whether managed memory on `device` is shared between this process and the device
+/// (`crate::memory`, `MemoryKind::SharedManaged`): the session is on the shared-memory
+/// transport with a host arena, the device keeps its memory in host memory (an emulated GPU),
+/// and `GPUFUSE_SHARED_MANAGED` is not `0`.
+fn shares_managed_memory(conn: &Connection, device: &gpufuse_proto::DeviceInfo) -> bool {
+    conn.host_arena().is_some()
+        && device.kind == gpufuse_proto::DeviceKind::Emulated
+        && std::env::var("GPUFUSE_SHARED_MANAGED").map_or(true, |v| v.trim() != "0")
+}
 
 /// A CUDA array, kept as linear device memory: rows of `pitch` bytes, `height` rows per
 /// slice, `depth` slices (the layout is private to the driver, so any layout serves copies).
@@ -199,8 +212,14 @@ pub struct Inner {
     /// Whether the device holds the current contents of managed memory (device work has been
     /// issued since the host last had them).
     pub(crate) managed_on_device: bool,
-    /// How many managed allocations exist (none: nothing to move at all).
+    /// How many moved managed allocations exist (none: nothing to move at all).
     pub(crate) managed_count: usize,
+    /// Per device: whether its managed memory is shared rather than moved
+    /// (`MemoryKind::SharedManaged`).
+    pub(crate) shared_managed: Vec<bool>,
+    /// How many shared managed allocations exist: while any does, device work is sent at once
+    /// (the host may be waiting on what it does) and launches take no lane.
+    pub(crate) shared_count: usize,
     /// Physical memory made with `cuMemCreate`: handle -> (size, device).
     pub(crate) physical: HashMap<u64, (u64, u32)>,
     /// Mapped physical memory: address -> handle.
@@ -297,8 +316,18 @@ impl Session {
                         *slot = value;
                     }
                 }
+                if shares_managed_memory(&conn, d) {
+                    if let Some(slot) = v.get_mut(CONCURRENT_MANAGED_ACCESS) {
+                        *slot = 1;
+                    }
+                }
                 v
             })
+            .collect();
+        let shared_managed = accepted
+            .devices
+            .iter()
+            .map(|d| shares_managed_memory(&conn, d))
             .collect();
         let primary = accepted
             .devices
@@ -332,6 +361,8 @@ impl Session {
                 current_pools: HashMap::new(),
                 managed_on_device: false,
                 managed_count: 0,
+                shared_managed,
+                shared_count: 0,
                 physical: HashMap::new(),
                 mappings: HashMap::new(),
                 arrays: HashMap::new(),

@@ -25,13 +25,25 @@ impl Inner {
     /// device first if the host had it.
     pub fn device_work(&mut self, req: &Request) -> Result<(), ClientError> {
         self.managed_to_device()?;
-        self.conn.quiet(req)
+        self.conn.quiet(req)?;
+        self.send_if_shared()
+    }
+
+    /// With managed memory shared with the device, device work goes out at once: the host may
+    /// be waiting for what a kernel writes there (a flag it spins on) without calling into
+    /// the driver again.
+    fn send_if_shared(&mut self) -> Result<(), ClientError> {
+        match self.shared_count {
+            0 => Ok(()),
+            _ => self.conn.flush(),
+        }
     }
 
     /// [`Inner::device_work`] for a request whose last field is bulk data sent from `tail`.
     pub fn device_work_with_tail(&mut self, req: &Request, tail: &[u8]) -> Result<(), ClientError> {
         self.managed_to_device()?;
-        self.conn.quiet_with_tail(req, tail)
+        self.conn.quiet_with_tail(req, tail)?;
+        self.send_if_shared()
     }
 
     /// Device work answered with data (a 2-D device-to-host copy): managed memory goes to the

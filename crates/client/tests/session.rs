@@ -344,8 +344,10 @@ fn contexts_primary_created_current_and_stack() {
 #[test]
 fn managed_memory_moves_at_device_work_and_synchronize() {
     let node = Node::start();
-    let s = session(&node);
+    // Over the socket itself: moved managed memory (on the rings it is shared: below).
+    let s = socket_session(&node);
     let p = s.lock().alloc_managed(4096).unwrap();
+    assert!(s.lock().allocation(p).unwrap().is_moved_managed());
     // SAFETY: `p` is the managed allocation's host mapping, 4096 bytes; no device work is
     // outstanding while the host touches it.
     let host = unsafe { std::slice::from_raw_parts_mut(p as usize as *mut u8, 4096) };
@@ -494,11 +496,33 @@ fn stream_ordered_allocation_charges_pools() {
     assert_eq!(status(g.destroy_pool(pool)), INVALID_VALUE);
 }
 
+/// A session over the unix socket itself: no host arena, so managed memory moves
+/// (`MemoryKind::Managed`) rather than being shared with the device.
+fn socket_session(node: &Node) -> Session {
+    let hello = gpufuse_client::Connection::hello(
+        gpufuse_proto::SessionKind::Cuda,
+        String::new(),
+        Default::default(),
+    );
+    let (conn, accepted) = gpufuse_client::Connection::open_with(
+        &node.address,
+        &hello,
+        gpufuse_client::Transport::Socket,
+    )
+    .unwrap();
+    let s = Session::over(conn, accepted, hello);
+    let ctx = s.lock().retain_primary(0).unwrap();
+    s.lock().set_current(ctx).unwrap();
+    s
+}
+
 #[test]
 fn a_session_moves_to_another_worker_with_its_memory_modules_and_streams() {
     let from = Node::start();
     let to = Node::start();
-    let s = session(&from);
+    // Moved managed memory goes with the session (shared managed memory cannot: below).
+    let s = socket_session(&from);
+    assert_eq!(s.attribute(0, 89), Some(0), "no concurrent managed access");
     let m = s.lock().load_module(FILL_PTX.as_bytes().to_vec()).unwrap();
     let f = s.lock().function(m, "fill").unwrap();
     let lib = s.lock().load_library(FILL_PTX.as_bytes().to_vec()).unwrap();
@@ -526,6 +550,51 @@ fn a_session_moves_to_another_worker_with_its_memory_modules_and_streams() {
     assert_eq!(read_u32s(&s, out, 512)[0], 1);
     launch_fill(&s, k, out, 50, 1, 0);
     assert_eq!(read_u32s(&s, out, 1)[0], 50);
+    drop(s);
+    assert_eq!(to.ended_with(), 0);
+}
+
+/// Managed memory shared with the device (a session on the rings, with its host arena): the
+/// device reports concurrent managed access, kernels write the host's pages with no copy, and
+/// a reconnect is refused with the reason while such memory exists (the new worker could not
+/// map it), leaving the session where it was; once freed, the session moves.
+#[test]
+fn shared_managed_memory_is_used_at_once_and_keeps_its_session_in_place() {
+    let from = Node::start();
+    let to = Node::start();
+    let s = session(&from);
+    assert_eq!(
+        s.attribute(0, 89),
+        Some(1),
+        "concurrent managed access on the rings"
+    );
+    let m = s.lock().load_module(FILL_PTX.as_bytes().to_vec()).unwrap();
+    let f = s.lock().function(m, "fill").unwrap();
+    let managed = s.lock().alloc_managed(64).unwrap();
+    assert!(s.lock().allocation(managed).unwrap().is_shared_managed());
+    launch_fill(&s, f, managed, 7, 16, 0);
+    s.lock().synchronize(SyncScope::Context(0)).unwrap();
+    // SAFETY: the allocation's host mapping, 64 bytes, alive until it is freed below.
+    let host = unsafe { std::slice::from_raw_parts(managed as usize as *const u32, 16) };
+    assert_eq!(host[15], 22);
+    let moved = s.reconnect(&to.address);
+    assert!(
+        matches!(moved, Err(ClientError::Reconnect(ref why)) if why.contains("shared with the device")),
+        "{moved:?}"
+    );
+    assert_eq!(
+        to.ended_with(),
+        0,
+        "the new worker's half-made session is dropped"
+    );
+    // Still on the first worker, the memory still shared.
+    launch_fill(&s, f, managed, 100, 16, 0);
+    s.lock().synchronize(SyncScope::Context(0)).unwrap();
+    assert_eq!(host[0], 100);
+    s.lock().free(managed).unwrap();
+    assert_eq!(status(s.lock().free(managed)), INVALID_VALUE);
+    s.reconnect(&to.address).unwrap();
+    assert_eq!(from.ended_with(), 0, "the old worker freed everything");
     drop(s);
     assert_eq!(to.ended_with(), 0);
 }

@@ -73,6 +73,17 @@ pub trait Device: Send {
     fn host_arena(&mut self, _arena: HostSpan) -> Result<(), Status> {
         Ok(())
     }
+    /// Allocates `size` bytes whose memory is `backing`: host memory another process (a
+    /// same-host client) maps at the returned address and uses at the same time as the device
+    /// (managed memory with concurrent access). The backend never views it as plain bytes:
+    /// copies are word copies, kernels' accesses atomics on the same words. Freed with
+    /// [`Device::free`]; never evicted ([`Device::resident`] leaves it out), and a capture is
+    /// refused while one exists. `backing` must stay mapped while the device lives. The
+    /// address is a multiple of 64 KiB. Backends that keep device memory elsewhere refuse
+    /// (`CUDA_ERROR_NOT_SUPPORTED`).
+    fn alloc_shared(&mut self, _size: u64, _backing: HostSpan) -> Result<u64, Status> {
+        Err(status::NOT_SUPPORTED)
+    }
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status>;
     /// Sets `count` elements of `elem_size` (1, 2 or 4) bytes at `dst` to `value`.
     fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status>;

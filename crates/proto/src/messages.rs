@@ -742,6 +742,14 @@ pub enum Request<'a> {
         offset: u64,
         size: u64,
     },
+    /// Sync -> [`Reply::Ptr`]. Managed memory the client and the device use at the same time
+    /// (a session on the shared-memory transport): `size` bytes whose memory is the client's
+    /// host arena at `offset` (`gpufuse_transport::arena`), which the client maps at the
+    /// returned address too, so host and device atomics touch the same words. Charged to the
+    /// session like [`Request::MemAlloc`], freed with [`Request::MemFree`]. An arena range
+    /// outside the arena, or a session without one, is `CUDA_ERROR_INVALID_VALUE`; a device
+    /// that keeps its memory elsewhere (a real GPU) answers `CUDA_ERROR_NOT_SUPPORTED`.
+    MemAllocShared { device: u32, size: u64, offset: u64 },
 }
 
 /// Texture and surface objects (`cuTexObjectCreate`, `cuSurfObjectCreate`): the memory, its
@@ -864,6 +872,7 @@ impl<'a> Request<'a> {
             Request::ShmAttach { .. } => 44,
             Request::MemcpyHtoDHost { .. } => 45,
             Request::MemcpyDtoHHost { .. } => 46,
+            Request::MemAllocShared { .. } => 47,
         }
     }
 

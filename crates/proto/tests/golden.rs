@@ -387,6 +387,14 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 size: 4096,
             },
         ),
+        (
+            "MemAllocShared",
+            Request::MemAllocShared {
+                device: 0,
+                size: 4096,
+                offset: 1 << 20,
+            },
+        ),
     ]
 }
 
@@ -450,6 +458,7 @@ const REQUESTS: &[(&str, &str)] = &[
     ("ShmAttach", "2c8080800280808002"),
     ("MemcpyHtoDHost", "2d80a0808080e01f028080408020"),
     ("MemcpyDtoHHost", "2e80a0808080e01f028080408020"),
+    ("MemAllocShared", "2f008020808040"),
 ];
 
 #[test]
@@ -1016,7 +1025,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("ReplyBody::Global", "08806004"),
     ("ReplyBody::Launches", "0901016b010101200101000004deadbeef"),
     ("Reply", "0001f80a010904deadbeef0368690a018020"),
-    ("ClientHello", "0c0001742a0170018080808004011e0002"),
+    ("ClientHello", "0d0001742a0170018080808004011e0002"),
     ("SessionKind::Status", "01"),
     ("SessionKind::Check", "02"),
     ("SessionKind::End", "0303"),
@@ -1045,7 +1054,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("NodeCommand::Migrate", "0101"),
     ("NodeCommand::MigrateWithFigures", "0201"),
     ("ControlAnswer", "01e807"),
-    ("FrameHeader", "474655530c000401040302010b0a00008877665544332211"),
+    ("FrameHeader", "474655530d000401040302010b0a00008877665544332211"),
     ("SessionKind::NodeAgent", "04"),
     ("ServerHello::Redirect", "0507756e69783a2f6e0167"),
     ("ServerHello::PoolStatus", "060762696e7061636b000000"),

@@ -180,6 +180,14 @@ impl<'a> Session<'a> {
                 self.check_device(device)?;
                 Ok(ReplyBody::Ptr(DevicePtr(self.alloc(size)?)))
             }
+            MemAllocShared {
+                device,
+                size,
+                offset,
+            } => {
+                self.check_device(device)?;
+                Ok(ReplyBody::Ptr(DevicePtr(self.alloc_shared(size, offset)?)))
+            }
             MemAllocPitch {
                 device,
                 width,

@@ -31,6 +31,9 @@ pub(crate) struct MemoryBooks {
     pub(crate) vmm: VmmBooks,
     /// The client's host arena (its page-locked memory), on the shared-memory transport.
     pub(crate) arena: Option<HostArena>,
+    /// Arenas the client attached before its current one, kept mapped while the device lives:
+    /// shared allocations ([`Session::alloc_shared`]) may still be made of their pages.
+    pub(crate) retired_arenas: Vec<HostArena>,
     /// A session moved here whose client has not attached its arena yet: copies into the
     /// arena that requests forwarded by the old worker made (arena offset, bytes read at the
     /// time), written into the arena when the client attaches it.
@@ -45,6 +48,7 @@ impl MemoryBooks {
             allocations: HashMap::new(),
             vmm: VmmBooks::default(),
             arena: None,
+            retired_arenas: Vec::new(),
             arena_backlog: None,
         }
     }
@@ -96,6 +100,35 @@ impl Session<'_> {
         }
         self.charge(size)?;
         match self.device.alloc(size) {
+            Ok(p) => {
+                self.memory.allocations.insert(p, size);
+                Ok(p)
+            }
+            Err(e) => {
+                self.uncharge(size);
+                Err(e)
+            }
+        }
+    }
+
+    /// `MemAllocShared`: `size` bytes whose memory is the client's host arena at `offset`
+    /// (managed memory the client uses at the same time as the device), charged like any
+    /// allocation. The range comes from the client: it must start on a page and lie inside the
+    /// arena, whole words.
+    pub(crate) fn alloc_shared(&mut self, size: u64, offset: u64) -> R<u64> {
+        if size == 0 || !offset.is_multiple_of(gpufuse_transport::arena::PAGE as u64) {
+            return Err(st::INVALID_VALUE);
+        }
+        let arena = self.memory.arena.as_ref().ok_or(st::INVALID_VALUE)?;
+        // The device keeps whole words: the block (whole pages) covers the last one.
+        let words = size.checked_next_multiple_of(8).ok_or(st::INVALID_VALUE)?;
+        let at = arena.checked(offset, words).ok_or(st::INVALID_VALUE)?;
+        // SAFETY: `[at, at+words)` lies inside the arena's mapping (checked), which the
+        // session keeps mapped for as long as its device lives: an arena attached later
+        // retires this one into `retired_arenas` instead of unmapping it.
+        let span = unsafe { gpufuse_device::HostSpan::new(at, words as usize) };
+        self.charge(size)?;
+        match self.device.alloc_shared(size, span) {
             Ok(p) => {
                 self.memory.allocations.insert(p, size);
                 Ok(p)
@@ -209,7 +242,7 @@ impl Session<'_> {
             }
         }
         // SAFETY: the whole mapping, which the session keeps (and so maps) for as long as
-        // its device lives: `memory.arena` is only ever replaced by another arena, and the
+        // its device lives: a later arena retires this one into `retired_arenas`, and the
         // device is told of the new one here.
         let whole = unsafe { gpufuse_device::HostSpan::new(arena.base(), arena.len()) };
         if let Err(status) = self.device.host_arena(whole) {
@@ -219,7 +252,9 @@ impl Session<'_> {
                 "the device did not take the host arena: its copies go through a buffer"
             );
         }
-        self.memory.arena = Some(arena);
+        if let Some(old) = self.memory.arena.replace(arena) {
+            self.memory.retired_arenas.push(old);
+        }
     }
 
     /// From now on until the client attaches its arena, copies into the arena are kept

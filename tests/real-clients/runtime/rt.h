@@ -95,6 +95,7 @@ void check_pinned_zero_copy(void);
 void check_thread_exit_calls(void);
 void check_vram_limit(void);
 void hold_1gib(void);
+void hold_managed(void);
 void hold_until_stdin(void);
 void leave_dirty_memory(void);
 void expect_zeroed_memory(void);

@@ -32,6 +32,7 @@ static const struct check checks[] = {
     {"thread_exit_calls", check_thread_exit_calls, 1},
     {"vram_limit", check_vram_limit, 0},
     {"hold_1gib", hold_1gib, 0},
+    {"hold_managed", hold_managed, 0},
     {"hold_until_stdin", hold_until_stdin, 0},
     {"leave_dirty_memory", leave_dirty_memory, 0},
     {"expect_zeroed_memory", expect_zeroed_memory, 0},
@@ -246,6 +247,22 @@ void hold_1gib(void) {
   fflush(stdout);
   for (int i = 0; i < 600; i++) sleep(1);
   fprintf(stderr, "FAIL: hold_1gib was not killed within 10 minutes\n");
+  exit(1);
+}
+
+/* The same with 256 MiB of managed memory, written by the host and the device (on the
+ * shared-memory transport, pages the client shares with its worker). */
+void hold_managed(void) {
+  unsigned char *m = NULL;
+  CK(cudaMallocManaged((void **)&m, 256 * MiB, cudaMemAttachGlobal));
+  memset(m, 0x11, 1 * MiB);
+  CK(cudaMemset(m + MiB, 0x5a, 1 * MiB));
+  CK(cudaDeviceSynchronize());
+  EXPECT(m[0] == 0x11 && m[MiB] == 0x5a, "managed bytes %#x %#x", m[0], m[MiB]);
+  printf("READY pid=%d\n", (int)getpid());
+  fflush(stdout);
+  for (int i = 0; i < 600; i++) sleep(1);
+  fprintf(stderr, "FAIL: hold_managed was not killed within 10 minutes\n");
   exit(1);
 }
 

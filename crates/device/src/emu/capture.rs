@@ -31,6 +31,13 @@ fn capture_with(d: &mut EmuDevice, contents: bool) -> Result<DeviceImage, Captur
             "some of the session's memory is evicted: bring it back before a capture",
         ));
     }
+    if d.allocations.values().any(|w| w.is_shared()) {
+        return Err(CaptureRefused::not_supported(
+            "the session has managed memory shared with its client's host (a same-host \
+             session's cudaMallocManaged): the client uses it at the same time, so it cannot \
+             be captured, moved or checkpointed",
+        ));
+    }
     if d.heap.is_some() {
         return Err(CaptureRefused::not_supported(
             "the session's kernels used device-side malloc: the heap's allocator state lives in \
@@ -43,11 +50,7 @@ fn capture_with(d: &mut EmuDevice, contents: bool) -> Result<DeviceImage, Captur
         .map(|(&addr, w)| AllocationImage {
             addr,
             size: w.len() as u64,
-            contents: if contents {
-                w.bytes().to_vec()
-            } else {
-                Vec::new()
-            },
+            contents: if contents { w.to_vec() } else { Vec::new() },
         })
         .collect();
     let (physical, next_physical, reserved) = d.vmm.capture();

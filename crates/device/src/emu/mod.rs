@@ -188,9 +188,9 @@ impl EmuDevice {
 
     fn find(&self, ptr: u64, len: u64) -> Option<(u64, usize)> {
         let (&base, buf) = self.allocations.range(..=ptr).next_back()?;
-        let buf = buf.bytes();
+        let size = buf.len() as u64;
         let off = ptr - base;
-        (off.checked_add(len)? <= buf.len() as u64 && (len > 0 || off < buf.len().max(1) as u64))
+        (off.checked_add(len)? <= size && (len > 0 || off < size.max(1)))
             .then_some((base, off as usize))
     }
 
@@ -221,18 +221,50 @@ impl EmuDevice {
         Some(out)
     }
 
+    /// The bytes of `[ptr, ptr+len)` in place, inside one allocation of the device's own
+    /// memory (shared allocations are never viewed as bytes: [`words::Words::bytes`]).
     fn slice_mut(&mut self, ptr: u64, len: u64) -> Result<&mut [u8], Status> {
         let (base, off) = self.find(ptr, len).ok_or(INVALID_VALUE)?;
         let buf = self.allocations.get_mut(&base).ok_or(INVALID_VALUE)?;
-        Ok(&mut buf.bytes_mut()[off..off + len as usize])
+        let bytes = buf.bytes_mut().ok_or(INVALID_VALUE)?;
+        Ok(&mut bytes[off..off + len as usize])
     }
 
     fn slice(&self, ptr: u64, len: u64) -> Result<&[u8], Status> {
         let (base, off) = self.find(ptr, len).ok_or(INVALID_VALUE)?;
         let buf = self.allocations.get(&base).ok_or(INVALID_VALUE)?;
-        Ok(&buf.bytes()[off..off + len as usize])
+        let bytes = buf.bytes().ok_or(INVALID_VALUE)?;
+        Ok(&bytes[off..off + len as usize])
+    }
+
+    /// Writes `data` at `ptr`, inside one allocation (own or shared words).
+    fn write_in_one(&mut self, ptr: u64, data: &[u8]) -> Result<(), Status> {
+        let (base, off) = self.find(ptr, data.len() as u64).ok_or(INVALID_VALUE)?;
+        let buf = self.allocations.get_mut(&base).ok_or(INVALID_VALUE)?;
+        buf.write_at(off, data);
+        Ok(())
+    }
+
+    /// Reads `out.len()` bytes at `ptr`, inside one allocation (own or shared words).
+    fn read_in_one(&self, ptr: u64, out: &mut [u8]) -> Result<(), Status> {
+        let (base, off) = self.find(ptr, out.len() as u64).ok_or(INVALID_VALUE)?;
+        let buf = self.allocations.get(&base).ok_or(INVALID_VALUE)?;
+        buf.read_at(off, out);
+        Ok(())
+    }
+
+    /// Whether `ptr` lies in an allocation whose words another process shares.
+    fn in_shared(&self, ptr: u64) -> bool {
+        self.allocations
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(_, w)| w.is_shared())
     }
 }
+
+/// Shared allocations ([`Device::alloc_shared`]) start on this boundary, a multiple of every
+/// host page size, so the client can map its pages at the same address.
+const SHARED_ALIGN: u64 = 64 << 10;
 
 impl Device for EmuDevice {
     fn info(&self, limit: Option<u64>) -> DeviceInfo {
@@ -280,31 +312,55 @@ impl Device for EmuDevice {
     }
 
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Status> {
-        if let Ok(s) = self.slice_mut(dst, data.len() as u64) {
-            s.copy_from_slice(data);
+        if self.write_in_one(dst, data).is_ok() {
             return Ok(());
         }
         let mut rest = data;
         for (at, n) in self.pieces(dst, data.len() as u64).ok_or(INVALID_VALUE)? {
             let (here, after) = rest.split_at(n as usize);
-            self.slice_mut(at, n)?.copy_from_slice(here);
+            self.write_in_one(at, here)?;
             rest = after;
         }
         Ok(())
     }
 
     fn read(&mut self, src: u64, out: &mut [u8]) -> Result<(), Status> {
-        if let Ok(s) = self.slice(src, out.len() as u64) {
-            out.copy_from_slice(s);
+        if self.read_in_one(src, out).is_ok() {
             return Ok(());
         }
         let mut rest = &mut out[..];
         for (at, n) in self.pieces(src, rest.len() as u64).ok_or(INVALID_VALUE)? {
             let (here, after) = rest.split_at_mut(n as usize);
-            here.copy_from_slice(self.slice(at, n)?);
+            self.read_in_one(at, here)?;
             rest = after;
         }
         Ok(())
+    }
+
+    fn alloc_shared(&mut self, size: u64, backing: crate::HostSpan) -> Result<u64, Status> {
+        if size == 0 || size > self.total {
+            return Err(INVALID_VALUE);
+        }
+        let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
+        // The worker hands a block of the client's host arena, which it keeps mapped for as
+        // long as this device lives (`Device::alloc_shared`'s contract).
+        let words = words::Words::shared(backing, len).ok_or(INVALID_VALUE)?;
+        let ptr = self
+            .next
+            .checked_next_multiple_of(SHARED_ALIGN)
+            .ok_or(OUT_OF_MEMORY)?;
+        let rounded = size
+            .checked_next_multiple_of(SHARED_ALIGN)
+            .ok_or(OUT_OF_MEMORY)?;
+        if ptr
+            .checked_add(rounded)
+            .is_none_or(|end| end > self.window_end)
+        {
+            return Err(OUT_OF_MEMORY);
+        }
+        self.next = ptr + rounded;
+        self.allocations.insert(ptr, words);
+        Ok(ptr)
     }
 
     fn view(&self, src: u64, len: u64) -> Option<&[u8]> {
@@ -324,8 +380,9 @@ impl Device for EmuDevice {
     fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status> {
         let len = count.checked_mul(elem_size as u64).ok_or(INVALID_VALUE)?;
         let pieces = self.pieces(dst, len).ok_or(INVALID_VALUE)?;
-        if pieces.len() > 1 {
-            // Across mappings: the pattern written whole, piece by piece.
+        if pieces.len() > 1 || self.in_shared(dst) {
+            // Across mappings, or into words another process shares: the pattern written
+            // whole, piece by piece (word by word into shared words).
             let mut pattern = vec![0u8; usize::try_from(len).map_err(|_| INVALID_VALUE)?];
             let bytes = value.to_le_bytes();
             let e = elem_size as usize;
@@ -691,8 +748,11 @@ impl Device for EmuDevice {
     }
 
     fn resident(&self) -> Vec<(u64, u64)> {
+        // Shared allocations are pages of the client's host memory, not the device's: they
+        // stay where they are (never evicted).
         self.allocations
             .iter()
+            .filter(|(_, w)| !w.is_shared())
             .map(|(&a, w)| (a, w.len() as u64))
             .chain(
                 self.vmm
@@ -703,6 +763,10 @@ impl Device for EmuDevice {
     }
 
     fn evict(&mut self, ptr: u64) -> Result<Vec<u8>, Status> {
+        if self.allocations.get(&ptr).is_some_and(|w| w.is_shared()) {
+            // Memory the client uses at the same time cannot move away behind its back.
+            return Err(NOT_SUPPORTED);
+        }
         let words = if ptr & vmm::PHYSICAL_KEY != 0 {
             self.vmm.take_unmapped(ptr & !vmm::PHYSICAL_KEY)
         } else {
@@ -710,7 +774,7 @@ impl Device for EmuDevice {
         }
         .ok_or(INVALID_VALUE)?;
         // A copy, as a GPU's would be (device to host), and the device memory goes back.
-        let contents = words.bytes().to_vec();
+        let contents = words.to_vec();
         self.evicted.insert(ptr, contents.len() as u64);
         Ok(contents)
     }
@@ -1080,6 +1144,98 @@ mod tests {
             .iter()
             .enumerate()
             .all(|(g, &x)| x == (g as u32 * 7) as u8));
+    }
+
+    /// A shared allocation (managed memory a same-host client uses at the same time): the
+    /// device's atomics and another party's atomics on the same words lose nothing, copies
+    /// and memsets go word by word, it is never viewed as bytes, evicted or captured, and
+    /// freeing it leaves the backing memory alone.
+    #[test]
+    fn shared_allocations_are_one_coherence_domain_with_their_owner() {
+        let ptx = r#"
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry addmany(.param .u64 p)
+{
+    .reg .u64 %rd<2>;
+    .reg .u32 %r<4>;
+    .reg .pred %p<2>;
+    ld.param.u64 %rd1, [p];
+    mov.u32 %r1, 0;
+LOOP:
+    atom.sys.global.add.u32 %r2, [%rd1], 1;
+    add.u32 %r1, %r1, 1;
+    setp.lt.u32 %p1, %r1, 100;
+    @%p1 bra LOOP;
+    ret;
+}
+"#;
+        let mut d = dev();
+        let m = d.load_module(format!("{ptx}\0").as_bytes()).unwrap();
+        let backing: Vec<AtomicU64> = (0..16).map(|_| AtomicU64::new(0)).collect();
+        let span = words::test_span(&backing);
+        assert_eq!(d.alloc_shared(0, span), Err(INVALID_VALUE));
+        assert_eq!(
+            d.alloc_shared(129, span),
+            Err(INVALID_VALUE),
+            "longer than its backing"
+        );
+        let own = d.alloc(100).unwrap();
+        let p = d.alloc_shared(128, span).unwrap();
+        assert_eq!(p % SHARED_ALIGN, 0);
+        assert!(p >= own + 100);
+        // The host side adds to the same counter while the kernel runs.
+        let (blocks, threads, host_adds) = (8u32, 64u32, 50_000u64);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..host_adds {
+                    backing[0].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            });
+            run(&mut d, m, "addmany", blocks, threads, &p.to_le_bytes()).unwrap();
+        });
+        let mut counter = [0u8; 4];
+        d.read(p, &mut counter).unwrap();
+        let want = (blocks * threads * 100) as u64 + host_adds;
+        assert_eq!(u32::from_le_bytes(counter) as u64, want);
+        // Copies and memsets reach the backing words; the device never views them as bytes.
+        d.write(p + 9, b"abc").unwrap();
+        assert_eq!(
+            backing[1].load(std::sync::atomic::Ordering::SeqCst) >> 8 & 0xff_ffff,
+            0x636261
+        );
+        d.memset(p + 16, 0x7f, 1, 8).unwrap();
+        assert_eq!(
+            backing[2].load(std::sync::atomic::Ordering::SeqCst),
+            0x7f7f_7f7f_7f7f_7f7f
+        );
+        d.copy(own, p + 16, 8).unwrap();
+        let mut back = [0u8; 8];
+        d.read(own, &mut back).unwrap();
+        assert_eq!(back, [0x7f; 8]);
+        assert!(d.view(p, 8).is_none() && d.view_mut(p, 8).is_none());
+        assert!(
+            d.write(p + 120, &[0; 9]).is_err(),
+            "bounds are the allocation's"
+        );
+        // Elastic features leave it alone or refuse.
+        assert!(d.resident().iter().all(|&(a, _)| a != p));
+        assert_eq!(d.evict(p), Err(NOT_SUPPORTED));
+        let refused = d.capture().unwrap_err();
+        assert_eq!(refused.status, NOT_SUPPORTED);
+        assert!(refused.why.contains("shared"), "{}", refused.why);
+        assert_eq!(d.free(p), Ok(128));
+        assert!(!d.contains(p, 1));
+        assert_eq!(
+            backing[2].load(std::sync::atomic::Ordering::SeqCst),
+            0x7f7f_7f7f_7f7f_7f7f,
+            "freeing leaves the backing alone"
+        );
+        assert!(
+            d.capture().is_ok(),
+            "without shared memory the session captures again"
+        );
     }
 
     /// An illegal address in one block of a parallel launch fails it with

@@ -196,11 +196,7 @@ impl Vmm {
                 size: p.size,
                 mapped_at: p.mapped_at,
                 released: p.released,
-                contents: p
-                    .words
-                    .as_ref()
-                    .map(|w| w.bytes().to_vec())
-                    .unwrap_or_default(),
+                contents: p.words.as_ref().map(|w| w.to_vec()).unwrap_or_default(),
             })
             .collect();
         physical.sort_by_key(|p| p.id);
@@ -257,7 +253,7 @@ mod tests {
         let a = v.create(GRANULARITY).unwrap();
         assert_eq!(v.create(GRANULARITY + 1), Err(INVALID_VALUE));
         v.map(base, a, &mut allocations).unwrap();
-        allocations.get_mut(&base).unwrap().bytes_mut()[5] = 42;
+        allocations.get_mut(&base).unwrap().bytes_mut().unwrap()[5] = 42;
         assert_eq!(
             v.map(base + GRANULARITY, a, &mut allocations),
             Err(NOT_SUPPORTED)
@@ -266,7 +262,7 @@ mod tests {
         v.unmap(base, 4 * GRANULARITY, &mut allocations).unwrap();
         assert!(allocations.is_empty());
         v.map(base + 2 * GRANULARITY, a, &mut allocations).unwrap();
-        assert_eq!(allocations[&(base + 2 * GRANULARITY)].bytes()[5], 42);
+        assert_eq!(allocations[&(base + 2 * GRANULARITY)].to_vec()[5], 42);
         // Outside the reservation, or overlapping a mapping: refused.
         let b = v.create(2 * GRANULARITY).unwrap();
         assert_eq!(

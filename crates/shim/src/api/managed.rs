@@ -1,7 +1,10 @@
 //! Managed memory (`cuMemAllocManaged`, `cudaMallocManaged`) for a device in another process.
-//! The client core keeps it (`gpufuse_client::memory`): a device allocation with host pages at
-//! the same address, moved whole to the device before device work and back after a
-//! synchronize. Prefetches and advice are hints, checked.
+//! The client core keeps it (`gpufuse_client::memory`): on a same-host session on an emulated
+//! GPU, a block of the host arena that the worker uses as the allocation's memory and this
+//! process maps at its address (host and device share the words; concurrent managed access
+//! reported); otherwise a device allocation with host pages at the same address, moved whole
+//! to the device before device work and back after a synchronize. Prefetches and advice are
+//! hints, checked.
 
 use std::ffi::{c_int, c_uint, c_void};
 
