@@ -84,6 +84,7 @@ mod space;
 mod tensor;
 mod tex;
 mod warp;
+mod wmma;
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, OnceLock};
