@@ -63,6 +63,7 @@ CHECKS = {
                  "fetch_linear", "pitch2d", "volume", "gather", "surface", "destroyed",
                  "cubemap"],
     "cooperative": ["grid_sync", "too_large", "hang_fails", "persisting_l2"],
+    "wmma": ["f16", "bf16", "tf32", "f64", "int8"],
 }
 
 XFAIL: dict = {}

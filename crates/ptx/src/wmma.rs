@@ -7,9 +7,10 @@
 //! - s8/u8 A/B (the f16 shapes), s32 C/D, with `.satfinite`.
 //!
 //! The 32 lanes of a warp run each instruction together; a partial warp fails the launch, as
-//! do an address or stride that differs between lanes, an address not 32-byte aligned or a
-//! stride not a multiple of 16 bytes ([`ExecError::MisalignedAddress`]), and a generic
-//! address outside global and shared memory.
+//! do an address or stride that differs between lanes, an address or stride that is not a
+//! multiple of 16 bytes ([`ExecError::MisalignedAddress`]; CUDA's guide asks for 32-byte
+//! aligned matrices, but NVIDIA's own immaTensorCoreGemm steps through shared memory 16 bytes at
+//! a time, so 16 is what GPUs take), and a generic address outside global and shared memory.
 //!
 //! Fragments: the number and type of each operand's registers are the ISA's (f16 A/B: eight
 //! `.f16x2`; bf16 A/B: `m*k/64` or `k*n/64` `.b32` holding two elements; tf32 A/B: four `.b32`;
@@ -26,7 +27,8 @@
 //! whatever its `.row`/`.col` qualifiers say.
 //!
 //! `wmma.mma` multiplies whole matrices in a native loop: products and sums in f64 (exact for
-//! the integer forms), rounded once to D's type; tf32 inputs lose their low 13 mantissa bits.
+//! the integer forms), each element of D summed from C's and then the products in k order,
+//! rounded once to D's type; tf32 inputs lose their low 13 mantissa bits.
 
 use crate::code::{Code, Dst, Ins, Src};
 use crate::half::{BF16, F16};
@@ -433,7 +435,7 @@ fn place(
             "wmma at {base:#x}, outside global and shared memory"
         )));
     }
-    if !base.is_multiple_of(32) {
+    if !base.is_multiple_of(16) {
         return Err(ExecError::MisalignedAddress(base));
     }
     if !stride.is_multiple_of(16) {
@@ -580,33 +582,30 @@ fn mma(
     let fd = Frag::new(Kind::Store, f, f.d);
     let (m, n, k) = (f.m as usize, f.n as usize, f.k as usize);
     let mut bits = [0u64; MAX_ELEMS];
-    // A row-major, B transposed (so both walk k contiguously), C row-major.
+    // A, B and the accumulators row-major; each row of D sums its products in k order,
+    // starting from C, the columns in step (a loop the compiler vectorizes).
     let mut a = [0f64; MAX_ELEMS];
-    let mut bt = [0f64; MAX_ELEMS];
+    let mut b = [0f64; MAX_ELEMS];
     let mut acc = [0f64; MAX_ELEMS];
     gather(w, env, g, fa, &ops.s[0], &mut bits)?;
     for (x, &v) in a.iter_mut().zip(&bits).take(m * k) {
         *x = f.ty.value(v);
     }
     gather(w, env, g, fb, &ops.s[1], &mut bits)?;
-    for r in 0..k {
-        for c in 0..n {
-            bt[c * k + r] = f.b.value(bits[r * n + c]);
-        }
+    for (x, &v) in b.iter_mut().zip(&bits).take(k * n) {
+        *x = f.b.value(v);
     }
     gather(w, env, g, fc, &ops.s[2], &mut bits)?;
     for (x, &v) in acc.iter_mut().zip(&bits).take(m * n) {
         *x = f.c.value(v);
     }
     for r in 0..m {
-        let ar = &a[r * k..r * k + k];
-        for c in 0..n {
-            let bc = &bt[c * k..c * k + k];
-            let mut s = 0f64;
-            for x in 0..k {
-                s += ar[x] * bc[x];
+        let row = &mut acc[r * n..r * n + n];
+        for x in 0..k {
+            let av = a[r * k + x];
+            for (d, &bv) in row.iter_mut().zip(&b[x * n..x * n + n]) {
+                *d += av * bv;
             }
-            acc[r * n + c] += s;
         }
     }
     let sat = f.satfinite;

@@ -174,11 +174,11 @@ fn run_tile(m: &Module, t: &Tile, seed: u32) {
     let out = mem.read(3 * MB, d_len + 64);
     for r in 0..mm {
         for col in 0..nn {
-            let mut s = 0f64;
+            let mut s = c[r * nn + col];
             for x in 0..kk {
                 s += t.ab.round(sa * a[r * kk + x]) * b[x * nn + col];
             }
-            let acc = t.cd.round(s + c[r * nn + col]);
+            let acc = t.cd.round(s);
             let want = t.cd.round(alpha * acc);
             let at = if rc { r * ldd + col } else { col * ldd + r } * t.cd.size();
             let mut bytes = [0u8; 8];
@@ -242,8 +242,8 @@ fn tf32(x: f32) -> f32 {
 }
 
 /// The shared-memory GEMM of the fixture (several warps, tiles staged in shared memory, K in
-/// steps), f16 and tf32 (`__float_to_tf32` on the fragments): D = A * B + C, each step's sum
-/// rounded to f32 as the accumulator is.
+/// steps), f16 and tf32 (`__float_to_tf32` on the fragments): D = A * B + C, summed in f64 from
+/// C in k order and rounded to f32 after each step, as the VM's accumulator is.
 fn shared_gemm(kernel: &str, t: T, kt: usize) {
     let (m, n, k) = (48, 32, 64);
     let mut rng = Rng(0x0bad_cafe);
@@ -295,11 +295,10 @@ fn shared_gemm(kernel: &str, t: T, kt: usize) {
         for col in 0..n {
             let mut acc = c[r * n + col];
             for step in (0..k).step_by(kt) {
-                let mut s = 0f64;
                 for x in step..step + kt {
-                    s += rnd(a[r * k + x]) * rnd(bt[col * k + x]);
+                    acc += rnd(a[r * k + x]) * rnd(bt[col * k + x]);
                 }
-                acc = (acc + s) as f32 as f64;
+                acc = acc as f32 as f64;
             }
             let at = 4 * (r * n + col);
             let got = f32::from_le_bytes(out[at..at + 4].try_into().unwrap());
@@ -342,8 +341,8 @@ fn bad_launches_fail() {
         r => panic!("partial warp: {r:?}"),
     }
     assert_eq!(
-        tile_launch(&m, 32, 16, 16),
-        Err(ExecError::MisalignedAddress(BASE + 16))
+        tile_launch(&m, 32, 8, 16),
+        Err(ExecError::MisalignedAddress(BASE + 8))
     );
     // A stride of 20 halves (40 bytes): the second row is misaligned.
     assert_eq!(
