@@ -107,8 +107,9 @@ impl Elem {
     #[inline(always)]
     fn value(self, v: u64) -> f64 {
         match self {
-            Elem::F16 => F16.decode(v),
-            Elem::Bf16 => BF16.decode(v),
+            Elem::F16 => f16_value(v),
+            // bf16 is the top half of an f32.
+            Elem::Bf16 => f32::from_bits((v as u32) << 16) as f64,
             // tf32: an f32 whose low 13 mantissa bits the tensor core ignores.
             Elem::Tf32 => f32::from_bits(v as u32 & !0x1fff) as f64,
             Elem::F32 => f32::from_bits(v as u32) as f64,
@@ -138,6 +139,19 @@ impl Elem {
             Elem::S32 => x as i64 as i32 as u32 as u64,
             Elem::S8 | Elem::U8 => x as i64 as u64 & 0xff,
         }
+    }
+}
+
+/// An f16's value, from its fields (the general decoder's `powi` is slow in the inner loops).
+#[inline(always)]
+fn f16_value(v: u64) -> f64 {
+    let sign = if v & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let (e, m) = ((v >> 10) & 0x1f, (v & 0x3ff) as f64);
+    match e {
+        0 => sign * m * f64::from_bits((1023 - 24) << 52),
+        31 if m == 0.0 => sign * f64::INFINITY,
+        31 => f64::NAN,
+        _ => sign * (1024.0 + m) * f64::from_bits((e + 1023 - 25) << 52),
     }
 }
 
@@ -515,23 +529,28 @@ fn store(
     Ok(())
 }
 
-/// Writes a fragment's registers in every lane from the matrix's elements.
+/// Writes a fragment's registers in every lane from the matrix's elements: lane `l`'s slot `i`
+/// (register `i / per`, element `i % per` of it) holds element `(l * per_lane + i) % len`.
+/// (Counters, not divisions: this runs for every load and mma.)
 fn scatter(w: &mut Warp, g: &Group, frag: Frag, d: &[Dst], vals: &[u64; MAX_ELEMS], run: u32) {
-    let (per, bits, per_lane, len) = (
-        frag.ty.per_reg(),
-        frag.ty.bits() as usize,
-        frag.per_lane(),
-        frag.len(),
-    );
-    for (reg, &dst) in d.iter().enumerate().take(frag.regs) {
-        let mut out = [0u64; 32];
-        for (l, o) in out.iter_mut().enumerate() {
-            let first = l * per_lane + reg * per;
-            for e in 0..per {
-                *o |= vals[(first + e) % len] << (bits * e);
+    let (per, bits, len) = (frag.ty.per_reg(), frag.ty.bits() as usize, frag.len());
+    let mut out = [[0u64; 32]; MAX_REGS];
+    let mut e = 0;
+    for l in 0..32 {
+        for reg in out.iter_mut().take(frag.regs) {
+            let mut word = 0u64;
+            for j in 0..per {
+                word |= vals[e] << (bits * j);
+                e += 1;
+                if e == len {
+                    e = 0;
+                }
             }
+            reg[l] = word;
         }
-        put(w, g, dst, &out, run);
+    }
+    for (reg, &dst) in out.iter().zip(d).take(frag.regs) {
+        put(w, g, dst, reg, run);
     }
 }
 
@@ -545,12 +564,7 @@ fn gather(
     srcs: &[Src],
     vals: &mut [u64; MAX_ELEMS],
 ) -> Result<(), ExecError> {
-    let (per, bits, per_lane, len) = (
-        frag.ty.per_reg(),
-        frag.ty.bits() as usize,
-        frag.per_lane(),
-        frag.len(),
-    );
+    let (per, bits, len) = (frag.ty.per_reg(), frag.ty.bits() as usize, frag.len());
     let mask = if bits == 64 {
         u64::MAX
     } else {
@@ -560,9 +574,17 @@ fn gather(
     for (reg, &s) in srcs.iter().enumerate().take(frag.regs) {
         val_into(w, env, g, s, frag.ty.reg_size(), &mut regs[reg])?;
     }
-    for (e, v) in vals.iter_mut().enumerate().take(len) {
-        let (l, i) = (e / per_lane, e % per_lane);
-        *v = (regs[i / per][l] >> (bits * (i % per))) & mask;
+    let mut e = 0;
+    'lanes: for l in 0..32 {
+        for reg in regs.iter().take(frag.regs) {
+            for j in 0..per {
+                if e == len {
+                    break 'lanes;
+                }
+                vals[e] = (reg[l] >> (bits * j)) & mask;
+                e += 1;
+            }
+        }
     }
     Ok(())
 }
@@ -664,6 +686,17 @@ mod tests {
         ] {
             let f = form(mods).unwrap_or_else(|e| panic!("{mods}: {e}"));
             assert_eq!(f.operand_regs(), (d, s), "{mods}");
+        }
+    }
+
+    /// The fast f16 and bf16 decoders agree with the general one on every value.
+    #[test]
+    fn half_values_match_the_decoder() {
+        for v in 0..=0xffffu64 {
+            let (a, b) = (Elem::F16.value(v), F16.decode(v));
+            assert!(a == b || (a.is_nan() && b.is_nan()), "f16 {v:#x}: {a} {b}");
+            let (a, b) = (Elem::Bf16.value(v), BF16.decode(v));
+            assert!(a == b || (a.is_nan() && b.is_nan()), "bf16 {v:#x}: {a} {b}");
         }
     }
 
