@@ -331,10 +331,6 @@ impl Frag {
     fn len(self) -> usize {
         self.rows * self.cols
     }
-
-    fn per_lane(self) -> usize {
-        self.regs * self.ty.per_reg()
-    }
 }
 
 impl Wmma {
@@ -741,7 +737,8 @@ mod tests {
             ] {
                 let fr = Frag::new(which, &f, ty);
                 assert!(fr.len() <= MAX_ELEMS && fr.regs <= MAX_REGS);
-                assert_eq!((32 * fr.per_lane()) % fr.len(), 0, "{mods} {which:?}");
+                let per_lane = fr.regs * fr.ty.per_reg();
+                assert_eq!((32 * per_lane) % fr.len(), 0, "{mods} {which:?}");
             }
         }
     }
