@@ -416,3 +416,77 @@ fn unsupported_forms_are_named() {
         r => panic!("divergent warp: {r:?}"),
     }
 }
+
+/// s8 products summed past the s32 range: `wmma.mma` wraps, `.satfinite` clamps.
+#[test]
+fn integer_accumulators_wrap_or_saturate() {
+    let r = |name: &str, from: u32, n: u32| {
+        let v: Vec<String> = (from..from + n).map(|i| format!("%{name}{i}")).collect();
+        format!("{{{}}}", v.join(", "))
+    };
+    let (a, b, c) = (r("r", 1, 2), r("r", 3, 2), r("r", 5, 8));
+    let body = format!(
+        "add.s64 %rd2, %rd1, 256;\nadd.s64 %rd3, %rd1, 512;\n\
+         wmma.load.a.sync.aligned.row.m16n16k16.global.s8 {a}, [%rd1];\n\
+         wmma.load.b.sync.aligned.col.m16n16k16.global.s8 {b}, [%rd2];\n\
+         wmma.load.c.sync.aligned.row.m16n16k16.global.s32 {c}, [%rd3];\n\
+         wmma.mma.sync.aligned.row.col.m16n16k16.s32.s8.s8.s32 {d1}, {a}, {b}, {c};\n\
+         wmma.mma.sync.aligned.row.col.m16n16k16.s32.s8.s8.s32.satfinite {d2}, {a}, {b}, {c};\n\
+         add.s64 %rd2, %rd1, 2048;\nadd.s64 %rd3, %rd1, 3072;\n\
+         wmma.store.d.sync.aligned.row.m16n16k16.global.s32 [%rd2], {d1};\n\
+         wmma.store.d.sync.aligned.row.m16n16k16.global.s32 [%rd3], {d2};",
+        d1 = r("r", 13, 8),
+        d2 = r("r", 21, 8),
+    );
+    let ptx = format!(
+        "{HEAD}.visible .entry k(.param .u64 p)\n{{\n.reg .b32 %r<40>;\n.reg .b64 %rd<4>;\n\
+         ld.param.u64 %rd1, [p];\n{body}\nret;\n}}\n"
+    );
+    let mut rng = Rng(0x5eed);
+    let av: Vec<i64> = (0..256)
+        .map(|_| [127, -128, 100, -3][rng.next() as usize % 4])
+        .collect();
+    let bv: Vec<i64> = (0..256)
+        .map(|_| [127, -128, 90, 5][rng.next() as usize % 4])
+        .collect();
+    let cv: Vec<i64> = (0..256)
+        .map(|k| match k % 3 {
+            0 => i32::MAX as i64 - 1000,
+            1 => i32::MIN as i64 + 1000,
+            _ => (rng.next() % 2000) as i64 - 1000,
+        })
+        .collect();
+    let mut mem = VecMemory::new(BASE, MB);
+    mem.write(0, &av.iter().map(|&x| x as u8).collect::<Vec<_>>());
+    mem.write(256, &bv.iter().map(|&x| x as u8).collect::<Vec<_>>());
+    let cb: Vec<u8> = cv.iter().flat_map(|&x| (x as i32).to_le_bytes()).collect();
+    mem.write(512, &cb);
+    Module::parse(&ptx)
+        .unwrap()
+        .launch("k", &warp(), &BASE.to_le_bytes(), &mem, &|_| None)
+        .unwrap();
+    let read = |off: usize| -> Vec<i32> {
+        mem.read(off, 1024)
+            .chunks(4)
+            .map(|w| i32::from_le_bytes(w.try_into().unwrap()))
+            .collect()
+    };
+    let (wrapped, saturated) = (read(2048), read(3072));
+    let (mut over, mut under) = (0, 0);
+    for row in 0..16 {
+        for col in 0..16 {
+            // A row-major; B column-major: column `col` is bytes 16 * col.. of its buffer.
+            let s: i64 = cv[row * 16 + col]
+                + (0..16)
+                    .map(|x| av[row * 16 + x] * bv[col * 16 + x])
+                    .sum::<i64>();
+            over += (s > i32::MAX as i64) as u32;
+            under += (s < i32::MIN as i64) as u32;
+            let at = row * 16 + col;
+            assert_eq!(wrapped[at], s as i32, "wrapped D[{row}][{col}]");
+            let clamped = s.clamp(i32::MIN as i64, i32::MAX as i64) as i32;
+            assert_eq!(saturated[at], clamped, "saturated D[{row}][{col}]");
+        }
+    }
+    assert!(over > 0 && under > 0, "the data overflows both ways");
+}
