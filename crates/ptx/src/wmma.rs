@@ -1,16 +1,19 @@
 //! Warp matrix multiply-accumulate: `wmma.load`, `wmma.store` and `wmma.mma` (what CUDA's
 //! `nvcuda::wmma` API compiles to), for the PTX ISA's forms:
-//! - f16 A/B (m16n16k16, m32n8k16, m8n32k16) with f16 or f32 C and D (any pairing);
+//! - f16 A/B (m16n16k16, m32n8k16, m8n32k16) with f16 or f32 C and D (any pairing; `.satfinite`
+//!   clamps to the largest finite value);
 //! - bf16 A/B (the same shapes), f32 C/D;
 //! - tf32 A/B (m16n16k8), f32 C/D;
 //! - f64 (m8n8k4, `.rn`);
-//! - s8/u8 A/B (the f16 shapes), s32 C/D, with `.satfinite`.
+//! - s8/u8 A/B (the f16 shapes, any pairing), s32 C/D: sums wrap, or clamp with `.satfinite`.
 //!
 //! The 32 lanes of a warp run each instruction together; a partial warp fails the launch, as
 //! do an address or stride that differs between lanes, an address or stride that is not a
 //! multiple of 16 bytes ([`ExecError::MisalignedAddress`]; CUDA's guide asks for 32-byte
 //! aligned matrices, but NVIDIA's own immaTensorCoreGemm steps through shared memory 16 bytes at
-//! a time, so 16 is what GPUs take), and a generic address outside global and shared memory.
+//! a time, so 16 is what GPUs take), and a generic address outside global and shared memory;
+//! a matrix reaching outside device memory is [`ExecError::IllegalAddress`]. Sub-byte forms
+//! (`.s4`/`.u4`/`.b1`) and any other type, shape or modifier fail, naming it.
 //!
 //! Fragments: the number and type of each operand's registers are the ISA's (f16 A/B: eight
 //! `.f16x2`; bf16 A/B: `m*k/64` or `k*n/64` `.b32` holding two elements; tf32 A/B: four `.b32`;
