@@ -64,6 +64,7 @@ CHECKS = {
                  "cubemap", "cubemap_layered"],
     "cooperative": ["grid_sync", "too_large", "hang_fails", "persisting_l2"],
     "system_atomics": ["attribute", "concurrent_atomics", "flag_handshake"],
+    "wmma": ["f16", "bf16", "tf32", "f64", "int8"],
 }
 
 # Managed memory is shared between the host and the emulated GPU (concurrentManagedAccess 1)

@@ -124,6 +124,8 @@ pub struct Code {
     pub joins: Vec<u32>,
     /// The A, B and C register lists of each `mma` (the instruction's `target`).
     pub mma: Vec<[Vec<Src>; 3]>,
+    /// The register lists of each `wmma` (the instruction's `target`).
+    pub wmma: Vec<crate::wmma::Operands>,
     /// The values of each `sust` (the instruction's `target`).
     pub lists: Vec<Vec<Src>>,
     /// Bytes of local memory a frame of this function takes (parameters, return values,
@@ -315,6 +317,7 @@ fn compile_function(
         texts: Vec::with_capacity(f.insts.len()),
         calls: Vec::new(),
         mma: Vec::new(),
+        wmma: Vec::new(),
         lists: Vec::new(),
         joins: Vec::new(),
         frame: round_up(frame, 16),
@@ -497,6 +500,9 @@ fn compile_inst(
         code.symbols.extend(used);
         return Ok(ins);
     }
+    if inst.op == Op::Wmma {
+        return compile_wmma(inst, ins, scope, syms, code);
+    }
     match inst.op {
         Op::St | Op::Red | Op::Prefetch => {
             ins.addr = mem_operand(args.next(), scope, syms, &mut used);
@@ -645,6 +651,69 @@ fn compile_inst(
             inst.text
         ));
     }
+    code.symbols.extend(used);
+    Ok(ins)
+}
+
+/// `wmma.load {d}, [addr]{, stride}`, `wmma.store [addr], {s}{, stride}` and
+/// `wmma.mma {d}, {a}, {b}, {c}`: the register lists live beside the code, checked against
+/// the counts the form takes.
+fn compile_wmma(
+    inst: &Inst,
+    mut ins: Ins,
+    scope: &Scope,
+    syms: &mut Symbols,
+    code: &mut Code,
+) -> Result<Ins, String> {
+    let f = inst.mods.wmma.ok_or("wmma without its form")?;
+    let store = f.kind == crate::wmma::Kind::Store;
+    let mut used = Vec::new();
+    let mut ops = crate::wmma::Operands::default();
+    let mut first = true;
+    for o in &inst.args {
+        match o {
+            Operand::Vector(v) if first && !store => {
+                ops.d = v
+                    .iter()
+                    .map(|o| match o {
+                        Operand::Reg(r) => Dst::Reg(*r),
+                        _ => Dst::Sink,
+                    })
+                    .collect();
+            }
+            Operand::Vector(v) => ops.s.push(
+                v.iter()
+                    .map(|x| to_src(x, scope, syms, &mut used))
+                    .collect(),
+            ),
+            Operand::Addr { .. } if ins.addr.is_none() => {
+                ins.addr = mem_operand(Some(o), scope, syms, &mut used);
+            }
+            o if ins.addr.is_some() && ins.ns == 0 => {
+                ins.s[0] = to_src(o, scope, syms, &mut used);
+                ins.ns = 1;
+            }
+            _ => return Err(format!("wmma with an unexpected operand: {}", inst.text)),
+        }
+        first = false;
+    }
+    let (nd, ns) = f.operand_regs();
+    let got: Vec<usize> = ops.s.iter().map(Vec::len).collect();
+    let mem = f.kind != crate::wmma::Kind::Mma;
+    if ops.d.len() != nd || got != ns || ins.addr.is_some() != mem {
+        return Err(format!(
+            "{} with {} destination and {got:?} source registers ({nd} and {ns:?} wanted){}",
+            inst.text,
+            ops.d.len(),
+            if mem && ins.addr.is_none() {
+                ", without an address"
+            } else {
+                ""
+            }
+        ));
+    }
+    ins.target = code.wmma.len() as u32;
+    code.wmma.push(ops);
     code.symbols.extend(used);
     Ok(ins)
 }

@@ -167,6 +167,8 @@ pub enum Op {
     Mma,
     /// `ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16`.
     Ldmatrix,
+    /// `wmma.load`, `wmma.store`, `wmma.mma` (`wmma.rs`): the form is in [`Mods::wmma`].
+    Wmma,
     /// `vabsdiff2`/`vabsdiff4{.add}`: SIMD absolute differences of halfwords or bytes
     /// (default selectors and masks only), what `__vabsdiffu4`/`__vsadu4` use.
     Vabsdiff,
@@ -400,6 +402,8 @@ pub struct Mods {
     pub mma: Option<crate::tensor::Mma>,
     /// `ldmatrix.trans`.
     pub trans: bool,
+    /// `wmma`'s operation, shape, types and layouts.
+    pub wmma: Option<crate::wmma::Wmma>,
     /// SIMD lanes of a video instruction (2 or 4), and its `.add` secondary operation.
     pub simd: u8,
     pub simd_add: bool,
@@ -819,6 +823,7 @@ pub fn decode(
         "elect" => Op::Elect,
         "mma" => Op::Mma,
         "ldmatrix" => Op::Ldmatrix,
+        "wmma" => Op::Wmma,
         "alloca" => Op::Alloca,
         "stacksave" => Op::Stacksave,
         "stackrestore" => Op::Stackrestore,
@@ -864,8 +869,15 @@ pub fn decode(
     if op == Op::Mma {
         mods.mma = Some(crate::tensor::decode_mma(&mods_s).ok_or_else(unsupported)?);
     }
+    if op == Op::Wmma {
+        let f = crate::wmma::decode(&mods_s).map_err(|why| PtxError::Unsupported {
+            opcode: format!("{opcode} ({why})"),
+        })?;
+        space = f.space;
+        mods.wmma = Some(f);
+    }
     for m in &mods_s {
-        if op == Op::Mma {
+        if op == Op::Mma || op == Op::Wmma {
             break;
         }
         if let Some(t) = Type::parse(m) {
@@ -1250,12 +1262,7 @@ mod tests {
     #[test]
     fn unknown_opcodes_are_named() {
         let mut regs = HashMap::new();
-        let e = decode(
-            "wmma.load.a.sync.aligned.row.m16n16k16.f16 {%r1}, [%rd1]",
-            &mut regs,
-            &mut |_| {},
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("wmma"), "{e}");
+        let e = decode("wgmma.fence.sync.aligned", &mut regs, &mut |_| {}).unwrap_err();
+        assert!(e.to_string().contains("wgmma"), "{e}");
     }
 }

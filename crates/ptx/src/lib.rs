@@ -34,7 +34,8 @@
 //!   arithmetic and conversions (`round.rs`) and on conversions to f16/bf16/fp8/tf32
 //!   (`half.rs`, which also does their packed forms); a directed mode on f16 arithmetic fails
 //!   as unsupported;
-//! - `cp.async` and its waits (`copy.rs`), `ldmatrix` and `mma.sync` (`tensor.rs`), device
+//! - `cp.async` and its waits (`copy.rs`), `ldmatrix` and `mma.sync` (`tensor.rs`), `wmma.load`,
+//!   `wmma.store` and `wmma.mma` for f16, bf16, tf32, f64 and s8/u8 (`wmma.rs`), device
 //!   `printf` (`printf.rs`: formatted records go to [`DeviceMemory::print`]), device
 //!   `malloc`/`free` from the heap [`DeviceMemory::heap`] gives (`heap.rs`);
 //!   docs/ptx-instructions.md lists every PTX instruction and what runs;
@@ -58,7 +59,8 @@
 //!   samples its memory by the CUDA programming guide's texture fetching rules.
 //!
 //! Not yet: variable addresses in initializers (`generic(var)`), `sust.p`, `sured`,
-//! `wmma`/`wgmma`/`tcgen05`, TMA (`cp.async.bulk`, `mbarrier`'s transaction counts).
+//! sub-byte `wmma` (`.s4`/`.u4`/`.b1`), `wgmma`/`tcgen05`, TMA (`cp.async.bulk`, `mbarrier`'s
+//! transaction counts).
 //! `mbarrier` itself runs: a `.b64` word of pending count, expected count and phase, updated
 //! atomically (`exec.rs`).
 //! [`Module::link`] joins several translation units' PTX into one module (`link.rs`), as the
@@ -93,6 +95,7 @@ mod space;
 mod tensor;
 mod tex;
 mod warp;
+mod wmma;
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, OnceLock};

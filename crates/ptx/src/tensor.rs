@@ -199,7 +199,7 @@ fn gather(w: &Warp, env: &Env, g: &Group, srcs: &[Src], size: u8) -> Result<Vec<
         .collect()
 }
 
-fn whole_warp(run: u32, what: &str) -> Result<(), ExecError> {
+pub(crate) fn whole_warp(run: u32, what: &str) -> Result<(), ExecError> {
     if run != u32::MAX {
         return Err(ExecError::Unsupported(format!(
             "{what} by a partial warp (lanes {run:#010x}): every lane must take part"

@@ -498,7 +498,7 @@ fn collectives_compute_over_each_lanes_membermask() {
 fn unsupported_instructions_fail_their_kernel_only() {
     let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\
         .visible .entry good()\n{\nret;\n}\n\
-        .visible .entry bad()\n{\n.reg .b32 %r<2>;\nwmma.load.a.sync.aligned.row.m16n16k16.f16 {%r1}, [%r1];\nret;\n}\n";
+        .visible .entry bad()\n{\n.reg .b32 %r<2>;\nwgmma.fence.sync.aligned;\nret;\n}\n";
     let m = Module::parse(ptx).unwrap();
     let cfg = LaunchConfig {
         grid: [1, 1, 1],
@@ -508,7 +508,7 @@ fn unsupported_instructions_fail_their_kernel_only() {
     let mem = memory(1, 16);
     m.launch("good", &cfg, &[], &mem, &|_| None).unwrap();
     let e = m.launch("bad", &cfg, &[], &mem, &|_| None).unwrap_err();
-    assert!(e.to_string().contains("wmma.load"), "{e}");
+    assert!(e.to_string().contains("wgmma.fence"), "{e}");
 }
 
 fn launch_on(

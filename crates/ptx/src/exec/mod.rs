@@ -141,6 +141,12 @@ pub fn exec(
             }
             return Ok(Flow::Next);
         }
+        Op::Wmma => {
+            if run != 0 {
+                crate::wmma::exec(w, env, code, g, ins, run)?;
+            }
+            return Ok(Flow::Next);
+        }
         Op::Ldmatrix => {
             if run != 0 {
                 crate::tensor::ldmatrix(w, env, g, ins, run)?;
