@@ -507,8 +507,8 @@ impl Module {
                 info.param_bytes
             )));
         }
-        if !self.devrt[k] {
-            return launch::run(
+        let grid = |devrt| {
+            launch::run(
                 &self.program,
                 &self.shared,
                 k,
@@ -519,27 +519,18 @@ impl Module {
                 symbols,
                 threads,
                 cooperative,
-                None,
-            );
+                devrt,
+            )
+        };
+        if !self.devrt[k] {
+            return grid(None);
         }
         // A kernel that launches kernels: the tree of grids it makes, run to its end.
         let start = std::time::Instant::now();
         let tree = devrt::Tree::new(&self.entry_params);
         let root = devrt::Grid::new(0);
         let run = || -> Result<LaunchStats, ExecError> {
-            let mut stats = launch::run(
-                &self.program,
-                &self.shared,
-                k,
-                &self.reach[k],
-                cfg,
-                params,
-                mem,
-                symbols,
-                threads,
-                cooperative,
-                Some((&tree, &root)),
-            )?;
+            let mut stats = grid(Some((&tree, &root)))?;
             self.run_children(&tree, &root, mem, symbols, threads, &mut stats)?;
             Ok(stats)
         };
