@@ -112,19 +112,30 @@ pub(crate) fn page_len(size: u64) -> usize {
 }
 
 /// Maps `size` bytes at exactly `addr` in this process, or fails without touching anything
-/// already mapped there.
-fn map_at(addr: u64, size: u64) -> bool {
+/// already mapped there: anonymous private memory, or (`shared`) `fd` from `offset`, shared
+/// with every other mapping of it (the worker's).
+fn map_fixed(addr: u64, size: u64, shared: Option<(std::os::fd::BorrowedFd<'_>, u64)>) -> bool {
+    use std::os::fd::AsRawFd;
     let len = page_len(size);
-    // SAFETY: an anonymous private mapping with MAP_FIXED_NOREPLACE never replaces an existing
-    // mapping; the result is checked before the memory is used.
+    let (flags, fd, off) = match shared {
+        None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0),
+        Some((fd, offset)) => {
+            let Ok(off) = libc::off_t::try_from(offset) else {
+                return false;
+            };
+            (libc::MAP_SHARED, fd.as_raw_fd(), off)
+        }
+    };
+    // SAFETY: a mapping with MAP_FIXED_NOREPLACE never replaces an existing mapping; the
+    // result is checked before the memory is used.
     let got = unsafe {
         libc::mmap(
             addr as usize as *mut libc::c_void,
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-            -1,
-            0,
+            flags | libc::MAP_FIXED_NOREPLACE,
+            fd,
+            off,
         )
     };
     if got == libc::MAP_FAILED {
@@ -139,40 +150,9 @@ fn map_at(addr: u64, size: u64) -> bool {
     true
 }
 
-/// Maps `size` bytes of `fd` from `offset` at exactly `addr`, shared with every other mapping
-/// of it (the worker's), or fails without touching anything already mapped there.
-fn map_shared_at(addr: u64, size: u64, fd: std::os::fd::BorrowedFd<'_>, offset: u64) -> bool {
-    use std::os::fd::AsRawFd;
-    let len = page_len(size);
-    let Ok(off) = libc::off_t::try_from(offset) else {
-        return false;
-    };
-    // SAFETY: a shared mapping of the arena's memfd with MAP_FIXED_NOREPLACE never replaces
-    // an existing mapping; the result is checked before the memory is used.
-    let got = unsafe {
-        libc::mmap(
-            addr as usize as *mut libc::c_void,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
-            fd.as_raw_fd(),
-            off,
-        )
-    };
-    if got == libc::MAP_FAILED {
-        return false;
-    }
-    if got as usize as u64 != addr {
-        // SAFETY: `got` is the mapping just made, of `len` bytes.
-        unsafe { libc::munmap(got, len) };
-        return false;
-    }
-    true
-}
-
 /// Removes the host mapping of a managed allocation.
 fn unmap(addr: u64, size: u64) {
-    // SAFETY: the range is the mapping `map_at` made for this allocation, which the session
+    // SAFETY: the range is the mapping `map_fixed` made for this allocation, which the session
     // no longer hands out.
     unsafe { libc::munmap(addr as usize as *mut libc::c_void, page_len(size)) };
 }
@@ -315,7 +295,7 @@ impl Inner {
             return Err(UNKNOWN.into());
         };
         let p = base.div_ceil(page()) * page();
-        if !map_at(p, size) {
+        if !map_fixed(p, size, None) {
             self.conn.quiet(&Request::MemFree {
                 ptr: DevicePtr(base),
             })?;
@@ -384,7 +364,7 @@ impl Inner {
                 return Err(e);
             }
         };
-        if !p.is_multiple_of(page()) || !map_shared_at(p, size, arena.fd(), offset) {
+        if !p.is_multiple_of(page()) || !map_fixed(p, size, Some((arena.fd(), offset))) {
             self.conn.quiet(&Request::MemFree { ptr: DevicePtr(p) })?;
             self.conn.call(&Request::Ping)?;
             arena.free(block, len);
@@ -559,7 +539,7 @@ impl Inner {
         }
         self.managed_on_device = true;
         for (p, size) in self.managed_ranges() {
-            // SAFETY: `[p, p+size)` is this allocation's host mapping (`map_at`), alive until
+            // SAFETY: `[p, p+size)` is this allocation's host mapping (`map_fixed`), alive until
             // the allocation is freed, which needs the session lock held here.
             let host =
                 unsafe { std::slice::from_raw_parts(p as usize as *const u8, size as usize) };
