@@ -85,7 +85,9 @@ impl Inner {
         if inside.is_empty() {
             return Err(INVALID_VALUE.into());
         }
-        self.conn.call(&Request::MemUnmap {
+        // Quiet, as the protocol declares it (and as MemRelease and MemAddressFree are): the
+        // range was checked here; a worker-side failure comes back as a deferred error.
+        self.conn.quiet(&Request::MemUnmap {
             ptr: DevicePtr(ptr),
             size,
         })?;
