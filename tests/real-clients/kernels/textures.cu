@@ -655,22 +655,26 @@ static void check_destroyed() {
   std::printf("destroyed texture object: %s\n", cudaGetErrorName(e));
 }
 
+// The direction through face `face`'s point (u, v) in [-1, 1]^2, by the guide's face table.
+__device__ float3 cube_dir(int face, float u, float v) {
+  switch (face) {
+    case 0: return make_float3(1, -v, -u);
+    case 1: return make_float3(-1, -v, u);
+    case 2: return make_float3(u, 1, v);
+    case 3: return make_float3(u, -1, -v);
+    case 4: return make_float3(u, -v, 1);
+    default: return make_float3(-u, -v, -1);
+  }
+}
+
 // A cubemap (cudaArrayCubemap: six square faces, texCubemap with a direction): each face's
 // texel centers, reached from the direction through them, read back that face's texels, by
 // the guide's face table (NVIDIA's simpleCubemapTexture sample does the same).
 __global__ void sample_cube(cudaTextureObject_t t, float* out, int w) {
   int x = threadIdx.x, y = threadIdx.y, face = blockIdx.x;
   float u = ((x + 0.5f) / w) * 2.f - 1.f, v = ((y + 0.5f) / w) * 2.f - 1.f;
-  float cx, cy, cz;
-  switch (face) {
-    case 0: cx = 1; cy = -v; cz = -u; break;
-    case 1: cx = -1; cy = -v; cz = u; break;
-    case 2: cx = u; cy = 1; cz = v; break;
-    case 3: cx = u; cy = -1; cz = -v; break;
-    case 4: cx = u; cy = -v; cz = 1; break;
-    default: cx = -u; cy = -v; cz = -1; break;
-  }
-  out[(face * w + y) * w + x] = texCubemap<float>(t, cx, cy, cz);
+  float3 d = cube_dir(face, u, v);
+  out[(face * w + y) * w + x] = texCubemap<float>(t, d.x, d.y, d.z);
 }
 
 static void check_cubemap() {
@@ -718,16 +722,8 @@ static void check_cubemap() {
 __global__ void sample_cube_layered(cudaTextureObject_t t, float* out, int w) {
   int x = threadIdx.x, y = threadIdx.y, face = blockIdx.x % 6, layer = blockIdx.x / 6;
   float u = ((x + 0.5f) / w) * 2.f - 1.f, v = ((y + 0.5f) / w) * 2.f - 1.f;
-  float cx, cy, cz;
-  switch (face) {
-    case 0: cx = 1; cy = -v; cz = -u; break;
-    case 1: cx = -1; cy = -v; cz = u; break;
-    case 2: cx = u; cy = 1; cz = v; break;
-    case 3: cx = u; cy = -1; cz = -v; break;
-    case 4: cx = u; cy = -v; cz = 1; break;
-    default: cx = -u; cy = -v; cz = -1; break;
-  }
-  out[(blockIdx.x * w + y) * w + x] = texCubemapLayered<float>(t, cx, cy, cz, layer);
+  float3 d = cube_dir(face, u, v);
+  out[(blockIdx.x * w + y) * w + x] = texCubemapLayered<float>(t, d.x, d.y, d.z, layer);
 }
 
 static void check_cubemap_layered() {
