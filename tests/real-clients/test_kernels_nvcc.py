@@ -63,17 +63,19 @@ CHECKS = {
                  "fetch_linear", "pitch2d", "volume", "gather", "surface", "destroyed",
                  "cubemap", "cubemap_layered"],
     "cooperative": ["grid_sync", "too_large", "hang_fails", "persisting_l2"],
-    "system_atomics": ["attribute", "concurrent_atomics", "flag_handshake"],
+    "system_atomics": ["attribute", "concurrent_atomics", "flag_handshake", "pinned_uva"],
     "wmma": ["f16", "bf16", "tf32", "f64", "int8"],
 }
 
 # Managed memory is shared between the host and the emulated GPU (concurrentManagedAccess 1)
 # only on the shared-memory transport; over a socket it moves at launches and synchronizes (0),
 # and the checks that use it concurrently do not apply. A real GPU's driver (support.NATIVE)
-# reports 1.
+# reports 1. Page-locked memory is reachable by kernels at its own address (unified
+# addressing) on the same condition: over a socket only cudaHostAllocMapped memory is.
 CONCURRENT_MANAGED = 1 if support.NATIVE or support.TRANSPORT == "shm" else 0
 NEEDS_CONCURRENT_MANAGED = {("system_atomics", "concurrent_atomics"),
-                            ("system_atomics", "flag_handshake")}
+                            ("system_atomics", "flag_handshake"),
+                            ("system_atomics", "pinned_uva")}
 CHECK_ENV = {"KCHECK_CONCURRENT_MANAGED": str(CONCURRENT_MANAGED)}
 
 XFAIL: dict = {}

@@ -126,6 +126,9 @@ pub struct Connection {
     silence: std::time::Duration,
     /// The host arena the worker maps too (shared-memory sessions only: `host.rs`).
     arena: Option<std::sync::Arc<gpufuse_transport::arena::HostArena>>,
+    /// Whether the session's device reaches the arena at its address here (`MapHostArena`):
+    /// kernels may then dereference page-locked memory, as under unified addressing.
+    arena_mapped: bool,
     /// The hello this session was opened with: a session that moves to another node says
     /// hello there again (`Resume`).
     hello: Option<ClientHello>,
@@ -263,6 +266,16 @@ impl Connection {
         }
         self.set_call_timeout(self.silence);
         self.arena = arena;
+        self.arena_mapped = false;
+        if let Some(base) = self.arena.as_ref().map(|a| a.base() as usize as u64) {
+            // Kernels reach page-locked memory at its address where the device can map the
+            // arena (the emulated GPU); elsewhere it is host memory only copies reach.
+            match self.call(&Request::MapHostArena { base }) {
+                Ok(_) => self.arena_mapped = true,
+                Err(ClientError::Cuda(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
         Ok(())
     }
 
@@ -280,6 +293,14 @@ impl Connection {
         self.arena.as_ref()
     }
 
+    /// The host arena when the session's device reaches it at its address here (kernels may
+    /// dereference page-locked memory in it).
+    pub fn device_mapped_arena(
+        &self,
+    ) -> Option<&std::sync::Arc<gpufuse_transport::arena::HostArena>> {
+        self.arena.as_ref().filter(|_| self.arena_mapped)
+    }
+
     /// Performs the handshake on a connected stream.
     pub fn handshake(
         stream: gpufuse_transport::Stream,
@@ -294,6 +315,7 @@ impl Connection {
             async_error: None,
             silence: call_timeout(),
             arena: None,
+            arena_mapped: false,
             hello: Some(hello.clone()),
             last_sync: Vec::new(),
             transport: Transport::Auto,
@@ -487,6 +509,7 @@ impl Connection {
         // ids, queued copies and errors go on.
         self.conn = c.conn;
         self.arena = c.arena;
+        self.arena_mapped = c.arena_mapped;
         self.hello = Some(ClientHello {
             kind: gpufuse_proto::SessionKind::Cuda,
             ..hello

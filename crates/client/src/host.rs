@@ -5,8 +5,11 @@
 //! complete before returning.
 //!
 //! On the shared-memory transport, `cuMemHostAlloc` carves its blocks from the session's host
-//! arena ([`gpufuse_transport::arena`]), which the worker maps too: copies between them and the
-//! device name arena offsets (`MemcpyHtoDHost`, `MemcpyDtoHHost`) and move no bytes through the
+//! arena ([`gpufuse_transport::arena`]), which the worker maps too, and which the emulated GPU
+//! reaches at the same addresses (`MapHostArena`): kernels dereference page-locked memory as
+//! they do under unified addressing on a GPU, whatever the flags it was allocated with. Over a
+//! socket (or on a real GPU) only `CU_MEMHOSTALLOC_DEVICEMAP` memory is reachable by kernels.
+//! Copies between arena blocks and the device name arena offsets (`MemcpyHtoDHost`, `MemcpyDtoHHost`) and move no bytes through the
 //! rings (`copy.rs`). Registered memory (`cuMemHostRegister`) is the application's own: its
 //! whole pages are moved into the arena in place, at the same addresses (`registered.rs`), so
 //! copies naming them move no bytes either; what cannot move (the partial pages at its ends,
@@ -25,8 +28,8 @@ use crate::error::ClientError;
 use crate::registered::ArenaSpan;
 use crate::state::{HostAllocation, Inner};
 use crate::status::{
-    HOST_MEMORY_ALREADY_REGISTERED, HOST_MEMORY_NOT_REGISTERED, INVALID_VALUE, OUT_OF_MEMORY,
-    UNKNOWN,
+    CUresult, HOST_MEMORY_ALREADY_REGISTERED, HOST_MEMORY_NOT_REGISTERED, INVALID_VALUE,
+    NOT_SUPPORTED, OUT_OF_MEMORY, UNKNOWN,
 };
 
 const HOST_ALIGN: usize = 4096;
@@ -116,7 +119,10 @@ impl Inner {
     /// `cuMemHostAlloc`: `size` bytes of page-locked memory.
     pub fn host_alloc(&mut self, size: usize, flags: u32) -> Result<*mut u8, ClientError> {
         let size = size.max(1);
-        if flags & HOST_ALLOC_DEVICEMAP != 0 {
+        // Where the device reaches the arena at its address (`MapHostArena`), every block of
+        // it is mapped pinned memory already: the flag asks for nothing more.
+        let arena_reached = self.conn.device_mapped_arena().is_some();
+        if flags & HOST_ALLOC_DEVICEMAP != 0 && !arena_reached {
             // Kernels reach it through the same pointer (unified addressing): a device
             // allocation with host pages at its address, moved like managed memory.
             let p = self.alloc_managed(size as u64)?;
@@ -160,6 +166,26 @@ impl Inner {
             },
         );
         Ok(p)
+    }
+
+    /// The address kernels reach page-locked memory at `p` by (`cuMemHostGetDevicePointer`):
+    /// the same address, for mapped pinned memory and for every block of an arena the device
+    /// maps (unified addressing). `Err(NOT_SUPPORTED)` for registered memory;
+    /// `Err(INVALID_VALUE)` for blocks the device cannot reach and for memory that is not
+    /// page-locked.
+    pub fn host_device_pointer(&self, p: usize) -> Result<u64, CUresult> {
+        let (base, h) = self.find_host(p).ok_or(INVALID_VALUE)?;
+        if h.device_mapped {
+            return Ok(p as u64);
+        }
+        if h.registered {
+            return Err(NOT_SUPPORTED);
+        }
+        match self.conn.device_mapped_arena() {
+            Some(a) if a.offset_of(base, h.size).is_some() => Ok(p as u64),
+            // As NVIDIA's driver answers for memory allocated without the flag.
+            _ => Err(INVALID_VALUE),
+        }
     }
 
     /// `cuMemFreeHost` of memory [`Inner::host_alloc`] handed out.

@@ -84,6 +84,16 @@ pub trait Device: Send {
     fn alloc_shared(&mut self, _size: u64, _backing: HostSpan) -> Result<u64, Status> {
         Err(status::NOT_SUPPORTED)
     }
+    /// Makes the client's whole host arena (the last [`Device::host_arena`]) addressable by
+    /// kernels at `base`, where the client maps it: page-locked memory under unified
+    /// addressing, host memory the client uses at the same time (the backend treats it as
+    /// [`Device::alloc_shared`]'s memory: word accesses only). Not an allocation: nothing
+    /// charges, frees, copies, evicts or captures it; a later call (a new arena) replaces it.
+    /// Refused with `CUDA_ERROR_NOT_SUPPORTED` by backends that keep device memory elsewhere,
+    /// and when the range would overlap the session's device addresses.
+    fn map_host_arena(&mut self, _base: u64) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status>;
     /// Sets `count` elements of `elem_size` (1, 2 or 4) bytes at `dst` to `value`.
     fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status>;

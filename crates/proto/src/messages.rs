@@ -750,6 +750,14 @@ pub enum Request<'a> {
     /// outside the arena, or a session without one, is `CUDA_ERROR_INVALID_VALUE`; a device
     /// that keeps its memory elsewhere (a real GPU) answers `CUDA_ERROR_NOT_SUPPORTED`.
     MemAllocShared { device: u32, size: u64, offset: u64 },
+    /// Sync. The client maps its host arena (page-locked memory, `gpufuse_transport::arena`)
+    /// at `base` in its own address space: the device makes the whole arena addressable at the
+    /// same addresses, so kernels dereference `cuMemHostAlloc` pointers as they do under
+    /// unified addressing on a GPU. Host memory: not charged to the session. Sent after each
+    /// [`Request::ShmAttach`] that brought an arena. `CUDA_ERROR_NOT_SUPPORTED` when the
+    /// device keeps its memory elsewhere (a real GPU) or the range would overlap the
+    /// session's device addresses; `CUDA_ERROR_INVALID_VALUE` for a session without an arena.
+    MapHostArena { base: u64 },
 }
 
 /// Texture and surface objects (`cuTexObjectCreate`, `cuSurfObjectCreate`): the memory, its
@@ -873,6 +881,7 @@ impl<'a> Request<'a> {
             Request::MemcpyHtoDHost { .. } => 45,
             Request::MemcpyDtoHHost { .. } => 46,
             Request::MemAllocShared { .. } => 47,
+            Request::MapHostArena { .. } => 48,
         }
     }
 

@@ -395,6 +395,12 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 offset: 1 << 20,
             },
         ),
+        (
+            "MapHostArena",
+            Request::MapHostArena {
+                base: 0x7f00_0000_0000,
+            },
+        ),
     ]
 }
 
@@ -459,6 +465,7 @@ const REQUESTS: &[(&str, &str)] = &[
     ("MemcpyHtoDHost", "2d80a0808080e01f028080408020"),
     ("MemcpyDtoHHost", "2e80a0808080e01f028080408020"),
     ("MemAllocShared", "2f008020808040"),
+    ("MapHostArena", "308080808080e01f"),
 ];
 
 #[test]
@@ -1025,7 +1032,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("ReplyBody::Global", "08806004"),
     ("ReplyBody::Launches", "0901016b010101200101000004deadbeef"),
     ("Reply", "0001f80a010904deadbeef0368690a018020"),
-    ("ClientHello", "0d0001742a0170018080808004011e0002"),
+    ("ClientHello", "0e0001742a0170018080808004011e0002"),
     ("SessionKind::Status", "01"),
     ("SessionKind::Check", "02"),
     ("SessionKind::End", "0303"),
@@ -1054,7 +1061,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("NodeCommand::Migrate", "0101"),
     ("NodeCommand::MigrateWithFigures", "0201"),
     ("ControlAnswer", "01e807"),
-    ("FrameHeader", "474655530d000401040302010b0a00008877665544332211"),
+    ("FrameHeader", "474655530e000401040302010b0a00008877665544332211"),
     ("SessionKind::NodeAgent", "04"),
     ("ServerHello::Redirect", "0507756e69783a2f6e0167"),
     ("ServerHello::PoolStatus", "060762696e7061636b000000"),

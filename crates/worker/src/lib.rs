@@ -188,6 +188,7 @@ impl<'a> Session<'a> {
                 self.check_device(device)?;
                 Ok(ReplyBody::Ptr(DevicePtr(self.alloc_shared(size, offset)?)))
             }
+            MapHostArena { base } => none(self.map_host_arena(base)),
             MemAllocPitch {
                 device,
                 width,

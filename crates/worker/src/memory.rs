@@ -257,6 +257,17 @@ impl Session<'_> {
         }
     }
 
+    /// `MapHostArena`: kernels reach the client's host arena at `base`, where the client maps
+    /// it (page-locked memory under unified addressing; not charged: it is host memory).
+    pub(crate) fn map_host_arena(&mut self, base: u64) -> R<()> {
+        if self.memory.arena.is_none() {
+            return Err(st::INVALID_VALUE);
+        }
+        self.device.map_host_arena(base)?;
+        tracing::debug!(base, "page-locked memory reachable by kernels");
+        Ok(())
+    }
+
     /// From now on until the client attaches its arena, copies into the arena are kept
     /// (forwarded requests of a session that moved here; [`Session::set_host_arena`]).
     pub(crate) fn await_host_arena(&mut self) {

@@ -135,5 +135,91 @@ static void check_flag_handshake() {
   CK(cudaFree(seen));
 }
 
+// Page-locked memory under unified addressing: kernels dereference cudaMallocHost and
+// cudaHostAlloc pointers as they are, with no cudaHostAllocMapped and no
+// cudaHostGetDevicePointer (NVIDIA's p2pBandwidthLatencyTest spins a kernel on a pinned flag;
+// UnifiedMemoryPerf latches on one). The host's writes reach a running kernel, and the kernel's
+// reach the host before any synchronize.
+__global__ void pinned_scale(const float* in, float* out, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = 2.0f * in[i] + 1.0f;
+}
+
+__global__ void pinned_latch(volatile int* flag, int* seen, long long max_spins) {
+  if (threadIdx.x != 0) return;
+  flag[1] = 1;  // the kernel runs
+  long long spins = 0;
+  while (flag[0] == 0 && spins < max_spins) spins++;
+  seen[0] = flag[0];
+  seen[1] = spins < max_spins;
+  atomicAdd_system(&seen[2], 5);
+}
+
+static void check_pinned_uva() {
+  const int n = 1000;
+  float* in = nullptr;
+  float* out = nullptr;
+  CK(cudaMallocHost(&in, n * sizeof(float)));
+  CK(cudaHostAlloc(&out, n * sizeof(float), cudaHostAllocPortable));
+  for (int i = 0; i < n; i++) {
+    in[i] = (float)i;
+    out[i] = -1.0f;
+  }
+  void* dev = nullptr;
+  CK(cudaHostGetDevicePointer(&dev, in, 0));
+  EXPECT_RESULT(dev == in, "device pointer %p of pinned memory %p", dev, (void*)in);
+  cudaPointerAttributes attr = {};
+  CK(cudaPointerGetAttributes(&attr, out));
+  EXPECT_RESULT(attr.type == cudaMemoryTypeHost && attr.devicePointer == out,
+                "pinned memory's attributes: type %d device pointer %p", (int)attr.type,
+                attr.devicePointer);
+  pinned_scale<<<(n + 127) / 128, 128>>>(in, out, n);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < n; i++)
+    EXPECT_RESULT(out[i] == 2.0f * i + 1.0f, "out[%d] = %g, want %g", i, out[i], 2.0f * i + 1.0f);
+  // Copies of the same memory still work, and see what the kernel wrote.
+  float* d = nullptr;
+  CK(cudaMalloc(&d, n * sizeof(float)));
+  CK(cudaMemcpy(d, out, n * sizeof(float), cudaMemcpyHostToDevice));
+  pinned_scale<<<(n + 127) / 128, 128>>>(d, in, n);
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < n; i++)
+    EXPECT_RESULT(in[i] == 4.0f * i + 3.0f, "in[%d] = %g, want %g", i, in[i], 4.0f * i + 3.0f);
+  CK(cudaFree(d));
+
+  // A kernel latched on a pinned flag until the host lets it go; bounded on both sides.
+  int* flag = nullptr;
+  int* seen = nullptr;
+  CK(cudaMallocHost(&flag, 2 * sizeof(int)));
+  CK(cudaMallocHost(&seen, 3 * sizeof(int)));
+  flag[0] = flag[1] = 0;
+  seen[0] = seen[1] = -1;
+  seen[2] = 10;
+  pinned_latch<<<1, 32>>>(flag, seen, 20000000LL);
+  CK(cudaGetLastError());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool running = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (__atomic_load_n(&flag[1], __ATOMIC_ACQUIRE) == 1) {
+      running = true;
+      break;
+    }
+    std::this_thread::yield();
+  }
+  EXPECT_RESULT(running, "the kernel's write to pinned memory never reached the host");
+  __atomic_store_n(&flag[0], 7, __ATOMIC_RELEASE);
+  __atomic_fetch_add(&seen[2], 100, __ATOMIC_SEQ_CST);
+  CK(cudaDeviceSynchronize());
+  EXPECT_RESULT(seen[0] == 7 && seen[1] == 1, "kernel saw flag %d (in time: %d)", seen[0],
+                seen[1]);
+  EXPECT_RESULT(seen[2] == 115, "host and kernel atomics on pinned memory: %d, want 115", seen[2]);
+  std::printf("checked %d floats and a latch in pinned memory, read and written by kernels\n", n);
+  CK(cudaFreeHost(in));
+  CK(cudaFreeHost(out));
+  CK(cudaFreeHost(flag));
+  CK(cudaFreeHost(seen));
+}
+
 KCHECK_MAIN({"attribute", check_attribute}, {"concurrent_atomics", check_concurrent_atomics},
-            {"flag_handshake", check_flag_handshake})
+            {"flag_handshake", check_flag_handshake}, {"pinned_uva", check_pinned_uva})

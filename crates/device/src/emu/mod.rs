@@ -25,6 +25,11 @@ use crate::{model, CaptureRefused, Device, DeviceError, DeviceImage, KernelLaunc
 /// 14), so memory from `cuMemAlloc` can back a texture object, as on a GPU.
 const ALIGN: u64 = 512;
 
+/// Host memory kernels may reach ([`Device::map_host_arena`]) lies below this: a process's
+/// addresses (57 bits at most), under the interpreter's windows of the generic address space
+/// (`gpufuse_ptx::FUNCTION_WINDOW` and its neighbours, whose top byte is 0x7B and above).
+const HOST_ADDRESS_END: u64 = 1 << 57;
+
 /// Why a loaded module's kernels cannot run: the launch's status and its detail.
 #[derive(Debug, Clone)]
 struct Unrunnable {
@@ -74,6 +79,10 @@ pub struct EmuDevice {
     window_base: u64,
     /// The allocations the last launch looked up ([`Device::last_launch_touched`]).
     last_touched: Vec<u64>,
+    /// The client's host arena ([`Device::host_arena`]), and the words kernels reach it
+    /// through at the client's address once it is mapped ([`Device::map_host_arena`]).
+    arena: Option<crate::HostSpan>,
+    host_mapped: Option<(u64, words::Words)>,
 }
 
 /// Device-side `printf` output one launch may produce (CUDA's default printf FIFO); what
@@ -83,9 +92,11 @@ const PRINTF_FIFO: usize = 1 << 20;
 /// Device memory as the interpreter sees it during a launch: every allocation's words, by
 /// address.
 struct Memory<'a> {
+    /// Every allocation's words by address, then the client's host arena if it is mapped
+    /// (its region follows every allocation's: it lies above the session's window).
     regions: Vec<(u64, &'a [AtomicU64], u64)>,
-    /// Which regions the launch looked up (pre-copy's dirty tracking: a kernel reaches device
-    /// memory only through [`gpufuse_ptx::DeviceMemory::region`]).
+    /// Which allocations the launch looked up (pre-copy's dirty tracking: a kernel reaches
+    /// device memory only through [`gpufuse_ptx::DeviceMemory::region`]), one per allocation.
     touched: Vec<std::sync::atomic::AtomicBool>,
     printed: std::sync::Mutex<Vec<u8>>,
     heap: Option<&'a gpufuse_ptx::Heap>,
@@ -96,6 +107,7 @@ struct Memory<'a> {
 impl<'a> Memory<'a> {
     fn new(
         allocations: &'a mut BTreeMap<u64, words::Words>,
+        host: Option<&'a mut (u64, words::Words)>,
         heap: Option<&'a gpufuse_ptx::Heap>,
         textures: &'a HashMap<u64, gpufuse_ptx::Texture>,
         cancel: Option<&'a std::sync::atomic::AtomicBool>,
@@ -104,6 +116,7 @@ impl<'a> Memory<'a> {
         Memory {
             regions: allocations
                 .iter_mut()
+                .chain(host.map(|(start, w)| (&*start, w)))
                 .map(|(&start, w)| (start, w.len() as u64, w))
                 .map(|(start, len, w)| (start, w.atomic(), len))
                 .collect(),
@@ -175,6 +188,8 @@ impl EmuDevice {
             evicted: BTreeMap::new(),
             window_base: base,
             last_touched: Vec::new(),
+            arena: None,
+            host_mapped: None,
             vmm: vmm::Vmm::default(),
             model: model::default_model(),
         }
@@ -361,6 +376,33 @@ impl Device for EmuDevice {
         self.next = ptr + rounded;
         self.allocations.insert(ptr, words);
         Ok(ptr)
+    }
+
+    fn host_arena(&mut self, arena: crate::HostSpan) -> Result<(), Status> {
+        // The mapping of an earlier arena is the client's no more: it maps the new one.
+        self.host_mapped = None;
+        self.arena = Some(arena);
+        Ok(())
+    }
+
+    fn map_host_arena(&mut self, base: u64) -> Result<(), Status> {
+        let arena = self.arena.ok_or(INVALID_VALUE)?;
+        let len = arena.len() as u64;
+        let end = base.checked_add(len).ok_or(INVALID_VALUE)?;
+        if len == 0 || !base.is_multiple_of(ALIGN) {
+            return Err(INVALID_VALUE);
+        }
+        // Above every device address of the session (allocations, reservations and the heap
+        // all lie in its window; launches look regions up in address order), and below the
+        // interpreter's own windows of the generic address space (shared, local, parameter
+        // memory, function addresses). A client maps its arena high (mmap's top-down
+        // placement), above every session window (`gpufuse_node::ledger`).
+        if base < self.window_end || end > HOST_ADDRESS_END {
+            return Err(NOT_SUPPORTED);
+        }
+        let words = words::Words::shared(arena, arena.len()).ok_or(INVALID_VALUE)?;
+        self.host_mapped = Some((base, words));
+        Ok(())
     }
 
     fn view(&self, src: u64, len: u64) -> Option<&[u8]> {
@@ -674,6 +716,7 @@ impl Device for EmuDevice {
         let variables = &m.variables;
         let mem = Memory::new(
             &mut self.allocations,
+            self.host_mapped.as_mut(),
             self.heap.as_ref(),
             &self.textures,
             l.cancel,
@@ -1236,6 +1279,62 @@ LOOP:
             d.capture().is_ok(),
             "without shared memory the session captures again"
         );
+    }
+
+    /// The client's host arena mapped at its own address (page-locked memory under unified
+    /// addressing): kernels read and write it there, with atomics the host's meet; it is no
+    /// allocation (not contained, not resident, no capture refused); a range that would
+    /// overlap the session's window is refused, and a new arena drops the mapping.
+    #[test]
+    fn the_host_arena_is_reachable_by_kernels_at_the_clients_address() {
+        let ptx = r#"
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry bump(.param .u64 p)
+{
+    .reg .u64 %rd<2>;
+    .reg .u32 %r<4>;
+    ld.param.u64 %rd1, [p];
+    ld.global.u32 %r1, [%rd1+8];
+    st.global.u32 [%rd1+12], %r1;
+    atom.sys.global.add.u32 %r2, [%rd1], 1;
+    ret;
+}
+"#;
+        let mut d = dev();
+        let m = d.load_module(format!("{ptx}\0").as_bytes()).unwrap();
+        let backing: Vec<AtomicU64> = (0..512).map(|_| AtomicU64::new(0)).collect();
+        let span = words::test_span(&backing);
+        let base = 0x7f00_0000_0000u64;
+        assert_eq!(d.map_host_arena(base), Err(INVALID_VALUE), "no arena yet");
+        d.host_arena(span).unwrap();
+        assert_eq!(
+            d.map_host_arena(0x1000_0000_0000 + 4096),
+            Err(NOT_SUPPORTED),
+            "inside the session's window"
+        );
+        assert_eq!(d.map_host_arena(base + 8), Err(INVALID_VALUE), "misaligned");
+        d.map_host_arena(base).unwrap();
+        let own = d.alloc(64).unwrap();
+        backing[1].store(0x55 | (9 << 32), std::sync::atomic::Ordering::SeqCst);
+        run(&mut d, m, "bump", 4, 32, &base.to_le_bytes()).unwrap();
+        assert_eq!(backing[0].load(std::sync::atomic::Ordering::SeqCst), 128);
+        assert_eq!(
+            backing[1].load(std::sync::atomic::Ordering::SeqCst),
+            0x55 | (0x55 << 32),
+            "the kernel read and wrote the host's words"
+        );
+        let top = base + (backing.len() * 8) as u64;
+        let e = run(&mut d, m, "bump", 1, 1, &(top - 8).to_le_bytes()).unwrap_err();
+        assert_eq!(e.status, ILLEGAL_ADDRESS, "bounds are the arena's");
+        assert!(!d.contains(base, 8), "host memory is no allocation");
+        assert!(d.resident().iter().all(|&(a, _)| a == own));
+        assert!(d.capture().is_ok());
+        let other: Vec<AtomicU64> = (0..8).map(|_| AtomicU64::new(0)).collect();
+        d.host_arena(words::test_span(&other)).unwrap();
+        let e = run(&mut d, m, "bump", 1, 1, &base.to_le_bytes()).unwrap_err();
+        assert_eq!(e.status, ILLEGAL_ADDRESS, "a new arena is not mapped until asked");
     }
 
     /// An illegal address in one block of a parallel launch fails it with

@@ -7,13 +7,13 @@ use std::ffi::{c_int, c_void};
 use gpufuse_client::copy::Side2D;
 use gpufuse_client::state::Inner;
 
-use crate::api::context::client_err;
+use crate::api::context::{client_err, CUcontext};
 use crate::api::memory::CUdeviceptr;
 use crate::api::stream::{stream_id, CUstream};
 use crate::ffi::{host_bytes, host_bytes_mut, read};
 use crate::global::session;
 use crate::guard::guard;
-use crate::status::{CUresult, INVALID_VALUE};
+use crate::status::{CUresult, INVALID_CONTEXT, INVALID_VALUE, NOT_SUPPORTED};
 
 pub(crate) fn htod(
     g: &mut Inner,
@@ -142,6 +142,56 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
     stream: CUstream,
 ) -> CUresult {
     guard(|| with(stream, |g, st| dtod(g, dst, src, n as u64, st)))
+}
+
+/// A copy between device memory of two contexts. A session sees one device, so both contexts
+/// are on it and the copy is a device-to-device one; contexts of two devices (which no session
+/// has today) are refused as not supported rather than copied through the host unasked.
+fn peer(
+    g: &mut Inner,
+    dst: u64,
+    dst_ctx: CUcontext,
+    src: u64,
+    src_ctx: CUcontext,
+    n: usize,
+    stream: u64,
+) -> Result<(), CUresult> {
+    if dst_ctx.is_null() || src_ctx.is_null() {
+        return Err(INVALID_CONTEXT);
+    }
+    let to = super::context::context_device(g, dst_ctx as usize as u64)?;
+    let from = super::context::context_device(g, src_ctx as usize as u64)?;
+    if to != from {
+        return Err(NOT_SUPPORTED);
+    }
+    dtod(g, dst, src, n as u64, stream)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyPeer(
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    n: usize,
+) -> CUresult {
+    guard(|| {
+        with(std::ptr::null_mut(), |g, st| {
+            peer(g, dst, dst_ctx, src, src_ctx, n, st)
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyPeerAsync(
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
+    guard(|| with(stream, |g, st| peer(g, dst, dst_ctx, src, src_ctx, n, st)))
 }
 
 /// A unified-addressing copy: the direction comes from which side is device memory.

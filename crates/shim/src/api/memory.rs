@@ -324,8 +324,9 @@ pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -
     })
 }
 
-/// Mapped pinned memory has the same address on the device (unified addressing). Registered
-/// memory cannot be reached by a device in another process: not supported.
+/// Page-locked memory the device reaches has the same address on it (unified addressing):
+/// mapped pinned memory, and on the emulated GPU of a same-host session every `cuMemHostAlloc`
+/// block. Registered memory cannot be reached by a device in another process: not supported.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
     d: *mut CUdeviceptr,
@@ -338,12 +339,8 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
             return Err(INVALID_VALUE);
         }
         let s = session()?;
-        let g = s.lock();
-        match g.find_host(p as usize) {
-            Some((_, h)) if h.device_mapped => out(d, p as usize as u64),
-            Some((_, h)) if h.registered => Err(NOT_SUPPORTED),
-            _ => Err(INVALID_VALUE),
-        }
+        let ptr = s.lock().host_device_pointer(p as usize)?;
+        out(d, ptr)
     })
 }
 
