@@ -49,6 +49,22 @@ static void roundtrip(size_t n, uint64_t seed) {
   snprintf(what, sizeof what, "H2D+D2D+D2H of %zu bytes", n);
   expect_same(src, dst, n, what);
 
+  /* Peer copies between a device and itself (cuMemcpyPeer, cuMemcpyPeerAsync): what NVIDIA's
+   * p2pBandwidthLatencyTest measures on a one-GPU machine. */
+  CK(cudaMemset(d2, 0, n));
+  CK(cudaMemcpyPeer(d2, 0, d1, 0, n));
+  memset(dst, 0, n);
+  CK(cudaMemcpy(dst, d2, n, cudaMemcpyDeviceToHost));
+  snprintf(what, sizeof what, "cudaMemcpyPeer of %zu bytes", n);
+  expect_same(src, dst, n, what);
+  CK(cudaMemset(d2, 0, n));
+  CK(cudaMemcpyPeerAsync(d2, 0, d1, 0, n, 0));
+  CK(cudaStreamSynchronize(0));
+  memset(dst, 0, n);
+  CK(cudaMemcpy(dst, d2, n, cudaMemcpyDeviceToHost));
+  snprintf(what, sizeof what, "cudaMemcpyPeerAsync of %zu bytes", n);
+  expect_same(src, dst, n, what);
+
   CK(cudaMemcpy(hh, src, n, cudaMemcpyHostToHost));
   snprintf(what, sizeof what, "H2H of %zu bytes", n);
   expect_same(src, hh, n, what);

@@ -1334,7 +1334,10 @@ LOOP:
         let other: Vec<AtomicU64> = (0..8).map(|_| AtomicU64::new(0)).collect();
         d.host_arena(words::test_span(&other)).unwrap();
         let e = run(&mut d, m, "bump", 1, 1, &base.to_le_bytes()).unwrap_err();
-        assert_eq!(e.status, ILLEGAL_ADDRESS, "a new arena is not mapped until asked");
+        assert_eq!(
+            e.status, ILLEGAL_ADDRESS,
+            "a new arena is not mapped until asked"
+        );
     }
 
     /// An illegal address in one block of a parallel launch fails it with
