@@ -60,6 +60,23 @@ def _server_session(request):
 
 
 @pytest.fixture(scope="session")
+def server_future(request):
+    """A server whose emulated GPU is the future model (`--devices emu:1:16GiB:sm_130`,
+    compute capability 13.0, newer than any architecture CUDA 13.5 knows): libraries with SASS
+    for every known architecture and PTX for the newest (cuBLAS, cuBLASLt) take their PTX
+    kernels on it, so every GEMM shape runs. On the GPU lane it serves the real GPUs."""
+    missing = [p for p in (support.GPUFUSE, support.SHIM) if not p.exists()]
+    if missing:
+        pytest.fail(f"missing {', '.join(map(str, missing))}: run cargo build --release",
+                    pytrace=False)
+    devices = support.DEVICES if support.DEVICES == "cuda" else "emu:1:16GiB:sm_130"
+    server = support.Server(devices)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def server_sm120(request):
     """A second server whose emulated GPU is the compute capability 12.0 model
     (`--devices emu:1:16GiB:sm_120`): NVIDIA's cuBLAS ships its kernels' PTX for compute_120

@@ -2,10 +2,11 @@
 streams, and a GEMM that must fail cleanly (or compute) on the emulated GPU. The program is
 cublas/cublas_handles.c, built with gcc against libcudart 12.9 and libcublas from the wheels.
 
-On the compute capability 12.0 model (`--devices emu:1:16GiB:sm_120`, fixture `server_sm120`)
-cuBLAS's PTX loads and runs: GEMMs that cuBLAS routes to kernels it ships as PTX (small-n,
-k = 1, GEMV-style) compute, checked against a CPU reference; shapes whose kernel cuBLAS ships as
-SASS only fail cleanly with cudaErrorNoKernelImageForDevice. docs/export-tables.md has the
+On the future model (`--devices emu:1:16GiB:sm_130`, compute capability 13.0, fixture
+`server_future`) cuBLAS has SASS for nothing and takes its compute_120 PTX kernels: every GEMM
+shape computes, checked against a CPU reference. On the 12.0 model (`sm_120`, fixture
+`server_sm120`) the PTX loads too, but shapes whose kernel cuBLAS ships as SASS only for sm_120
+fail cleanly with cudaErrorNoKernelImageForDevice. docs/export-tables.md has the
 shapes and the export-table slots this path calls (21318c60 slots 51 and 39).
 
 cuBLAS and cuBLASLt load about fifty fatbins with cuLibraryLoadData in cublasCreate and
@@ -94,16 +95,23 @@ def test_cublas_gemm_computes_or_fails_cleanly(programs, server, cublas_program)
 
 
 @pytest.mark.kernel_results
-def test_cublas_gemms_compute_on_the_sm120_model(programs, server_sm120, cublas_program):
+def test_cublas_gemms_compute_on_the_future_model(programs, server_future, cublas_program):
     """cublasSgemm, cublasDgemm, cublasGemmEx (f16 and bf16 in, f32 compute) and
-    cublasLtMatmul run cuBLAS's compute_120 PTX on the emulated GPU and match a CPU reference
-    (one process: loading cuBLAS's images takes most of the time)."""
-    checks = ["sgemm_ref", "dgemm_ref", "gemmex_f16", "gemmex_bf16", "lt_matmul"]
-    res = run_client(programs, server_sm120.unix, [cublas_program, *checks],
+    cublasLtMatmul of every shape, square ones included, run cuBLAS's compute_120 PTX on the
+    future model and match a CPU reference (one process: loading cuBLAS's images takes most of
+    the time)."""
+    checks = ["sgemm_ref", "dgemm_ref", "gemmex_f16", "gemmex_bf16", "lt_matmul", "gemm",
+              "gemm128"]
+    res = run_client(programs, server_future.unix, [cublas_program, *checks],
                      env={"GPUFUSE_LOG": "1"})
     assert_ok(res, [f"PASS {c}" for c in checks])
     checked = [line for line in res.stdout.splitlines() if " checked=" in line]
-    assert len(checked) == 21, res.stdout
+    assert len(checked) == 3 * 11 + 2 * 6, res.stdout
+    for square in ("sgemm 128x128x128N", "dgemm 256x256x256T", "gemmex_f16 128x128x128T",
+                   "gemmex_bf16 64x64x64N", "lt_matmul 37x23x29N"):
+        assert any(line.startswith(square + " ") for line in checked), (square, res.stdout)
+    outcomes = [line for line in res.stdout.splitlines() if line.startswith("gemm outcome=")]
+    assert outcomes == ["gemm outcome=computed"] * 2, res.stdout
     unimplemented = [line for line in res.stderr.splitlines() if "is not implemented" in line
                      and "21318c60" in line]
     assert not unimplemented, "\n".join(unimplemented)
@@ -112,8 +120,8 @@ def test_cublas_gemms_compute_on_the_sm120_model(programs, server_sm120, cublas_
 @pytest.mark.kernel_results
 def test_cublas_sass_only_gemm_fails_cleanly_on_the_sm120_model(programs, server_sm120,
                                                                cublas_program):
-    """An 8x8 SGEMM computes; a 128x128 one makes cuBLAS pick a kernel it ships as SASS only:
-    a clean, named error, never a wrong result or a crash."""
+    """On the 12.0 model an 8x8 SGEMM computes; a 128x128 one makes cuBLAS pick a kernel it
+    ships as SASS only for sm_120: a clean, named error, never a wrong result or a crash."""
     res = run_client(programs, server_sm120.unix, [cublas_program, "gemm", "gemm128"])
     assert_ok(res, ["PASS gemm", "PASS gemm128"])
     outcomes = [line for line in res.stdout.splitlines() if line.startswith("gemm outcome=")]

@@ -120,6 +120,17 @@ def _cupy_custom_params():
 
 
 @pytest.mark.kernel_results
+def test_cupy_matmul_on_the_future_model(programs, server_future):
+    """CuPy's dot, matmul and tensordot go through cuBLAS, whose kernels run on the future
+    model (sm_130): results against NumPy, square shapes included."""
+    env = dict(CUPY_PTX)
+    env["CUPY_ACCELERATORS"] = ""
+    res = run_client(programs, server_future.unix,
+                     [programs.python, PY / "cupy_custom_kernels.py", "matmul"], env=env)
+    assert_ok(res, ["checked matmul", "checked dot", "PASS matmul (results checked)"])
+
+
+@pytest.mark.kernel_results
 @pytest.mark.parametrize("check,accelerators", list(_cupy_custom_params()))
 def test_cupy_custom_kernels(programs, server, check, accelerators):
     env = dict(CUPY_PTX)

@@ -4,8 +4,14 @@
 //! than the device: libraries built for many architectures (CuPy's CUB, for one) embed PTX only
 //! for their newest target (`compute_100`), and every older PTX target still loads on a 10.0
 //! device. Libraries whose PTX targets a newer architecture (NVIDIA's cuBLAS and cuBLASLt ship
-//! `compute_120` PTX only) need a newer model: `--devices emu:1:16GiB:sm_120`. The figures of
-//! each model are the public specifications of the GPU it is named after. Features the emulated
+//! `compute_120` PTX only) need a newer model: `--devices emu:1:16GiB:sm_120` loads it, but on a
+//! 12.0 device cuBLAS picks, for most GEMM shapes, kernels it ships as SASS only (which no
+//! PTX-running device executes). The `future` model (`sm_130`, compute capability 13.0, newer
+//! than any architecture CUDA 13.5 knows: nvcc and NVRTC stop at `sm_121`) is a device every
+//! library meets through its forward-compatibility path: with no SASS for it anywhere, cuBLAS
+//! and cuBLASLt choose among the kernels they ship as PTX, and every GEMM shape runs
+//! (`tests/real-clients/test_cublas.py`). Its figures are the B200's. The figures of each other
+//! model are the public specifications of the GPU it is named after. Features the emulated
 //! GPU does not have (mipmapped textures, peer access, managed memory, IPC,
 //! multi-device cooperative launches) are reported as absent (0); cooperative launches are
 //! reported and run every block at once (crates/ptx/src/launch.rs); persisting L2 reports the
@@ -96,6 +102,19 @@ pub const MODELS: &[Model] = &[
         shared_per_block_optin: 101376,
         threads_per_sm: 1536,
         blocks_per_sm: 24,
+    },
+    Model {
+        cc: (13, 0),
+        like: "future",
+        sms: 148,
+        clock_khz: 1965000,
+        mem_clock_khz: 3996000,
+        bus_width_bits: 8192,
+        l2_bytes: 132120576,
+        shared_per_sm: 233472,
+        shared_per_block_optin: 232448,
+        threads_per_sm: 2048,
+        blocks_per_sm: 32,
     },
 ];
 
@@ -333,7 +352,7 @@ mod tests {
     fn models_by_arch() {
         assert_eq!(by_arch(120).map(|m| m.cc), Some((12, 0)));
         assert!(by_arch(75).is_none());
-        assert_eq!(arch_list(), "sm_80, sm_90, sm_100, sm_120");
+        assert_eq!(arch_list(), "sm_80, sm_90, sm_100, sm_120, sm_130");
         assert!((peak_tflops(default_model()) - 74.4).abs() < 0.1);
     }
 }

@@ -302,9 +302,15 @@ static void *to_device(const void *host, size_t bytes) {
 
 static int lda_of(struct shape s) { return s.ta == CUBLAS_OP_T ? s.k : s.m; }
 
+/* Small-n, k = 1 and GEMV-like shapes (kernels cuBLAS ships as PTX on every model that loads
+ * its compute_120 PTX), then square and odd shapes (cutlass kernels cuBLAS ships as SASS only
+ * for the architectures it knows: they run on the future model, sm_130, where cuBLAS takes its
+ * PTX kernels throughout). */
 static const struct shape real_shapes[] = {
-    {64, 4, 64, CUBLAS_OP_N}, {64, 4, 64, CUBLAS_OP_T}, {256, 8, 64, CUBLAS_OP_T},
-    {16, 16, 16, CUBLAS_OP_N}, {64, 64, 1, CUBLAS_OP_N},
+    {64, 4, 64, CUBLAS_OP_N},    {64, 4, 64, CUBLAS_OP_T},       {256, 8, 64, CUBLAS_OP_T},
+    {16, 16, 16, CUBLAS_OP_N},   {64, 64, 1, CUBLAS_OP_N},       {32, 32, 32, CUBLAS_OP_N},
+    {128, 128, 128, CUBLAS_OP_N}, {256, 256, 256, CUBLAS_OP_T},  {37, 23, 29, CUBLAS_OP_N},
+    {8, 256, 64, CUBLAS_OP_N},   {4, 64, 64, CUBLAS_OP_T},
 };
 enum { NREAL = sizeof real_shapes / sizeof real_shapes[0] };
 
@@ -356,9 +362,10 @@ static void check_dgemm_ref(void) {
   CB(cublasDestroy(h));
 }
 
-/* cuBLAS's f16/bf16 GEMMs with PTX on compute_120: k = 1 and single-column products. */
-static const struct shape half_shapes[] = {{64, 64, 1, CUBLAS_OP_N}, {64, 64, 1, CUBLAS_OP_T},
-                                           {1024, 1, 64, CUBLAS_OP_N}};
+/* cuBLAS's f16/bf16 GEMMs: k = 1 and single-column products, then square and odd shapes. */
+static const struct shape half_shapes[] = {
+    {64, 64, 1, CUBLAS_OP_N},  {64, 64, 1, CUBLAS_OP_T},      {1024, 1, 64, CUBLAS_OP_N},
+    {64, 64, 64, CUBLAS_OP_N}, {128, 128, 128, CUBLAS_OP_T}, {37, 23, 29, CUBLAS_OP_N}};
 enum { NHALF = sizeof half_shapes / sizeof half_shapes[0] };
 
 static void gemmex(const char *what, cudaDataType_t type, uint16_t (*conv)(float)) {

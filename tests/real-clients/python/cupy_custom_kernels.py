@@ -268,6 +268,34 @@ def check_partition():
     print(f"checked argpartition float64 n=300000 kth=40 ({_took()})")
 
 
+def check_matmul():
+    """dot/matmul/tensordot through cuBLAS (needs a model whose cuBLAS kernels run: the future
+    model, sm_130): float32, float64 and float16, square, odd and batched shapes, against
+    NumPy in float64."""
+    for m, n, k in [(128, 128, 128), (256, 256, 256), (37, 23, 29), (512, 64, 300), (1, 300, 7)]:
+        for dtype, tol in [(np.float32, 1e-4), (np.float64, 1e-10), (np.float16, 1e-2)]:
+            a = rng.standard_normal((m, k)).astype(dtype)
+            b = rng.standard_normal((k, n)).astype(dtype)
+            got = cupy.asnumpy(cupy.asarray(a) @ cupy.asarray(b)).astype(np.float64)
+            want = a.astype(np.float64) @ b.astype(np.float64)
+            err = float(np.max(np.abs(got - want) / (1 + np.abs(want))))
+            expect(err <= tol * np.sqrt(k), f"matmul {m}x{n}x{k} {np.dtype(dtype).name}: "
+                   f"relative error {err:.3g}")
+    print(f"checked matmul of 5 shapes in float32, float64, float16 ({_took()})")
+    x = rng.standard_normal(10_000)
+    got = float(cupy.asarray(x).dot(cupy.asarray(x)))
+    expect(abs(got - float(x @ x)) <= 1e-9 * float(x @ x), f"dot {got} want {float(x @ x)}")
+    a = rng.standard_normal((4, 33, 17)).astype(np.float32)
+    b = rng.standard_normal((4, 17, 65)).astype(np.float32)
+    got = cupy.asnumpy(cupy.matmul(cupy.asarray(a), cupy.asarray(b)))
+    expect(np.allclose(got, np.matmul(a, b), rtol=1e-4, atol=1e-4), "batched matmul (4, 33, 17)")
+    t = rng.standard_normal((8, 9, 10))
+    u = rng.standard_normal((10, 9, 3))
+    got = cupy.asnumpy(cupy.tensordot(cupy.asarray(t), cupy.asarray(u), axes=([1, 2], [1, 0])))
+    expect(np.allclose(got, np.tensordot(t, u, axes=([1, 2], [1, 0]))), "tensordot")
+    print(f"checked dot, batched matmul and tensordot ({_took()})")
+
+
 CHECKS = {
     "elementwise": check_elementwise,
     "elementwise_f64_trig": check_elementwise_f64_trig,
@@ -280,6 +308,7 @@ CHECKS = {
     "sort": check_sort,
     "sort_nd": check_sort_nd,
     "partition": check_partition,
+    "matmul": check_matmul,
 }
 
 
