@@ -58,7 +58,7 @@ CHECKS = {
                "generic_nodes", "exec_update", "mem_node_freed_outside"],
     "faults": ["trap", "illegal_address", "misaligned", "assert", "reset_after_fault",
                "reset_relaunch"],
-    "device_io": ["printf", "malloc"],
+    "device_io": ["printf", "malloc", "heap_limit"],
     "textures": ["point_filter", "linear_filter", "normalized_coords", "normalized_float",
                  "fetch_linear", "pitch2d", "volume", "gather", "surface", "destroyed",
                  "cubemap", "cubemap_layered"],

@@ -41,3 +41,18 @@ def test_nvml_exports_the_whole_header_and_answers_pytorchs_queries(programs, se
     assert int(stdout_value(res, "resolved")) > 400
     assert int(stdout_value(res, "total")) == 2 * GiB
     assert int(stdout_value(res, "used")) >= 96 << 20
+
+
+@pytest.mark.skipif(support.NATIVE, reason="a native run has no slice")
+def test_a_larger_device_heap_is_charged_to_the_slice(programs, server):
+    """cudaDeviceSetLimit(cudaLimitMallocHeapSize, 96 MiB) charges what the heap adds beyond
+    CUDA's 8 MiB default to the session: in a 100 MiB slice 12 MiB stay free; in a 50 MiB
+    slice the limit is refused with cudaErrorMemoryAllocation, nothing charged."""
+    prog = programs.kernels["device_io"]
+    res = run_client(programs, server.unix, [prog, "heap_limit"], vram="100MiB")
+    assert_ok(res, ["PASS heap_limit (results checked)"])
+    assert "(free memory 100 -> 12 MiB)" in res.stdout, res.stdout
+    res = run_client(programs, server.unix, [prog, "heap_limit"], vram="50MiB")
+    assert res.returncode != 0, res.stdout
+    assert "cudaDeviceSetLimit(cudaLimitMallocHeapSize, 96u << 20) returned 2" in res.stderr + \
+        res.stdout, res.stderr

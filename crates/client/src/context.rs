@@ -7,14 +7,19 @@ use gpufuse_proto::Request;
 use crate::error::ClientError;
 use crate::handles::{self, Kind};
 use crate::state::{self, Context, Inner, Session};
-use crate::status::{INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE};
+use crate::status::{INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE, NOT_SUPPORTED};
 use gpufuse_proto::ContextHandle;
 
 /// `CUlimit` values until the application sets them, by limit: stack size, printf FIFO size,
 /// malloc heap size, device runtime sync depth, pending launch count, max L2 fetch
-/// granularity, persisting L2 cache size, and one more. The emulated GPU has no use for them
-/// beyond answering; they are the session's, as there is one session per process.
+/// granularity, persisting L2 cache size, and one more. They are the session's, as there is one
+/// session per process. The printf FIFO and the heap are also the device's
+/// ([`DEVICE_LIMITS`]); the emulated GPU has no use for the others beyond answering.
 pub const DEFAULT_LIMITS: [usize; 8] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0, 0];
+
+/// The limits the worker's device applies (`SetLimit`): `CU_LIMIT_PRINTF_FIFO_SIZE`,
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
+const DEVICE_LIMITS: [i32; 2] = [1, 2];
 
 /// `CU_LIMIT_PERSISTING_L2_CACHE_SIZE`.
 const LIMIT_PERSISTING_L2: i32 = 6;
@@ -44,7 +49,22 @@ impl Session {
         } else {
             value
         };
-        self.lock().limits[i] = value;
+        let mut g = self.lock();
+        if DEVICE_LIMITS.contains(&limit) {
+            let (_, device) = g.current()?;
+            let req = Request::SetLimit {
+                device,
+                limit: limit as u32,
+                value: value as u64,
+            };
+            match g.conn.call(&req) {
+                // A device that keeps no such limit (a real GPU's backend): the value is the
+                // session's only, as before the device applied any.
+                Ok(_) | Err(ClientError::Cuda(NOT_SUPPORTED)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        g.limits[i] = value;
         Ok(())
     }
 }

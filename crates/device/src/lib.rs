@@ -94,6 +94,12 @@ pub trait Device: Send {
     fn map_host_arena(&mut self, _base: u64) -> Result<(), Status> {
         Err(status::NOT_SUPPORTED)
     }
+    /// `cuCtxSetLimit` of a limit the device applies itself: `CU_LIMIT_PRINTF_FIFO_SIZE` (1)
+    /// and `CU_LIMIT_MALLOC_HEAP_SIZE` (2; `CUDA_ERROR_INVALID_VALUE` once a kernel's heap
+    /// exists). Backends that keep no such limit answer `CUDA_ERROR_NOT_SUPPORTED`.
+    fn set_limit(&mut self, _limit: u32, _value: u64) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status>;
     /// Sets `count` elements of `elem_size` (1, 2 or 4) bytes at `dst` to `value`.
     fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status>;

@@ -16,7 +16,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
 /// 12: the Kubernetes claim of a session a pool node admitted on a claim's token, in the
 /// node's report (`PoolSessionReport::claim`) and the pool's status (`PoolSessionView::claim`).
 /// 13: managed memory shared between a same-host client and its device (`MemAllocShared`).
-/// 14: a same-host client's page-locked memory addressable by its device (`MapHostArena`).
+/// 14: a same-host client's page-locked memory addressable by its device (`MapHostArena`);
+/// device limits (`SetLimit`).
 pub const PROTOCOL_VERSION: u16 = 14;
 /// The protocol versions this build speaks. Both sides check every header against it; the
 /// node refuses a hello outside it with a reason naming both sides' versions.

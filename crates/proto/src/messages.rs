@@ -758,6 +758,14 @@ pub enum Request<'a> {
     /// device keeps its memory elsewhere (a real GPU) or the range would overlap the
     /// session's device addresses; `CUDA_ERROR_INVALID_VALUE` for a session without an arena.
     MapHostArena { base: u64 },
+    /// Sync. `cuCtxSetLimit` of a limit the device
+    /// applies: `CU_LIMIT_PRINTF_FIFO_SIZE` (1, the device-side `printf` output one launch may
+    /// produce) and `CU_LIMIT_MALLOC_HEAP_SIZE` (2, the heap of device `malloc`, charged to the
+    /// session beyond CUDA's 8 MiB default). `CUDA_ERROR_INVALID_VALUE` for the heap once a
+    /// kernel that uses it has run (as NVIDIA's driver answers) and for any other limit;
+    /// `CUDA_ERROR_NOT_SUPPORTED` where the device keeps no such limit (the client then keeps
+    /// the value itself); `CUDA_ERROR_OUT_OF_MEMORY` for a heap the session's slice cannot hold.
+    SetLimit { device: u32, limit: u32, value: u64 },
 }
 
 /// Texture and surface objects (`cuTexObjectCreate`, `cuSurfObjectCreate`): the memory, its
@@ -882,6 +890,7 @@ impl<'a> Request<'a> {
             Request::MemcpyDtoHHost { .. } => 46,
             Request::MemAllocShared { .. } => 47,
             Request::MapHostArena { .. } => 48,
+            Request::SetLimit { .. } => 49,
         }
     }
 

@@ -401,6 +401,14 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 base: 0x7f00_0000_0000,
             },
         ),
+        (
+            "SetLimit",
+            Request::SetLimit {
+                device: 0,
+                limit: 2,
+                value: 64 << 20,
+            },
+        ),
     ]
 }
 
@@ -466,6 +474,7 @@ const REQUESTS: &[(&str, &str)] = &[
     ("MemcpyDtoHHost", "2e80a0808080e01f028080408020"),
     ("MemAllocShared", "2f008020808040"),
     ("MapHostArena", "308080808080e01f"),
+    ("SetLimit", "31000280808020"),
 ];
 
 #[test]

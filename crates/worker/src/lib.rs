@@ -189,6 +189,14 @@ impl<'a> Session<'a> {
                 Ok(ReplyBody::Ptr(DevicePtr(self.alloc_shared(size, offset)?)))
             }
             MapHostArena { base } => none(self.map_host_arena(base)),
+            SetLimit {
+                device,
+                limit,
+                value,
+            } => {
+                self.check_device(device)?;
+                none(self.set_limit(limit, value))
+            }
             MemAllocPitch {
                 device,
                 width,

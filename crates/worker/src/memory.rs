@@ -38,7 +38,15 @@ pub(crate) struct MemoryBooks {
     /// arena that requests forwarded by the old worker made (arena offset, bytes read at the
     /// time), written into the arena when the client attaches it.
     pub(crate) arena_backlog: Option<Vec<(u64, Vec<u8>)>>,
+    /// The device `malloc` heap's size (`CU_LIMIT_MALLOC_HEAP_SIZE`): what it asks beyond
+    /// CUDA's default ([`DEFAULT_HEAP`], which the device keeps outside the ledger) is charged.
+    pub(crate) heap_size: u64,
 }
+
+/// CUDA's default device `malloc` heap (`CU_LIMIT_MALLOC_HEAP_SIZE`), 8 MiB.
+pub(crate) const DEFAULT_HEAP: u64 = 8 << 20;
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
+const LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
 
 impl MemoryBooks {
     pub(crate) fn new(limit: Option<u64>) -> Self {
@@ -50,6 +58,7 @@ impl MemoryBooks {
             arena: None,
             retired_arenas: Vec::new(),
             arena_backlog: None,
+            heap_size: DEFAULT_HEAP,
         }
     }
 }
@@ -255,6 +264,31 @@ impl Session<'_> {
         if let Some(old) = self.memory.arena.replace(arena) {
             self.memory.retired_arenas.push(old);
         }
+    }
+
+    /// `SetLimit`: a limit the device applies. A device `malloc` heap larger than CUDA's
+    /// default is charged to the session for what it adds (it is device memory a kernel
+    /// fills), when it is asked for: a slice that cannot hold it refuses with
+    /// `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub(crate) fn set_limit(&mut self, limit: u32, value: u64) -> R<()> {
+        if limit != LIMIT_MALLOC_HEAP_SIZE {
+            return self.device.set_limit(limit, value);
+        }
+        // The device says first whether the heap may still change (not once a kernel has it).
+        self.device.set_limit(limit, value)?;
+        let extra = value.saturating_sub(DEFAULT_HEAP);
+        let old = self.memory.heap_size.saturating_sub(DEFAULT_HEAP);
+        if extra > old {
+            if let Err(e) = self.charge(extra - old) {
+                // Back to the size that is charged (the device still has no heap).
+                let _ = self.device.set_limit(limit, self.memory.heap_size);
+                return Err(e);
+            }
+        } else {
+            self.uncharge(old - extra);
+        }
+        self.memory.heap_size = value;
+        Ok(())
     }
 
     /// `MapHostArena`: kernels reach the client's host arena at `base`, where the client maps

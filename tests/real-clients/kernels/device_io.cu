@@ -101,4 +101,43 @@ static void check_malloc() {
   CK(cudaFree(dout));
 }
 
-KCHECK_MAIN({"printf", check_printf}, {"malloc", check_malloc})
+// cudaDeviceSetLimit(cudaLimitMallocHeapSize) before the first kernel that uses malloc sizes
+// the heap: a 48 MiB block fits a 96 MiB heap (and not the default 8 MiB one); once a kernel has
+// its heap the limit can no longer change (cudaErrorInvalidValue), and reads back as set. The
+// heap beyond the default is charged to the session (cudaMemGetInfo's free shrinks).
+__global__ void big_block(int* ok) {
+  char* p = (char*)malloc(48u << 20);
+  ok[0] = p != nullptr;
+  if (p) {
+    p[0] = 1;
+    p[(48u << 20) - 1] = 2;
+    ok[1] = p[0] + p[(48u << 20) - 1];
+    free(p);
+  }
+}
+
+static void check_heap_limit() {
+  size_t free_before = 0, total = 0, free_after = 0;
+  CK(cudaMemGetInfo(&free_before, &total));
+  CK(cudaDeviceSetLimit(cudaLimitMallocHeapSize, 96u << 20));
+  size_t heap = 0;
+  CK(cudaDeviceGetLimit(&heap, cudaLimitMallocHeapSize));
+  EXPECT_RESULT(heap >= (96u << 20), "heap limit reads %zu", heap);
+  CK(cudaMemGetInfo(&free_after, &total));
+  int* ok = dev_alloc<int>(2);
+  big_block<<<1, 1>>>(ok);
+  CK_LAUNCH("big_block");
+  int got[2] = {0, 0};
+  to_host(got, ok, 2);
+  EXPECT_RESULT(got[0] == 1 && got[1] == 3, "48 MiB malloc in a 96 MiB heap: ok %d sum %d", got[0],
+                got[1]);
+  cudaError_t again = cudaDeviceSetLimit(cudaLimitMallocHeapSize, 200u << 20);
+  EXPECT_RESULT(again == cudaErrorInvalidValue, "heap limit after a kernel used it: %s",
+                cudaGetErrorName(again));
+  cudaGetLastError();
+  std::printf("checked a 96 MiB heap: a 48 MiB device malloc, the limit fixed after use "
+              "(free memory %zu -> %zu MiB)\n", free_before >> 20, free_after >> 20);
+  CK(cudaFree(ok));
+}
+
+KCHECK_MAIN({"printf", check_printf}, {"malloc", check_malloc}, {"heap_limit", check_heap_limit})

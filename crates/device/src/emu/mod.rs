@@ -83,11 +83,18 @@ pub struct EmuDevice {
     /// through at the client's address once it is mapped ([`Device::map_host_arena`]).
     arena: Option<crate::HostSpan>,
     host_mapped: Option<(u64, words::Words)>,
+    /// `CU_LIMIT_MALLOC_HEAP_SIZE`: the size of the heap the first launch that needs one makes.
+    heap_size: u64,
+    /// `CU_LIMIT_PRINTF_FIFO_SIZE`: the device-side `printf` output one launch may produce.
+    printf_fifo: usize,
 }
 
 /// Device-side `printf` output one launch may produce (CUDA's default printf FIFO); what
 /// follows is dropped, as on a GPU whose buffer fills.
 const PRINTF_FIFO: usize = 1 << 20;
+/// `CU_LIMIT_PRINTF_FIFO_SIZE`, `CU_LIMIT_MALLOC_HEAP_SIZE`.
+const LIMIT_PRINTF_FIFO_SIZE: u32 = 1;
+const LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
 
 /// Device memory as the interpreter sees it during a launch: every allocation's words, by
 /// address.
@@ -99,6 +106,8 @@ struct Memory<'a> {
     /// device memory only through [`gpufuse_ptx::DeviceMemory::region`]), one per allocation.
     touched: Vec<std::sync::atomic::AtomicBool>,
     printed: std::sync::Mutex<Vec<u8>>,
+    /// The launch's printf buffer: whole records past it are dropped.
+    printf_fifo: usize,
     heap: Option<&'a gpufuse_ptx::Heap>,
     textures: &'a HashMap<u64, gpufuse_ptx::Texture>,
     cancel: Option<&'a std::sync::atomic::AtomicBool>,
@@ -124,6 +133,7 @@ impl<'a> Memory<'a> {
                 .take(allocations_len)
                 .collect(),
             printed: std::sync::Mutex::new(Vec::new()),
+            printf_fifo: PRINTF_FIFO,
             heap,
             textures,
             cancel,
@@ -151,7 +161,7 @@ impl gpufuse_ptx::DeviceMemory for Memory<'_> {
     fn print(&self, text: &[u8]) {
         let mut p = self.printed.lock().unwrap_or_else(|p| p.into_inner());
         // Whole records only, within the launch's printf buffer.
-        if p.len() + text.len() <= PRINTF_FIFO {
+        if p.len() + text.len() <= self.printf_fifo {
             p.extend_from_slice(text);
         }
     }
@@ -190,6 +200,8 @@ impl EmuDevice {
             last_touched: Vec::new(),
             arena: None,
             host_mapped: None,
+            heap_size: gpufuse_ptx::DEFAULT_HEAP,
+            printf_fifo: PRINTF_FIFO,
             vmm: vmm::Vmm::default(),
             model: model::default_model(),
         }
@@ -376,6 +388,25 @@ impl Device for EmuDevice {
         self.next = ptr + rounded;
         self.allocations.insert(ptr, words);
         Ok(ptr)
+    }
+
+    fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
+        match limit {
+            LIMIT_PRINTF_FIFO_SIZE => {
+                self.printf_fifo = usize::try_from(value).map_err(|_| INVALID_VALUE)?;
+                Ok(())
+            }
+            // Once a kernel has its heap, the heap stays (NVIDIA's driver refuses the same).
+            LIMIT_MALLOC_HEAP_SIZE if self.heap.is_some() => Err(INVALID_VALUE),
+            LIMIT_MALLOC_HEAP_SIZE => {
+                if value > self.total {
+                    return Err(OUT_OF_MEMORY);
+                }
+                self.heap_size = value.max(ALIGN);
+                Ok(())
+            }
+            _ => Err(INVALID_VALUE),
+        }
     }
 
     fn host_arena(&mut self, arena: crate::HostSpan) -> Result<(), Status> {
@@ -700,7 +731,7 @@ impl Device for EmuDevice {
         if self.heap.is_none() && program.kernel_uses_heap(l.function) {
             // Device memory like any allocation, but the application's calls never name it
             // (as on a GPU, heap blocks are not for cudaMemcpy or cudaFree).
-            let size = gpufuse_ptx::DEFAULT_HEAP;
+            let size = self.heap_size;
             let base = self.alloc(size)?;
             self.heap = Some(gpufuse_ptx::Heap::new(base, size));
         }
@@ -714,13 +745,14 @@ impl Device for EmuDevice {
             return Err(INVALID_HANDLE.into());
         };
         let variables = &m.variables;
-        let mem = Memory::new(
+        let mut mem = Memory::new(
             &mut self.allocations,
             self.host_mapped.as_mut(),
             self.heap.as_ref(),
             &self.textures,
             l.cancel,
         );
+        mem.printf_fifo = self.printf_fifo;
         let workspace = self.workspace.filter(|_| l.cooperative);
         let symbols = |name: &str| variables.get(name).map(|&(p, _)| p);
         let threads = gpufuse_ptx::default_threads();
@@ -736,7 +768,7 @@ impl Device for EmuDevice {
             .collect();
         // printf output reaches the application even when the launch then faults.
         let printed = mem.printed.into_inner().unwrap_or_else(|p| p.into_inner());
-        if self.output.len() < 16 * PRINTF_FIFO {
+        if self.output.len() < 16 * self.printf_fifo {
             self.output.extend_from_slice(&printed);
         }
         match result {
