@@ -21,6 +21,7 @@ bash scripts/setup-test-deps.sh
 echo "== building gpufuse (release) =="
 pkgs=(-p gpufuse-cli -p gpufuse-shim)
 [ -d crates/nvml-shim ] && pkgs+=(-p gpufuse-nvml-shim)
+[ -d crates/nvrtc-shim ] && pkgs+=(-p gpufuse-nvrtc-shim)
 cargo build --release "${pkgs[@]}"
 for f in target/release/gpufuse target/release/libcuda.so; do
   [ -e "$f" ] || { echo "run-real-clients: $f was not built" >&2; exit 1; }

@@ -11,5 +11,6 @@ bash scripts/setup-test-deps.sh
 . .deps/env.sh
 pkgs=(-p gpufuse-cli -p gpufuse-shim)
 [ -d crates/nvml-shim ] && pkgs+=(-p gpufuse-nvml-shim)
+[ -d crates/nvrtc-shim ] && pkgs+=(-p gpufuse-nvrtc-shim)
 cargo build --release "${pkgs[@]}"
 exec "$GPUFUSE_PY" tests/real-clients/soak.py "$@"

@@ -17,6 +17,17 @@ def test_nvrtc_module_launches(programs, server, cuda):
 
 @pytest.mark.kernel_results
 @pytest.mark.parametrize("cuda", VERSIONS, ids=IDS)
+def test_nvrtc_cubin_for_the_device(programs, server, cuda):
+    """NVRTC's cubin for the device's own architecture (sm_100 on the emulated GPU), as NVIDIA's
+    *_nvrtc samples load it: SASS only, which the emulated GPU ran nothing of
+    (CUDA_ERROR_NO_BINARY_FOR_GPU at the launch) until gpufuse run preloaded its NVRTC
+    interposer, whose nvrtcGetCUBIN gives a fatbin of the cubin and its PTX."""
+    res = run_client(programs, server.unix, [programs.nvrtc[cuda], "--cubin"])
+    assert_ok(res, ["cubin_bytes=", "PASS nvrtc_launch (results checked)"])
+
+
+@pytest.mark.kernel_results
+@pytest.mark.parametrize("cuda", VERSIONS, ids=IDS)
 def test_nvrtc_kernel_results(programs, server, cuda):
     res = run_client(programs, server.unix, [programs.nvrtc[cuda]])
     assert_ok(res, ["PASS nvrtc_launch (results checked)"])

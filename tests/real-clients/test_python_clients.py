@@ -44,7 +44,7 @@ def test_cuda_bindings_driver(programs, server):
                      [programs.python, PY / "cuda_bindings_driver.py", "--launch-only"])
     assert_ok(res, ["PASS device_queries", "PASS memory", "PASS streams_events",
                     "PASS nvrtc_module_launch", "PASS graph_kernel_node", "PASS memory_pool",
-                    "PASS virtual_memory",
+                    "PASS virtual_memory", "PASS compressible_memory",
                     "PASS foreign_sass", "PASS created_context"])
 
 

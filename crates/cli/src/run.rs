@@ -102,6 +102,22 @@ fn shim_dir() -> anyhow::Result<PathBuf> {
     Ok(target)
 }
 
+/// gpufuse's NVRTC interposer built beside the `gpufuse` binary (`crates/nvrtc-shim`: NVRTC's
+/// cubins come with their PTX, which the emulated GPU runs), if it was built.
+fn nvrtc_interposer() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let lib = exe.parent()?.join("libgpufuse_nvrtc.so");
+    lib.exists().then_some(lib)
+}
+
+/// `LD_PRELOAD` with `lib` first (the loader takes colons or spaces between entries).
+fn prepend_preload(lib: &Path) -> String {
+    match std::env::var("LD_PRELOAD") {
+        Ok(old) if !old.trim().is_empty() => format!("{}:{old}", lib.display()),
+        _ => lib.display().to_string(),
+    }
+}
+
 fn prepend(var: &str, dir: &Path) -> String {
     match std::env::var(var) {
         Ok(old) if !old.is_empty() => format!("{}:{old}", dir.display()),
@@ -181,6 +197,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
             .unwrap_or(10.0)
             .max(w as f64 + 10.0);
         cmd.env("GPUFUSE_HELLO_TIMEOUT", timeout.to_string());
+    }
+    if let Some(nvrtc) = nvrtc_interposer() {
+        cmd.env("LD_PRELOAD", prepend_preload(&nvrtc));
     }
     // exec: the program's exit status, stdout and stderr are its own.
     let err = cmd.exec();

@@ -510,7 +510,7 @@ impl Inner {
             .values()
             .filter(|a| a.is_shared_managed())
             .count();
-        self.physical.retain(|_, (_, dev)| *dev != device);
+        self.physical.retain(|_, (_, dev, _)| *dev != device);
         let allocations = &self.allocations;
         self.mappings.retain(|p, _| allocations.contains_key(p));
         self.arrays.retain(|_, a| allocations.contains_key(&a.ptr));

@@ -220,8 +220,9 @@ pub struct Inner {
     /// How many shared managed allocations exist: while any does, device work is sent at once
     /// (the host may be waiting on what it does) and launches take no lane.
     pub(crate) shared_count: usize,
-    /// Physical memory made with `cuMemCreate`: handle -> (size, device).
-    pub(crate) physical: HashMap<u64, (u64, u32)>,
+    /// Physical memory made with `cuMemCreate`: handle -> (size, device, compressible: made with
+    /// `CU_MEM_ALLOCATION_COMP_GENERIC` on a device that supports it).
+    pub(crate) physical: HashMap<u64, (u64, u32, bool)>,
     /// Mapped physical memory: address -> handle.
     pub(crate) mappings: HashMap<u64, u64>,
     /// CUDA arrays: handle -> their linear device memory and shape.

@@ -13,13 +13,27 @@ use gpufuse_proto::{DevicePtr, PhysicalHandle};
 impl Inner {
     /// `cuMemCreate`: physical memory of `size` bytes on `device`; its handle.
     pub fn create_physical(&mut self, device: u32, size: u64) -> Result<u64, ClientError> {
+        self.create_physical_with(device, size, false)
+    }
+
+    /// `cuMemCreate` of compressible memory (`CU_MEM_ALLOCATION_COMP_GENERIC`) when
+    /// `compressible`, which the caller grants only where the device reports
+    /// `CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED` (107), as NVIDIA's driver falls back
+    /// to uncompressed memory elsewhere; [`Inner::physical_compressible`] says which it got.
+    /// Compression changes a GPU's bandwidth, never the contents: the memory is the same.
+    pub fn create_physical_with(
+        &mut self,
+        device: u32,
+        size: u64,
+        compressible: bool,
+    ) -> Result<u64, ClientError> {
         let h = handles::mint(Kind::Physical);
         self.conn.call(&Request::MemCreate {
             handle: PhysicalHandle(h),
             device,
             size,
         })?;
-        self.physical.insert(h, (size, device));
+        self.physical.insert(h, (size, device, compressible));
         Ok(h)
     }
 
@@ -59,7 +73,7 @@ impl Inner {
         offset: u64,
         handle: u64,
     ) -> Result<(), ClientError> {
-        let &(psize, device) = self.physical.get(&handle).ok_or(INVALID_VALUE)?;
+        let &(psize, device, _) = self.physical.get(&handle).ok_or(INVALID_VALUE)?;
         if offset != 0 || size != psize {
             return Err(NOT_SUPPORTED.into());
         }
@@ -100,7 +114,15 @@ impl Inner {
 
     /// Physical memory `handle`: (size, device).
     pub fn physical(&self, handle: u64) -> Option<(u64, u32)> {
-        self.physical.get(&handle).copied()
+        self.physical
+            .get(&handle)
+            .map(|&(size, device, _)| (size, device))
+    }
+
+    /// Whether physical memory `handle` is compressible (`cuMemGetAllocationPropertiesFromHandle`
+    /// reports `CU_MEM_ALLOCATION_COMP_GENERIC`); None for an unknown handle.
+    pub fn physical_compressible(&self, handle: u64) -> Option<bool> {
+        self.physical.get(&handle).map(|&(_, _, c)| c)
     }
 
     /// The physical memory mapped at `ptr` (a mapping's start).

@@ -247,6 +247,9 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (99, 1),  // host register supported
         (102, 1), // virtual memory management (cuMemCreate/cuMemMap; copies across adjacent mappings)
         (106, m.blocks_per_sm),
+        // Generic compression: compressible cuMemCreate allocations are kept as such (the
+        // client reports them so); compression changes bandwidth on a GPU, never contents.
+        (107, 1),
         // Persisting L2: the figures of the GPU modelled (a quarter of L2 may persist, windows
         // up to 128 MiB); the VM has no cache, so hints are accepted and change nothing.
         (108, m.l2_bytes / 4),

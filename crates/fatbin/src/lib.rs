@@ -22,8 +22,8 @@ use std::borrow::Cow;
 pub use cubin::{cubin_info, cubin_sm, CubinInfo, CubinKernel, CubinParam, CubinVariable};
 pub use names::kernel_names;
 pub use units::{
-    defines_device_runtime, fatbins_in_object, is_multi_unit, link_image, select_units,
-    with_prelinked_ptx, MAX_UNITS, UNIT_TAG,
+    cubin_with_ptx, defines_device_runtime, fatbins_in_object, is_multi_unit, link_image,
+    select_units, with_prelinked_ptx, MAX_UNITS, UNIT_TAG,
 };
 
 /// Reads bytes of an image at an offset from its start.
@@ -185,6 +185,9 @@ pub struct Entry<'a> {
     pub flags: u64,
     pub decompressed_size: u64,
     pub payload: &'a [u8],
+    /// A PTX entry that is the PTX of the image's cubin ([`cubin_with_ptx`]: gpufuse's NVRTC
+    /// interposer), its `sm` the cubin's: it runs where that cubin would, nowhere else.
+    pub cubin_twin: bool,
 }
 
 const FLAG_LZ4: u64 = 0x2000;
@@ -193,6 +196,17 @@ const FLAG_ZSTD: u64 = 0x8000;
 impl Entry<'_> {
     pub fn is_ptx(&self) -> bool {
         self.kind == 1
+    }
+
+    /// Whether a GPU of compute capability `sm` (e.g. 100) can load this entry: PTX for `sm`
+    /// or below; SASS, and the PTX twin of a cubin, of the same major version and a minor not
+    /// above it.
+    pub fn runs_on(&self, sm: u32) -> bool {
+        if self.is_ptx() && !self.cubin_twin {
+            self.sm <= sm
+        } else {
+            self.sm / 10 == sm / 10 && self.sm <= sm
+        }
     }
 
     /// The payload, decompressed, with trailing NUL padding removed for PTX.
@@ -263,6 +277,7 @@ pub fn entries(image: &[u8]) -> Result<Vec<Entry<'_>>, FatbinError> {
             flags,
             decompressed_size: if hsize >= 64 { u64_at(e, 56) } else { 0 },
             payload,
+            cubin_twin: kind == 1 && u64_at(e, 48) == units::TWIN_TAG,
         });
         off += end;
     }
@@ -307,7 +322,7 @@ pub fn select_ptx(image: &[u8], max_sm: u32) -> Result<String, FatbinError> {
             let entries = entries(image)?;
             let best = entries
                 .iter()
-                .filter(|e| e.is_ptx() && e.sm <= max_sm)
+                .filter(|e| e.is_ptx() && e.runs_on(max_sm))
                 .max_by_key(|e| e.sm)
                 .ok_or(FatbinError::NoBinaryForGpu(max_sm))?;
             best.contents()?.into_owned()
@@ -321,8 +336,8 @@ pub fn select_ptx(image: &[u8], max_sm: u32) -> Result<String, FatbinError> {
 
 /// Whether an image holds code a GPU of compute capability `sm` (e.g. 100) can load, by the
 /// rules [`select_ptx`] and [`select_cubin`] apply, from the entries' headers alone (nothing
-/// is decompressed): PTX text, PTX for `sm` or below, or SASS of the same major version and a
-/// minor not above it. What a load would refuse with CUDA_ERROR_NO_BINARY_FOR_GPU, known
+/// is decompressed): PTX text, PTX for `sm` or below, or SASS (or the PTX twin of a cubin,
+/// [`Entry::runs_on`]) of the same major version and a minor not above it. What a load would refuse with CUDA_ERROR_NO_BINARY_FOR_GPU, known
 /// before the image is sent (lazy loading sends it at its first use).
 pub fn has_code_for(image: &[u8], sm: u32) -> bool {
     let same_family = |c: u32| c / 10 == sm / 10 && c <= sm;
@@ -330,15 +345,9 @@ pub fn has_code_for(image: &[u8], sm: u32) -> bool {
         ImageKind::Ptx => true,
         ImageKind::Cubin => cubin_sm(image).is_some_and(same_family),
         ImageKind::FatbincWrapper => false,
-        ImageKind::Fatbin => entries(image).is_ok_and(|entries| {
-            entries.iter().any(|e| {
-                if e.is_ptx() {
-                    e.sm <= sm
-                } else {
-                    same_family(e.sm)
-                }
-            })
-        }),
+        ImageKind::Fatbin => {
+            entries(image).is_ok_and(|entries| entries.iter().any(|e| e.runs_on(sm)))
+        }
     }
 }
 

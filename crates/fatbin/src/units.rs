@@ -17,10 +17,19 @@ use crate::{classify, entries, raw_entries, u16_at, FatbinError, ImageKind, FATB
 
 /// The high 32 bits of a tagged entry's unit field ("gpfu").
 pub const UNIT_TAG: u64 = 0x6770_6675 << 32;
+/// The unit field of the PTX twin of a cubin ([`cubin_with_ptx`]): "gpfc", no unit.
+pub(crate) const TWIN_TAG: u64 = 0x6770_6663 << 32;
 /// Offset of the unit field in an entry header.
 const UNIT_FIELD: usize = 48;
 /// Most units one image may hold.
 pub const MAX_UNITS: usize = 4096;
+
+/// Whether a raw entry is the PTX twin of a cubin ([`cubin_with_ptx`]).
+fn is_twin(header: &[u8]) -> bool {
+    header
+        .get(UNIT_FIELD..UNIT_FIELD + 8)
+        .is_some_and(|f| u64::from_le_bytes(f.try_into().expect("8 bytes")) == TWIN_TAG)
+}
 
 fn unit_of(header: &[u8]) -> Option<u32> {
     let v = u64::from_le_bytes(header.get(UNIT_FIELD..UNIT_FIELD + 8)?.try_into().ok()?);
@@ -130,10 +139,50 @@ pub fn with_prelinked_ptx(linked: &[u8], prelinked: &[&[u8]]) -> Result<Vec<u8>,
     Ok(assemble(u16_at(linked, 4), &out))
 }
 
+/// A fatbin of a cubin and the PTX it was compiled from, as `nvcc -fatbin -arch=sm_NN` makes
+/// one: the cubin for a GPU of its architecture, the PTX for any other (the emulated GPU, which
+/// runs no SASS). NVRTC gives a program's cubin and its PTX apart (`nvrtcGetCUBIN`,
+/// `nvrtcGetPTX`); gpufuse's NVRTC interposer (`crates/nvrtc-shim`) hands the program this
+/// image as its "cubin", which every module loader takes as well. Neither entry carries a unit.
+/// The PTX entry is marked as the cubin's twin (its unit field [`TWIN_TAG`], its arch the
+/// cubin's): it runs where the cubin would (the same major version, a minor not above the
+/// GPU's; [`crate::Entry::runs_on`]) and nowhere else, so a cubin for another GPU fails to load
+/// with CUDA_ERROR_NO_BINARY_FOR_GPU as it does on NVIDIA's driver, PTX or not.
+/// `ptx` may end with its NUL. Not a cubin, or PTX that is empty: [`FatbinError::NoPtx`] or
+/// [`FatbinError::Malformed`].
+pub fn cubin_with_ptx(cubin: &[u8], ptx: &[u8]) -> Result<Vec<u8>, FatbinError> {
+    if cubin.len() < 4 || classify(cubin) != ImageKind::Cubin {
+        return Err(FatbinError::Malformed("not a cubin"));
+    }
+    let sm = crate::cubin_sm(cubin).ok_or(FatbinError::Malformed("cubin: no architecture"))?;
+    let end = ptx.iter().position(|&b| b == 0).unwrap_or(ptx.len());
+    if ptx[..end].iter().all(u8::is_ascii_whitespace) || classify(ptx) != ImageKind::Ptx {
+        return Err(FatbinError::NoPtx("the program's PTX".to_string()));
+    }
+    // The ELF entry as nvcc writes it: kind 2, version 1.8, the architecture, 64-bit Linux.
+    let mut payload = cubin.to_vec();
+    payload.resize(payload.len().div_ceil(8) * 8, 0);
+    let mut elf = vec![0u8; 64];
+    elf[0..2].copy_from_slice(&2u16.to_le_bytes());
+    elf[2..4].copy_from_slice(&0x0101u16.to_le_bytes());
+    elf[4..8].copy_from_slice(&64u32.to_le_bytes());
+    elf[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    elf[24..26].copy_from_slice(&8u16.to_le_bytes());
+    elf[26..28].copy_from_slice(&1u16.to_le_bytes());
+    elf[28..32].copy_from_slice(&sm.to_le_bytes());
+    elf[40..48].copy_from_slice(&0x11u64.to_le_bytes());
+    elf.extend_from_slice(&payload);
+    let mut text = ptx_entry(&ptx[..end], 0);
+    text[28..32].copy_from_slice(&sm.to_le_bytes());
+    text[UNIT_FIELD..UNIT_FIELD + 8].copy_from_slice(&TWIN_TAG.to_le_bytes());
+    Ok(assemble(1, &[elf, text]))
+}
+
 /// The image `cuLinkComplete` gives back: each input (PTX text, with or without its NUL, or a
 /// fatbin; a fatbinc wrapper's fatbin must be passed itself) is one unit, a fatbin's PTX
-/// entries its unit's code for different GPUs. A fatbin with no PTX, a cubin (SASS, which
-/// the emulated GPU cannot run) or an empty input is [`FatbinError::NoPtx`] naming the input.
+/// entries its unit's code for different GPUs. A fatbin with no PTX (the PTX twin of a cubin,
+/// [`cubin_with_ptx`], does not count), a cubin (SASS, which the emulated GPU cannot run) or an
+/// empty input is [`FatbinError::NoPtx`] naming the input.
 pub fn link_image(inputs: &[(&str, &[u8])]) -> Result<Vec<u8>, FatbinError> {
     if inputs.len() > MAX_UNITS {
         return Err(FatbinError::TooLarge);
@@ -143,7 +192,12 @@ pub fn link_image(inputs: &[(&str, &[u8])]) -> Result<Vec<u8>, FatbinError> {
         let unit = unit as u32;
         match classify(bytes) {
             ImageKind::Fatbin => {
-                let ptx: Vec<_> = raw_entries(bytes)?.into_iter().filter(|e| e.0).collect();
+                // The PTX twin of a cubin (`cubin_with_ptx`) stands in for the cubin only where
+                // it would run: not a linker input, as the cubin itself is not.
+                let ptx: Vec<_> = raw_entries(bytes)?
+                    .into_iter()
+                    .filter(|e| e.0 && !is_twin(e.1))
+                    .collect();
                 if ptx.is_empty() {
                     return Err(FatbinError::NoPtx(name.to_string()));
                 }
@@ -199,7 +253,7 @@ pub fn select_units(image: &[u8], max_sm: u32) -> Result<Vec<String>, FatbinErro
         let best = list
             .iter()
             .map(|&i| &parsed[i])
-            .filter(|e| e.sm <= max_sm)
+            .filter(|e| e.runs_on(max_sm))
             .max_by_key(|e| e.sm);
         let Some(best) = best else {
             // The device runtime of libcudadevrt (CUDA 13 ships its PTX for the newest GPU

@@ -139,3 +139,50 @@ fn fatbins_come_out_of_objects_and_libraries() {
     }
     assert!(gpufuse_fatbin::fatbins_in_object(b"not an object").is_err());
 }
+
+/// What gpufuse's NVRTC interposer hands a program for `nvrtcGetCUBIN`: the cubin (for a GPU
+/// of its architecture) and the PTX (for the emulated GPU) in one fatbin.
+#[test]
+fn a_cubin_and_its_ptx_make_one_fatbin() {
+    let cubin = fixture("k.cubin");
+    let sm = gpufuse_fatbin::cubin_sm(&cubin).unwrap();
+    let ptx = b"//\n.version 8.0\n.target sm_80\n.address_size 64\n\n.visible .entry k()\n{\n\tret;\n}\n\0";
+    let img = gpufuse_fatbin::cubin_with_ptx(&cubin, ptx).unwrap();
+    assert_eq!(classify(&img), ImageKind::Fatbin);
+    assert_eq!(measure_len(&img[..]), Ok(img.len()));
+    assert!(!is_multi_unit(&img));
+    // The PTX runs where the cubin would: a GPU of its major version and a minor not below.
+    let text = gpufuse_fatbin::select_ptx(&img, sm).unwrap();
+    assert_eq!(text.as_bytes(), &ptx[..ptx.len() - 1]);
+    assert_eq!(
+        gpufuse_fatbin::select_ptx(&img, sm + 9 - sm % 10).unwrap(),
+        text
+    );
+    assert_eq!(select_units(&img, sm).unwrap(), [text]);
+    assert!(gpufuse_fatbin::has_code_for(&img, sm));
+    let (got_sm, sass) = gpufuse_fatbin::select_cubin(&img, sm).unwrap().unwrap();
+    assert_eq!(got_sm, sm);
+    assert_eq!(&sass[..cubin.len()], &cubin[..]);
+    assert!(sass[cubin.len()..].iter().all(|&b| b == 0) && sass.len() % 8 == 0);
+    // Nowhere else, as NVIDIA's driver refuses a cubin for another GPU, PTX or not.
+    let newer = (sm / 10 + 1) * 10;
+    assert!(!gpufuse_fatbin::has_code_for(&img, newer));
+    assert_eq!(
+        gpufuse_fatbin::select_ptx(&img, newer),
+        Err(FatbinError::NoBinaryForGpu(newer))
+    );
+    assert_eq!(
+        select_units(&img, newer),
+        Err(FatbinError::NoBinaryForGpu(newer))
+    );
+    // Not a linker input, as the cubin is not.
+    assert_eq!(
+        link_image(&[("lib.cubin", &img)]),
+        Err(FatbinError::NoPtx("lib.cubin".to_string()))
+    );
+    // Not a cubin, or no PTX: an error, never a panic.
+    assert!(gpufuse_fatbin::cubin_with_ptx(ptx, ptx).is_err());
+    assert!(gpufuse_fatbin::cubin_with_ptx(&cubin, b"\0").is_err());
+    assert!(gpufuse_fatbin::cubin_with_ptx(&cubin, &cubin).is_err());
+    assert!(gpufuse_fatbin::cubin_with_ptx(&[], ptx).is_err());
+}

@@ -2,7 +2,11 @@
  * with cuModuleLoadData, launch it with cuLaunchKernel using kernelParams and again using the
  * `extra` packed-buffer form, and touch a module global with cuModuleGetGlobal.
  * Built against NVRTC 12.9 and 13.5, linked to a stub libcuda.so.1 (the loader finds gpufuse's).
- * Usage: nvrtc_launch [--launch-only] */
+ * With --cubin the module is instead NVRTC's cubin for the device's own architecture
+ * (--gpu-architecture=sm_XY, as NVIDIA's *_nvrtc samples compile): SASS, which the emulated GPU
+ * runs through gpufuse's NVRTC interposer (crates/nvrtc-shim: the "cubin" is a fatbin of the
+ * cubin and its PTX).
+ * Usage: nvrtc_launch [--launch-only] [--cubin] */
 #include <cuda.h>
 #include <nvrtc.h>
 #include <stdint.h>
@@ -65,10 +69,12 @@ static void check_results(const float *x, const float *y, int n, float a, char c
 }
 
 int main(int argc, char **argv) {
-  int verify = 1;
+  int verify = 1, cubin_mode = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--launch-only") == 0) {
       verify = 0;
+    } else if (strcmp(argv[i], "--cubin") == 0) {
+      cubin_mode = 1;
     } else {
       fprintf(stderr, "FAIL: unknown argument %s\n", argv[i]);
       return 2;
@@ -118,8 +124,24 @@ int main(int argc, char **argv) {
   CU(cuDevicePrimaryCtxRetain(&ctx, dev));
   CU(cuCtxSetCurrent(ctx));
 
+  const void *image = ptx;
+  if (cubin_mode) {
+    char arch[64];
+    snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d%d", ccmaj, ccmin);
+    nvrtcProgram sass;
+    NVRTC(nvrtcCreateProgram(&sass, kSource, "axpbc.cu", 0, NULL, NULL));
+    const char *sass_opts[] = {arch, "-default-device"};
+    NVRTC(nvrtcCompileProgram(sass, 2, sass_opts));
+    size_t cubin_size = 0;
+    NVRTC(nvrtcGetCUBINSize(sass, &cubin_size));
+    char *cubin = malloc(cubin_size);
+    NVRTC(nvrtcGetCUBIN(sass, cubin));
+    NVRTC(nvrtcDestroyProgram(&sass));
+    printf("cubin_bytes=%zu (%s)\n", cubin_size, arch);
+    image = cubin;
+  }
   CUmodule mod;
-  CU(cuModuleLoadData(&mod, ptx));
+  CU(cuModuleLoadData(&mod, image));
   CUfunction fn;
   CU(cuModuleGetFunction(&fn, mod, "axpbc"));
   CUfunction missing;

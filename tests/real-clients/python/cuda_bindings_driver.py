@@ -333,6 +333,40 @@ extern "C" __global__ void affine(const float* x, float* y, float a, float b, in
     ck(cu.cuModuleUnload(vmod), "cuModuleUnload")
     print("PASS virtual_memory", flush=True)
 
+    # Compressible memory (NVIDIA's cudaCompressibleMemory sample): a device that reports
+    # generic compression keeps CU_MEM_ALLOCATION_COMP_GENERIC, and says so from the handle; a
+    # plain allocation stays plain; the memory holds what is written to it.
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED
+    comp_supported = ck(cu.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute compression")
+    expect(comp_supported == 1, f"generic compression supported: {comp_supported}")
+    GENERIC = cu.CUmemAllocationCompType.CU_MEM_ALLOCATION_COMP_GENERIC
+    cprop = cu.CUmemAllocationProp()
+    cprop.type = prop.type
+    cprop.location.type = prop.location.type
+    cprop.location.id = int(dev)
+    cprop.allocFlags.compressionType = GENERIC
+    hc = ck(cu.cuMemCreate(chunk, cprop, 0), "cuMemCreate compressible")
+    got_prop = ck(cu.cuMemGetAllocationPropertiesFromHandle(hc), "properties of compressible")
+    expect(int(got_prop.allocFlags.compressionType) == int(GENERIC),
+           f"compressible allocation reports {got_prop.allocFlags.compressionType!r}")
+    hp = ck(cu.cuMemCreate(chunk, prop, 0), "cuMemCreate plain")
+    plain_prop = ck(cu.cuMemGetAllocationPropertiesFromHandle(hp), "properties of plain")
+    expect(int(plain_prop.allocFlags.compressionType) == 0,
+           f"plain allocation reports {plain_prop.allocFlags.compressionType!r}")
+    ck(cu.cuMemRelease(hp), "cuMemRelease plain")
+    cva = ck(cu.cuMemAddressReserve(chunk, 0, 0, 0), "cuMemAddressReserve")
+    ck(cu.cuMemMap(cva, chunk, 0, hc, 0), "cuMemMap compressible")
+    ck(cu.cuMemRelease(hc), "cuMemRelease compressible (mapped: kept)")
+    ck(cu.cuMemSetAccess(cva, chunk, [access], 1), "cuMemSetAccess compressible")
+    ck(cu.cuMemcpyHtoD(cva, vx, chunk), "cuMemcpyHtoD into compressible memory")
+    cback = np.zeros_like(vx)
+    ck(cu.cuMemcpyDtoH(cback, cva, chunk), "cuMemcpyDtoH from compressible memory")
+    if verify:
+        expect(np.array_equal(cback, vx), "compressible memory holds what was written")
+    ck(cu.cuMemUnmap(cva, chunk), "cuMemUnmap compressible")
+    ck(cu.cuMemAddressFree(cva, chunk), "cuMemAddressFree compressible")
+    print("PASS compressible_memory", flush=True)
+
     # SASS for an architecture the device cannot run (another major version).
     foreign = "sm_75" if major != 7 else "sm_90"
     prog = ck(nvrtc.nvrtcCreateProgram(src, b"affine.cu", 0, [], []), "nvrtcCreateProgram")

@@ -19,6 +19,10 @@ const GRANULARITY: u64 = 2 << 20;
 const ALLOCATION_TYPE_PINNED: c_int = 1;
 const LOCATION_TYPE_DEVICE: c_int = 1;
 const ACCESS_READWRITE: c_int = 3;
+/// `CU_MEM_ALLOCATION_COMP_GENERIC`.
+const COMP_GENERIC: u8 = 1;
+/// `CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED`.
+const GENERIC_COMPRESSION_SUPPORTED: c_int = 107;
 
 /// `CUmemLocation` (the structs here are generated from NVIDIA's header).
 pub type MemLocation = gpufuse_cuda_types::structs::CUmemLocation;
@@ -74,7 +78,14 @@ pub unsafe extern "C" fn cuMemCreate(
         if flags != 0 || size == 0 || !size.is_multiple_of(GRANULARITY) || handle.is_null() {
             return Err(INVALID_VALUE);
         }
-        out(handle, with_core(|g| g.create_physical(device, size))?)
+        // Compressible memory where the device supports it (else plain memory, as NVIDIA's
+        // driver gives; the caller checks with cuMemGetAllocationPropertiesFromHandle).
+        let compressible = read(prop)?.alloc_flags.compression_type == COMP_GENERIC
+            && session()?.attribute(device as i32, GENERIC_COMPRESSION_SUPPORTED) == Some(1);
+        out(
+            handle,
+            with_core(|g| g.create_physical_with(device, size, compressible))?,
+        )
     })
 }
 
@@ -184,7 +195,10 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
     // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
     guard(|| unsafe {
         let s = session()?;
-        let (_, device) = s.lock().physical(handle).ok_or(INVALID_VALUE)?;
+        let g = s.lock();
+        let (_, device) = g.physical(handle).ok_or(INVALID_VALUE)?;
+        let compressible = g.physical_compressible(handle) == Some(true);
+        drop(g);
         out(
             prop,
             AllocationProp {
@@ -196,7 +210,7 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
                 },
                 win32_handle_meta_data: std::ptr::null_mut(),
                 alloc_flags: AllocFlags {
-                    compression_type: 0,
+                    compression_type: if compressible { COMP_GENERIC } else { 0 },
                     gpu_direct_rdma_capable: 0,
                     usage: 0,
                     reserved: [0; 4],
