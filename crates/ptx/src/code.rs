@@ -62,6 +62,10 @@ pub struct Ins {
     pub s: [Src; MAX_SRCS],
     /// The `[base+offset]` operand of memory instructions.
     pub addr: Option<(Src, i64)>,
+    /// The address's base is a 32-bit register: the address is computed in 32 bits, wrapping
+    /// (`[%r+49280]` with `%r` "negative" is a small shared-memory offset, as CUTLASS's kernels
+    /// compute them), then zero-extended.
+    pub addr32: bool,
     /// The second address operand (`cp.async`'s source).
     pub addr2: Option<(Src, i64)>,
     /// A branch's target, or a call's index in [`Code::calls`].
@@ -329,7 +333,11 @@ fn compile_function(
     };
     for inst in &f.insts {
         let ins = match compile_inst(inst, &scope, syms, &mut code, functions, by_name) {
-            Ok(ins) => ins,
+            Ok(mut ins) => {
+                ins.addr32 = matches!(ins.addr, Some((Src::Reg(r), _))
+                    if f.reg_bytes.get(r as usize).is_some_and(|&b| b <= 4));
+                ins
+            }
             Err(why) => {
                 code.unsupported.get_or_insert(why);
                 trap_ins()
@@ -360,6 +368,7 @@ fn trap_ins() -> Ins {
         svec: false,
         s: [Src::Bad; MAX_SRCS],
         addr: None,
+        addr32: false,
         addr2: None,
         target: 0,
     }

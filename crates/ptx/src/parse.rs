@@ -54,6 +54,9 @@ pub struct Function {
     /// Registers in all, scoped ones included: `{ .reg .u32 %r1; ... }` declares a new
     /// register that shadows the function's `%r1` until the closing brace.
     pub nregs: usize,
+    /// Each register's declared size in bytes, by index (`.pred`: 1): a 32-bit register as a
+    /// memory operand's base makes a 32-bit address computation (`code::Ins::addr32`).
+    pub reg_bytes: Vec<u8>,
     pub insts: Vec<Inst>,
     /// Variables declared in the body (`.shared`, `.local`, `.param` for calls).
     pub locals: Vec<Var>,
@@ -646,6 +649,7 @@ impl<'a> P<'a> {
             param_bytes,
             regs: HashMap::new(),
             nregs: 0,
+            reg_bytes: Vec::new(),
             insts: Vec::new(),
             locals: Vec::new(),
             max_threads,
@@ -735,7 +739,11 @@ impl<'a> P<'a> {
                     if h.vec != 1 {
                         return Err(self.err(&t, "vector registers are not supported"));
                     }
+                    let before = f.nregs;
                     declare_regs(items, &mut f.regs, &mut f.nregs, scopes.last_mut());
+                    let bytes = u8::try_from(h.elem.clamp(1, 16)).unwrap_or(16);
+                    f.reg_bytes.resize(before, 8);
+                    f.reg_bytes.resize(f.nregs, bytes);
                 }
                 ".local" | ".shared" | ".param" | ".const" | ".global" => {
                     self.i += 1;

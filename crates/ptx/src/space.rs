@@ -50,8 +50,13 @@ pub fn addrs(w: &Warp, env: &Env, g: &Group, ins: &Ins, out: &mut Lanes) -> Resu
         Space::Param => PARAM_WINDOW,
         _ => 0,
     };
+    let keep = if ins.addr32 {
+        u32::MAX as u64
+    } else {
+        u64::MAX
+    };
     for a in out.iter_mut() {
-        *a = a.wrapping_add(off as u64);
+        *a = a.wrapping_add(off as u64) & keep;
         if win != 0 && *a & WINDOW_MASK == 0 {
             *a += win;
         }

@@ -127,3 +127,22 @@ fn out_of_range_and_misaligned_lanes_still_fault() {
         @!%p1 ld.shared.u32 %r2, [%rd2];\n@!%p1 st.shared.u32 [%rd2], %r2;";
     run(off).unwrap();
 }
+
+/// A 32-bit register as an address base makes a 32-bit address: `[%r+off]` with `%r`
+/// "negative" (CUTLASS computes shared-memory offsets so) wraps to a small offset, in the fast
+/// paths and the general path alike, for loads, stores and vector accesses.
+#[test]
+fn a_32_bit_base_register_wraps_the_address_in_32_bits() {
+    let mem = VecMemory::new(BASE, 4096);
+    // %r4 = sbuf + tid*8 - 49280 (mod 2^32); [%r4+49280] is sbuf + tid*8.
+    let body = "mov.u32 %r2, sbuf;\nshl.b32 %r3, %r1, 3;\nadd.u32 %r4, %r2, %r3;\n\
+        sub.u32 %r4, %r4, 49280;\nadd.u32 %r5, %r1, 7;\nst.shared.u32 [%r4+49280], %r5;\n\
+        st.shared.u32 [%r4+49284], %r1;\nbar.sync 0;\nld.shared.v2.u32 {%r6, %r7}, [%r4+49280];\n\
+        add.u32 %r8, %r6, %r7;\nshl.b64 %rd4, %rd3, 2;\nadd.u64 %rd5, %rd1, %rd4;\n\
+        st.global.u32 [%rd5], %r8;";
+    launch(body, &mem).unwrap();
+    let out = mem.read(0, 128);
+    for l in 0..32 {
+        assert_eq!(u32_at(&out, l), 2 * l as u32 + 7, "lane {l}");
+    }
+}
