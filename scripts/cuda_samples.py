@@ -23,6 +23,11 @@ directory), run with `gpufuse run`, and passes when it exits 0 without printing 
 that exits 2 (the samples' EXIT_WAIVED: the device lacks a feature it needs) is "waived", counted
 apart from passes and failures.
 
+cuBLAS samples (added 2026-11-27): linked against cuBLAS 12.9 from .deps (GPUFUSE_CUBLAS12_LIB,
+with an rpath; cuBLAS carries its own runtime) and run on a second server whose emulated GPU is
+the future model (`--cublas-devices`, default emu:1:16GiB:sm_130), where cuBLAS takes its PTX
+kernels (docs/export-tables.md).
+
 Driver-API and NVRTC samples (added 2026-11-27):
 - `-lcuda` when the sources include <cuda.h> (or the drvapi helpers) or the CMakeLists links
   CUDA::cuda_driver. It links against a libcuda that exists at build time: NVIDIA's stub
@@ -52,6 +57,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -71,7 +77,7 @@ NEEDS = [
     (r"libnvvm|nvvm\.h", "libNVVM"), (r"cufile", "cuFile"), (r"nvtx", "NVTX"),
 ]
 # What this script provides besides libcudart: such a sample is built and run.
-SUPPORTED = {"the driver API", "NVRTC"}
+SUPPORTED = {"the driver API", "NVRTC", "cuBLAS"}
 WINDOWS_IF = re.compile(r"\b(_?WIN32|_WIN64|_MSC_VER)\b")
 FAIL_WORDS = re.compile(r"FAILED|Test failed|Result = FAIL|FAIL\b|Error:|mismatch", re.I)
 # A figure the sample reports ("Max absolute error: 1.19E-05", "L1-Error: 0"), not a failure.
@@ -211,6 +217,10 @@ def build(d: Path, out: Path, env: dict[str, str], arch: str = "sm_80",
     if "NVRTC" in uses:
         lib = env["GPUFUSE_NVRTC13_LIB"]
         extra += [f"-L{lib}", "-l:libnvrtc.so.13", "-Xlinker", "-rpath", "-Xlinker", lib]
+    if "cuBLAS" in uses or "CUDA::cublas" in cmake:
+        inc, lib = env["GPUFUSE_CUBLAS12_INCLUDE"], env["GPUFUSE_CUBLAS12_LIB"]
+        extra += [f"-I{inc}", f"-L{lib}", "-l:libcublas.so.12", "-l:libcublasLt.so.12",
+                  "-Xlinker", "-rpath", "-Xlinker", lib]
     if re.search(r"target_link_libraries\([^)]*\b(rt)\b", cmake):
         extra += ["-lrt"]
     if re.search(r"target_link_libraries\([^)]*\bdl\b", cmake):
@@ -320,6 +330,10 @@ def main() -> int:
                     help="only samples whose name contains this (may be given several times)")
     ap.add_argument("--server")
     ap.add_argument("--devices", default="emu:1:16GiB")
+    ap.add_argument("--cublas-devices",
+                    help="the devices of the server the cuBLAS samples run on (default: the "
+                         "future model emu:1:16GiB:sm_130 with an emulated --devices, else "
+                         "--devices)")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--nvcc", help="this nvcc instead of .deps' (a GPU machine's toolkit)")
@@ -354,8 +368,8 @@ def main() -> int:
             results[d.name] = ("left out", why)
         else:
             kept.append(d)
-    print(f"{len(dirs)} samples, {len(kept)} need only libcudart, the driver API and NVRTC",
-          flush=True)
+    print(f"{len(dirs)} samples, {len(kept)} need only libcudart, the driver API, NVRTC and "
+          f"cuBLAS", flush=True)
 
     bindir = Path(tempfile.mkdtemp(prefix="gpufuse-samples-"))
     # -lcuda resolves here at build time; at run time `gpufuse run` puts its shim first.
@@ -365,23 +379,41 @@ def main() -> int:
     if libcuda.exists():
         (link_dir / "libcuda.so").symlink_to(libcuda.resolve())
         print(f"-lcuda links against {libcuda}", flush=True)
-    server_proc = None
-    server = a.server
-    if not server:
-        sock = bindir / "gpufuse.sock"
-        server = f"unix:{sock}"
-        server_proc = subprocess.Popen([str(GPUFUSE), "serve", "--listen", server, "--devices",
-                                        a.devices], stdout=subprocess.DEVNULL,
-                                       stderr=open(bindir / "server.log", "w"))
+    procs = []
+
+    def serve(name: str, devices: str) -> str:
+        sock = bindir / f"{name}.sock"
+        procs.append(subprocess.Popen([str(GPUFUSE), "serve", "--listen", f"unix:{sock}",
+                                       "--devices", devices], stdout=subprocess.DEVNULL,
+                                      stderr=open(bindir / f"{name}.log", "w")))
         while not sock.exists():
             time.sleep(0.05)
+        return f"unix:{sock}"
+
+    server = a.server or serve("server", a.devices)
+    # cuBLAS ships SASS for every architecture it knows and PTX for compute_120: on the future
+    # model it finds no SASS and takes its PTX kernels (docs/export-tables.md).
+    cublas_devices = a.cublas_devices or (
+        "emu:1:16GiB:sm_130" if a.devices.startswith("emu") else a.devices)
+    cublas_server = None
+    cublas_lock = threading.Lock()
+
+    def server_for(d: Path) -> str:
+        nonlocal cublas_server
+        if a.server or "cuBLAS" not in needs(d)[1]:
+            return server
+        with cublas_lock:
+            if cublas_server is None:
+                cublas_server = serve("cublas", cublas_devices)
+        return cublas_server
+
     try:
         def one(d: Path) -> tuple[str, tuple[str, str]]:
             exe = bindir / d.name
             err = build(d, exe, env, a.arch, link_dir if libcuda.exists() else None)
             if err:
                 return d.name, ("build failed", err)
-            ok, note = run(d, exe, server, env, a.timeout)
+            ok, note = run(d, exe, server_for(d), env, a.timeout)
             verdict = {True: "pass", False: "FAIL", None: "waived"}
             if a.native:
                 nok, nnote = run(d, exe, None, env, a.timeout)
@@ -393,9 +425,9 @@ def main() -> int:
                 results[name] = r
                 print(f"{r[0]:12} {name:36} {r[1]}", flush=True)
     finally:
-        if server_proc:
-            server_proc.terminate()
-            server_proc.wait()
+        for p in procs:
+            p.terminate()
+            p.wait()
         if a.keep:
             print(f"kept {bindir}")
         else:
@@ -403,8 +435,8 @@ def main() -> int:
     ran = [r for r in results.values() if r[0] in ("pass", "FAIL")]
     passed = sum(r[0] == "pass" for r in ran)
     built_failed = sum(r[0] == "build failed" for r in results.values())
-    summary = (f"{passed} of {len(ran)} samples that need only libcudart, the driver API and "
-               f"NVRTC and built pass "
+    summary = (f"{passed} of {len(ran)} samples that need only libcudart, the driver API, "
+               f"NVRTC and cuBLAS and built pass "
                f"({sum(r[0] == 'waived' for r in results.values())} waived themselves, "
                f"{built_failed} did not build with this nvcc, "
                f"{sum(r[0] == 'left out' for r in results.values())} left out)")
