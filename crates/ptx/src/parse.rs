@@ -980,6 +980,8 @@ pub fn parse_unit(src: &str) -> Result<Unit, PtxError> {
     let mut refs: Vec<InitRef> = Vec::new();
     let mut aliases: Vec<(String, String, PtxError)> = Vec::new();
     let (mut fn_linkage, mut var_linkage, mut declared) = (Vec::new(), Vec::new(), Vec::new());
+    // `.target sm_10, map_f64_to_f32` (old PTX for GPUs without doubles): its token, if given.
+    let mut map_f64: Option<Token> = None;
     while let Some(t) = p.peek() {
         let w = p.text(&t);
         match t.kind {
@@ -1026,11 +1028,13 @@ pub fn parse_unit(src: &str) -> Result<Unit, PtxError> {
                 for opt in items {
                     match opt {
                         // Texture modes matter to texture references (not supported), `debug`
-                        // to debuggers; `map_f64_to_f32` would change arithmetic.
+                        // to debuggers; `map_f64_to_f32` changes only `.f64` arithmetic, which
+                        // a module with it must not have (checked at the end).
                         [o] if matches!(
                             p.text(o),
                             "texmode_unified" | "texmode_independent" | "debug"
                         ) => {}
+                        [o] if p.text(o) == "map_f64_to_f32" => map_f64 = Some(*o),
                         _ => {
                             let o = opt.first().copied().unwrap_or(t);
                             return Err(
@@ -1154,6 +1158,26 @@ pub fn parse_unit(src: &str) -> Result<Unit, PtxError> {
                 };
                 return Err(p.err(&t, format!("{what} `{w}`")));
             }
+        }
+    }
+    if let Some(tok) = map_f64 {
+        // The option makes every `.f64` instruction an `.f32` one: not emulated, so a module
+        // that has any is refused, naming it; one without (NVIDIA's matrixMulDynlinkJIT's CUDA
+        // 4.0 PTX) means what it says.
+        let f64_inst = parsed
+            .functions
+            .iter()
+            .flat_map(|f| &f.insts)
+            .find(|i| i.text.contains(".f64"));
+        if let Some(i) = f64_inst {
+            return Err(p.err(
+                &tok,
+                format!(
+                    "`.target ... map_f64_to_f32` maps `.f64` arithmetic to `.f32`, which the \
+                     emulated GPU does not do: `{}`",
+                    i.text
+                ),
+            ));
         }
     }
     Ok(Unit {

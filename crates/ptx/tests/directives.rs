@@ -396,7 +396,9 @@ fn anything_else_is_an_error_naming_it() {
             ".version 9",
         ),
         (
-            ".version 9.0\n.target sm_80, map_f64_to_f32\n.address_size 64\n",
+            ".version 9.0\n.target sm_80, map_f64_to_f32\n.address_size 64\n\
+             .visible .entry k(.param .u64 p)\n{\n.reg .f64 %fd<2>;\n\
+             add.f64 %fd1, %fd0, %fd0;\nret;\n}\n",
             "map_f64_to_f32",
         ),
         (
@@ -420,4 +422,16 @@ fn anything_else_is_an_error_naming_it() {
         let e = Module::parse(bad).err().expect("an error").to_string();
         assert!(e.contains("line 1"), "{bad}: {e}");
     }
+}
+
+/// `map_f64_to_f32` (old PTX for GPUs without doubles) changes only `.f64` arithmetic: a module
+/// without any runs as written (NVIDIA's matrixMulDynlinkJIT embeds such CUDA 4.0 PTX); one
+/// with `.f64` instructions is refused above, naming the option.
+#[test]
+fn map_f64_to_f32_without_doubles_loads() {
+    let ptx = ".version 1.4\n.target sm_10, map_f64_to_f32\n\
+        .entry k(.param .u32 p)\n{\n.reg .u32 %r<3>;\nld.param.u32 %r1, [p];\n\
+        add.u32 %r2, %r1, 1;\nret;\n}\n";
+    let m = Module::parse(ptx).expect("accepted");
+    assert_eq!(m.unsupported().count(), 0);
 }
