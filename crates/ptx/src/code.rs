@@ -66,6 +66,8 @@ pub struct Ins {
     pub addr2: Option<(Src, i64)>,
     /// A branch's target, or a call's index in [`Code::calls`].
     pub target: u32,
+    /// The instruction's form specialized at load time, if it has one (`exec/spec.rs`).
+    pub fast: crate::exec::spec::Fast,
 }
 
 impl Ins {
@@ -329,7 +331,10 @@ fn compile_function(
     };
     for inst in &f.insts {
         let ins = match compile_inst(inst, &scope, syms, &mut code, functions, by_name) {
-            Ok(ins) => ins,
+            Ok(mut ins) => {
+                ins.fast = crate::exec::spec::specialize(&ins);
+                ins
+            }
             Err(why) => {
                 code.unsupported.get_or_insert(why);
                 trap_ins()
@@ -362,6 +367,7 @@ fn trap_ins() -> Ins {
         addr: None,
         addr2: None,
         target: 0,
+        fast: crate::exec::spec::Fast::None,
     }
 }
 

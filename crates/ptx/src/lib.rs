@@ -279,6 +279,18 @@ impl Module {
         Module::from_parsed(parse::parse(src)?)
     }
 
+    /// This module with every instruction on the interpreter's general path: none of the
+    /// forms specialized at load time (`exec/spec.rs`). For tests that compare the two.
+    #[doc(hidden)]
+    pub fn without_fast_forms(mut self) -> Module {
+        for f in &mut self.program.funcs {
+            for ins in &mut f.insts {
+                ins.fast = exec::spec::Fast::None;
+            }
+        }
+        self
+    }
+
     /// Links several translation units' PTX into one module (`link.rs`), as nvlink and the
     /// driver's JIT linker do: each unit's `.extern` functions and variables resolve to another
     /// unit's definitions, `.weak` definitions give way, `.common` variables merge, and each

@@ -30,6 +30,7 @@ mod arith;
 mod bits;
 mod fast;
 mod memory;
+pub(crate) mod spec;
 
 use std::sync::atomic::{fence, Ordering};
 
@@ -59,6 +60,12 @@ pub fn exec(
     g: &Group,
 ) -> Result<Flow, ExecError> {
     let run = guard(w, g, ins);
+    // A form specialized at load time (`spec.rs`): no control flow, nothing warp-wide.
+    if ins.fast != spec::Fast::None {
+        if run == 0 || spec::exec(w, env, ins, g, run) {
+            return Ok(Flow::Next);
+        }
+    }
     let unsupported = || {
         ExecError::Unsupported(
             code.texts
