@@ -61,10 +61,8 @@ pub fn exec(
 ) -> Result<Flow, ExecError> {
     let run = guard(w, g, ins);
     // A form specialized at load time (`spec.rs`): no control flow, nothing warp-wide.
-    if ins.fast != spec::Fast::None {
-        if run == 0 || spec::exec(w, env, ins, g, run) {
-            return Ok(Flow::Next);
-        }
+    if ins.fast != spec::Fast::None && (run == 0 || spec::exec(w, env, ins, g, run)) {
+        return Ok(Flow::Next);
     }
     let unsupported = || {
         ExecError::Unsupported(

@@ -455,7 +455,7 @@ impl Split<'_> {
 /// Row `d` and the other rows, if no register operand of `srcs` is `d`.
 #[inline(always)]
 fn split<'a>(regs: &'a mut [Lanes], d: u32, srcs: &[Opnd]) -> Option<(&'a mut Lanes, Split<'a>)> {
-    if srcs.iter().any(|&o| o == Opnd::Reg(d)) {
+    if srcs.contains(&Opnd::Reg(d)) {
         return None;
     }
     let (lo, rest) = regs.split_at_mut(d as usize);
@@ -847,13 +847,13 @@ fn ld_shared<const N: usize>(
     let Some(o) = shared_offsets(&regs[a as usize], off, size, len, run) else {
         return false;
     };
-    for k in 0..nv as usize {
+    for (k, dk) in d.iter().enumerate().take(nv as usize) {
         let mut out = [0u64; 32];
         for l in 0..32 {
             let v = read::<N>(sh, o[l] as usize + k * N);
             out[l] = if sext_ { sext(v, N as u8) as u64 } else { v };
         }
-        if let Dst::Reg(r) = d[k] {
+        if let Dst::Reg(r) = *dk {
             write(regs, r, &out, run);
         }
     }
@@ -935,7 +935,7 @@ fn ld_region<const N: usize>(
         return false;
     };
     let m = mask(N as u8);
-    for k in 0..nv as usize {
+    for (k, dk) in d.iter().enumerate().take(nv as usize) {
         let mut out = [0u64; 32];
         for l in Bits(run) {
             let at = o[l] + (k * N) as u64;
@@ -943,7 +943,7 @@ fn ld_region<const N: usize>(
             let v = (word >> ((at % 8) * 8)) & m;
             out[l] = if sext_ { sext(v, N as u8) as u64 } else { v };
         }
-        if let Dst::Reg(x) = d[k] {
+        if let Dst::Reg(x) = *dk {
             write(regs, x, &out, run);
         }
     }
