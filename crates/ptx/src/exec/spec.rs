@@ -562,6 +562,34 @@ fn tern(
     write(regs, d, &o, run);
 }
 
+/// `d = f(a, b, c)` computed for all 32 lanes at once by `f` (no masks: `f` reads what it
+/// needs of each word), written in the running lanes.
+#[inline(always)]
+fn tern_lanes(
+    regs: &mut [Lanes],
+    d: u32,
+    (a, b, c): (Opnd, Opnd, Opnd),
+    run: u32,
+    f: impl Fn(&Lanes, &Lanes, &Lanes, &mut Lanes),
+) {
+    if run == u32::MAX {
+        if let Some((out, s)) = split(regs, d, &[a, b, c]) {
+            let (ta, tb, tc): (Lanes, Lanes, Lanes);
+            f(srow!(s, a, ta), srow!(s, b, tb), srow!(s, c, tc), out);
+            return;
+        }
+    }
+    let (ta, tb, tc): (Lanes, Lanes, Lanes);
+    let mut o = [0u64; 32];
+    f(
+        row!(regs, a, ta),
+        row!(regs, b, tb),
+        row!(regs, c, tc),
+        &mut o,
+    );
+    write(regs, d, &o, run);
+}
+
 #[inline(always)]
 fn f32op(a: u64, b: u64, f: impl Fn(f32, f32) -> f32) -> u64 {
     f(f32v(a), f32v(b)).to_bits() as u64
@@ -601,9 +629,7 @@ pub fn exec(w: &mut Warp, env: &mut Env, ins: &Ins, g: &Group, run: u32) -> bool
             let regs = &mut w.levels[g.depth][..];
             let abc = (a, b, c);
             match op {
-                Tern::FmaF32 => tern(regs, d, abc, m, mc, run, |a, b, c| {
-                    alu::fma_f32(f32v(a), f32v(b), f32v(c)).to_bits() as u64
-                }),
+                Tern::FmaF32 => tern_lanes(regs, d, abc, run, alu::fma_f32_lanes),
                 Tern::FmaF64 => tern(regs, d, abc, m, mc, run, |a, b, c| {
                     f64::from_bits(a)
                         .mul_add(f64::from_bits(b), f64::from_bits(c))
