@@ -177,6 +177,17 @@ fn integer_arithmetic_matches_the_general_path() {
         t.push(format!("shl.{ty} D, A, B"));
         t.push(format!("shr.{ty} D, A, B"));
     }
+    for ty in ["s32", "s64", "s16"] {
+        t.push(format!("abs.{ty} D, A"));
+        t.push(format!("neg.{ty} D, A"));
+    }
+    for ty in ["b32", "b64", "b16", "pred"] {
+        t.push(format!("not.{ty} D, A"));
+    }
+    t.push("cnot.b32 D, A".into());
+    for op in ["and", "or", "xor"] {
+        t.push(format!("{op}.pred D, A, B"));
+    }
     for ty in ["s32", "u32", "s16", "u16"] {
         t.push(format!("mul.wide.{ty} D, A, B"));
         t.push(format!("mad.wide.{ty} D, A, B, C"));
@@ -196,6 +207,22 @@ fn float_arithmetic_matches_the_general_path() {
         t.push(format!("fma.rn.{ty} D, A, B, C"));
         t.push(format!("mad.rn.{ty} D, A, B, C"));
     }
+    for ty in ["f32", "f64"] {
+        for f in ["abs", "neg", "rcp.rn", "sqrt.rn", "rsqrt.approx"] {
+            t.push(format!("{f}.{ty} D, A"));
+        }
+    }
+    for f in [
+        "sin.approx",
+        "cos.approx",
+        "ex2.approx",
+        "lg2.approx",
+        "tanh.approx",
+    ] {
+        t.push(format!("{f}.f32 D, A"));
+    }
+    t.push("ex2.approx.ftz.f32 D, A".into());
+    t.push("abs.f16 D, A".into());
     t.push("div.full.f32 D, A, B".into());
     t.push("div.approx.f32 D, A, B".into());
     // Forms that keep the general path, beside them.

@@ -5,8 +5,9 @@
 //! then runs it with one dispatch per instruction, not per lane: each operand is read straight
 //! from its register row (an immediate is spread once), every lane is computed in one loop
 //! the compiler can vectorize, and only the running lanes' results are written. Integer and
-//! float arithmetic, multiply-add, comparisons, `selp`, `mov`, `cvt`, and single-element or
-//! vector loads and stores of shared and global memory through a register plus an offset.
+//! float arithmetic, multiply-add, comparisons, `selp`, `mov`, `cvt`, float functions of one
+//! operand, predicate logic, and single-element or vector loads and stores of shared and
+//! global memory through a register plus an offset.
 //!
 //! Each form computes exactly what the general path (`arith.rs`, `memory.rs`) computes, with
 //! the same scalar expressions. A load or store first checks every running lane (address in
@@ -52,6 +53,10 @@ pub enum Bin {
     And,
     Or,
     Xor,
+    /// `and`, `or`, `xor` of predicates (any nonzero value is true).
+    PredAnd,
+    PredOr,
+    PredXor,
     AddF32,
     SubF32,
     MulF32,
@@ -85,6 +90,16 @@ pub enum Un {
     Mov,
     /// `cvt` without rounding modifiers or packed types: [`alu::cvt`] of the instruction.
     Cvt,
+    /// f32 and f64 `abs`, `neg`, `rcp`, `sqrt`, `rsqrt`, `sin`, `cos`, `ex2`, `lg2`, `tanh`:
+    /// [`alu::unary_float`] of the instruction.
+    Float,
+    /// Integer `abs` and `neg` of this width.
+    AbsS(u8),
+    NegS(u8),
+    /// `not` of an integer of this mask.
+    Not(u64),
+    /// `not.pred`, `cnot`: 1 for zero, else 0.
+    IsZero,
 }
 
 /// An instruction's specialized form, or `None` for the general path.
@@ -217,6 +232,9 @@ fn specialize_opt(ins: &Ins) -> Option<Fast> {
                 Op::And if int => Bin::And,
                 Op::Or if int => Bin::Or,
                 Op::Xor if int => Bin::Xor,
+                Op::And if ty.kind == Ty::Pred => Bin::PredAnd,
+                Op::Or if ty.kind == Ty::Pred => Bin::PredOr,
+                Op::Xor if ty.kind == Ty::Pred => Bin::PredXor,
                 Op::Add if f32 => Bin::AddF32,
                 Op::Sub if f32 => Bin::SubF32,
                 Op::Mul if f32 => Bin::MulF32,
@@ -326,6 +344,38 @@ fn specialize_opt(ins: &Ins) -> Option<Fast> {
             a: src(0, size)?,
             ma: tm,
         }),
+        Op::Abs
+        | Op::Neg
+        | Op::Rcp
+        | Op::Sqrt
+        | Op::Rsqrt
+        | Op::Sin
+        | Op::Cos
+        | Op::Ex2
+        | Op::Lg2
+        | Op::Tanh
+        | Op::Not
+        | Op::Cnot
+            if single && ins.ns == 1 =>
+        {
+            let float = ty.kind == Ty::F && matches!(size, 4 | 8);
+            let op = match ins.op {
+                Op::Abs if int => Un::AbsS(size),
+                Op::Neg if int => Un::NegS(size),
+                Op::Not if int => Un::Not(tm),
+                Op::Not if ty.kind == Ty::Pred => Un::IsZero,
+                Op::Cnot => Un::IsZero,
+                Op::Not => return None,
+                _ if float => Un::Float,
+                _ => return None,
+            };
+            Some(Fast::Un {
+                op,
+                d: dreg(ins.d[0])?,
+                a: src(0, size)?,
+                ma: tm,
+            })
+        }
         Op::Cvt
             if single
                 && ins.ns == 1
@@ -672,6 +722,31 @@ pub fn exec(w: &mut Warp, env: &mut Env, ins: &Ins, g: &Group, run: u32) -> bool
                         o[l] = alu::cvt(ins, x[l] & ma);
                     }
                 }
+                Un::Float => {
+                    for l in Bits(run) {
+                        o[l] = alu::unary_float(ins, x[l] & ma).unwrap_or(0);
+                    }
+                }
+                Un::AbsS(size) => {
+                    for l in 0..32 {
+                        o[l] = sext(x[l] & ma, size).wrapping_abs() as u64 & ma;
+                    }
+                }
+                Un::NegS(size) => {
+                    for l in 0..32 {
+                        o[l] = sext(x[l] & ma, size).wrapping_neg() as u64 & ma;
+                    }
+                }
+                Un::Not(m) => {
+                    for l in 0..32 {
+                        o[l] = !x[l] & m;
+                    }
+                }
+                Un::IsZero => {
+                    for l in 0..32 {
+                        o[l] = (x[l] & ma == 0) as u64;
+                    }
+                }
             }
             write(regs, d, &o, run);
             true
@@ -766,6 +841,9 @@ fn binary(regs: &mut [Lanes], op: Bin, d: u32, a: Opnd, b: Opnd, ma: u64, mb: u6
         Bin::And => each!(|a, b| a & b),
         Bin::Or => each!(|a, b| a | b),
         Bin::Xor => each!(|a, b| a ^ b),
+        Bin::PredAnd => each!(|a, b| (a != 0 && b != 0) as u64),
+        Bin::PredOr => each!(|a, b| (a != 0 || b != 0) as u64),
+        Bin::PredXor => each!(|a, b| ((a != 0) ^ (b != 0)) as u64),
         Bin::AddF32 => each!(|a, b| f32op(a, b, |p, q| p + q)),
         Bin::SubF32 => each!(|a, b| f32op(a, b, |p, q| p - q)),
         Bin::MulF32 => each!(|a, b| f32op(a, b, |p, q| p * q)),
