@@ -33,6 +33,31 @@ pub enum Opnd {
     Imm(u64),
 }
 
+/// `sext` with the width chosen once, outside the lanes' loop: `$body` with `$sx` the sign
+/// extension of a value of `$size` bytes.
+macro_rules! by_width {
+    ($size:expr, $sx:ident, $body:expr) => {
+        match $size {
+            4 => {
+                let $sx = |v: u64| v as u32 as i32 as i64;
+                $body
+            }
+            8 => {
+                let $sx = |v: u64| v as i64;
+                $body
+            }
+            2 => {
+                let $sx = |v: u64| v as u16 as i16 as i64;
+                $body
+            }
+            _ => {
+                let $sx = |v: u64| v as u8 as i8 as i64;
+                $body
+            }
+        }
+    };
+}
+
 /// Two-operand operations.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Bin {
@@ -688,9 +713,13 @@ pub fn exec(w: &mut Warp, env: &mut Env, ins: &Ins, g: &Group, run: u32) -> bool
                 Tern::MadLo(tm) => tern(regs, d, abc, m, mc, run, |a, b, c| {
                     a.wrapping_mul(b).wrapping_add(c) & tm
                 }),
-                Tern::MadWideS(size) => tern(regs, d, abc, m, mc, run, |a, b, c| {
-                    (sext(a, size).wrapping_mul(sext(b, size)) as u64).wrapping_add(c)
-                }),
+                Tern::MadWideS(size) => by_width!(
+                    size,
+                    sx,
+                    tern(regs, d, abc, m, mc, run, |a, b, c| {
+                        (sx(a).wrapping_mul(sx(b)) as u64).wrapping_add(c)
+                    })
+                ),
                 Tern::MadWideU => tern(regs, d, abc, m, mc, run, |a, b, c| {
                     a.wrapping_mul(b).wrapping_add(c)
                 }),
@@ -827,15 +856,19 @@ fn binary(regs: &mut [Lanes], op: Bin, d: u32, a: Opnd, b: Opnd, ma: u64, mb: u6
         Bin::Add(m) => each!(|a, b| a.wrapping_add(b) & m),
         Bin::Sub(m) => each!(|a, b| a.wrapping_sub(b) & m),
         Bin::MulLo(m) => each!(|a, b| a.wrapping_mul(b) & m),
-        Bin::MulWideS(size) => each!(|a, b| sext(a, size).wrapping_mul(sext(b, size)) as u64),
+        Bin::MulWideS(size) => by_width!(size, sx, each!(|a, b| sx(a).wrapping_mul(sx(b)) as u64)),
         Bin::MulWideU => each!(|a, b| a.wrapping_mul(b)),
         Bin::Shl(bits, m) => each!(|a, b| if b >= bits { 0 } else { (a << b) & m }),
         Bin::ShrU(bits) => each!(|a, b| if b >= bits { 0 } else { a >> b }),
         Bin::ShrS(size, bits, m) => {
-            each!(|a, b| (sext(a, size) >> b.min(bits).min(63)) as u64 & m)
+            by_width!(
+                size,
+                sx,
+                each!(|a, b| (sx(a) >> b.min(bits).min(63)) as u64 & m)
+            )
         }
-        Bin::MinS(size, m) => each!(|a, b| sext(a, size).min(sext(b, size)) as u64 & m),
-        Bin::MaxS(size, m) => each!(|a, b| sext(a, size).max(sext(b, size)) as u64 & m),
+        Bin::MinS(size, m) => by_width!(size, sx, each!(|a, b| sx(a).min(sx(b)) as u64 & m)),
+        Bin::MaxS(size, m) => by_width!(size, sx, each!(|a, b| sx(a).max(sx(b)) as u64 & m)),
         Bin::MinU => each!(|a, b| a.min(b)),
         Bin::MaxU => each!(|a, b| a.max(b)),
         Bin::And => each!(|a, b| a & b),
@@ -852,7 +885,7 @@ fn binary(regs: &mut [Lanes], op: Bin, d: u32, a: Opnd, b: Opnd, ma: u64, mb: u6
         Bin::SubF64 => each!(|a, b| f64op(a, b, |p, q| p - q)),
         Bin::MulF64 => each!(|a, b| f64op(a, b, |p, q| p * q)),
         Bin::DivF64 => each!(|a, b| f64op(a, b, |p, q| p / q)),
-        Bin::SetpS(c, size) => cmps!(c, |v: u64| sext(v, size)),
+        Bin::SetpS(c, size) => by_width!(size, sx, cmps!(c, sx)),
         Bin::SetpU(c) => cmps!(c, |v: u64| v),
         Bin::SetpF32(c) => fcmps!(c, F32),
         Bin::SetpF64(c) => fcmps!(c, F64),
