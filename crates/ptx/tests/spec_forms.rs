@@ -15,6 +15,8 @@ const THREADS: u32 = 45;
 const INPUT: usize = 4 * 64 * 8;
 /// Each result slot holds a word per thread slot.
 const SLOT: usize = 64 * 8;
+/// The third parameter: bytes with their top bit set, for signed parameter loads.
+const NEG: u64 = 0x8f8e_8d8c_8b8a_8988;
 
 /// The input words: special values and pseudo-random ones, with random high bits.
 fn inputs() -> Vec<u8> {
@@ -70,7 +72,7 @@ fn kernel(body: &str) -> String {
     format!(
         ".version 8.0\n.target sm_80\n.address_size 64\n\
          .shared .align 16 .b8 sbuf[1024];\n\
-         .visible .entry k(.param .u64 in, .param .u64 out)\n{{\n\
+         .visible .entry k(.param .u64 in, .param .u64 out, .param .u64 neg)\n{{\n\
          .reg .b64 %rd<64>;\n.reg .b32 %r<64>;\n.reg .f32 %f<64>;\n.reg .f64 %fd<64>;\n\
          .reg .pred %p<8>;\n.reg .b16 %h<16>;\n\
          ld.param.u64 %rd5, [in];\nld.param.u64 %rd6, [out];\n\
@@ -101,6 +103,7 @@ fn both(body: &str, out_slots: usize) -> Vec<u8> {
         };
         let mut params = BASE.to_le_bytes().to_vec();
         params.extend((BASE + INPUT as u64).to_le_bytes());
+        params.extend(NEG.to_le_bytes());
         let r = m.launch("k", &cfg, &params, &mem, &|_| None).map(|_| ());
         (r, mem.read(0, len))
     };
@@ -295,6 +298,38 @@ fn comparisons_selects_moves_and_conversions_match_the_general_path() {
         };
         t.push(format!("cvt.{ty} D, A"));
     }
+    // Special registers and kernel parameters (one value for every lane).
+    for r in [
+        "%tid.x",
+        "%tid.y",
+        "%ntid.x",
+        "%ctaid.x",
+        "%nctaid.y",
+        "%laneid",
+        "%warpid",
+        "%lanemask_lt",
+        "%lanemask_ge",
+        "%dynamic_smem_size",
+    ] {
+        t.push(format!("mov.u32 D, {r}"));
+        t.push(format!("mov.u16 D, {r}"));
+    }
+    for p in [
+        "u64 D, [in]",
+        "u32 D, [in+4]",
+        "s32 D, [out+4]",
+        "s8 D, [in+5]",
+        "u8 D, [in+5]",
+        "s16 D, [out+2]",
+        "b16 D, [out+6]",
+        "s8 D, [neg+1]",
+        "s16 D, [neg+2]",
+        "s32 D, [neg+4]",
+        "u32 D, [neg+4]",
+        "s64 D, [neg]",
+    ] {
+        t.push(format!("ld.param.{p}"));
+    }
     let t: Vec<&str> = t.iter().map(String::as_str).collect();
     run_templates(&t);
 }
@@ -411,6 +446,8 @@ fn faults_match_the_general_path() {
         "@%p1 add.u64 %rd10, %rd10, 2;\nst.global.u32 [%rd10], %rd1;",
         "@%p1 add.u64 %rd9, %rd9, 8;\nld.global.v4.u32 {%r1, %r2, %r3, %r4}, [%rd9];",
         "@%p1 add.u64 %rd10, %rd10, 8;\nst.global.v2.u64 [%rd10], {%rd1, %rd2};",
+        // A parameter read past the parameters.
+        "ld.param.u64 %rd30, [neg+8];",
         // A generic load of a shared address runs (on the general path).
         "cvta.shared.u64 %rd30, %rd13;\nst.shared.u32 [%rd13], %rd1;\nld.u32 %rd31, [%rd30];\n\
          st.global.u64 [%rd10], %rd31;",
@@ -433,7 +470,8 @@ fn faults_match_the_general_path() {
         };
         let mut params = BASE.to_le_bytes().to_vec();
         params.extend((BASE + INPUT as u64).to_le_bytes());
+        params.extend(NEG.to_le_bytes());
         let r = m.launch("k", &cfg, &params, &mem, &|_| None);
-        assert_eq!(r.is_err(), k < 19, "case {k}: {body}: {r:?}");
+        assert_eq!(r.is_err(), k < 20, "case {k}: {body}: {r:?}");
     }
 }

@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 
 use crate::alu::{self, f32v, mask, sext};
 use crate::code::{Dst, Ins, Src};
-use crate::inst::{BoolOp, Cmp, Op, Space, Ty, Type};
+use crate::inst::{BoolOp, Cmp, Op, Space, Sreg, Ty, Type};
 use crate::space::{SHARED_WINDOW, WINDOW_MASK};
 use crate::warp::{Bits, Env, Group, Lanes, Warp};
 
@@ -164,6 +164,20 @@ pub enum Fast {
         nv: u8,
         a: u32,
         off: u64,
+        n: u8,
+        sext: bool,
+    },
+    /// `mov` of a special register other than the clocks.
+    MovSreg {
+        d: u32,
+        s: Sreg,
+        m: u64,
+    },
+    /// `ld.param` of a kernel parameter (`n` bytes at `at` of the parameter buffer): one value
+    /// for every lane.
+    LdParam {
+        d: u32,
+        at: u64,
         n: u8,
         sext: bool,
     },
@@ -361,6 +375,38 @@ fn specialize_opt(ins: &Ins) -> Option<Fast> {
                 c,
                 m: tm,
                 mc: mask(1),
+            })
+        }
+        Op::Mov
+            if single
+                && !ins.svec
+                && ins.ns == 1
+                && matches!(ins.s[0], Src::Sreg(s) if !matches!(s, Sreg::Clock | Sreg::Clock64 | Sreg::Globaltimer)) =>
+        {
+            let Src::Sreg(s) = ins.s[0] else {
+                return None;
+            };
+            Some(Fast::MovSreg {
+                d: dreg(ins.d[0])?,
+                s,
+                m: tm,
+            })
+        }
+        Op::Ld
+            if ins.space == Space::Param
+                && single
+                && ins.ns == 0
+                && m.vec <= 1
+                && matches!(size, 1 | 2 | 4 | 8) =>
+        {
+            let (Src::KernelParam(base), off) = ins.addr? else {
+                return None;
+            };
+            Some(Fast::LdParam {
+                d: dreg(ins.d[0])?,
+                at: base.wrapping_add(off as u64),
+                n: size,
+                sext: signed,
             })
         }
         Op::Mov if single && !ins.svec && ins.ns == 1 => Some(Fast::Un {
@@ -778,6 +824,35 @@ pub fn exec(w: &mut Warp, env: &mut Env, ins: &Ins, g: &Group, run: u32) -> bool
                 }
             }
             write(regs, d, &o, run);
+            true
+        }
+        Fast::MovSreg { d, s, m } => {
+            let mut o = [0u64; 32];
+            match s {
+                Sreg::Tid(k) => {
+                    let k = k as usize % 3;
+                    for l in 0..32 {
+                        o[l] = w.tid[l][k] as u64 & m;
+                    }
+                }
+                Sreg::Ntid(_) | Sreg::Ctaid(_) | Sreg::Nctaid(_) | Sreg::DynSmem => {
+                    o = [crate::lanes::special(w, env, s, 0) & m; 32];
+                }
+                _ => {
+                    for l in Bits(run) {
+                        o[l] = crate::lanes::special(w, env, s, l) & m;
+                    }
+                }
+            }
+            write(&mut w.levels[g.depth], d, &o, run);
+            true
+        }
+        Fast::LdParam { d, at, n, sext } => {
+            let Some(v) = crate::memory::read_bytes(env.l.params, at, n as u64) else {
+                return false;
+            };
+            let v = if sext { alu::sext(v, n) as u64 } else { v };
+            write(&mut w.levels[g.depth], d, &[v; 32], run);
             true
         }
         Fast::Ld {
