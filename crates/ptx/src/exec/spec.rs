@@ -831,8 +831,8 @@ pub fn exec(w: &mut Warp, env: &mut Env, ins: &Ins, g: &Group, run: u32) -> bool
             match s {
                 Sreg::Tid(k) => {
                     let k = k as usize % 3;
-                    for l in 0..32 {
-                        o[l] = w.tid[l][k] as u64 & m;
+                    for (o, t) in o.iter_mut().zip(&w.tid) {
+                        *o = t[k] as u64 & m;
                     }
                 }
                 Sreg::Ntid(_) | Sreg::Ctaid(_) | Sreg::Nctaid(_) | Sreg::DynSmem => {
