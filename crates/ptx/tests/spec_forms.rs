@@ -475,3 +475,70 @@ fn faults_match_the_general_path() {
         assert_eq!(r.is_err(), k < 20, "case {k}: {body}: {r:?}");
     }
 }
+
+/// Runs `body` once (loaded as is): the result, and the output slots.
+fn once(body: &str, out_slots: usize) -> (Result<(), ExecError>, Vec<u8>) {
+    let m = Module::parse(&kernel(body)).unwrap();
+    // Eight bytes more: the end of device memory is not a multiple of 16.
+    let len = INPUT + out_slots * SLOT + 8;
+    let mut mem = VecMemory::new(BASE, len);
+    mem.write(0, &inputs());
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [THREADS, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    let mut params = BASE.to_le_bytes().to_vec();
+    params.extend((BASE + INPUT as u64).to_le_bytes());
+    params.extend(NEG.to_le_bytes());
+    let r = m.launch("k", &cfg, &params, &mem, &|_| None).map(|_| ());
+    (r, mem.read(INPUT, out_slots * SLOT))
+}
+
+/// `cp.async` of 4, 8 and 16 bytes copies each lane's element whole (the rest of a shorter
+/// `src-size` zeroed), and an element partly out of range fails at its first byte out of
+/// range, in device memory or in shared memory.
+#[test]
+fn cp_async_copies_whole_elements_and_faults_at_the_first_byte_out_of_range() {
+    let input = inputs();
+    for (n, keep) in [(16, 16), (8, 8), (4, 4), (16, 5), (8, 0)] {
+        // Lane t: the 16 bytes at in + 16 t into its 16 bytes of shared memory (zeros first).
+        let body = format!(
+            "st.shared.v2.u64 [%rd13], {{%rd0, %rd0}};\nshl.b64 %rd20, %rd7, 4;\n\
+             add.u64 %rd21, %rd5, %rd20;\n\
+             cp.async.cg.shared.global [%rd13], [%rd21], {n}, {keep};\n\
+             cp.async.wait_all;\nbar.sync 0;\n\
+             ld.shared.u64 %rd22, [%rd13];\nld.shared.u64 %rd23, [%rd13+8];\n\
+             st.global.u64 [%rd10], %rd22;\nst.global.u64 [%rd10+{SLOT}], %rd23;"
+        );
+        let (r, out) = once(&body, 2);
+        r.unwrap();
+        for t in 0..THREADS as usize {
+            let mut want = [0u8; 16];
+            want[..keep].copy_from_slice(&input[16 * t..16 * t + keep]);
+            let got: Vec<u8> = (0..2)
+                .flat_map(|k| out[k * SLOT + 8 * t..k * SLOT + 8 * t + 8].to_vec())
+                .collect();
+            assert_eq!(got, want, "cp.async {n}, {keep}: lane {t}");
+        }
+    }
+    // Lane 3's source: the last 8 bytes of device memory, and 8 past them.
+    let end = BASE + (INPUT + SLOT + 8) as u64;
+    let body = format!(
+        "mov.u64 %rd21, {};\nsetp.eq.u32 %p2, %r1, 3;\n@%p2 mov.u64 %rd21, {};\n\
+         cp.async.ca.shared.global [%rd13], [%rd21], 16;",
+        BASE,
+        end - 8
+    );
+    assert_eq!(once(&body, 1).0, Err(ExecError::IllegalAddress(end)));
+    // Lane 3's destination: past shared memory (1024 bytes and the reserved 1024).
+    let body = format!(
+        "mov.u64 %rd21, {BASE};\nsetp.eq.u32 %p2, %r1, 3;\n@%p2 mov.u64 %rd13, 2048;\n\
+         cp.async.ca.shared.global [%rd13], [%rd21], 8;"
+    );
+    let shared_window = 0x7F00_0000_0000_0000u64;
+    assert_eq!(
+        once(&body, 1).0,
+        Err(ExecError::IllegalAddress(shared_window + 2048))
+    );
+}
