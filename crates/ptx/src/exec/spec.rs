@@ -1059,14 +1059,28 @@ fn ld_shared<const N: usize>(
     let Some(o) = shared_offsets(&regs[a as usize], off, size, len, run) else {
         return false;
     };
+    // The offsets are copied out: each element goes straight into its register.
     for (k, dk) in d.iter().enumerate().take(nv as usize) {
-        let mut out = [0u64; 32];
-        for l in 0..32 {
+        let Dst::Reg(r) = *dk else {
+            continue;
+        };
+        let row = &mut regs[r as usize];
+        let one = |l: usize| {
             let v = read::<N>(sh, o[l] as usize + k * N);
-            out[l] = if sext_ { sext(v, N as u8) as u64 } else { v };
-        }
-        if let Dst::Reg(r) = *dk {
-            write(regs, r, &out, run);
+            if sext_ {
+                sext(v, N as u8) as u64
+            } else {
+                v
+            }
+        };
+        if run == u32::MAX {
+            for (l, x) in row.iter_mut().enumerate() {
+                *x = one(l);
+            }
+        } else {
+            for l in Bits(run) {
+                row[l] = one(l);
+            }
         }
     }
     true
@@ -1147,16 +1161,17 @@ fn ld_region<const N: usize>(
         return false;
     };
     let m = mask(N as u8);
+    // The offsets are copied out: each element goes straight into its register.
     for (k, dk) in d.iter().enumerate().take(nv as usize) {
-        let mut out = [0u64; 32];
+        let Dst::Reg(x) = *dk else {
+            continue;
+        };
+        let row = &mut regs[x as usize];
         for l in Bits(run) {
             let at = o[l] + (k * N) as u64;
             let word = r.words[(at / 8) as usize].load(Ordering::Relaxed);
             let v = (word >> ((at % 8) * 8)) & m;
-            out[l] = if sext_ { sext(v, N as u8) as u64 } else { v };
-        }
-        if let Dst::Reg(x) = *dk {
-            write(regs, x, &out, run);
+            row[l] = if sext_ { sext(v, N as u8) as u64 } else { v };
         }
     }
     true
