@@ -15,6 +15,8 @@ const THREADS: u32 = 45;
 const INPUT: usize = 4 * 64 * 8;
 /// Each result slot holds a word per thread slot.
 const SLOT: usize = 64 * 8;
+/// Where the module's `.global` variable `gbuf` lies (input words no thread reads).
+const GBUF: u64 = BASE + 448;
 /// The third parameter: bytes with their top bit set, for signed parameter loads.
 const NEG: u64 = 0x8f8e_8d8c_8b8a_8988;
 
@@ -71,7 +73,7 @@ fn inputs() -> Vec<u8> {
 fn kernel(body: &str) -> String {
     format!(
         ".version 8.0\n.target sm_80\n.address_size 64\n\
-         .shared .align 16 .b8 sbuf[1024];\n\
+         .shared .align 16 .b8 sbuf[1024];\n.global .align 8 .b8 gbuf[64];\n\
          .visible .entry k(.param .u64 in, .param .u64 out, .param .u64 neg)\n{{\n\
          .reg .b64 %rd<64>;\n.reg .b32 %r<64>;\n.reg .f32 %f<64>;\n.reg .f64 %fd<64>;\n\
          .reg .pred %p<8>;\n.reg .b16 %h<16>;\n\
@@ -104,7 +106,11 @@ fn both(body: &str, out_slots: usize) -> Vec<u8> {
         let mut params = BASE.to_le_bytes().to_vec();
         params.extend((BASE + INPUT as u64).to_le_bytes());
         params.extend(NEG.to_le_bytes());
-        let r = m.launch("k", &cfg, &params, &mem, &|_| None).map(|_| ());
+        let r = m
+            .launch("k", &cfg, &params, &mem, &|name| {
+                (name == "gbuf").then_some(GBUF)
+            })
+            .map(|_| ());
         (r, mem.read(0, len))
     };
     let (rf, mf) = run(&fast);
@@ -170,6 +176,9 @@ fn integer_arithmetic_matches_the_general_path() {
         t.push(format!("sub.{ty} D, A, B"));
         if !ty.starts_with('b') {
             t.push(format!("mul.lo.{ty} D, A, B"));
+            t.push(format!("mul.hi.{ty} D, A, B"));
+            t.push(format!("div.{ty} D, A, B"));
+            t.push(format!("rem.{ty} D, A, B"));
             t.push(format!("mad.lo.{ty} D, A, B, C"));
             t.push(format!("min.{ty} D, A, B"));
             t.push(format!("max.{ty} D, A, B"));
@@ -407,6 +416,15 @@ fn loads_and_stores_match_the_general_path() {
             out(&mut body, &rs);
             body += "bar.sync 0;\n";
         }
+        // Addresses that are a variable plus an offset (every lane the same).
+        let var = if space == "shared" { "sbuf" } else { "gbuf" };
+        body += &format!("@%p1 st.{space}.u32 [{var}+8], %rd1;\nbar.sync 0;\n");
+        body += &format!(
+            "ld.{space}.u32 %rd36, [{var}+8];\nld.{space}.v2.u32 {{%rd37, %rd38}}, [{var}+8];\n"
+        );
+        body += &format!("mov.b64 %rd39, %rd4;\n@%p1 ld.{space}.s16 %rd39, [{var}+10];\n");
+        out(&mut body, &["%rd36", "%rd37", "%rd38", "%rd39"]);
+        body += "bar.sync 0;\n";
         // An immediate stored, a load whose address register is its destination.
         body += &format!("st.{space}.u32 [{mine}], 0x12345678;\nst.{space}.u64 [{mine}+8], -2;\n");
         body += &format!("mov.b64 %rd34, {mine};\nld.{space}.u32 %rd34, [%rd34];\n");
@@ -471,7 +489,9 @@ fn faults_match_the_general_path() {
         let mut params = BASE.to_le_bytes().to_vec();
         params.extend((BASE + INPUT as u64).to_le_bytes());
         params.extend(NEG.to_le_bytes());
-        let r = m.launch("k", &cfg, &params, &mem, &|_| None);
+        let r = m.launch("k", &cfg, &params, &mem, &|name| {
+            (name == "gbuf").then_some(GBUF)
+        });
         assert_eq!(r.is_err(), k < 20, "case {k}: {body}: {r:?}");
     }
 }
@@ -491,7 +511,11 @@ fn once(body: &str, out_slots: usize) -> (Result<(), ExecError>, Vec<u8>) {
     let mut params = BASE.to_le_bytes().to_vec();
     params.extend((BASE + INPUT as u64).to_le_bytes());
     params.extend(NEG.to_le_bytes());
-    let r = m.launch("k", &cfg, &params, &mem, &|_| None).map(|_| ());
+    let r = m
+        .launch("k", &cfg, &params, &mem, &|name| {
+            (name == "gbuf").then_some(GBUF)
+        })
+        .map(|_| ());
     (r, mem.read(INPUT, out_slots * SLOT))
 }
 
@@ -541,4 +565,53 @@ fn cp_async_copies_whole_elements_and_faults_at_the_first_byte_out_of_range() {
         once(&body, 1).0,
         Err(ExecError::IllegalAddress(shared_window + 2048))
     );
+}
+
+/// `atom.shared` and `red.shared` of each operation and width, lanes contending for four
+/// words (later lanes see earlier lanes' results), predicated lanes, misaligned and
+/// out-of-range lanes.
+#[test]
+fn shared_atomics_match_the_general_path() {
+    let mut body = String::from(
+        "st.shared.v2.u64 [%rd13], {%rd0, %rd0};\nand.b64 %rd20, %rd7, 3;\n\
+         shl.b64 %rd20, %rd20, 3;\nadd.u64 %rd21, %rd11, %rd20;\nbar.sync 0;\n",
+    );
+    let mut slot = 0;
+    for op in [
+        "add.u32", "add.s32", "add.u64", "add.f32", "add.f64", "min.s32", "min.u32", "max.s64",
+        "max.u64", "min.f32", "exch.b32", "exch.b64", "and.b32", "or.b64", "xor.b32", "inc.u32",
+        "dec.u32",
+    ] {
+        for (guard, val) in [("", "%rd1"), ("@%p1 ", "%rd2"), ("", "5")] {
+            body +=
+                &format!("mov.b64 %rd30, %rd4;\n{guard}atom.shared.{op} %rd30, [%rd21], {val};\n");
+            body += &format!(
+                "st.global.u64 [%rd10+{}], %rd30;\nbar.sync 0;\n",
+                slot * SLOT
+            );
+            slot += 1;
+            body += &format!("{guard}red.shared.{op} [%rd21+32], {val};\nbar.sync 0;\n");
+        }
+        body += "ld.shared.u64 %rd31, [%rd21];\nld.shared.u64 %rd32, [%rd21+32];\n";
+        for r in ["%rd31", "%rd32"] {
+            body += &format!("st.global.u64 [%rd10+{}], {r};\n", slot * SLOT);
+            slot += 1;
+        }
+        body += "bar.sync 0;\nst.shared.v2.u64 [%rd21], {%rd0, %rd0};\n\
+                 st.shared.v2.u64 [%rd21+32], {%rd0, %rd0};\nbar.sync 0;\n";
+    }
+    // A variable's address, every lane the same word.
+    body += "st.shared.v2.u64 [sbuf+64], {%rd1, %rd2};\nbar.sync 0;\n";
+    body += "atom.shared.add.u32 %rd33, [sbuf+64], %rd1;\n";
+    body += &format!("st.global.u64 [%rd10+{}], %rd33;\n", slot * SLOT);
+    slot += 1;
+    both(&body, slot);
+    for body in [
+        "@%p1 add.u64 %rd13, %rd13, 2;\natom.shared.add.u32 %rd30, [%rd13], 1;",
+        "@%p1 mov.u64 %rd13, 2048;\nred.shared.add.u64 [%rd13], 1;",
+        "@%p1 mov.u64 %rd13, -8;\natom.shared.exch.b64 %rd30, [%rd13], 1;",
+    ] {
+        both(body, 1);
+        assert!(once(body, 1).0.is_err(), "{body}");
+    }
 }

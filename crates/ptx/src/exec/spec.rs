@@ -14,14 +14,14 @@
 //! the space, in range, aligned); when one fails, [`exec`] answers `false` and the general path
 //! runs the instruction and reports the fault it finds. Arithmetic on lanes that are not
 //! running is computed and dropped: no form can fault or panic on any value (integer division
-//! keeps the general path). `crates/ptx/tests/fast_paths.rs` runs kernels with and without
-//! these forms and compares.
+//! is guarded against zero as the general path guards it). `crates/ptx/tests/spec_forms.rs`
+//! runs kernels with and without these forms and compares.
 
 use std::sync::atomic::Ordering;
 
 use crate::alu::{self, f32v, mask, sext};
 use crate::code::{Dst, Ins, Src};
-use crate::inst::{BoolOp, Cmp, Op, Space, Sreg, Ty, Type};
+use crate::inst::{AtomOp, BoolOp, Cmp, Op, Space, Sreg, Ty, Type};
 use crate::space::{SHARED_WINDOW, WINDOW_MASK};
 use crate::warp::{Bits, Env, Group, Lanes, Warp};
 
@@ -58,6 +58,15 @@ macro_rules! by_width {
     };
 }
 
+/// The base of a load's or store's address.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Addr {
+    Reg(u32),
+    /// A module symbol (a shared variable's offset, a global variable's address): the same in
+    /// every lane, resolved by the launch.
+    Sym(u32),
+}
+
 /// Two-operand operations.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Bin {
@@ -67,6 +76,14 @@ pub enum Bin {
     /// `mul.wide.s*`: the operands' byte width.
     MulWideS(u8),
     MulWideU,
+    /// `mul.hi`: the operands' bits and the mask; the signed one their byte width too.
+    MulHiS(u8, u64, u64),
+    MulHiU(u64, u64),
+    /// Integer division and remainder (as [`alu::arith`]: by zero, all ones and the dividend).
+    DivS(u8, u64),
+    DivU,
+    RemS(u8, u64),
+    RemU,
     /// Shifts: the value's bits and mask; the signed shift its width too.
     Shl(u64, u64),
     ShrU(u64),
@@ -162,7 +179,7 @@ pub enum Fast {
         shared: bool,
         d: [Dst; 4],
         nv: u8,
-        a: u32,
+        a: Addr,
         off: u64,
         n: u8,
         sext: bool,
@@ -181,12 +198,23 @@ pub enum Fast {
         n: u8,
         sext: bool,
     },
+    /// `atom.shared` / `red.shared` (not `cas`) of one element of `n` bytes (4 or 8) at
+    /// `[a+off]`: the lanes one after another, as [`alu::atom`] of the instruction's type.
+    AtomShared {
+        op: AtomOp,
+        ty: Type,
+        d: Dst,
+        a: Addr,
+        off: u64,
+        n: u8,
+        v: Opnd,
+    },
     /// `st` of `nv` elements of `n` bytes at `[a+off]`, shared memory or global.
     St {
         shared: bool,
         v: [Opnd; 4],
         nv: u8,
-        a: u32,
+        a: Addr,
         off: u64,
         n: u8,
     },
@@ -196,6 +224,15 @@ fn opnd(s: Src, size: u8) -> Option<Opnd> {
     match s {
         Src::Reg(r) => Some(Opnd::Reg(r)),
         Src::Imm(v) => Some(Opnd::Imm(v & mask(size))),
+        _ => None,
+    }
+}
+
+/// The `[base+offset]` operand of a load or store, if its base is a register or a symbol.
+fn addr(ins: &Ins) -> Option<(Addr, u64)> {
+    match ins.addr? {
+        (Src::Reg(r), off) => Some((Addr::Reg(r), off as u64)),
+        (Src::Sym(id), off) => Some((Addr::Sym(id), off as u64)),
         _ => None,
     }
 }
@@ -238,6 +275,7 @@ fn specialize_opt(ins: &Ins) -> Option<Fast> {
         | Op::Sub
         | Op::Mul
         | Op::Div
+        | Op::Rem
         | Op::Min
         | Op::Max
         | Op::And
@@ -261,6 +299,12 @@ fn specialize_opt(ins: &Ins) -> Option<Fast> {
                 Op::Mul if int && !m.wide && !m.hi => Bin::MulLo(tm),
                 Op::Mul if int && m.wide && size < 8 && signed => Bin::MulWideS(size),
                 Op::Mul if int && m.wide && size < 8 => Bin::MulWideU,
+                Op::Mul if int && m.hi && signed => Bin::MulHiS(size, bits, tm),
+                Op::Mul if int && m.hi => Bin::MulHiU(bits, tm),
+                Op::Div if int && signed => Bin::DivS(size, tm),
+                Op::Div if int => Bin::DivU,
+                Op::Rem if int && signed => Bin::RemS(size, tm),
+                Op::Rem if int => Bin::RemU,
                 Op::Shl if int => Bin::Shl(bits, tm),
                 Op::Shr if int && signed => Bin::ShrS(size, bits, tm),
                 Op::Shr if int => Bin::ShrU(bits),
@@ -478,17 +522,39 @@ fn specialize_opt(ins: &Ins) -> Option<Fast> {
             {
                 return None;
             }
-            let (Src::Reg(a), off) = ins.addr? else {
-                return None;
-            };
+            let (a, off) = addr(ins)?;
             Some(Fast::Ld {
                 shared,
                 d: ins.d,
                 nv,
                 a,
-                off: off as u64,
+                off,
                 n,
                 sext: signed,
+            })
+        }
+        Op::Atom | Op::Red
+            if ins.space == Space::Shared
+                && m.vec <= 1
+                && matches!(size, 4 | 8)
+                && m.atom_op != AtomOp::Cas
+                && ins.ns == 1
+                && !ins.dvec
+                && alu::atom(m.atom_op, ty, 0, 0, 0).is_some() =>
+        {
+            let (a, off) = addr(ins)?;
+            Some(Fast::AtomShared {
+                op: m.atom_op,
+                ty,
+                d: if ins.op == Op::Atom {
+                    ins.d[0]
+                } else {
+                    Dst::Sink
+                },
+                a,
+                off,
+                n: size,
+                v: src(0, size)?,
             })
         }
         Op::St => {
@@ -507,9 +573,7 @@ fn specialize_opt(ins: &Ins) -> Option<Fast> {
             {
                 return None;
             }
-            let (Src::Reg(a), off) = ins.addr? else {
-                return None;
-            };
+            let (a, off) = addr(ins)?;
             let mut v = [Opnd::Imm(0); 4];
             for (k, slot) in v.iter_mut().enumerate().take(nv as usize) {
                 *slot = src(k, n)?;
@@ -519,7 +583,7 @@ fn specialize_opt(ins: &Ins) -> Option<Fast> {
                 v,
                 nv,
                 a,
-                off: off as u64,
+                off,
                 n,
             })
         }
@@ -873,6 +937,18 @@ pub fn exec(w: &mut Warp, env: &mut Env, ins: &Ins, g: &Group, run: u32) -> bool
             (false, 2) => ld_region::<2>(w, env, g, &d, nv, a, off, sext, run),
             (false, _) => ld_region::<1>(w, env, g, &d, nv, a, off, sext, run),
         },
+        Fast::AtomShared {
+            op,
+            ty,
+            d,
+            a,
+            off,
+            n,
+            v,
+        } => match n {
+            4 => atom_shared::<4>(w, env, g, op, ty, d, a, off, v, run),
+            _ => atom_shared::<8>(w, env, g, op, ty, d, a, off, v, run),
+        },
         Fast::St {
             shared,
             v,
@@ -933,6 +1009,33 @@ fn binary(regs: &mut [Lanes], op: Bin, d: u32, a: Opnd, b: Opnd, ma: u64, mb: u6
         Bin::MulLo(m) => each!(|a, b| a.wrapping_mul(b) & m),
         Bin::MulWideS(size) => by_width!(size, sx, each!(|a, b| sx(a).wrapping_mul(sx(b)) as u64)),
         Bin::MulWideU => each!(|a, b| a.wrapping_mul(b)),
+        Bin::MulHiS(size, bits, m) => by_width!(
+            size,
+            sx,
+            each!(|a, b| ((sx(a) as i128 * sx(b) as i128) >> bits) as u64 & m)
+        ),
+        Bin::MulHiU(bits, m) if bits <= 32 => each!(|a, b| (a.wrapping_mul(b) >> bits) & m),
+        Bin::MulHiU(bits, m) => each!(|a, b| ((a as u128 * b as u128) >> bits) as u64 & m),
+        Bin::DivS(size, m) => by_width!(
+            size,
+            sx,
+            each!(|a, b| if b == 0 {
+                m
+            } else {
+                sx(a).wrapping_div(sx(b)) as u64 & m
+            })
+        ),
+        Bin::DivU => each!(|a, b| a.checked_div(b).unwrap_or(ma)),
+        Bin::RemS(size, m) => by_width!(
+            size,
+            sx,
+            each!(|a, b| if b == 0 {
+                a
+            } else {
+                sx(a).wrapping_rem(sx(b)) as u64 & m
+            })
+        ),
+        Bin::RemU => each!(|a, b| if b == 0 { a } else { a % b }),
         Bin::Shl(bits, m) => each!(|a, b| if b >= bits { 0 } else { (a << b) & m }),
         Bin::ShrU(bits) => each!(|a, b| if b >= bits { 0 } else { a >> b }),
         Bin::ShrS(size, bits, m) => {
@@ -965,6 +1068,24 @@ fn binary(regs: &mut [Lanes], op: Bin, d: u32, a: Opnd, b: Opnd, ma: u64, mb: u6
         Bin::SetpF32(c) => fcmps!(c, F32),
         Bin::SetpF64(c) => fcmps!(c, F64),
     }
+}
+
+/// Each lane's base address of a load or store: a register's row, or a symbol's address in
+/// `tmp` (the function answers `false` when the launch has no address for the symbol: the
+/// general path reports it).
+macro_rules! base_row {
+    ($regs:expr, $env:expr, $a:expr, $tmp:ident) => {
+        match $a {
+            Addr::Reg(r) => &$regs[r as usize],
+            Addr::Sym(id) => {
+                let Some(v) = $env.l.syms.get(id as usize).copied().flatten() else {
+                    return false;
+                };
+                $tmp = [v; 32];
+                &$tmp
+            }
+        }
+    };
 }
 
 /// `N` little-endian bytes of `b` at `i`.
@@ -1022,7 +1143,7 @@ fn ld_shared<const N: usize>(
     g: &Group,
     d: &[Dst; 4],
     nv: u8,
-    a: u32,
+    a: Addr,
     off: u64,
     sext_: bool,
     run: u32,
@@ -1032,11 +1153,25 @@ fn ld_shared<const N: usize>(
     let sh = &env.shared[..];
     let len = sh.len() as u64;
     if let (1, Dst::Reg(dr), true) = (nv, d[0], len >= size) {
-        if let Some((out, s)) = split(regs, dr, &[Opnd::Reg(a)]) {
+        let srcs: &[Opnd] = match a {
+            Addr::Reg(r) => &[Opnd::Reg(r)],
+            Addr::Sym(_) => &[],
+        };
+        if let Some((out, s)) = split(regs, dr, srcs) {
             // One pass: address, check, load, straight into the destination. When a lane
             // fails, the general path runs the instruction again and writes every running
             // lane of the destination (or fails the launch).
-            let row = s.row(a);
+            let tmp: Lanes;
+            let row = match a {
+                Addr::Reg(r) => s.row(r),
+                Addr::Sym(id) => {
+                    let Some(v) = env.l.syms.get(id as usize).copied().flatten() else {
+                        return false;
+                    };
+                    tmp = [v; 32];
+                    &tmp
+                }
+            };
             let lim = len - size;
             let one = |x: u64| shared_one::<N>(sh, x, off, lim, sext_);
             let mut good = true;
@@ -1056,7 +1191,8 @@ fn ld_shared<const N: usize>(
             return good;
         }
     }
-    let Some(o) = shared_offsets(&regs[a as usize], off, size, len, run) else {
+    let tmp: Lanes;
+    let Some(o) = shared_offsets(base_row!(regs, env, a, tmp), off, size, len, run) else {
         return false;
     };
     // The offsets are copied out: each element goes straight into its register.
@@ -1094,13 +1230,15 @@ fn st_shared<const N: usize>(
     g: &Group,
     v: &[Opnd; 4],
     nv: u8,
-    a: u32,
+    a: Addr,
     off: u64,
     run: u32,
 ) -> bool {
     let regs = &w.levels[g.depth][..];
     let size = N as u64 * nv as u64;
-    let Some(o) = shared_offsets(&regs[a as usize], off, size, env.shared.len() as u64, run) else {
+    let tmp: Lanes;
+    let shared_len = env.shared.len() as u64;
+    let Some(o) = shared_offsets(base_row!(regs, env, a, tmp), off, size, shared_len, run) else {
         return false;
     };
     env.shared_dirty = true;
@@ -1147,7 +1285,7 @@ fn ld_region<const N: usize>(
     g: &Group,
     d: &[Dst; 4],
     nv: u8,
-    a: u32,
+    a: Addr,
     off: u64,
     sext_: bool,
     run: u32,
@@ -1157,7 +1295,8 @@ fn ld_region<const N: usize>(
     };
     let regs = &mut w.levels[g.depth][..];
     let size = N as u64 * nv as u64;
-    let Some(o) = region_offsets(&regs[a as usize], off, size, &r, run) else {
+    let tmp: Lanes;
+    let Some(o) = region_offsets(base_row!(regs, env, a, tmp), off, size, &r, run) else {
         return false;
     };
     let m = mask(N as u8);
@@ -1185,7 +1324,7 @@ fn st_region<const N: usize>(
     g: &Group,
     v: &[Opnd; 4],
     nv: u8,
-    a: u32,
+    a: Addr,
     off: u64,
     run: u32,
 ) -> bool {
@@ -1194,7 +1333,8 @@ fn st_region<const N: usize>(
     };
     let regs = &w.levels[g.depth][..];
     let size = N as u64 * nv as u64;
-    let Some(o) = region_offsets(&regs[a as usize], off, size, &r, run) else {
+    let tmp: Lanes;
+    let Some(o) = region_offsets(base_row!(regs, env, a, tmp), off, size, &r, run) else {
         return false;
     };
     let exclusive = env.l.exclusive;
@@ -1221,6 +1361,46 @@ fn st_region<const N: usize>(
                 });
             }
         }
+    }
+    true
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn atom_shared<const N: usize>(
+    w: &mut Warp,
+    env: &mut Env,
+    g: &Group,
+    op: AtomOp,
+    ty: Type,
+    d: Dst,
+    a: Addr,
+    off: u64,
+    v: Opnd,
+    run: u32,
+) -> bool {
+    let regs = &mut w.levels[g.depth][..];
+    let tmp: Lanes;
+    let shared_len = env.shared.len() as u64;
+    let Some(o) = shared_offsets(base_row!(regs, env, a, tmp), off, N as u64, shared_len, run)
+    else {
+        return false;
+    };
+    let m = mask(N as u8);
+    let tv: Lanes;
+    let x = row!(regs, v, tv);
+    let mut old = [0u64; 32];
+    env.shared_dirty = true;
+    let sh = &mut env.shared[..];
+    for l in Bits(run) {
+        let i = o[l] as usize;
+        let was = read::<N>(sh, i);
+        let new = alu::atom(op, ty, was, x[l] & m, 0).unwrap_or(was);
+        sh[i..i + N].copy_from_slice(&new.to_le_bytes()[..N]);
+        old[l] = was;
+    }
+    if let Dst::Reg(r) = d {
+        write(regs, r, &old, run);
     }
     true
 }
