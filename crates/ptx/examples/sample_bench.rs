@@ -2,13 +2,70 @@
 //! PTX interpreter, the sample's own sizes (A 320x320, B 640x320):
 //! `cargo run --release -p gpufuse-ptx --example sample_bench -- matrixMul.ptx [LAUNCHES [THREADS]]`
 //! where matrixMul.ptx is `nvcc -ptx -arch=sm_80 -I Common matrixMul.cu` of the samples'
-//! `Samples/0_Introduction/matrixMul`. Checks every element of the product.
+//! `Samples/0_Introduction/matrixMul`. Each matrix is an allocation of its own, as on the
+//! emulated device. Checks every element of the product.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use gpufuse_ptx::{LaunchConfig, Module, VecMemory};
+use gpufuse_ptx::{DeviceMemory, LaunchConfig, Module, Region};
 
 const BASE: u64 = 0x2000_0000_0000;
+
+/// Device memory as the emulated device keeps it: each allocation its own region.
+struct Allocations(Vec<(u64, Vec<AtomicU64>)>);
+
+impl Allocations {
+    /// Allocation `i` of `words[i]` (its 32-bit values) at `BASE + i * 2^32`.
+    fn new(words: &[Vec<u32>]) -> Allocations {
+        Allocations(
+            words
+                .iter()
+                .enumerate()
+                .map(|(i, w)| {
+                    let words = w
+                        .chunks(2)
+                        .map(|p| {
+                            AtomicU64::new(
+                                p[0] as u64 | (p.get(1).copied().unwrap_or(0) as u64) << 32,
+                            )
+                        })
+                        .collect();
+                    (BASE + ((i as u64) << 32), words)
+                })
+                .collect(),
+        )
+    }
+
+    fn start(&self, i: usize) -> u64 {
+        self.0[i].0
+    }
+
+    /// Allocation `i`'s 32-bit values.
+    fn values(&self, i: usize) -> Vec<u32> {
+        self.0[i]
+            .1
+            .iter()
+            .flat_map(|w| {
+                let w = w.load(Ordering::Relaxed);
+                [w as u32, (w >> 32) as u32]
+            })
+            .collect()
+    }
+}
+
+impl DeviceMemory for Allocations {
+    fn region(&self, addr: u64) -> Option<Region<'_>> {
+        self.0.iter().find_map(|(start, words)| {
+            let len = 8 * words.len() as u64;
+            (addr >= *start && addr - start < len).then_some(Region {
+                start: *start,
+                len,
+                words,
+            })
+        })
+    }
+}
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -30,18 +87,13 @@ fn main() {
         .expect("the block-32 kernel");
     let bs = 32u32;
     let (wa, ha, wb) = (10 * bs, 10 * bs, 20 * bs);
-    let (a_len, b_len, c_len) = (
-        (wa * ha) as usize * 4,
-        (wb * wa) as usize * 4,
-        (wb * ha) as usize * 4,
-    );
-    let mut mem = VecMemory::new(BASE, a_len + b_len + c_len);
-    let (a, b, c) = (BASE, BASE + a_len as u64, BASE + (a_len + b_len) as u64);
-    // A all 1.0, B all 0.01, as the sample fills them.
-    let ones: Vec<u8> = (0..a_len / 4).flat_map(|_| 1.0f32.to_le_bytes()).collect();
-    let hundredths: Vec<u8> = (0..b_len / 4).flat_map(|_| 0.01f32.to_le_bytes()).collect();
-    mem.write(0, &ones);
-    mem.write(a_len, &hundredths);
+    // A all 1.0, B all 0.01, as the sample fills them; each matrix its own allocation.
+    let mem = Allocations::new(&[
+        vec![1.0f32.to_bits(); (wa * ha) as usize],
+        vec![0.01f32.to_bits(); (wb * wa) as usize],
+        vec![0; (wb * ha) as usize],
+    ]);
+    let (a, b, c) = (mem.start(0), mem.start(1), mem.start(2));
     let info = m.kernel(&kernel).expect("kernel");
     let len = info
         .params
@@ -72,11 +124,11 @@ fn main() {
         lanes += s.lane_instructions;
     }
     let secs = t.elapsed().as_secs_f64();
-    let out = mem.read(a_len + b_len, c_len);
     let want = wa as f32 * 0.01;
-    let bad = out
-        .chunks_exact(4)
-        .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+    let bad = mem
+        .values(2)
+        .into_iter()
+        .map(f32::from_bits)
         .filter(|&v| (v - want).abs() > 1e-3)
         .count();
     assert_eq!(bad, 0, "elements of C differ from {want}");

@@ -334,6 +334,9 @@ pub struct Env<'a> {
     pub ctaid: [u32; 3],
     /// The device memory region of the last global access.
     pub region: Option<Region<'a>>,
+    /// The regions of the last few global accesses of the specialized forms, latest first
+    /// (`exec/spec.rs`): a loop over several arrays finds each one's region here.
+    pub recent: [Option<Region<'a>>; 4],
     /// The reduction of the `bar.red` threads waiting at the block barrier.
     pub bar_red: BarRed,
     /// Device memory was written since the block's last step began.
@@ -450,6 +453,7 @@ impl<'a> Block<'a> {
                 shared: spare_shared(l.shared_bytes),
                 ctaid: [0; 3],
                 region: None,
+                recent: [None; 4],
                 bar_red: BarRed::default(),
                 wrote: false,
                 shared_dirty: false,

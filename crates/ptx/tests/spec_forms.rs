@@ -615,3 +615,101 @@ fn shared_atomics_match_the_general_path() {
         assert!(once(body, 1).0.is_err(), "{body}");
     }
 }
+
+/// Device memory of several allocations with holes between them, as the emulated device keeps
+/// it (each allocation its own region).
+struct Allocations(Vec<(u64, Vec<std::sync::atomic::AtomicU64>)>);
+
+impl Allocations {
+    fn new(sizes: &[(u64, usize)]) -> Allocations {
+        Allocations(
+            sizes
+                .iter()
+                .map(|&(start, len)| {
+                    let words = (0..len / 8)
+                        .map(|i| std::sync::atomic::AtomicU64::new(start + 8 * i as u64))
+                        .collect();
+                    (start, words)
+                })
+                .collect(),
+        )
+    }
+
+    fn words(&self) -> Vec<u64> {
+        self.0
+            .iter()
+            .flat_map(|(_, w)| {
+                w.iter()
+                    .map(|x| x.load(std::sync::atomic::Ordering::Relaxed))
+            })
+            .collect()
+    }
+}
+
+impl gpufuse_ptx::DeviceMemory for Allocations {
+    fn region(&self, addr: u64) -> Option<gpufuse_ptx::Region<'_>> {
+        self.0.iter().find_map(|(start, words)| {
+            let len = 8 * words.len() as u64;
+            (addr >= *start && addr - start < len).then_some(gpufuse_ptx::Region {
+                start: *start,
+                len,
+                words,
+            })
+        })
+    }
+}
+
+/// A loop over three allocations, each access of another one than the last (the specialized
+/// forms keep several regions at hand), lanes stepping off the end of one into the hole
+/// after it: the same memory, or the same error, as the general path.
+#[test]
+fn accesses_alternating_between_allocations_match_the_general_path() {
+    let (a, b, c) = (BASE, BASE + 0x10000, BASE + 0x20000);
+    let text = |tail: &str| {
+        format!(
+            ".version 8.0\n.target sm_80\n.address_size 64\n\
+             .visible .entry k(.param .u64 a, .param .u64 b, .param .u64 c)\n{{\n\
+             .reg .b64 %rd<32>;\n.reg .b32 %r<8>;\n.reg .pred %p<4>;\n\
+             ld.param.u64 %rd1, [a];\nld.param.u64 %rd2, [b];\nld.param.u64 %rd3, [c];\n\
+             mov.u32 %r1, %tid.x;\ncvt.u64.u32 %rd4, %r1;\nshl.b64 %rd5, %rd4, 3;\n\
+             add.u64 %rd6, %rd1, %rd5;\nadd.u64 %rd7, %rd2, %rd5;\nadd.u64 %rd8, %rd3, %rd5;\n\
+             mov.u32 %r2, 0;\n\
+             $L_loop:\n\
+             ld.global.u64 %rd10, [%rd6];\nld.global.u32 %rd11, [%rd7+4];\n\
+             add.u64 %rd12, %rd10, %rd11;\nst.global.u64 [%rd8], %rd12;\n\
+             ld.global.v2.u32 {{%rd13, %rd14}}, [%rd7];\nst.global.u32 [%rd6+4], %rd13;\n\
+             st.global.v2.u32 [%rd7], {{%rd14, %rd12}};\n\
+             add.u32 %r2, %r2, 1;\nsetp.lt.u32 %p1, %r2, 5;\n@%p1 bra $L_loop;\n\
+             {tail}\nret;\n}}\n"
+        )
+    };
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [THREADS, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    let mut params = a.to_le_bytes().to_vec();
+    params.extend(b.to_le_bytes());
+    params.extend(c.to_le_bytes());
+    // The allocations: 45 words each, except `c`'s 40 (lanes 40 to 44 store past its end).
+    for (tail, c_len) in [
+        ("", 45 * 8),
+        ("", 40 * 8),
+        ("ld.global.u64 %rd20, [%rd6+360];", 45 * 8),
+    ] {
+        let run = |general: bool| {
+            let m = Module::parse(&text(tail)).unwrap();
+            let m = if general { m.without_fast_forms() } else { m };
+            let mem = Allocations::new(&[(a, 45 * 8), (b, 45 * 8), (c, c_len)]);
+            let r = m.launch("k", &cfg, &params, &mem, &|_| None).map(|_| ());
+            (r, mem.words())
+        };
+        let (fast, general) = (run(false), run(true));
+        assert_eq!(fast, general, "{tail} c: {c_len} bytes");
+        assert_eq!(
+            fast.0.is_ok(),
+            c_len == 45 * 8 && tail.is_empty(),
+            "{fast:?}"
+        );
+    }
+}

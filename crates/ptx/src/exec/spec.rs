@@ -174,7 +174,7 @@ pub enum Fast {
         ma: u64,
     },
     /// `ld` of `nv` elements of `n` bytes (1, 2, 4, 8) at `[a+off]`, shared memory (`shared`)
-    /// or the block's last device-memory region; `sext`: signed elements.
+    /// or device memory; `sext`: signed elements.
     Ld {
         shared: bool,
         d: [Dst; 4],
@@ -1258,7 +1258,29 @@ fn st_shared<const N: usize>(
     true
 }
 
-/// Each lane's offset of `[a+off]` in the block's last device-memory region, if every running
+/// The device memory region holding `addr`: one of the block's recent regions, or else the
+/// device's (then the most recent).
+#[inline(always)]
+fn region_of<'a>(env: &mut Env<'a>, addr: u64) -> Option<crate::Region<'a>> {
+    let hit = |r: &crate::Region| addr.wrapping_sub(r.start) < r.len;
+    if let Some(r) = env.recent.iter().flatten().find(|r| hit(r)) {
+        return Some(*r);
+    }
+    // The VM's own windows hold no device memory.
+    use crate::space::{ALLOCA_WINDOW, FUNCTION_WINDOW, LOCAL_WINDOW, PARAM_WINDOW};
+    if matches!(
+        addr & WINDOW_MASK,
+        SHARED_WINDOW | LOCAL_WINDOW | PARAM_WINDOW | ALLOCA_WINDOW | FUNCTION_WINDOW
+    ) {
+        return None;
+    }
+    let r = env.l.mem.region(addr)?;
+    env.recent.rotate_right(1);
+    env.recent[0] = Some(r);
+    Some(r)
+}
+
+/// Each lane's offset of `[a+off]` in device-memory region `r`, if every running
 /// lane's access of `size` bytes lies in it, aligned. Lanes out of range get offset 0.
 #[inline(always)]
 fn region_offsets(row: &Lanes, off: u64, size: u64, r: &crate::Region, run: u32) -> Option<Lanes> {
@@ -1281,7 +1303,7 @@ fn region_offsets(row: &Lanes, off: u64, size: u64, r: &crate::Region, run: u32)
 #[allow(clippy::too_many_arguments)]
 fn ld_region<const N: usize>(
     w: &mut Warp,
-    env: &Env,
+    env: &mut Env,
     g: &Group,
     d: &[Dst; 4],
     nv: u8,
@@ -1290,13 +1312,15 @@ fn ld_region<const N: usize>(
     sext_: bool,
     run: u32,
 ) -> bool {
-    let Some(r) = env.region else {
-        return false;
-    };
     let regs = &mut w.levels[g.depth][..];
     let size = N as u64 * nv as u64;
     let tmp: Lanes;
-    let Some(o) = region_offsets(base_row!(regs, env, a, tmp), off, size, &r, run) else {
+    let row = base_row!(regs, env, a, tmp);
+    let first = row[run.trailing_zeros() as usize & 31].wrapping_add(off);
+    let Some(r) = region_of(env, first) else {
+        return false;
+    };
+    let Some(o) = region_offsets(row, off, size, &r, run) else {
         return false;
     };
     let m = mask(N as u8);
@@ -1328,13 +1352,15 @@ fn st_region<const N: usize>(
     off: u64,
     run: u32,
 ) -> bool {
-    let Some(r) = env.region else {
-        return false;
-    };
     let regs = &w.levels[g.depth][..];
     let size = N as u64 * nv as u64;
     let tmp: Lanes;
-    let Some(o) = region_offsets(base_row!(regs, env, a, tmp), off, size, &r, run) else {
+    let row = base_row!(regs, env, a, tmp);
+    let first = row[run.trailing_zeros() as usize & 31].wrapping_add(off);
+    let Some(r) = region_of(env, first) else {
+        return false;
+    };
+    let Some(o) = region_offsets(row, off, size, &r, run) else {
         return false;
     };
     let exclusive = env.l.exclusive;
