@@ -643,7 +643,7 @@ fn split<'a>(regs: &'a mut [Lanes], d: u32, srcs: &[Opnd]) -> Option<(&'a mut La
     if srcs.contains(&Opnd::Reg(d)) {
         return None;
     }
-    let (lo, rest) = regs.split_at_mut(d as usize);
+    let (lo, rest) = regs.split_at_mut_checked(d as usize)?;
     let (out, hi) = rest.split_first_mut()?;
     Some((
         out,
