@@ -58,6 +58,30 @@ pub fn fma_f32(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
+/// [`fma_f32`] of 32 lanes of f32 bits (the low 32 bits of each word), in passes the compiler
+/// vectorizes: the f64 result of every lane, the check of every lane, and only where a lane
+/// needs it (rarely) the exact `fmaf`. Each lane's bits equal `fma_f32`'s.
+#[inline(always)]
+pub fn fma_f32_lanes(x: &[u64; 32], y: &[u64; 32], z: &[u64; 32], out: &mut [u64; 32]) {
+    let mut r = [0f64; 32];
+    for l in 0..32 {
+        r[l] = f32v(x[l]) as f64 * f32v(y[l]) as f64 + f32v(z[l]) as f64;
+    }
+    let mut exact = false;
+    for l in 0..32 {
+        let bits = r[l].to_bits();
+        let exp = (bits >> 52) & 0x7ff;
+        let ok = (bits & 0x1fff_ffff != 0x1000_0000 && exp >= 0x3ff - 126) || r[l] == 0.0;
+        exact |= !ok;
+        out[l] = (r[l] as f32).to_bits() as u64;
+    }
+    if exact {
+        for l in 0..32 {
+            out[l] = fma_f32(f32v(x[l]), f32v(y[l]), f32v(z[l])).to_bits() as u64;
+        }
+    }
+}
+
 /// The libm `fmaf`, out of line so that it is not computed speculatively on the fast path.
 #[cold]
 #[inline(never)]
@@ -902,6 +926,57 @@ pub fn cmp_pair(op: Cmp, e: Type, a: u64, b: u64) -> (bool, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 32-lane form gives each lane's `fma_f32` bits, NaN payloads included, with and
+    /// without a lane that needs the exact path, and with garbage above the low 32 bits.
+    #[test]
+    fn fma_f32_lanes_match_fma_f32() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let special = [
+            0u64,
+            0x8000_0000,
+            0x7fc0_0001,
+            0x7f80_0000,
+            0x0000_0001,
+            0x3f80_0000,
+        ];
+        for round in 0..20_000 {
+            let mut v: [[u64; 32]; 3] = [[0; 32]; 3];
+            for row in &mut v {
+                for w in row.iter_mut() {
+                    let r = next();
+                    *w = if r % 7 == 0 {
+                        special[(r >> 8) as usize % special.len()] | (r << 40)
+                    } else {
+                        r
+                    };
+                }
+            }
+            if round % 3 == 0 {
+                // A halfway case in one lane.
+                let a = (1.0f32 + f32::EPSILON).to_bits() as u64;
+                let l = round % 32;
+                (v[0][l], v[1][l], v[2][l]) = (a, a, (-1.0f32).to_bits() as u64);
+            }
+            let mut out = [0u64; 32];
+            fma_f32_lanes(&v[0], &v[1], &v[2], &mut out);
+            for l in 0..32 {
+                let want = fma_f32(f32v(v[0][l]), f32v(v[1][l]), f32v(v[2][l])).to_bits();
+                assert_eq!(
+                    out[l],
+                    want as u64,
+                    "lane {l} of {:x?}",
+                    (v[0][l], v[1][l], v[2][l])
+                );
+            }
+        }
+    }
 
     #[test]
     fn fma_f32_is_exactly_rounded() {

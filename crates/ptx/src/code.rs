@@ -70,6 +70,8 @@ pub struct Ins {
     pub addr2: Option<(Src, i64)>,
     /// A branch's target, or a call's index in [`Code::calls`].
     pub target: u32,
+    /// The instruction's form specialized at load time, if it has one (`exec/spec.rs`).
+    pub fast: crate::exec::spec::Fast,
 }
 
 impl Ins {
@@ -336,6 +338,7 @@ fn compile_function(
             Ok(mut ins) => {
                 ins.addr32 = matches!(ins.addr, Some((Src::Reg(r), _))
                     if f.reg_bytes.get(r as usize).is_some_and(|&b| b <= 4));
+                ins.fast = crate::exec::spec::specialize(&ins);
                 ins
             }
             Err(why) => {
@@ -371,6 +374,7 @@ fn trap_ins() -> Ins {
         addr32: false,
         addr2: None,
         target: 0,
+        fast: crate::exec::spec::Fast::None,
     }
 }
 

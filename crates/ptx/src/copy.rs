@@ -55,6 +55,9 @@ pub fn cp_async(
             }
         }
         let k = keep[l].min(n);
+        if k == n && copy_words(env, dst[l], src[l], n) {
+            continue;
+        }
         for i in 0..n {
             let b = if i < k {
                 load(w, env, l, src[l] + i, 1)?
@@ -65,4 +68,36 @@ pub fn cp_async(
         }
     }
     Ok(())
+}
+
+/// The common case at once: all `n` bytes (4, 8 or 16, `dst` and `src` aligned to `n`) from
+/// device memory to shared memory, both in range; `false` (nothing written) otherwise, and the
+/// byte-by-byte copy then runs and reports the first byte out of range.
+fn copy_words(env: &mut Env, dst: u64, src: u64, n: u64) -> bool {
+    if dst & WINDOW_MASK != SHARED_WINDOW || src & WINDOW_MASK != 0 {
+        return false;
+    }
+    let off = dst - SHARED_WINDOW;
+    if off
+        .checked_add(n)
+        .is_none_or(|e| e > env.shared.len() as u64)
+    {
+        return false;
+    }
+    let r = match crate::space::region(env, src, n) {
+        Ok(r) if crate::memory::contains(&r, src, n) => r,
+        _ => return false,
+    };
+    let chunk = n.min(8);
+    let mut at = 0;
+    while at < n {
+        let Some(v) = crate::memory::load(&r, src + at, chunk) else {
+            return false;
+        };
+        let i = (off + at) as usize;
+        env.shared[i..i + chunk as usize].copy_from_slice(&v.to_le_bytes()[..chunk as usize]);
+        at += chunk;
+    }
+    env.shared_dirty = true;
+    true
 }

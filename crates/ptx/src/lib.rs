@@ -10,7 +10,10 @@
 //! instructions:
 //! - a warp's 32 lanes execute each instruction together: registers are stored per warp as
 //!   structure-of-arrays, each instruction runs in a tight loop over the active lanes (a 32-bit
-//!   mask), with no allocation per instruction (`exec.rs`, `alu.rs`);
+//!   mask), with no allocation per instruction (`exec.rs`, `alu.rs`); the common forms
+//!   (arithmetic, comparisons, moves, conversions, loads, stores, shared atomics) are resolved
+//!   at load time to their exact operation, width and operand shapes and run with one
+//!   dispatch per instruction (`exec/spec.rs`);
 //! - min-PC scheduling keeps lanes in lockstep and reconverges divergent paths, so shuffles,
 //!   votes, `redux`, `match` and `activemask` see their partners; lanes of a divergent branch
 //!   wait at its immediate post-dominator for the rest (`reconverge.rs`), so warp-synchronous
@@ -68,7 +71,7 @@
 //!
 //! `cargo run -p gpufuse-ptx --example ptx_check -- FILE.ptx` lists what a module lacks;
 //! `cargo run --release -p gpufuse-ptx --example vm_bench` measures lane-instructions per
-//! second.
+//! second; `--example sample_bench -- matrixMul.ptx` times the CUDA samples' matrixMul kernel.
 
 #![forbid(unsafe_code)]
 
@@ -277,6 +280,18 @@ pub fn default_threads() -> usize {
 impl Module {
     pub fn parse(src: &str) -> Result<Module, PtxError> {
         Module::from_parsed(parse::parse(src)?)
+    }
+
+    /// This module with every instruction on the interpreter's general path: none of the
+    /// forms specialized at load time (`exec/spec.rs`). For tests that compare the two.
+    #[doc(hidden)]
+    pub fn without_fast_forms(mut self) -> Module {
+        for f in &mut self.program.funcs {
+            for ins in &mut f.insts {
+                ins.fast = exec::spec::Fast::None;
+            }
+        }
+        self
     }
 
     /// Links several translation units' PTX into one module (`link.rs`), as nvlink and the

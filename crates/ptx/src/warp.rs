@@ -9,7 +9,9 @@
 //! a side placed out of line (at a higher PC) cannot be overtaken by the other side's next
 //! loop round. While the running group is every runnable lane of the warp, no meeting is
 //! pending and the instruction did not branch apart, the next instruction runs for the same
-//! group without a scan. `bar.sync` parks lanes until every live thread of the block arrives.
+//! group without a scan; so does it while the group's next PC is below every other runnable
+//! lane's, no lane is inside a call and the group does not reach a meeting point (`pick`
+//! would choose the same group). `bar.sync` parks lanes until every live thread of the block arrives.
 
 use std::cmp::Ordering;
 
@@ -332,6 +334,9 @@ pub struct Env<'a> {
     pub ctaid: [u32; 3],
     /// The device memory region of the last global access.
     pub region: Option<Region<'a>>,
+    /// The regions of the last few global accesses of the specialized forms, latest first
+    /// (`exec/spec.rs`): a loop over several arrays finds each one's region here.
+    pub recent: [Option<Region<'a>>; 4],
     /// The reduction of the `bar.red` threads waiting at the block barrier.
     pub bar_red: BarRed,
     /// Device memory was written since the block's last step began.
@@ -448,6 +453,7 @@ impl<'a> Block<'a> {
                 shared: spare_shared(l.shared_bytes),
                 ctaid: [0; 3],
                 region: None,
+                recent: [None; 4],
                 bar_red: BarRed::default(),
                 wrote: false,
                 shared_dirty: false,
@@ -606,6 +612,8 @@ fn run_warp(w: &mut Warp, env: &mut Env, budget: u64) -> Result<(bool, u64), Exe
     let kernel = env.l.kernel;
     let (mut progressed, mut count) = (false, 0u64);
     let mut next: Option<Group> = None;
+    // The lowest PC of the runnable lanes outside the running group (`u32::MAX`: none).
+    let mut fence = u32::MAX;
     let mut issued = 0u64;
     loop {
         if issued == budget {
@@ -619,7 +627,13 @@ fn run_warp(w: &mut Warp, env: &mut Env, budget: u64) -> Result<(bool, u64), Exe
         let g = match next.take() {
             Some(g) => g,
             None => match w.pick(kernel) {
-                Some(g) => g,
+                Some(g) => {
+                    fence = Bits(w.runnable() & !g.mask)
+                        .map(|l| w.pc[l])
+                        .min()
+                        .unwrap_or(u32::MAX);
+                    g
+                }
                 None => break,
             },
         };
@@ -641,6 +655,17 @@ fn run_warp(w: &mut Warp, env: &mut Env, budget: u64) -> Result<(bool, u64), Exe
             Flow::Sched => continue,
         };
         if g.mask == w.runnable() && w.joins.is_empty() {
+            next = Some(Group { pc: to, ..g });
+            fence = u32::MAX;
+        } else if to < fence
+            && w.calling == 0
+            && g.mask & !w.runnable() == 0
+            && !w.joins.iter().any(|j| j.pc == to)
+        {
+            // A divergent group whose lanes are all ahead of the others (which do not move
+            // while it runs), outside calls, not arriving at a meeting point: `pick` would
+            // choose exactly this group again (and drop no meeting: each still has a lane of
+            // this group, running, or the same lanes as at the last pick).
             next = Some(Group { pc: to, ..g });
         } else {
             w.goto(g.mask, to);

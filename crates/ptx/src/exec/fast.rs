@@ -49,7 +49,9 @@ fn shared_offsets(a: &Lanes, run: u32, n: usize, len: usize) -> Option<Lanes> {
             x
         };
         // An address in another window is far beyond any shared memory: out of range.
-        bad |= (off.wrapping_add(n as u64) > len as u64) as u64 | (off & (n as u64 - 1));
+        // (`checked_add`: an address within `n` bytes of the top must not wrap into range.)
+        bad |= off.checked_add(n as u64).is_none_or(|e| e > len as u64) as u64
+            | (off & (n as u64 - 1));
         o[l] = off;
     }
     (bad == 0).then_some(o)
@@ -93,7 +95,8 @@ pub(super) fn ld(w: &mut Warp, env: &mut Env, g: &Group, ins: &Ins, run: u32) ->
             let mut bad = 0u64;
             for l in Bits(run) {
                 let off = a[l].wrapping_sub(r.start);
-                bad |= (off.wrapping_add(n as u64) > r.len) as u64 | (off & (n as u64 - 1));
+                bad |= off.checked_add(n as u64).is_none_or(|e| e > r.len) as u64
+                    | (off & (n as u64 - 1));
             }
             if bad != 0 {
                 return false;

@@ -5,7 +5,9 @@
 //! movement, atomics), [`arith`] (arithmetic, conversions, comparisons) and [`bits`]. No
 //! allocation, no lookup by name. Single-element loads and stores whose lanes are all in range
 //! take [`fast`]'s paths; the common integer operations choose their operation once per
-//! instruction, not per lane (`arith.rs`).
+//! instruction, not per lane (`arith.rs`). Before all of that, an instruction with a form
+//! specialized at load time ([`spec`]) runs that form, unless a lane fails one of its memory
+//! checks.
 
 /// An operand's value in every lane: the `k`-th source of `ins`, as type `t`.
 macro_rules! v {
@@ -30,6 +32,7 @@ mod arith;
 mod bits;
 mod fast;
 mod memory;
+pub(crate) mod spec;
 
 use std::sync::atomic::{fence, Ordering};
 
@@ -59,6 +62,10 @@ pub fn exec(
     g: &Group,
 ) -> Result<Flow, ExecError> {
     let run = guard(w, g, ins);
+    // A form specialized at load time (`spec.rs`): no control flow, nothing warp-wide.
+    if ins.fast != spec::Fast::None && (run == 0 || spec::exec(w, env, ins, g, run)) {
+        return Ok(Flow::Next);
+    }
     let unsupported = || {
         ExecError::Unsupported(
             code.texts
