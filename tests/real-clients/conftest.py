@@ -59,35 +59,34 @@ def _server_session(request):
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def server_future(request):
-    """A server whose emulated GPU is the future model (`--devices emu:1:16GiB:sm_130`,
-    compute capability 13.0, newer than any architecture CUDA 13.5 knows): libraries with SASS
-    for every known architecture and PTX for the newest (cuBLAS, cuBLASLt) take their PTX
-    kernels on it, so every GEMM shape runs. On the GPU lane it serves the real GPUs."""
+def _model_server(model: str):
+    """A server whose emulated GPU is `model` (`--devices emu:1:16GiB:MODEL`); on the GPU lane
+    (GPUFUSE_DEVICES=cuda) it serves the real GPUs like `server`."""
     missing = [p for p in (support.GPUFUSE, support.SHIM) if not p.exists()]
     if missing:
         pytest.fail(f"missing {', '.join(map(str, missing))}: run cargo build --release",
                     pytrace=False)
-    devices = support.DEVICES if support.DEVICES == "cuda" else "emu:1:16GiB:sm_130"
+    devices = support.DEVICES if support.DEVICES == "cuda" else f"emu:1:16GiB:{model}"
     server = support.Server(devices)
     server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def server_future(request):
+    """The future model (`sm_130`, compute capability 13.0, newer than any architecture CUDA
+    13.5 knows): libraries with SASS for every known architecture and PTX for the newest
+    (cuBLAS, cuBLASLt) take their PTX kernels on it, so every GEMM shape runs."""
+    server = _model_server("sm_130")
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="session")
 def server_sm120(request):
-    """A second server whose emulated GPU is the compute capability 12.0 model
-    (`--devices emu:1:16GiB:sm_120`): NVIDIA's cuBLAS ships its kernels' PTX for compute_120
-    only. On the GPU lane (GPUFUSE_DEVICES=cuda) it serves the real GPUs like `server`."""
-    missing = [p for p in (support.GPUFUSE, support.SHIM) if not p.exists()]
-    if missing:
-        pytest.fail(f"missing {', '.join(map(str, missing))}: run cargo build --release",
-                    pytrace=False)
-    devices = support.DEVICES if support.DEVICES == "cuda" else "emu:1:16GiB:sm_120"
-    server = support.Server(devices)
-    server.start()
+    """The compute capability 12.0 model (`sm_120`): NVIDIA's cuBLAS ships its kernels' PTX for
+    compute_120, which loads on it, but picks SASS-only kernels for most square GEMMs."""
+    server = _model_server("sm_120")
     yield server
     server.stop()
 
