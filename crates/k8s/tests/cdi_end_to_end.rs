@@ -256,8 +256,12 @@ async fn claim_runs_a_cuda_client(pool: bool) {
     // In a pool, the controller was not asked, and it shows the session once, as the claim's.
     let ctrl: gpufuse_transport::Address = ctrl.parse().unwrap();
     if pool {
+        // The session and its claim arrive with the node's reports: wait for the claim too (a
+        // report sent between the session's admission and its claim's record shows none yet).
         eventually("the pool shows the claim's session", || {
-            !pool_sessions(&ctrl, &admin_token).is_empty()
+            pool_sessions(&ctrl, &admin_token)
+                .iter()
+                .any(|s| s.claim.is_some())
         });
         let sessions = pool_sessions(&ctrl, &admin_token);
         assert_eq!(sessions.len(), 1, "{sessions:?}");
