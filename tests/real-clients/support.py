@@ -121,7 +121,7 @@ SHARED_CUDART_KERNELS = ["vector_add", "params"]
 # Programs made of named checks (kcheck.h: PROG [CHECK...]); test_kernels_nvcc.py lists the checks.
 CHECK_KERNEL_SOURCES = ["warp", "histogram", "matmul", "transpose", "scan", "sort", "double",
                         "math", "memory_spaces", "calls", "fn_table", "faults", "graphs",
-                        "device_io", "textures", "cooperative", "system_atomics", "wmma"]
+                        "device_io", "textures", "cooperative", "system_atomics", "wmma", "ipc"]
 # Programs that include cooperative_groups, whose headers need CCCL's <nv/target>.
 NEEDS_CCCL = {"cooperative", "system_atomics"}
 # Each nvcc program is also built with line information: `-lineinfo` (`.file`/`.loc` lines

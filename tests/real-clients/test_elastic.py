@@ -356,25 +356,29 @@ def test_graphs_vmm_and_queued_work_migrate_to_another_node(programs, tmp_path):
 
 
 @pytest.mark.kernel_results
-def test_a_session_that_cannot_move_stays_untouched(programs, tmp_path):
+@pytest.mark.parametrize("flag,said,reason", [
+    ("--device-malloc", "DEVICE MALLOC used", "device-side malloc"),
+    ("--ipc-export", "IPC EXPORTED", "CUDA IPC memory"),
+])
+def test_a_session_that_cannot_move_stays_untouched(programs, tmp_path, flag, said, reason):
     """A session whose kernels used device-side malloc (the heap's allocator state cannot be
-    captured yet): moving it to another device or another node fails with the reason, and it
-    goes on where it was, every byte right. Exporting memory to another process is refused by
-    the shim itself (the workload checks cuIpcGetMemHandle fails), so no session holds any."""
+    captured yet), or that exported memory for CUDA IPC (another process may be using it):
+    moving it to another device or another node fails with the reason, and it goes on where
+    it was, every byte right."""
     a = support.Server("emu:2:256MiB")
     b = support.Server("emu:1:256MiB")
     a.start()
     b.start()
     try:
-        held = Held(programs, a, tmp_path, 32, 5, "--device-malloc")
+        held = Held(programs, a, tmp_path, 32, 5, flag)
         try:
             held.wait_queued()
-            assert "DEVICE MALLOC used" in held.output()
+            assert said in held.output()
             before = only_session(a)
             for to in (1 - before["device"], f"{b.unix}:0"):
                 res = migrate(a, before["id"], to)
                 assert res.returncode != 0, res.stdout
-                assert "device-side malloc" in res.stderr, res.stderr
+                assert reason in res.stderr, res.stderr
                 st = a.status()
                 now = st["sessions"][0]
                 assert now["id"] == before["id"] and now["device"] == before["device"], now

@@ -65,6 +65,8 @@ CHECKS = {
     "cooperative": ["grid_sync", "too_large", "hang_fails", "persisting_l2"],
     "system_atomics": ["attribute", "concurrent_atomics", "flag_handshake", "pinned_uva"],
     "wmma": ["f16", "bf16", "tf32", "f64", "int8"],
+    # Starts a child process (itself again) that opens the memory and event this one exports.
+    "ipc": ["memory_and_events"],
 }
 
 # Managed memory is shared between the host and the emulated GPU (concurrentManagedAccess 1)

@@ -523,3 +523,129 @@ fn shared_allocations_are_arena_blocks_charged_and_released_with_the_session() {
         },
     );
 }
+
+fn open_req(handle: &[u8]) -> Request<'_> {
+    Request::IpcOpenMemHandle { device: 0, handle }
+}
+
+fn call_status(c: &mut Connection, req: &Request) -> Result<ReplyBody, i32> {
+    match c.call(req) {
+        Ok(body) => Ok(body),
+        Err(gpufuse_client::ClientError::Cuda(e)) => Err(e),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn read(c: &mut Connection, src: u64, len: usize) -> Vec<u8> {
+    let mut back = vec![0u8; len];
+    c.call_read_into(
+        &Request::MemcpyDtoH {
+            src: DevicePtr(src),
+            size: len as u64,
+            stream: StreamHandle(0),
+        },
+        &mut back,
+    )
+    .unwrap();
+    back
+}
+
+fn write(c: &mut Connection, dst: u64, data: &[u8]) {
+    c.quiet(&Request::MemcpyHtoD {
+        dst: DevicePtr(dst),
+        stream: StreamHandle(0),
+        data,
+    })
+    .unwrap();
+    assert_eq!(c.call_raw(&Request::Ping).unwrap().deferred_error, None);
+}
+
+/// CUDA IPC between two sessions (two worker processes): the memory one exports is the very
+/// memory the other opens (each side's writes are the other's reads), charged to the exporter
+/// only; it outlives its exporter in the opener until closed; a freed export, a forged handle
+/// and a session's own handle are refused. Over the socket too: the rings play no part.
+#[test]
+fn ipc_memory_is_shared_between_sessions_and_stale_handles_are_refused() {
+    let s = start("ipc");
+    for transport in [Transport::Shm, Transport::Socket] {
+        let addr = Address::Unix(s.sock.clone());
+        let (mut a, mut b) = (open(&addr, transport), open(&addr, transport));
+        let size = 10_000;
+        let p = alloc(&mut a, size);
+        let data: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
+        write(&mut a, p, &data);
+        let ipc = Request::IpcGetMemHandle { ptr: DevicePtr(p) };
+        let Ok(ReplyBody::Data(handle)) = call_status(&mut a, &ipc) else {
+            panic!("no handle")
+        };
+        assert_eq!(handle.len(), 64);
+        assert_eq!(
+            call_status(&mut a, &ipc),
+            Ok(ReplyBody::Data(handle.clone())),
+            "the same handle again"
+        );
+        assert_eq!(
+            call_status(
+                &mut a,
+                &Request::IpcGetMemHandle {
+                    ptr: DevicePtr(p + 8)
+                }
+            ),
+            Err(1),
+            "not an allocation's base"
+        );
+        assert_eq!(read(&mut a, p, size as usize), data, "contents kept");
+        assert_eq!(
+            call_status(&mut a, &open_req(&handle)),
+            Err(201),
+            "a session's own handle"
+        );
+        let Ok(ReplyBody::Opened {
+            ptr: DevicePtr(q),
+            size: got,
+        }) = call_status(&mut b, &open_req(&handle))
+        else {
+            panic!("not opened")
+        };
+        assert_eq!(got, size);
+        assert_eq!(read(&mut b, q, size as usize), data);
+        write(&mut b, q + 100, b"from b");
+        assert_eq!(&read(&mut a, p + 100, 6), b"from b");
+        write(&mut a, p + 200, b"from a");
+        assert_eq!(&read(&mut b, q + 200, 6), b"from a");
+        // The exporter is charged; the opener is not.
+        eventually("only the exporter is charged", || {
+            let st = status(&s);
+            let used: Vec<u64> = st.sessions.iter().map(|x| x.used_bytes).collect();
+            used.len() == 2 && used.contains(&size) && used.contains(&0)
+        });
+        b.quiet(&Request::MemFree { ptr: DevicePtr(q) }).unwrap();
+        assert_eq!(
+            b.call_raw(&Request::Ping).unwrap().deferred_error,
+            Some(1),
+            "opened memory is not freed with cuMemFree"
+        );
+        // Forged handles: another magic, another secret.
+        let mut forged = handle.clone();
+        forged[0] ^= 1;
+        assert_eq!(call_status(&mut b, &open_req(&forged)), Err(1));
+        let mut forged = handle.clone();
+        forged[20] ^= 1;
+        assert_eq!(call_status(&mut b, &open_req(&forged)), Err(1));
+        assert_eq!(call_status(&mut b, &open_req(&handle[..63])), Err(1));
+        // The exporter frees and ends: the opener keeps the memory until it closes it, and
+        // the handle opens no more.
+        a.quiet(&Request::MemFree { ptr: DevicePtr(p) }).unwrap();
+        assert_eq!(a.call_raw(&Request::Ping).unwrap().deferred_error, None);
+        drop(a);
+        assert_eq!(&read(&mut b, q + 100, 6), b"from b");
+        let mut c = open(&addr, transport);
+        assert_eq!(call_status(&mut c, &open_req(&handle)), Err(1));
+        let close = Request::IpcCloseMemHandle { ptr: DevicePtr(q) };
+        assert_eq!(call_status(&mut b, &close), Ok(ReplyBody::None));
+        assert_eq!(call_status(&mut b, &close), Err(1), "closed twice");
+        eventually("both sessions hold nothing", || {
+            status(&s).sessions.iter().all(|x| x.used_bytes == 0)
+        });
+    }
+}

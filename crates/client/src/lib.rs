@@ -23,6 +23,7 @@ pub mod graph_ops;
 pub mod graph_update;
 pub mod handles;
 pub mod host;
+pub mod ipc;
 pub mod lanes;
 pub mod launch;
 pub mod memory;

@@ -49,6 +49,9 @@ pub enum MemoryKind {
     Mapped,
     /// A module's global variable (`cuModuleGetGlobal`): placed by the module's load.
     Global { module: u64 },
+    /// Another process's memory opened with `cuIpcOpenMemHandle` (`crate::ipc`): closed with
+    /// `cuIpcCloseMemHandle`, never freed with `cuMemFree`.
+    Opened,
 }
 
 /// A device allocation the client made.
@@ -213,16 +216,7 @@ impl Inner {
         else {
             return Err(UNKNOWN.into());
         };
-        let order = self.next_order();
-        self.allocations.insert(
-            p,
-            Allocation {
-                size,
-                device,
-                kind: MemoryKind::Device,
-                order,
-            },
-        );
+        self.note_placed(p, size, device, MemoryKind::Device);
         Ok(p)
     }
 
@@ -230,6 +224,20 @@ impl Inner {
     pub(crate) fn next_order(&mut self) -> u64 {
         self.placements += 1;
         self.placements
+    }
+
+    /// Records memory the server just placed at `ptr` (the next placement in order).
+    pub(crate) fn note_placed(&mut self, ptr: u64, size: u64, device: u32, kind: MemoryKind) {
+        let order = self.next_order();
+        self.allocations.insert(
+            ptr,
+            Allocation {
+                size,
+                device,
+                kind,
+                order,
+            },
+        );
     }
 
     /// Allocates `height` rows of `width` bytes on the current device: (pointer, pitch).
@@ -256,15 +264,11 @@ impl Inner {
         else {
             return Err(UNKNOWN.into());
         };
-        let order = self.next_order();
-        self.allocations.insert(
+        self.note_placed(
             ptr,
-            Allocation {
-                size: pitch.saturating_mul(height),
-                device,
-                kind: MemoryKind::Device,
-                order,
-            },
+            pitch.saturating_mul(height),
+            device,
+            MemoryKind::Device,
         );
         Ok((ptr, pitch))
     }
@@ -454,10 +458,21 @@ impl Inner {
             return Ok(());
         }
         match self.allocations.get(&ptr) {
-            Some(a) if !a.is_mapped() && !self.graphs.allocations.contains_key(&ptr) => {}
+            Some(a)
+                if !a.is_mapped()
+                    && a.kind != MemoryKind::Opened
+                    && !self.graphs.allocations.contains_key(&ptr) => {}
             _ => return Err(INVALID_VALUE.into()),
         }
         let a = self.allocations.remove(&ptr).ok_or(INVALID_VALUE)?;
+        if self.ipc_exports.remove(&ptr) {
+            // Other processes may open its handle: once this returns, they must find it gone
+            // (the worker has freed it when it answers the ping).
+            self.conn.quiet(&Request::MemFree {
+                ptr: DevicePtr(ptr),
+            })?;
+            return self.conn.call(&Request::Ping).map(drop);
+        }
         if a.is_shared_managed() {
             self.shared_count -= 1;
             self.lanes_changed();
@@ -500,6 +515,8 @@ impl Inner {
             }
         }
         self.allocations.retain(|_, a| a.device != device);
+        let allocations = &self.allocations;
+        self.ipc_exports.retain(|p| allocations.contains_key(p));
         self.managed_count = self
             .allocations
             .values()

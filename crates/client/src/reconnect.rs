@@ -95,6 +95,12 @@ impl Inner {
                  cudaMallocManaged) is not carried: the new worker cannot map it",
             ));
         }
+        if self.has_ipc_memory() {
+            return Err(refuse(
+                "memory shared with other processes (CUDA IPC) is not carried: the new \
+                 worker cannot map it",
+            ));
+        }
         if !self.textures.is_empty() {
             return Err(refuse("texture and surface objects are not carried yet"));
         }

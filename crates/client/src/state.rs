@@ -220,6 +220,8 @@ pub struct Inner {
     /// How many shared managed allocations exist: while any does, device work is sent at once
     /// (the host may be waiting on what it does) and launches take no lane.
     pub(crate) shared_count: usize,
+    /// Allocations exported for CUDA IPC (`cuIpcGetMemHandle`): by base address.
+    pub(crate) ipc_exports: std::collections::HashSet<u64>,
     /// Physical memory made with `cuMemCreate`: handle -> (size, device, compressible: made with
     /// `CU_MEM_ALLOCATION_COMP_GENERIC` on a device that supports it).
     pub(crate) physical: HashMap<u64, (u64, u32, bool)>,
@@ -364,6 +366,7 @@ impl Session {
                 managed_count: 0,
                 shared_managed,
                 shared_count: 0,
+                ipc_exports: Default::default(),
                 physical: HashMap::new(),
                 mappings: HashMap::new(),
                 arrays: HashMap::new(),

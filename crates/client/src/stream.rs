@@ -8,16 +8,15 @@ use gpufuse_proto::{ReplyBody, Request};
 use crate::error::ClientError;
 use crate::graph::Op;
 use crate::handles::{self, Kind};
+use crate::ipc::{EVENT_DISABLE_TIMING, EVENT_INTERPROCESS};
 use crate::state::{Event, Inner, Stream};
-use crate::status::{INVALID_HANDLE, STREAM_CAPTURE_UNSUPPORTED, UNKNOWN};
+use crate::status::{INVALID_HANDLE, INVALID_VALUE, STREAM_CAPTURE_UNSUPPORTED, UNKNOWN};
 use crate::work::SyncScope;
 use gpufuse_proto::{EventHandle, StreamHandle};
 
 /// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`: both name the default stream here.
 const STREAM_LEGACY: u64 = 1;
 const STREAM_PER_THREAD: u64 = 2;
-/// `CU_EVENT_DISABLE_TIMING`.
-const EVENT_DISABLE_TIMING: u32 = 0x2;
 
 impl Inner {
     /// The id the worker knows for the stream handle `h` (0 = the default stream).
@@ -164,6 +163,10 @@ impl Inner {
     /// `cuEventCreate` (needs a current context).
     pub fn create_event(&mut self, flags: u32) -> Result<u64, ClientError> {
         self.current()?;
+        if flags & EVENT_INTERPROCESS != 0 && flags & EVENT_DISABLE_TIMING == 0 {
+            // CUDA: an interprocess event must be created without timing.
+            return Err(INVALID_VALUE.into());
+        }
         let h = handles::mint(Kind::Event);
         self.events.insert(
             h,
@@ -204,7 +207,12 @@ impl Inner {
         self.conn.quiet(&Request::EventRecord {
             event: EventHandle(ev),
             stream: StreamHandle(st),
-        })
+        })?;
+        if self.events[&ev].flags & EVENT_INTERPROCESS != 0 {
+            // Other processes may wait for it as soon as this returns (`crate::ipc`).
+            self.synchronize(SyncScope::Event(ev))?;
+        }
+        Ok(())
     }
 
     /// `cuEventQuery`.

@@ -84,6 +84,16 @@ pub trait Device: Send {
     fn alloc_shared(&mut self, _size: u64, _backing: HostSpan) -> Result<u64, Status> {
         Err(status::NOT_SUPPORTED)
     }
+    /// Moves the allocation at `ptr` (its base) into `backing`, host memory another process may
+    /// map too (CUDA IPC: `cuIpcGetMemHandle`), contents and address kept: from then on it is
+    /// [`Device::alloc_shared`]'s memory (word accesses only, never evicted, no capture while it
+    /// lives) until [`Device::free`]. `backing` must stay mapped while the allocation lives and
+    /// hold its whole words. `CUDA_ERROR_INVALID_VALUE` for a pointer that is not an
+    /// allocation's base or an allocation already shared; backends that keep device memory
+    /// elsewhere refuse (`CUDA_ERROR_NOT_SUPPORTED`).
+    fn share(&mut self, _ptr: u64, _backing: HostSpan) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
     /// Makes the client's whole host arena (the last [`Device::host_arena`]) addressable by
     /// kernels at `base`, where the client maps it: page-locked memory under unified
     /// addressing, host memory the client uses at the same time (the backend treats it as

@@ -254,6 +254,7 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (115, 1),    // memory pools supported
         (119, 0),    // mempool handle types
         (120, 0),    // cluster launch
+        (125, 1),    // IPC events (gpufuse_client::ipc)
         (126, 1),    // mem sync domains
         (130, 0),    // NUMA config: none
         (131, -1),   // NUMA id

@@ -18,7 +18,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
 /// 13: managed memory shared between a same-host client and its device (`MemAllocShared`).
 /// 14: a same-host client's page-locked memory addressable by its device (`MapHostArena`);
 /// device limits (`SetLimit`).
-pub const PROTOCOL_VERSION: u16 = 14;
+/// 15: CUDA IPC between sessions of one host (`IpcGetMemHandle`, `IpcOpenMemHandle`,
+/// `IpcCloseMemHandle`).
+pub const PROTOCOL_VERSION: u16 = 15;
 /// The protocol versions this build speaks. Both sides check every header against it; the
 /// node refuses a hello outside it with a reason naming both sides' versions.
 pub const SUPPORTED_VERSIONS: std::ops::RangeInclusive<u16> = 12..=PROTOCOL_VERSION;

@@ -766,6 +766,28 @@ pub enum Request<'a> {
     /// `CUDA_ERROR_NOT_SUPPORTED` where the device keeps no such limit (the client then keeps
     /// the value itself); `CUDA_ERROR_OUT_OF_MEMORY` for a heap the session's slice cannot hold.
     SetLimit { device: u32, limit: u32, value: u64 },
+    /// Sync -> [`ReplyBody::Data`], the 64 bytes of a `CUipcMemHandle`. CUDA IPC
+    /// (`cuIpcGetMemHandle`): the allocation whose base is `ptr` becomes memory other sessions
+    /// of this host may open (the worker moves it into a memfd, contents and address kept; it
+    /// is then never evicted, and the session cannot be moved while it lives). Asking again
+    /// gives the same handle. `CUDA_ERROR_INVALID_VALUE` for a pointer that is not an
+    /// allocation's base; `CUDA_ERROR_NOT_SUPPORTED` where the device keeps its memory
+    /// elsewhere (a real GPU).
+    IpcGetMemHandle { ptr: DevicePtr },
+    /// Sync -> [`ReplyBody::Opened`]. `cuIpcOpenMemHandle`: maps the memory another session
+    /// exported (`handle`, 64 bytes, from [`Request::IpcGetMemHandle`]) into this session's
+    /// address space. Not charged to this session (its exporter's slice holds it).
+    /// `CUDA_ERROR_INVALID_VALUE` for a handle that names no live export of this host;
+    /// `CUDA_ERROR_INVALID_CONTEXT` for this session's own export (as NVIDIA's driver refuses
+    /// a process its own handles).
+    IpcOpenMemHandle {
+        device: u32,
+        #[serde(borrow, with = "serde_bytes")]
+        handle: &'a [u8],
+    },
+    /// Sync. `cuIpcCloseMemHandle`: unmaps memory [`Request::IpcOpenMemHandle`] mapped at
+    /// `ptr`. `CUDA_ERROR_INVALID_VALUE` for any other pointer.
+    IpcCloseMemHandle { ptr: DevicePtr },
 }
 
 /// Texture and surface objects (`cuTexObjectCreate`, `cuSurfObjectCreate`): the memory, its
@@ -891,6 +913,9 @@ impl<'a> Request<'a> {
             Request::MemAllocShared { .. } => 47,
             Request::MapHostArena { .. } => 48,
             Request::SetLimit { .. } => 49,
+            Request::IpcGetMemHandle { .. } => 50,
+            Request::IpcOpenMemHandle { .. } => 51,
+            Request::IpcCloseMemHandle { .. } => 52,
         }
     }
 
@@ -971,6 +996,11 @@ pub enum ReplyBody {
         size: u64,
     },
     Launches(Vec<LaunchRecord>),
+    /// Memory another session exported, mapped at `ptr` ([`Request::IpcOpenMemHandle`]).
+    Opened {
+        ptr: DevicePtr,
+        size: u64,
+    },
 }
 
 /// The answer to a synchronous request.

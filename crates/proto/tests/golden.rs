@@ -409,6 +409,25 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 value: 64 << 20,
             },
         ),
+        (
+            "IpcGetMemHandle",
+            Request::IpcGetMemHandle {
+                ptr: DevicePtr(0x2000_0000_0000),
+            },
+        ),
+        (
+            "IpcOpenMemHandle",
+            Request::IpcOpenMemHandle {
+                device: 0,
+                handle: &[0xab; 4],
+            },
+        ),
+        (
+            "IpcCloseMemHandle",
+            Request::IpcCloseMemHandle {
+                ptr: DevicePtr(0x2000_0000_0000),
+            },
+        ),
     ]
 }
 
@@ -475,6 +494,9 @@ const REQUESTS: &[(&str, &str)] = &[
     ("MemAllocShared", "2f008020808040"),
     ("MapHostArena", "308080808080e01f"),
     ("SetLimit", "31000280808020"),
+    ("IpcGetMemHandle", "3280808080808008"),
+    ("IpcOpenMemHandle", "330004abababab"),
+    ("IpcCloseMemHandle", "3480808080808008"),
 ];
 
 #[test]
@@ -543,6 +565,13 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
             ReplyBody::Global {
                 ptr: DevicePtr(0x3000),
                 size: 4,
+            },
+        ),
+        (
+            "ReplyBody::Opened",
+            ReplyBody::Opened {
+                ptr: DevicePtr(0x1000),
+                size: 4096,
             },
         ),
         (
@@ -1039,9 +1068,10 @@ const OTHERS: &[(&str, &str)] = &[
     ("ReplyBody::NeedImage", "06"),
     ("ReplyBody::Function", "0701000801008010"),
     ("ReplyBody::Global", "08806004"),
+    ("ReplyBody::Opened", "0a80208020"),
     ("ReplyBody::Launches", "0901016b010101200101000004deadbeef"),
     ("Reply", "0001f80a010904deadbeef0368690a018020"),
-    ("ClientHello", "0e0001742a0170018080808004011e0002"),
+    ("ClientHello", "0f0001742a0170018080808004011e0002"),
     ("SessionKind::Status", "01"),
     ("SessionKind::Check", "02"),
     ("SessionKind::End", "0303"),
@@ -1070,7 +1100,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("NodeCommand::Migrate", "0101"),
     ("NodeCommand::MigrateWithFigures", "0201"),
     ("ControlAnswer", "01e807"),
-    ("FrameHeader", "474655530e000401040302010b0a00008877665544332211"),
+    ("FrameHeader", "474655530f000401040302010b0a00008877665544332211"),
     ("SessionKind::NodeAgent", "04"),
     ("ServerHello::Redirect", "0507756e69783a2f6e0167"),
     ("ServerHello::PoolStatus", "060762696e7061636b000000"),

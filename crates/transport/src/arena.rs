@@ -82,16 +82,20 @@ fn invalid(what: impl Into<String>) -> io::Error {
 impl HostArena {
     /// A new arena of `len` bytes (a whole number of pages, at most [`MAX_ARENA`]), all free.
     pub fn create(len: usize) -> io::Result<Self> {
+        Self::create_named("gpufuse-pinned", len)
+    }
+
+    /// As [`HostArena::create`], its memfd named `name` (what `/proc/PID/fd` shows as
+    /// `/memfd:NAME`).
+    pub fn create_named(name: &str, len: usize) -> io::Result<Self> {
         if len == 0 || !len.is_multiple_of(PAGE) || len as u64 > MAX_ARENA {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("a host arena of {len} bytes: expected whole pages, at most 1 TiB"),
             ));
         }
-        let memfd = rustix::fs::memfd_create(
-            "gpufuse-pinned",
-            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-        )?;
+        let memfd =
+            rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         rustix::fs::ftruncate(&memfd, len as u64)?;
         rustix::fs::fcntl_add_seals(
             &memfd,

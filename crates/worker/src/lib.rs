@@ -20,6 +20,7 @@ mod books;
 pub mod control;
 mod forward;
 pub mod heartbeat;
+mod ipc;
 mod launch;
 mod memory;
 mod migrate;
@@ -95,6 +96,8 @@ pub struct Session<'a> {
     residency: residency::Residency,
     /// Live texture and surface objects and what they describe.
     textures: HashMap<u64, gpufuse_proto::TexObjectDesc>,
+    /// Memory exported to and opened from other sessions (CUDA IPC).
+    ipc: ipc::IpcBooks,
     deferred: Option<Status>,
     staged: Vec<StagedCopy>,
     /// Reused for large device-to-host replies.
@@ -119,6 +122,7 @@ impl<'a> Session<'a> {
             sync: Default::default(),
             launch: Default::default(),
             textures: HashMap::new(),
+            ipc: Default::default(),
             deferred: None,
             staged: Vec::new(),
             scratch: Vec::new(),
@@ -189,6 +193,16 @@ impl<'a> Session<'a> {
                 Ok(ReplyBody::Ptr(DevicePtr(self.alloc_shared(size, offset)?)))
             }
             MapHostArena { base } => none(self.map_host_arena(base)),
+            IpcGetMemHandle {
+                ptr: DevicePtr(ptr),
+            } => self.ipc_get_mem_handle(ptr),
+            IpcOpenMemHandle { device, handle } => {
+                self.check_device(device)?;
+                self.ipc_open_mem_handle(handle)
+            }
+            IpcCloseMemHandle {
+                ptr: DevicePtr(ptr),
+            } => none(self.ipc_close_mem_handle(ptr)),
             SetLimit {
                 device,
                 limit,

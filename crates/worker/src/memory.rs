@@ -156,6 +156,7 @@ impl Session<'_> {
             .remove(&ptr)
             .ok_or(st::INVALID_VALUE)?;
         self.device.free(ptr)?;
+        self.ipc_freed(ptr);
         self.uncharge(size);
         Ok(())
     }
@@ -166,6 +167,7 @@ impl Session<'_> {
         for p in ptrs {
             let _ = self.free(p);
         }
+        self.release_ipc();
         let mapped: Vec<(u64, u64)> = self.memory.vmm.mapped.drain().collect();
         for (ptr, size) in mapped {
             let _ = self.device.unmap(ptr, size);

@@ -33,9 +33,10 @@ fn capture_with(d: &mut EmuDevice, contents: bool) -> Result<DeviceImage, Captur
     }
     if d.allocations.values().any(|w| w.is_shared()) {
         return Err(CaptureRefused::not_supported(
-            "the session has managed memory shared with its client's host (a same-host \
-             session's cudaMallocManaged): the client uses it at the same time, so it cannot \
-             be captured, moved or checkpointed",
+            "the session has memory another process uses at the same time (managed memory \
+             shared with its client's host, a same-host session's cudaMallocManaged, or CUDA \
+             IPC memory shared with another session): it cannot be captured, moved or \
+             checkpointed",
         ));
     }
     if d.heap.is_some() {

@@ -390,6 +390,17 @@ impl Device for EmuDevice {
         Ok(ptr)
     }
 
+    fn share(&mut self, ptr: u64, backing: crate::HostSpan) -> Result<(), Status> {
+        let own = self.allocations.get(&ptr).ok_or(INVALID_VALUE)?;
+        let bytes = own.bytes().ok_or(INVALID_VALUE)?;
+        // The caller keeps `backing` mapped for as long as the allocation lives
+        // (`Device::share`'s contract).
+        let mut words = words::Words::shared(backing, own.len()).ok_or(INVALID_VALUE)?;
+        words.write_at(0, bytes);
+        self.allocations.insert(ptr, words);
+        Ok(())
+    }
+
     fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
         match limit {
             LIMIT_PRINTF_FIFO_SIZE => {
@@ -1311,6 +1322,45 @@ LOOP:
             d.capture().is_ok(),
             "without shared memory the session captures again"
         );
+    }
+
+    /// CUDA IPC's export: an allocation moved into memory another process maps keeps its
+    /// address and contents, and its words are then that memory's.
+    #[test]
+    fn a_shared_allocation_keeps_its_address_and_contents_in_its_new_memory() {
+        let mut d = dev();
+        let p = d.alloc(20).unwrap();
+        d.write(p, b"hello, other process").unwrap();
+        let backing: Vec<AtomicU64> = (0..3).map(|_| AtomicU64::new(0)).collect();
+        let short: Vec<AtomicU64> = (0..2).map(|_| AtomicU64::new(0)).collect();
+        assert_eq!(d.share(p, words::test_span(&short)), Err(INVALID_VALUE));
+        assert_eq!(
+            d.share(p + 8, words::test_span(&backing)),
+            Err(INVALID_VALUE)
+        );
+        d.share(p, words::test_span(&backing)).unwrap();
+        assert_eq!(
+            backing[0]
+                .load(std::sync::atomic::Ordering::SeqCst)
+                .to_le_bytes(),
+            *b"hello, o"
+        );
+        assert_eq!(
+            d.share(p, words::test_span(&backing)),
+            Err(INVALID_VALUE),
+            "already shared"
+        );
+        // The other process writes; the device reads its words.
+        backing[1].store(
+            u64::from_le_bytes(*b"THER PRO"),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        let mut out = [0u8; 20];
+        d.read(p, &mut out).unwrap();
+        assert_eq!(&out, b"hello, oTHER PROcess");
+        assert!(d.view(p, 8).is_none());
+        assert!(d.resident().iter().all(|&(a, _)| a != p));
+        assert_eq!(d.free(p), Ok(20));
     }
 
     /// The client's host arena mapped at its own address (page-locked memory under unified

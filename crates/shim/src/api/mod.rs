@@ -9,6 +9,7 @@ pub mod graph;
 pub mod graph_exec;
 pub mod graph_nodes;
 pub mod init;
+pub mod ipc;
 pub mod launch;
 pub mod link;
 pub mod listing;

@@ -1,0 +1,124 @@
+//! CUDA IPC (`cuIpcGetMemHandle`, `cuIpcOpenMemHandle`, `cuIpcCloseMemHandle`,
+//! `cuIpcGetEventHandle`, `cuIpcOpenEventHandle`): memory and events shared between processes
+//! of one host, each its own session.
+//!
+//! Memory: the worker makes the allocation memory other sessions may map and answers the
+//! 64-byte handle (`gpufuse_worker`'s `ipc.rs` says how); another process's session opens it
+//! at an address of its own, as [`MemoryKind::Opened`], until `cuIpcCloseMemHandle`.
+//!
+//! Events: each session's worker runs its work in order, and a record of an interprocess
+//! event (`CU_EVENT_INTERPROCESS`) returns only once the work before it is done (the client
+//! synchronizes on it, [`Inner::record_event`]). Every record anyone has made of it is then
+//! complete when a process that waited for the record (through shared memory, a pipe, a
+//! barrier) goes on, so opening the handle needs no shared state: the opened event is a local
+//! event whose waits, queries and synchronizes never wait, which is what they would find on a
+//! GPU by then. The cost: a record of an interprocess event waits for the stream's work.
+
+use gpufuse_proto::{DevicePtr, ReplyBody, Request};
+
+use crate::error::ClientError;
+use crate::memory::MemoryKind;
+use crate::state::Inner;
+use crate::status::{INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, UNKNOWN};
+
+/// The size of `CUipcMemHandle` and `CUipcEventHandle`.
+pub const HANDLE_LEN: usize = 64;
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const EVENT_DISABLE_TIMING: u32 = 0x2;
+/// `CU_EVENT_INTERPROCESS`.
+pub const EVENT_INTERPROCESS: u32 = 0x4;
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the only flag `cuIpcOpenMemHandle` takes.
+const LAZY_ENABLE_PEER_ACCESS: u32 = 0x1;
+/// What a gpufuse event handle starts with; the exporting process's pid and the event follow.
+const EVENT_MAGIC: &[u8; 8] = b"GFIPCEVT";
+
+impl Inner {
+    /// `cuIpcGetMemHandle`: `ptr` must be the base of a `cuMemAlloc` allocation.
+    pub fn ipc_get_mem_handle(&mut self, ptr: u64) -> Result<[u8; HANDLE_LEN], ClientError> {
+        match self.allocation(ptr) {
+            Some(a) if a.kind == MemoryKind::Device => {}
+            _ => return Err(INVALID_VALUE.into()),
+        }
+        let ReplyBody::Data(handle) = self.conn.call(&Request::IpcGetMemHandle {
+            ptr: DevicePtr(ptr),
+        })?
+        else {
+            return Err(UNKNOWN.into());
+        };
+        let handle: [u8; HANDLE_LEN] = handle.try_into().map_err(|_| UNKNOWN)?;
+        self.ipc_exports.insert(ptr);
+        Ok(handle)
+    }
+
+    /// `cuIpcOpenMemHandle`: another process's memory, at an address of this session.
+    pub fn ipc_open_mem_handle(
+        &mut self,
+        handle: &[u8; HANDLE_LEN],
+        flags: u32,
+    ) -> Result<u64, ClientError> {
+        if flags & !LAZY_ENABLE_PEER_ACCESS != 0 {
+            return Err(INVALID_VALUE.into());
+        }
+        let (_, device) = self.current()?;
+        let ReplyBody::Opened {
+            ptr: DevicePtr(ptr),
+            size,
+        } = self
+            .conn
+            .call(&Request::IpcOpenMemHandle { device, handle })?
+        else {
+            return Err(UNKNOWN.into());
+        };
+        self.note_placed(ptr, size, device, MemoryKind::Opened);
+        Ok(ptr)
+    }
+
+    /// `cuIpcCloseMemHandle`: `ptr` must be what [`Inner::ipc_open_mem_handle`] gave.
+    pub fn ipc_close_mem_handle(&mut self, ptr: u64) -> Result<(), ClientError> {
+        match self.allocation(ptr) {
+            Some(a) if a.kind == MemoryKind::Opened => {}
+            _ => return Err(INVALID_VALUE.into()),
+        }
+        self.allocations.remove(&ptr);
+        self.conn
+            .call(&Request::IpcCloseMemHandle {
+                ptr: DevicePtr(ptr),
+            })
+            .map(drop)
+    }
+
+    /// Whether the session shares memory with other processes (exported or opened): such a
+    /// session cannot be carried to a new worker.
+    pub fn has_ipc_memory(&self) -> bool {
+        !self.ipc_exports.is_empty()
+            || self
+                .allocations
+                .values()
+                .any(|a| a.kind == MemoryKind::Opened)
+    }
+
+    /// `cuIpcGetEventHandle`: the event must be interprocess (and so without timing).
+    pub fn ipc_get_event_handle(&mut self, event: u64) -> Result<[u8; HANDLE_LEN], ClientError> {
+        let ev = self.event_id(event)?;
+        if self.events[&ev].flags & EVENT_INTERPROCESS == 0 {
+            return Err(INVALID_HANDLE.into());
+        }
+        let mut h = [0u8; HANDLE_LEN];
+        h[..8].copy_from_slice(EVENT_MAGIC);
+        h[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+        h[12..20].copy_from_slice(&ev.to_le_bytes());
+        Ok(h)
+    }
+
+    /// `cuIpcOpenEventHandle`: a local interprocess event (see the module's documentation).
+    pub fn ipc_open_event_handle(&mut self, handle: &[u8; HANDLE_LEN]) -> Result<u64, ClientError> {
+        if &handle[..8] != EVENT_MAGIC || handle[20..].iter().any(|&b| b != 0) {
+            return Err(INVALID_VALUE.into());
+        }
+        if handle[8..12] == std::process::id().to_le_bytes() {
+            // NVIDIA's driver refuses a process its own handles.
+            return Err(INVALID_CONTEXT.into());
+        }
+        self.create_event(EVENT_DISABLE_TIMING | EVENT_INTERPROCESS)
+    }
+}
