@@ -76,6 +76,13 @@ def test_cuda_bindings_jit_linker(programs, server):
                     "PASS duplicate", "PASS errors", "PASS cuda_bindings_link (results checked)"])
 
 
+def test_cuda_bindings_posix_fd_ipc(programs, server):
+    """Physical memory exported as a POSIX file descriptor and imported by a child process
+    (another session): each side reads what the other wrote; the importer is not charged."""
+    res = run_client(programs, server.unix, [programs.python, PY / "ipc_shareable.py"])
+    assert_ok(res, ["child: imported, read, wrote", "PASS ipc_shareable (results checked)"])
+
+
 def test_cuda_bindings_registered_memory(programs, server):
     """cuMemHostRegister'ed NumPy memory copied both ways; on the shared-memory transport its
     whole pages are the host arena's, mapped at the array's own addresses, until unregistered;

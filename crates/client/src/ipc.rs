@@ -6,6 +6,13 @@
 //! 64-byte handle (`gpufuse_worker`'s `ipc.rs` says how); another process's session opens it
 //! at an address of its own, as [`MemoryKind::Opened`], until `cuIpcCloseMemHandle`.
 //!
+//! Physical memory as a POSIX file descriptor (`cuMemExportToShareableHandle`,
+//! `cuMemImportFromShareableHandle`): the worker moves the memory into a memfd and answers its
+//! handle; this process opens that memfd (`gpufuse_transport::ipc::open`) and the application
+//! gets the descriptor, which it may send to another process. Importing names a descriptor of
+//! this process (its pid and number, and the secret the memfd's name carries) for the worker
+//! to open. Both need the worker on this host, under the same user.
+//!
 //! Events: each session's worker runs its work in order, and a record of an interprocess
 //! event (`CU_EVENT_INTERPROCESS`) returns only once the work before it is done (the client
 //! synchronizes on it, [`Inner::record_event`]). Every record anyone has made of it is then
@@ -14,12 +21,16 @@
 //! event whose waits, queries and synchronizes never wait, which is what they would find on a
 //! GPU by then. The cost: a record of an interprocess event waits for the stream's work.
 
-use gpufuse_proto::{DevicePtr, ReplyBody, Request};
+use std::os::fd::{OwnedFd, RawFd};
+
+use gpufuse_proto::{DevicePtr, PhysicalHandle, ReplyBody, Request};
+use gpufuse_transport::ipc::IpcHandle;
 
 use crate::error::ClientError;
+use crate::handles::{self, Kind};
 use crate::memory::MemoryKind;
 use crate::state::Inner;
-use crate::status::{INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, UNKNOWN};
+use crate::status::{INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, UNKNOWN};
 
 /// The size of `CUipcMemHandle` and `CUipcEventHandle`.
 pub const HANDLE_LEN: usize = 64;
@@ -85,6 +96,37 @@ impl Inner {
                 ptr: DevicePtr(ptr),
             })
             .map(drop)
+    }
+
+    /// `cuMemExportToShareableHandle` of a POSIX file descriptor: a descriptor of the memfd
+    /// the physical memory `handle` now is (the application owns it).
+    pub fn export_physical_fd(&mut self, handle: u64) -> Result<OwnedFd, ClientError> {
+        if !self.physical.contains_key(&handle) {
+            return Err(INVALID_VALUE.into());
+        }
+        let ReplyBody::Data(bytes) = self.conn.call(&Request::IpcExportPhysical {
+            handle: PhysicalHandle(handle),
+        })?
+        else {
+            return Err(UNKNOWN.into());
+        };
+        let h = IpcHandle::decode(&bytes).ok_or(UNKNOWN)?;
+        // A worker on another host (or under another user): no descriptor can reach it here.
+        gpufuse_transport::ipc::open(&h).ok_or_else(|| NOT_SUPPORTED.into())
+    }
+
+    /// `cuMemImportFromShareableHandle` of a POSIX file descriptor: physical memory of the
+    /// current device whose memory is the memfd `fd` (another process's export).
+    pub fn import_physical_fd(&mut self, fd: RawFd) -> Result<u64, ClientError> {
+        let h = IpcHandle::of_own_fd(fd).ok_or(INVALID_VALUE)?;
+        let (_, device) = self.current()?;
+        let handle = handles::mint(Kind::Physical);
+        self.conn.call(&Request::IpcImportPhysical {
+            handle: PhysicalHandle(handle),
+            shared: &h.encode(),
+        })?;
+        self.physical.insert(handle, (h.size, device, false));
+        Ok(handle)
     }
 
     /// Whether the session shares memory with other processes (exported or opened): such a

@@ -94,6 +94,16 @@ pub trait Device: Send {
     fn share(&mut self, _ptr: u64, _backing: HostSpan) -> Result<(), Status> {
         Err(status::NOT_SUPPORTED)
     }
+    /// As [`Device::share`], for physical memory (`create_physical`'s id), mapped or not.
+    fn share_physical(&mut self, _physical: u64, _backing: HostSpan) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
+    /// Physical memory of `size` bytes whose memory is `backing` (memory another process
+    /// exported, [`Device::share_physical`]'s there): word accesses only, never evicted, no
+    /// capture while it lives. `backing` must stay mapped while the device lives.
+    fn create_physical_shared(&mut self, _size: u64, _backing: HostSpan) -> Result<u64, Status> {
+        Err(status::NOT_SUPPORTED)
+    }
     /// Makes the client's whole host arena (the last [`Device::host_arena`]) addressable by
     /// kernels at `base`, where the client maps it: page-locked memory under unified
     /// addressing, host memory the client uses at the same time (the backend treats it as

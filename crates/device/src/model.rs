@@ -242,6 +242,7 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (98, 0),
         (99, 1),  // host register supported
         (102, 1), // virtual memory management (cuMemCreate/cuMemMap; copies across adjacent mappings)
+        (103, 1), // POSIX file descriptor handles (cuMemExportToShareableHandle: gpufuse_transport::ipc)
         (106, m.blocks_per_sm),
         // Generic compression: compressible cuMemCreate allocations are kept as such (the
         // client reports them so); compression changes bandwidth on a GPU, never contents.

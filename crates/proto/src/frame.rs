@@ -19,7 +19,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
 /// 14: a same-host client's page-locked memory addressable by its device (`MapHostArena`);
 /// device limits (`SetLimit`).
 /// 15: CUDA IPC between sessions of one host (`IpcGetMemHandle`, `IpcOpenMemHandle`,
-/// `IpcCloseMemHandle`).
+/// `IpcCloseMemHandle`) and POSIX file descriptors of physical memory (`IpcExportPhysical`,
+/// `IpcImportPhysical`).
 pub const PROTOCOL_VERSION: u16 = 15;
 /// The protocol versions this build speaks. Both sides check every header against it; the
 /// node refuses a hello outside it with a reason naming both sides' versions.

@@ -788,6 +788,21 @@ pub enum Request<'a> {
     /// Sync. `cuIpcCloseMemHandle`: unmaps memory [`Request::IpcOpenMemHandle`] mapped at
     /// `ptr`. `CUDA_ERROR_INVALID_VALUE` for any other pointer.
     IpcCloseMemHandle { ptr: DevicePtr },
+    /// Sync -> [`ReplyBody::Data`], a 64-byte handle as [`Request::IpcGetMemHandle`]'s.
+    /// `cuMemExportToShareableHandle` (POSIX file descriptor): physical memory `handle` moves
+    /// into a memfd of the worker (contents kept, mapped or not), which the client opens to
+    /// hand the application a descriptor. `CUDA_ERROR_INVALID_VALUE` for an unknown handle;
+    /// `CUDA_ERROR_NOT_SUPPORTED` where the device keeps its memory elsewhere.
+    IpcExportPhysical { handle: PhysicalHandle },
+    /// Sync. `cuMemImportFromShareableHandle`: the memfd `shared` names (a handle whose pid
+    /// and descriptor are the client's own descriptor of it) becomes physical memory `handle`
+    /// of this session, not charged to it. `CUDA_ERROR_INVALID_VALUE` for a handle that names
+    /// no such memfd or a `handle` already in use.
+    IpcImportPhysical {
+        handle: PhysicalHandle,
+        #[serde(borrow, with = "serde_bytes")]
+        shared: &'a [u8],
+    },
 }
 
 /// Texture and surface objects (`cuTexObjectCreate`, `cuSurfObjectCreate`): the memory, its
@@ -916,6 +931,8 @@ impl<'a> Request<'a> {
             Request::IpcGetMemHandle { .. } => 50,
             Request::IpcOpenMemHandle { .. } => 51,
             Request::IpcCloseMemHandle { .. } => 52,
+            Request::IpcExportPhysical { .. } => 53,
+            Request::IpcImportPhysical { .. } => 54,
         }
     }
 

@@ -428,6 +428,19 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 ptr: DevicePtr(0x2000_0000_0000),
             },
         ),
+        (
+            "IpcExportPhysical",
+            Request::IpcExportPhysical {
+                handle: PhysicalHandle(7),
+            },
+        ),
+        (
+            "IpcImportPhysical",
+            Request::IpcImportPhysical {
+                handle: PhysicalHandle(7),
+                shared: &[0xab; 4],
+            },
+        ),
     ]
 }
 
@@ -497,6 +510,8 @@ const REQUESTS: &[(&str, &str)] = &[
     ("IpcGetMemHandle", "3280808080808008"),
     ("IpcOpenMemHandle", "330004abababab"),
     ("IpcCloseMemHandle", "3480808080808008"),
+    ("IpcExportPhysical", "3507"),
+    ("IpcImportPhysical", "360704abababab"),
 ];
 
 #[test]

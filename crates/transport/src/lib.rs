@@ -19,6 +19,7 @@
 mod address;
 pub mod arena;
 mod conn;
+pub mod ipc;
 pub mod shm;
 pub mod tls;
 

@@ -15,65 +15,29 @@
 //! exporter frees while another session has it open lives on in that session's mapping until
 //! it closes it (NVIDIA calls using it then undefined). Shared memory is never evicted and a
 //! session holding any cannot be captured (moved), as for shared managed memory.
+//!
+//! Physical memory (`cuMemCreate`) exported as a POSIX file descriptor
+//! (`cuMemExportToShareableHandle`) moves into a memfd the same way (`Device::share_physical`,
+//! `IpcExportPhysical`); the client opens it and hands the application a descriptor of it. A
+//! process that receives that descriptor (over a unix socket, as NVIDIA's memMapIPCDrv sends
+//! it) imports it (`cuMemImportFromShareableHandle`): its client names the descriptor (its own
+//! pid and number, the secret read from the memfd's name) and its worker opens it and makes it
+//! physical memory (`Device::create_physical_shared`, `IpcImportPhysical`). The handle format
+//! and the opening are `gpufuse_transport::ipc`'s.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 
 use gpufuse_device::status as st;
 use gpufuse_proto::{DevicePtr, ReplyBody};
 use gpufuse_transport::arena::{HostArena, PAGE};
+use gpufuse_transport::ipc::IpcHandle;
 
 use crate::{Session, R};
 
-/// The size of a `CUipcMemHandle`.
-pub(crate) const HANDLE_LEN: usize = 64;
-/// What a gpufuse memory handle starts with.
-const MAGIC: &[u8; 8] = b"GFIPCMEM";
-/// The memfd names' prefix; the secret follows in hex.
-const NAME: &str = "gpufuse-ipc-";
-
-/// A handle's fields: `MAGIC`, the exporting worker's pid and the memfd's descriptor there
-/// (u32, little-endian), the secret, the allocation's size (u64); the rest zero.
-struct Handle {
-    pid: u32,
-    fd: u32,
-    secret: [u8; 16],
-    size: u64,
-}
-
-impl Handle {
-    fn encode(&self) -> Vec<u8> {
-        let mut h = vec![0u8; HANDLE_LEN];
-        h[..8].copy_from_slice(MAGIC);
-        h[8..12].copy_from_slice(&self.pid.to_le_bytes());
-        h[12..16].copy_from_slice(&self.fd.to_le_bytes());
-        h[16..32].copy_from_slice(&self.secret);
-        h[32..40].copy_from_slice(&self.size.to_le_bytes());
-        h
-    }
-
-    fn decode(h: &[u8]) -> Option<Handle> {
-        if h.len() != HANDLE_LEN || &h[..8] != MAGIC || h[40..].iter().any(|&b| b != 0) {
-            return None;
-        }
-        Some(Handle {
-            pid: u32::from_le_bytes(h[8..12].try_into().ok()?),
-            fd: u32::from_le_bytes(h[12..16].try_into().ok()?),
-            secret: h[16..32].try_into().ok()?,
-            size: u64::from_le_bytes(h[32..40].try_into().ok()?),
-        })
-    }
-
-    /// The memfd name the secret gives.
-    fn name(secret: &[u8; 16]) -> String {
-        let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-        format!("{NAME}{hex}")
-    }
-}
-
-/// An exported allocation: the memfd its memory is now, and its handle.
+/// Exported memory: the memfd it is now, and its handle.
 struct Export {
-    /// The memfd and its mapping: the allocation's words are its pages.
+    /// The memfd and its mapping: the memory's words are its pages.
     _memory: HostArena,
     handle: Vec<u8>,
 }
@@ -85,6 +49,52 @@ pub(crate) struct IpcBooks {
     exports: HashMap<u64, Export>,
     /// Other sessions' memory this session opened, by the address it has here.
     opened: HashMap<u64, HostArena>,
+    /// Physical memory (`cuMemCreate`) exported as a POSIX file descriptor, by the client's
+    /// handle; kept until the session ends (it may stay mapped after its release).
+    physical_exports: HashMap<u64, Export>,
+    /// Physical memory imported from a file descriptor, by the client's handle (not charged
+    /// to this session), and the memfds, kept until the session ends.
+    imported_handles: std::collections::HashSet<u64>,
+    physical_imports: Vec<HostArena>,
+}
+
+/// A new memfd of `size` bytes' whole pages and the span of its mapping.
+fn shared_memory(size: u64) -> R<(HostArena, [u8; 16], gpufuse_device::HostSpan)> {
+    let len = usize::try_from(size)
+        .ok()
+        .and_then(|s| s.checked_next_multiple_of(PAGE))
+        .ok_or(st::INVALID_VALUE)?;
+    let (memory, secret) = gpufuse_transport::ipc::create(len).map_err(|e| {
+        tracing::warn!(size, "no memfd for an IPC export: {e}");
+        st::OUT_OF_MEMORY
+    })?;
+    // SAFETY: the span is the memfd's whole mapping, which the caller keeps (in `IpcBooks`)
+    // for as long as the device may use it.
+    let span = unsafe { gpufuse_device::HostSpan::new(memory.base(), len) };
+    Ok((memory, secret, span))
+}
+
+/// Opens and maps the memory a handle names; the span of its whole mapping.
+fn open_shared(h: &IpcHandle) -> R<(HostArena, gpufuse_device::HostSpan)> {
+    let fd = gpufuse_transport::ipc::open(h).ok_or(st::INVALID_VALUE)?;
+    let memory = HostArena::adopt(fd).map_err(|e| {
+        tracing::warn!("an IPC handle's memory cannot be mapped: {e}");
+        st::INVALID_VALUE
+    })?;
+    // SAFETY: the span is the memfd's whole mapping, which the caller keeps (in `IpcBooks`)
+    // for as long as the device may use it.
+    let span = unsafe { gpufuse_device::HostSpan::new(memory.base(), memory.len()) };
+    Ok((memory, span))
+}
+
+fn handle_of(memory: &HostArena, secret: [u8; 16], size: u64) -> Vec<u8> {
+    IpcHandle {
+        pid: std::process::id(),
+        fd: memory.fd().as_raw_fd() as u32,
+        secret,
+        size,
+    }
+    .encode()
 }
 
 impl Session<'_> {
@@ -94,28 +104,11 @@ impl Session<'_> {
             return Ok(ReplyBody::Data(e.handle.clone()));
         }
         let size = *self.memory.allocations.get(&ptr).ok_or(st::INVALID_VALUE)?;
-        let len = usize::try_from(size)
-            .ok()
-            .and_then(|s| s.checked_next_multiple_of(PAGE))
-            .ok_or(st::INVALID_VALUE)?;
-        let mut secret = [0u8; 16];
-        rustix::rand::getrandom(&mut secret, rustix::rand::GetRandomFlags::empty())
-            .map_err(|_| st::OPERATING_SYSTEM)?;
-        let memory = HostArena::create_named(&Handle::name(&secret), len).map_err(|e| {
-            tracing::warn!(size, "no memfd for an IPC export: {e}");
-            st::OUT_OF_MEMORY
-        })?;
-        // SAFETY: the span is the memfd's whole mapping, which `memory` keeps until the export
-        // is dropped, after the allocation is freed (`Session::free`, `release_ipc`).
-        let span = unsafe { gpufuse_device::HostSpan::new(memory.base(), len) };
+        let (memory, secret, span) = shared_memory(size)?;
+        // The memfd stays mapped until the export is dropped, after the allocation is freed
+        // (`Session::free`, `release_ipc`).
         self.device.share(ptr, span)?;
-        let handle = Handle {
-            pid: std::process::id(),
-            fd: memory.fd().as_raw_fd() as u32,
-            secret,
-            size,
-        }
-        .encode();
+        let handle = handle_of(&memory, secret, size);
         tracing::debug!(ptr, size, "device memory exported for IPC");
         self.ipc.exports.insert(
             ptr,
@@ -129,19 +122,13 @@ impl Session<'_> {
 
     /// `IpcOpenMemHandle`: maps another session's export into this session's device.
     pub(crate) fn ipc_open_mem_handle(&mut self, handle: &[u8]) -> R<ReplyBody> {
-        let h = Handle::decode(handle).ok_or(st::INVALID_VALUE)?;
+        let h = IpcHandle::decode(handle).ok_or(st::INVALID_VALUE)?;
         if h.pid == std::process::id() {
             // NVIDIA's driver refuses a process its own handles.
             return Err(st::INVALID_CONTEXT);
         }
-        let fd = open_export(&h).ok_or(st::INVALID_VALUE)?;
-        let memory = HostArena::adopt(fd).map_err(|e| {
-            tracing::warn!("an IPC handle's memory cannot be mapped: {e}");
-            st::INVALID_VALUE
-        })?;
-        // SAFETY: the span is the memfd's whole mapping, which `memory` keeps until the
-        // mapping is closed and freed from the device (`ipc_close_mem_handle`, `release_ipc`).
-        let span = unsafe { gpufuse_device::HostSpan::new(memory.base(), memory.len()) };
+        // Kept until the mapping is closed and freed from the device.
+        let (memory, span) = open_shared(&h)?;
         let ptr = self.device.alloc_shared(h.size, span)?;
         tracing::debug!(ptr, size = h.size, pid = h.pid, "IPC memory opened");
         self.ipc.opened.insert(ptr, memory);
@@ -149,6 +136,62 @@ impl Session<'_> {
             ptr: DevicePtr(ptr),
             size: h.size,
         })
+    }
+
+    /// `IpcExportPhysical`: physical memory (`cuMemCreate`'s `handle`) moves into a memfd the
+    /// client hands the application as a POSIX file descriptor.
+    pub(crate) fn ipc_export_physical(&mut self, handle: u64) -> R<ReplyBody> {
+        if let Some(e) = self.ipc.physical_exports.get(&handle) {
+            return Ok(ReplyBody::Data(e.handle.clone()));
+        }
+        let (id, size) = *self
+            .memory
+            .vmm
+            .physical
+            .get(&handle)
+            .ok_or(st::INVALID_VALUE)?;
+        let (memory, secret, span) = shared_memory(size)?;
+        self.device.share_physical(id, span)?;
+        let bytes = handle_of(&memory, secret, size);
+        tracing::debug!(size, "physical memory exported as a file descriptor");
+        self.ipc.physical_exports.insert(
+            handle,
+            Export {
+                _memory: memory,
+                handle: bytes.clone(),
+            },
+        );
+        Ok(ReplyBody::Data(bytes))
+    }
+
+    /// `IpcImportPhysical`: the memfd a handle names becomes physical memory of this session
+    /// under the client's `handle` (not charged: its exporter is).
+    pub(crate) fn ipc_import_physical(&mut self, handle: u64, shared: &[u8]) -> R<()> {
+        if self.memory.vmm.physical.contains_key(&handle) {
+            return Err(st::INVALID_VALUE);
+        }
+        let h = IpcHandle::decode(shared).ok_or(st::INVALID_VALUE)?;
+        let (memory, span) = open_shared(&h)?;
+        let id = self
+            .device
+            .create_physical_shared(memory.len() as u64, span)?;
+        self.memory
+            .vmm
+            .physical
+            .insert(handle, (id, memory.len() as u64));
+        self.ipc.imported_handles.insert(handle);
+        self.ipc.physical_imports.push(memory);
+        Ok(())
+    }
+
+    /// What releasing physical memory `handle` of `size` bytes gives back to the session's
+    /// charge: nothing for imported memory (its exporter is charged).
+    pub(crate) fn charged_physical(&mut self, handle: u64, size: u64) -> u64 {
+        if self.ipc.imported_handles.remove(&handle) {
+            0
+        } else {
+            size
+        }
     }
 
     /// `IpcCloseMemHandle`.
@@ -174,79 +217,11 @@ impl Session<'_> {
         }
         self.ipc.exports.clear();
     }
-}
 
-/// Opens the memfd a handle names, if it is still the export the handle was made for: its
-/// name must carry the handle's secret, looked at before opening (nothing else is opened) and
-/// again on the opened descriptor (a descriptor number reused in between is refused).
-fn open_export(h: &Handle) -> Option<OwnedFd> {
-    let want = format!("/memfd:{}", Handle::name(&h.secret));
-    let is_export = |link: &str| {
-        std::fs::read_link(link).is_ok_and(|target| {
-            target
-                .to_str()
-                .is_some_and(|t| t == want || t.strip_prefix(want.as_str()) == Some(" (deleted)"))
-        })
-    };
-    let path = format!("/proc/{}/fd/{}", h.pid, h.fd);
-    if !is_export(&path) {
-        return None;
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .ok()?;
-    let fd = OwnedFd::from(file);
-    is_export(&format!("/proc/self/fd/{}", fd.as_raw_fd())).then_some(fd)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_handle_round_trips_and_anything_else_is_refused() {
-        let h = Handle {
-            pid: 4242,
-            fd: 17,
-            secret: [7; 16],
-            size: 1 << 26,
-        };
-        let bytes = h.encode();
-        assert_eq!(bytes.len(), HANDLE_LEN);
-        let back = Handle::decode(&bytes).unwrap();
-        assert_eq!(
-            (back.pid, back.fd, back.secret, back.size),
-            (4242, 17, [7; 16], 1 << 26)
-        );
-        assert!(Handle::decode(&bytes[..63]).is_none());
-        let mut other = bytes.clone();
-        other[0] ^= 1;
-        assert!(Handle::decode(&other).is_none(), "another magic");
-        let mut tail = bytes;
-        tail[63] = 1;
-        assert!(Handle::decode(&tail).is_none(), "a tail that is not zero");
-    }
-
-    #[test]
-    fn only_the_memfd_with_the_handles_secret_opens() {
-        let secret = [0x5a; 16];
-        let memory = HostArena::create_named(&Handle::name(&secret), PAGE).unwrap();
-        let mut h = Handle {
-            pid: std::process::id(),
-            fd: memory.fd().as_raw_fd() as u32,
-            secret,
-            size: 8,
-        };
-        assert!(open_export(&h).is_some());
-        h.secret[0] ^= 1;
-        assert!(open_export(&h).is_none(), "a wrong secret");
-        h.secret = secret;
-        h.fd = 0;
-        assert!(open_export(&h).is_none(), "another descriptor");
-        h.fd = memory.fd().as_raw_fd() as u32;
-        drop(memory);
-        assert!(open_export(&h).is_none(), "a closed export");
+    /// At the session's end, after its device memory is gone: the physical memory's memfds.
+    pub(crate) fn release_physical_ipc(&mut self) {
+        self.ipc.physical_exports.clear();
+        self.ipc.imported_handles.clear();
+        self.ipc.physical_imports.clear();
     }
 }

@@ -203,6 +203,13 @@ impl<'a> Session<'a> {
             IpcCloseMemHandle {
                 ptr: DevicePtr(ptr),
             } => none(self.ipc_close_mem_handle(ptr)),
+            IpcExportPhysical {
+                handle: PhysicalHandle(handle),
+            } => self.ipc_export_physical(handle),
+            IpcImportPhysical {
+                handle: PhysicalHandle(handle),
+                shared,
+            } => none(self.ipc_import_physical(handle, shared)),
             SetLimit {
                 device,
                 limit,

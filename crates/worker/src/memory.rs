@@ -172,15 +172,17 @@ impl Session<'_> {
         for (ptr, size) in mapped {
             let _ = self.device.unmap(ptr, size);
         }
-        let physical: Vec<(u64, u64)> = self.memory.vmm.physical.drain().map(|(_, p)| p).collect();
-        for (id, size) in physical {
+        let physical: Vec<(u64, (u64, u64))> = self.memory.vmm.physical.drain().collect();
+        for (handle, (id, size)) in physical {
             let _ = self.device.release_physical(id);
-            self.uncharge(size);
+            let charged = self.charged_physical(handle, size);
+            self.uncharge(charged);
         }
         let reserved: Vec<(u64, u64)> = self.memory.vmm.reserved.drain().collect();
         for (ptr, size) in reserved {
             let _ = self.device.unreserve(ptr, size);
         }
+        self.release_physical_ipc();
     }
 
     /// Checks `height` rows of `width` bytes at `r` against the session; returns the bytes
@@ -523,7 +525,8 @@ impl Session<'_> {
             .remove(&handle)
             .ok_or(st::INVALID_VALUE)?;
         self.device.release_physical(id)?;
-        self.uncharge(size);
+        let charged = self.charged_physical(handle, size);
+        self.uncharge(charged);
         Ok(())
     }
 

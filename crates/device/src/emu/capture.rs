@@ -31,7 +31,7 @@ fn capture_with(d: &mut EmuDevice, contents: bool) -> Result<DeviceImage, Captur
             "some of the session's memory is evicted: bring it back before a capture",
         ));
     }
-    if d.allocations.values().any(|w| w.is_shared()) {
+    if d.allocations.values().any(|w| w.is_shared()) || d.vmm.has_shared(&d.allocations) {
         return Err(CaptureRefused::not_supported(
             "the session has memory another process uses at the same time (managed memory \
              shared with its client's host, a same-host session's cudaMallocManaged, or CUDA \

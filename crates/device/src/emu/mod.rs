@@ -401,6 +401,18 @@ impl Device for EmuDevice {
         Ok(())
     }
 
+    fn share_physical(&mut self, physical: u64, backing: crate::HostSpan) -> Result<(), Status> {
+        self.vmm.share(physical, backing, &mut self.allocations)
+    }
+
+    fn create_physical_shared(
+        &mut self,
+        size: u64,
+        backing: crate::HostSpan,
+    ) -> Result<u64, Status> {
+        self.vmm.create_shared(size, backing)
+    }
+
     fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
         match limit {
             LIMIT_PRINTF_FIFO_SIZE => {
@@ -1322,6 +1334,60 @@ LOOP:
             d.capture().is_ok(),
             "without shared memory the session captures again"
         );
+    }
+
+    /// POSIX-fd export and import of physical memory: exported memory keeps its contents
+    /// (mapped or not), imported memory is another process's words; neither is evicted or
+    /// captured.
+    #[test]
+    fn shared_physical_memory_keeps_its_contents_and_never_leaves() {
+        let mut d = dev();
+        let size = vmm::GRANULARITY;
+        let n = (size / 8) as usize;
+        let id = d.create_physical(size).unwrap();
+        let va = d.reserve(2 * size, size).unwrap();
+        d.map(va, id).unwrap();
+        d.write(va + 16, b"exported").unwrap();
+        let backing: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+        d.share_physical(id, words::test_span(&backing)).unwrap();
+        assert_eq!(
+            backing[2]
+                .load(std::sync::atomic::Ordering::SeqCst)
+                .to_le_bytes(),
+            *b"exported"
+        );
+        assert!(
+            d.capture().is_err(),
+            "shared physical memory is not captured"
+        );
+        d.unmap(va, size).unwrap();
+        assert!(d
+            .resident()
+            .iter()
+            .all(|&(a, _)| a & vmm::PHYSICAL_KEY == 0));
+        assert_eq!(d.evict(vmm::PHYSICAL_KEY | id), Err(INVALID_VALUE));
+        // Imported: the other side's words, mapped where this side wants them.
+        let other: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+        other[1].store(
+            u64::from_le_bytes(*b"imported"),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        assert_eq!(
+            d.create_physical_shared(size - 8, words::test_span(&other)),
+            Err(INVALID_VALUE),
+            "whole granules only"
+        );
+        let imported = d
+            .create_physical_shared(size, words::test_span(&other))
+            .unwrap();
+        d.map(va + size, imported).unwrap();
+        let mut got = [0u8; 8];
+        d.read(va + size + 8, &mut got).unwrap();
+        assert_eq!(&got, b"imported");
+        d.unmap(va + size, size).unwrap();
+        d.release_physical(imported).unwrap();
+        d.release_physical(id).unwrap();
+        assert!(d.capture().is_ok(), "nothing shared is left");
     }
 
     /// CUDA IPC's export: an allocation moved into memory another process maps keeps its

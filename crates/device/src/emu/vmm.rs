@@ -47,6 +47,10 @@ impl Vmm {
         }
         let words = Words::zeroed(usize::try_from(size).map_err(|_| OUT_OF_MEMORY)?)
             .ok_or(OUT_OF_MEMORY)?;
+        Ok(self.insert(size, words))
+    }
+
+    fn insert(&mut self, size: u64, words: Words) -> u64 {
         self.next_physical += 1;
         self.physical.insert(
             self.next_physical,
@@ -57,7 +61,51 @@ impl Vmm {
                 released: false,
             },
         );
-        Ok(self.next_physical)
+        self.next_physical
+    }
+
+    /// Physical memory whose words are `backing`, another process's memory (CUDA IPC).
+    pub fn create_shared(&mut self, size: u64, backing: crate::HostSpan) -> Result<u64, Status> {
+        if size == 0 || !size.is_multiple_of(GRANULARITY) {
+            return Err(INVALID_VALUE);
+        }
+        let words = Words::shared(backing, usize::try_from(size).map_err(|_| INVALID_VALUE)?)
+            .ok_or(INVALID_VALUE)?;
+        Ok(self.insert(size, words))
+    }
+
+    /// Moves `id`'s contents into `backing` (mapped or not; its words are then `backing`'s).
+    pub fn share(
+        &mut self,
+        id: u64,
+        backing: crate::HostSpan,
+        allocations: &mut BTreeMap<u64, Words>,
+    ) -> Result<(), Status> {
+        let p = self.physical.get_mut(&id).ok_or(INVALID_VALUE)?;
+        if p.released {
+            return Err(INVALID_VALUE);
+        }
+        let slot = match p.mapped_at {
+            Some(at) => allocations.get_mut(&at),
+            None => p.words.as_mut(),
+        }
+        .ok_or(INVALID_VALUE)?;
+        let bytes = slot.bytes().ok_or(INVALID_VALUE)?;
+        let len = usize::try_from(p.size).map_err(|_| INVALID_VALUE)?;
+        let mut words = Words::shared(backing, len).ok_or(INVALID_VALUE)?;
+        words.write_at(0, bytes);
+        *slot = words;
+        Ok(())
+    }
+
+    /// Whether any physical memory, mapped or not, is another process's too.
+    pub fn has_shared(&self, allocations: &BTreeMap<u64, Words>) -> bool {
+        self.physical.values().any(|p| {
+            p.words.as_ref().is_some_and(Words::is_shared)
+                || p.mapped_at
+                    .and_then(|at| allocations.get(&at))
+                    .is_some_and(Words::is_shared)
+        })
     }
 
     pub fn release(&mut self, id: u64) -> Result<(), Status> {
@@ -159,17 +207,23 @@ impl Vmm {
         Ok(())
     }
 
-    /// Unmapped physical memory whose contents are on the device: (id, size).
+    /// Unmapped physical memory whose contents are on the device: (id, size). Memory another
+    /// process shares is not the device's to move and is left out.
     pub fn unmapped(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.physical
             .iter()
-            .filter(|(_, p)| p.words.is_some())
+            .filter(|(_, p)| p.words.as_ref().is_some_and(|w| !w.is_shared()))
             .map(|(&id, p)| (id, p.size))
     }
 
-    /// Takes unmapped physical memory's contents out (eviction).
+    /// Takes unmapped physical memory's contents out (eviction); never memory another process
+    /// shares.
     pub fn take_unmapped(&mut self, id: u64) -> Option<Words> {
-        self.physical.get_mut(&id)?.words.take()
+        let words = &mut self.physical.get_mut(&id)?.words;
+        if words.as_ref().is_some_and(Words::is_shared) {
+            return None;
+        }
+        words.take()
     }
 
     /// Puts evicted unmapped contents back.
