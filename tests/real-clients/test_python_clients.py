@@ -78,9 +78,12 @@ def test_cuda_bindings_jit_linker(programs, server):
 
 def test_cuda_bindings_posix_fd_ipc(programs, server):
     """Physical memory exported as a POSIX file descriptor and imported by a child process
-    (another session): each side reads what the other wrote; the importer is not charged."""
+    (another session): each side reads what the other wrote; the importer is not charged.
+    Then an exportable memory pool and one of its pointers, imported the same way."""
     res = run_client(programs, server.unix, [programs.python, PY / "ipc_shareable.py"])
-    assert_ok(res, ["child: imported, read, wrote", "PASS ipc_shareable (results checked)"])
+    assert_ok(res, ["child: imported, read, wrote",
+                    "child: imported the pool and its pointer, read, wrote, freed",
+                    "PASS ipc_shareable (results checked)"])
 
 
 def test_cuda_bindings_registered_memory(programs, server):

@@ -30,7 +30,9 @@ use crate::error::ClientError;
 use crate::handles::{self, Kind};
 use crate::memory::MemoryKind;
 use crate::state::Inner;
-use crate::status::{INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, UNKNOWN};
+use crate::status::{
+    INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, OPERATING_SYSTEM, UNKNOWN,
+};
 
 /// The size of `CUipcMemHandle` and `CUipcEventHandle`.
 pub const HANDLE_LEN: usize = 64;
@@ -40,8 +42,16 @@ pub const EVENT_DISABLE_TIMING: u32 = 0x2;
 pub const EVENT_INTERPROCESS: u32 = 0x4;
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the only flag `cuIpcOpenMemHandle` takes.
 const LAZY_ENABLE_PEER_ACCESS: u32 = 0x1;
+/// Where a pool pointer's export data carries its pool's secret (after the IPC handle's 40
+/// bytes of content).
+const POOL_SECRET: std::ops::Range<usize> = 40..56;
 /// What a gpufuse event handle starts with; the exporting process's pid and the event follow.
 const EVENT_MAGIC: &[u8; 8] = b"GFIPCEVT";
+
+/// A new exportable pool's secret.
+pub fn pool_secret() -> Result<[u8; 16], ClientError> {
+    gpufuse_transport::ipc::secret().map_err(|_| OPERATING_SYSTEM.into())
+}
 
 impl Inner {
     /// `cuIpcGetMemHandle`: `ptr` must be the base of a `cuMemAlloc` allocation.
@@ -50,6 +60,11 @@ impl Inner {
             Some(a) if a.kind == MemoryKind::Device => {}
             _ => return Err(INVALID_VALUE.into()),
         }
+        self.export_allocation(ptr)
+    }
+
+    /// The worker's IPC handle of the allocation at `ptr` (a checked base).
+    fn export_allocation(&mut self, ptr: u64) -> Result<[u8; HANDLE_LEN], ClientError> {
         let ReplyBody::Data(handle) = self.conn.call(&Request::IpcGetMemHandle {
             ptr: DevicePtr(ptr),
         })?
@@ -80,16 +95,21 @@ impl Inner {
         else {
             return Err(UNKNOWN.into());
         };
-        self.note_placed(ptr, size, device, MemoryKind::Opened);
+        self.note_placed(ptr, size, device, MemoryKind::Opened { pool: None });
         Ok(ptr)
     }
 
     /// `cuIpcCloseMemHandle`: `ptr` must be what [`Inner::ipc_open_mem_handle`] gave.
     pub fn ipc_close_mem_handle(&mut self, ptr: u64) -> Result<(), ClientError> {
         match self.allocation(ptr) {
-            Some(a) if a.kind == MemoryKind::Opened => {}
+            Some(a) if a.kind == (MemoryKind::Opened { pool: None }) => {}
             _ => return Err(INVALID_VALUE.into()),
         }
+        self.close_opened(ptr)
+    }
+
+    /// Unmaps opened memory at `ptr` (a checked base).
+    pub(crate) fn close_opened(&mut self, ptr: u64) -> Result<(), ClientError> {
         self.allocations.remove(&ptr);
         self.conn
             .call(&Request::IpcCloseMemHandle {
@@ -136,7 +156,7 @@ impl Inner {
             || self
                 .allocations
                 .values()
-                .any(|a| a.kind == MemoryKind::Opened)
+                .any(|a| matches!(a.kind, MemoryKind::Opened { .. }))
     }
 
     /// `cuIpcGetEventHandle`: the event must be interprocess (and so without timing).
@@ -162,5 +182,73 @@ impl Inner {
             return Err(INVALID_CONTEXT.into());
         }
         self.create_event(EVENT_DISABLE_TIMING | EVENT_INTERPROCESS)
+    }
+
+    /// `cuMemPoolExportToShareableHandle` of a POSIX file descriptor: a new descriptor that
+    /// stands for the pool (an empty memfd named after its secret).
+    pub fn export_pool_fd(&mut self, pool: u64) -> Result<OwnedFd, ClientError> {
+        let stats = self.pools.get(&pool).ok_or(INVALID_VALUE)?;
+        match (stats.shareable, stats.imported) {
+            (Some(secret), false) => {
+                gpufuse_transport::ipc::pool_fd(&secret).map_err(|_| OPERATING_SYSTEM.into())
+            }
+            _ => Err(INVALID_VALUE.into()),
+        }
+    }
+
+    /// `cuMemPoolImportFromShareableHandle`: the pool another process's descriptor `fd`
+    /// stands for, on the current device; it gives out that process's exported pointers.
+    pub fn import_pool_fd(&mut self, fd: RawFd) -> Result<u64, ClientError> {
+        let secret = gpufuse_transport::ipc::pool_secret_of_own_fd(fd).ok_or(INVALID_VALUE)?;
+        let (_, device) = self.current()?;
+        let pool = self.create_pool(device, 0, Some(secret));
+        if let Some(stats) = self.pools.get_mut(&pool) {
+            stats.imported = true;
+        }
+        Ok(pool)
+    }
+
+    /// `cuMemPoolExportPointer`: 64 bytes another process imports from the pool: the
+    /// allocation's IPC handle (its first 40 bytes) and the pool's secret after it.
+    pub fn export_pool_pointer(&mut self, ptr: u64) -> Result<[u8; HANDLE_LEN], ClientError> {
+        let secret = match self.allocation(ptr).map(|a| a.kind) {
+            Some(MemoryKind::Pooled { pool }) => self
+                .pools
+                .get(&pool)
+                .filter(|s| !s.imported)
+                .and_then(|s| s.shareable),
+            _ => None,
+        }
+        .ok_or(INVALID_VALUE)?;
+        let mut data = self.export_allocation(ptr)?;
+        if data[POOL_SECRET].iter().any(|&b| b != 0) {
+            return Err(UNKNOWN.into());
+        }
+        data[POOL_SECRET].copy_from_slice(&secret);
+        Ok(data)
+    }
+
+    /// `cuMemPoolImportPointer`: the pointer `data` names, which must come from `pool`'s
+    /// exporter.
+    pub fn import_pool_pointer(
+        &mut self,
+        pool: u64,
+        data: &[u8; HANDLE_LEN],
+    ) -> Result<u64, ClientError> {
+        let stats = self.pools.get(&pool).ok_or(INVALID_VALUE)?;
+        let secret = stats
+            .shareable
+            .filter(|_| stats.imported)
+            .ok_or(INVALID_VALUE)?;
+        if data[POOL_SECRET] != secret {
+            return Err(INVALID_VALUE.into());
+        }
+        let mut handle = *data;
+        handle[POOL_SECRET].fill(0);
+        let ptr = self.ipc_open_mem_handle(&handle, 0)?;
+        if let Some(a) = self.allocations.get_mut(&ptr) {
+            a.kind = MemoryKind::Opened { pool: Some(pool) };
+        }
+        Ok(ptr)
     }
 }

@@ -50,8 +50,10 @@ pub enum MemoryKind {
     /// A module's global variable (`cuModuleGetGlobal`): placed by the module's load.
     Global { module: u64 },
     /// Another process's memory opened with `cuIpcOpenMemHandle` (`crate::ipc`): closed with
-    /// `cuIpcCloseMemHandle`, never freed with `cuMemFree`.
-    Opened,
+    /// `cuIpcCloseMemHandle`, never freed with `cuMemFree`; or imported from another
+    /// process's pool (`cuMemPoolImportPointer`, `pool` the imported pool): closed by
+    /// `cuMemFree`/`cuMemFreeAsync`, as CUDA has such pointers freed.
+    Opened { pool: Option<u64> },
 }
 
 /// A device allocation the client made.
@@ -458,9 +460,12 @@ impl Inner {
             return Ok(());
         }
         match self.allocations.get(&ptr) {
+            Some(a) if matches!(a.kind, MemoryKind::Opened { pool: Some(_) }) => {
+                return self.close_opened(ptr);
+            }
             Some(a)
                 if !a.is_mapped()
-                    && a.kind != MemoryKind::Opened
+                    && !matches!(a.kind, MemoryKind::Opened { .. })
                     && !self.graphs.allocations.contains_key(&ptr) => {}
             _ => return Err(INVALID_VALUE.into()),
         }

@@ -57,8 +57,9 @@ impl Inner {
         Ok(())
     }
 
-    /// `cuMemPoolCreate` on `device`, at most `max_size` bytes (0: no limit).
-    pub fn create_pool(&mut self, device: u32, max_size: u64) -> u64 {
+    /// `cuMemPoolCreate` on `device`, at most `max_size` bytes (0: no limit); `shareable`:
+    /// exportable, with this secret (`crate::ipc`).
+    pub fn create_pool(&mut self, device: u32, max_size: u64, shareable: Option<[u8; 16]>) -> u64 {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let h = CREATED_POOLS + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.pools.insert(
@@ -66,6 +67,7 @@ impl Inner {
             PoolStats {
                 device,
                 max_size,
+                shareable,
                 ..PoolStats::default()
             },
         );
@@ -91,6 +93,10 @@ impl Inner {
             return Err(INVALID_VALUE.into());
         }
         let stats = self.pool_stats(pool)?;
+        if stats.imported {
+            // An imported pool gives out its exporter's pointers only.
+            return Err(INVALID_VALUE.into());
+        }
         if stats.max_size != 0 && stats.used.saturating_add(size) > stats.max_size {
             return Err(OUT_OF_MEMORY.into());
         }

@@ -102,6 +102,12 @@ pub struct PoolStats {
     pub high: u64,
     pub reserved_high: u64,
     pub release_threshold: u64,
+    /// An exportable pool's secret (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`), which its
+    /// descriptors' names and its pointers' export data carry (`crate::ipc`).
+    pub shareable: Option<[u8; 16]>,
+    /// Imported from another process (`cuMemPoolImportFromShareableHandle`): it gives out
+    /// that process's pointers (`cuMemPoolImportPointer`), never allocations of its own.
+    pub imported: bool,
 }
 
 /// Page-locked host memory handed out by `cuMemHostAlloc` and friends.

@@ -482,7 +482,7 @@ fn stream_ordered_allocation_charges_pools() {
     let node = Node::start();
     let s = session(&node);
     let mut g = s.lock();
-    let pool = g.create_pool(0, 4096);
+    let pool = g.create_pool(0, 4096, None);
     let a = g.alloc_async(4096, pool, 0).unwrap();
     assert_eq!(g.pool_stats(pool).unwrap().used, 4096);
     assert_eq!(status(g.alloc_async(1, pool, 0)), 2, "over the pool's size");

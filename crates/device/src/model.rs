@@ -253,7 +253,7 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
         (109, 128 << 20),
         (111, 1024), // reserved shared memory per block
         (115, 1),    // memory pools supported
-        (119, 0),    // mempool handle types
+        (119, 1),    // mempool handle types: POSIX file descriptors (gpufuse_client::ipc)
         (120, 0),    // cluster launch
         (125, 1),    // IPC events (gpufuse_client::ipc)
         (126, 1),    // mem sync domains

@@ -20,6 +20,8 @@ pub const HANDLE_LEN: usize = 64;
 const MAGIC: &[u8; 8] = b"GFIPCMEM";
 /// The memfds' name prefix; the secret follows in hex.
 const NAME: &str = "gpufuse-ipc-";
+/// An exportable memory pool's descriptors' name prefix (empty memfds); its secret follows.
+const POOL_NAME: &str = "gpufuse-pool-";
 
 /// Where shared memory is: a process and its descriptor of the memfd, the memfd's secret, and
 /// the shared allocation's size. Encoded: `MAGIC`, pid and descriptor (u32, little-endian),
@@ -59,18 +61,7 @@ impl IpcHandle {
     /// The handle of `fd`, a descriptor of this process: `None` unless it is a shared memfd
     /// of this kind (another process's export, received or opened). The size is the memfd's.
     pub fn of_own_fd(fd: RawFd) -> Option<IpcHandle> {
-        let target = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
-        let target = target.to_str()?;
-        let name = target.strip_prefix("/memfd:")?;
-        let name = name.strip_suffix(" (deleted)").unwrap_or(name);
-        let hex = name.strip_prefix(NAME)?;
-        if hex.len() != 32 {
-            return None;
-        }
-        let mut secret = [0u8; 16];
-        for (i, b) in secret.iter_mut().enumerate() {
-            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-        }
+        let secret = secret_of_own_fd(fd, NAME)?;
         let size = std::fs::metadata(format!("/proc/self/fd/{fd}")).ok()?.len();
         Some(IpcHandle {
             pid: std::process::id(),
@@ -81,16 +72,56 @@ impl IpcHandle {
     }
 }
 
-/// A new shared memfd of `len` bytes (whole pages) and the secret its name carries.
-pub fn create(len: usize) -> io::Result<(HostArena, [u8; 16])> {
+/// The secret in the name of the memfd behind `fd`, a descriptor of this process, if it is
+/// named `prefix` and a secret.
+fn secret_of_own_fd(fd: RawFd, prefix: &str) -> Option<[u8; 16]> {
+    let target = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+    let target = target.to_str()?;
+    let name = target.strip_prefix("/memfd:")?;
+    let name = name.strip_suffix(" (deleted)").unwrap_or(name);
+    let hex = name.strip_prefix(prefix)?;
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut secret = [0u8; 16];
+    for (i, b) in secret.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(secret)
+}
+
+/// A random secret.
+pub fn secret() -> io::Result<[u8; 16]> {
     let mut secret = [0u8; 16];
     rustix::rand::getrandom(&mut secret, rustix::rand::GetRandomFlags::empty())?;
+    Ok(secret)
+}
+
+/// A new shared memfd of `len` bytes (whole pages) and the secret its name carries.
+pub fn create(len: usize) -> io::Result<(HostArena, [u8; 16])> {
+    let secret = secret()?;
     Ok((HostArena::create_named(&name(&secret), len)?, secret))
 }
 
 fn name(secret: &[u8; 16]) -> String {
     let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
     format!("{NAME}{hex}")
+}
+
+/// A descriptor that stands for an exportable memory pool (`cuMemPoolExportToShareableHandle`
+/// of a POSIX file descriptor): an empty memfd named after the pool's secret.
+pub fn pool_fd(secret: &[u8; 16]) -> io::Result<OwnedFd> {
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(rustix::fs::memfd_create(
+        format!("{POOL_NAME}{hex}"),
+        rustix::fs::MemfdFlags::CLOEXEC,
+    )?)
+}
+
+/// The pool secret of `fd`, a descriptor of this process made by [`pool_fd`] (here or in
+/// another process that sent it).
+pub fn pool_secret_of_own_fd(fd: RawFd) -> Option<[u8; 16]> {
+    secret_of_own_fd(fd, POOL_NAME)
 }
 
 /// Opens the memfd `h` names, if it is still the one the handle was made for (its name
@@ -161,6 +192,13 @@ mod tests {
             "a descriptor of the memfd names it"
         );
         assert!(IpcHandle::of_own_fd(0).is_none());
+        let pool = pool_fd(&[9; 16]).unwrap();
+        assert_eq!(pool_secret_of_own_fd(pool.as_raw_fd()), Some([9; 16]));
+        assert!(
+            IpcHandle::of_own_fd(pool.as_raw_fd()).is_none(),
+            "a pool is no memory"
+        );
+        assert!(pool_secret_of_own_fd(opened.as_raw_fd()).is_none());
         h.secret[0] ^= 1;
         assert!(open(&h).is_none(), "a wrong secret");
         h.secret = secret;

@@ -4,11 +4,15 @@ cuMemExportToShareableHandle, the descriptor passed to a child process (this scr
 which imports it (cuMemImportFromShareableHandle), maps it, reads what the parent wrote and
 writes its own; the parent then reads the child's bytes through its own mapping. The child's
 session is not charged for the memory, a descriptor that is no export is refused, and other
-handle types are CUDA_ERROR_NOT_SUPPORTED.
+handle types are CUDA_ERROR_NOT_SUPPORTED. Then the same through an exportable memory pool
+(cuMemPoolCreate with POSIX file descriptors, cuMemPoolExportToShareableHandle,
+cuMemPoolExportPointer; the child's cuMemPoolImportFromShareableHandle, cuMemPoolGetAccess,
+cuMemPoolImportPointer, cuMemFreeAsync), as NVIDIA's streamOrderedAllocationIPC does.
 
-Usage: python ipc_shareable.py            (the parent)
-       python ipc_shareable.py child FD   (started by the parent)
+Usage: python ipc_shareable.py                              (the parent)
+       python ipc_shareable.py child FD POOL_FD EXPORT_HEX  (started by the parent)
 """
+import ctypes
 import subprocess
 import sys
 
@@ -74,6 +78,41 @@ def write(va, values):
     ck(cu.cuMemcpyHtoD(va, values.ctypes.data, SIZE), "cuMemcpyHtoD")
 
 
+def export_bytes(data):
+    """The 64 bytes of a CUmemPoolPtrExportData (cuda-python exposes only its address)."""
+    return (ctypes.c_ubyte * 64).from_address(data.getPtr())
+
+
+def child_pool(pool_fd, export_hex):
+    pool = ck(cu.cuMemPoolImportFromShareableHandle(pool_fd, POSIX_FD, 0),
+              "cuMemPoolImportFromShareableHandle")
+    loc = cu.CUmemLocation()
+    loc.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    loc.id = 0
+    flags = ck(cu.cuMemPoolGetAccess(pool, loc), "cuMemPoolGetAccess")
+    if flags != cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+        fail(f"the imported pool's access: {flags!r}")
+    stream = ck(cu.cuStreamCreate(0), "cuStreamCreate")
+    if status(cu.cuMemAllocFromPoolAsync(4096, pool, stream)) == R.CUDA_SUCCESS:
+        fail("an imported pool allocated memory of its own")
+    data = cu.CUmemPoolPtrExportData()
+    raw = bytes.fromhex(export_hex)
+    wrong = bytearray(raw)
+    wrong[45] ^= 1  # the pool's secret
+    export_bytes(data)[:] = wrong
+    if status(cu.cuMemPoolImportPointer(pool, data)) == R.CUDA_SUCCESS:
+        fail("another pool's pointer was imported")
+    export_bytes(data)[:] = raw
+    ptr = ck(cu.cuMemPoolImportPointer(pool, data), "cuMemPoolImportPointer")
+    got = read(ptr)
+    if not np.array_equal(got, np.arange(N, dtype=np.uint32) + 7):
+        fail(f"the child read {got[:4]}... from the pool's pointer")
+    write(ptr, np.arange(N, dtype=np.uint32) * 5)
+    ck(cu.cuMemFreeAsync(ptr, stream), "cuMemFreeAsync (the imported pointer)")
+    ck(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    print("child: imported the pool and its pointer, read, wrote, freed", flush=True)
+
+
 def child(fd):
     context()
     free_before = ck(cu.cuMemGetInfo(), "cuMemGetInfo")[0]
@@ -94,6 +133,24 @@ def child(fd):
     if err == R.CUDA_SUCCESS:
         fail("a descriptor that is no export was imported")
     print(f"child: imported, read, wrote; /dev/null refused with {err!r}", flush=True)
+
+
+def parent_pool():
+    """An exportable pool's allocation, its descriptor and export data; the stream."""
+    props = cu.CUmemPoolProps()
+    props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    props.handleTypes = POSIX_FD
+    props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    props.location.id = 0
+    pool = ck(cu.cuMemPoolCreate(props), "cuMemPoolCreate (POSIX fd)")
+    stream = ck(cu.cuStreamCreate(0), "cuStreamCreate")
+    ptr = ck(cu.cuMemAllocFromPoolAsync(SIZE, pool, stream), "cuMemAllocFromPoolAsync")
+    ck(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    write(ptr, np.arange(N, dtype=np.uint32) + 7)
+    pool_fd = ck(cu.cuMemPoolExportToShareableHandle(pool, POSIX_FD, 0),
+                 "cuMemPoolExportToShareableHandle")
+    data = ck(cu.cuMemPoolExportPointer(ptr), "cuMemPoolExportPointer")
+    return pool, ptr, int(pool_fd), bytes(export_bytes(data)).hex(), stream
 
 
 def parent():
@@ -118,7 +175,9 @@ def parent():
     # The exported memory keeps its contents and its mapping here.
     if not np.array_equal(read(va)[:8], np.arange(8, dtype=np.uint32) * 3 + 1):
         fail("the export changed the contents")
-    res = subprocess.run([sys.executable, __file__, "child", str(int(fd))], pass_fds=(int(fd),),
+    pool, pool_ptr, pool_fd, export_hex, stream = parent_pool()
+    res = subprocess.run([sys.executable, __file__, "child", str(int(fd)), str(pool_fd),
+                          export_hex], pass_fds=(int(fd), pool_fd),
                          capture_output=True, text=True, timeout=120)
     sys.stdout.write(res.stdout)
     sys.stderr.write(res.stderr)
@@ -130,11 +189,18 @@ def parent():
         fail(f"the parent read {got[:4]}..., want the child's {want[:4]}...")
     unmap(va)
     ck(cu.cuMemRelease(handle), "cuMemRelease")
+    got = read(pool_ptr)
+    if not np.array_equal(got, np.arange(N, dtype=np.uint32) * 5):
+        fail(f"the parent read {got[:4]}... from its pool, want the child's")
+    ck(cu.cuMemFreeAsync(pool_ptr, stream), "cuMemFreeAsync")
+    ck(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    ck(cu.cuMemPoolDestroy(pool), "cuMemPoolDestroy")
     print("PASS ipc_shareable (results checked)")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "child":
+    if len(sys.argv) == 5 and sys.argv[1] == "child":
         child(int(sys.argv[2]))
+        child_pool(int(sys.argv[3]), sys.argv[4])
     else:
         parent()

@@ -2,11 +2,14 @@
 //! (`gpufuse_client::ipc` says how each is shared).
 
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
-use std::os::fd::IntoRawFd;
+use std::os::fd::{IntoRawFd, OwnedFd};
+
+use gpufuse_client::error::ClientError;
+use gpufuse_client::state::Inner;
 
 use gpufuse_client::ipc::HANDLE_LEN;
 
-use crate::api::memory::CUdeviceptr;
+use crate::api::memory::{CUdeviceptr, HANDLE_TYPE_POSIX_FD};
 use crate::api::module::h;
 use crate::api::stream::CUevent;
 use crate::api::vmm::CUmemGenericAllocationHandle;
@@ -92,8 +95,39 @@ pub unsafe extern "C" fn cuIpcOpenEventHandle(event: *mut CUevent, handle: IpcHa
     })
 }
 
-/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, the one shareable handle type gpufuse makes.
-const HANDLE_TYPE_POSIX_FD: c_int = 1;
+/// A shareable handle's export: a POSIX file descriptor, written as an int to `shareable`.
+///
+/// # Safety
+/// `shareable` is an exported call's own argument, valid as the CUDA API contract says.
+unsafe fn export_fd(
+    shareable: *mut c_void,
+    handle_type: c_int,
+    flags: c_ulonglong,
+    export: impl FnOnce(&mut Inner) -> Result<OwnedFd, ClientError>,
+) -> Result<(), CUresult> {
+    if flags != 0 || shareable.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    if handle_type != HANDLE_TYPE_POSIX_FD {
+        return Err(NOT_SUPPORTED);
+    }
+    let fd = with_core(export)?;
+    // SAFETY: for a POSIX file descriptor `shareable` points to an int (# Safety).
+    unsafe { out(shareable.cast::<c_int>(), fd.into_raw_fd()) }
+}
+
+/// A shareable handle's import: `os_handle` is a POSIX file descriptor itself, cast.
+fn import_fd<T>(
+    os_handle: *mut c_void,
+    handle_type: c_int,
+    import: impl FnOnce(&mut Inner, c_int) -> Result<T, ClientError>,
+) -> Result<T, CUresult> {
+    if handle_type != HANDLE_TYPE_POSIX_FD {
+        return Err(NOT_SUPPORTED);
+    }
+    let fd = c_int::try_from(os_handle as usize).map_err(|_| INVALID_VALUE)?;
+    with_core(|g| import(g, fd))
+}
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemExportToShareableHandle(
@@ -102,17 +136,11 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
     handle_type: c_int,
     flags: c_ulonglong,
 ) -> CUresult {
-    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says
-    // (for a POSIX file descriptor, `shareable` points to an int).
+    // SAFETY: the pointer is this call's own argument.
     guard(|| unsafe {
-        if flags != 0 || shareable.is_null() {
-            return Err(INVALID_VALUE);
-        }
-        if handle_type != HANDLE_TYPE_POSIX_FD {
-            return Err(NOT_SUPPORTED);
-        }
-        let fd = with_core(|g| g.export_physical_fd(handle))?;
-        out(shareable.cast::<c_int>(), fd.into_raw_fd())
+        export_fd(shareable, handle_type, flags, |g| {
+            g.export_physical_fd(handle)
+        })
     })
 }
 
@@ -122,17 +150,72 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
     os_handle: *mut c_void,
     handle_type: c_int,
 ) -> CUresult {
-    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says
-    // (for a POSIX file descriptor, `os_handle` is the descriptor itself, cast).
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
     guard(|| unsafe {
         if handle.is_null() {
             return Err(INVALID_VALUE);
         }
-        if handle_type != HANDLE_TYPE_POSIX_FD {
-            return Err(NOT_SUPPORTED);
+        let h = import_fd(os_handle, handle_type, |g, fd| g.import_physical_fd(fd))?;
+        out(handle, h)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolExportToShareableHandle(
+    shareable: *mut c_void,
+    pool: *mut c_void,
+    handle_type: c_int,
+    flags: c_ulonglong,
+) -> CUresult {
+    // SAFETY: the pointer is this call's own argument.
+    guard(|| unsafe { export_fd(shareable, handle_type, flags, |g| g.export_pool_fd(h(pool))) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolImportFromShareableHandle(
+    pool: *mut *mut c_void,
+    handle: *mut c_void,
+    handle_type: c_int,
+    flags: c_ulonglong,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
+        if flags != 0 || pool.is_null() {
+            return Err(INVALID_VALUE);
         }
-        let fd = c_int::try_from(os_handle as usize).map_err(|_| INVALID_VALUE)?;
-        out(handle, with_core(|g| g.import_physical_fd(fd))?)
+        let p = import_fd(handle, handle_type, |g, fd| g.import_pool_fd(fd))?;
+        out(pool, p as usize as *mut c_void)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolExportPointer(
+    data: *mut IpcHandle,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
+        let reserved = with_core(|g| g.export_pool_pointer(ptr))?;
+        out(data, IpcHandle { reserved })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolImportPointer(
+    ptr: *mut CUdeviceptr,
+    pool: *mut c_void,
+    data: *const IpcHandle,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
+        let d = crate::ffi::read(data)?;
+        if ptr.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        out(
+            ptr,
+            with_core(|g| g.import_pool_pointer(h(pool), &d.reserved))?,
+        )
     })
 }
 

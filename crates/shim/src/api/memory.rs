@@ -129,6 +129,8 @@ pub unsafe extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: *mut c_void) -> CU
 
 /// `CUmemPoolProps`: allocation type, handle types, location (type, id), a Windows pointer,
 const MEM_ALLOCATION_TYPE_PINNED: i32 = 1;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+pub(crate) const HANDLE_TYPE_POSIX_FD: i32 = 1;
 const MEM_LOCATION_TYPE_DEVICE: i32 = 1;
 
 #[no_mangle]
@@ -145,14 +147,79 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut *mut c_void, props: *const c
         if alloc_type != MEM_ALLOCATION_TYPE_PINNED || location_type != MEM_LOCATION_TYPE_DEVICE {
             return Err(INVALID_VALUE);
         }
-        // IPC handles (POSIX fd, fabric) cannot cross to a remote device.
-        if handle_types != 0 {
-            return Err(NOT_SUPPORTED);
-        }
+        // Exportable pools: POSIX file descriptors only (gpufuse_client::ipc); no fabric or
+        // Windows handles.
+        let shareable = match handle_types {
+            0 => None,
+            HANDLE_TYPE_POSIX_FD => Some(gpufuse_client::ipc::pool_secret().map_err(client_err)?),
+            _ => return Err(NOT_SUPPORTED),
+        };
         let s = session()?;
         s.device(device).ok_or(crate::status::INVALID_DEVICE)?;
-        let h = s.lock().create_pool(device as u32, max_size);
+        let h = s.lock().create_pool(device as u32, max_size, shareable);
         out(pool, h as usize as *mut c_void)
+    })
+}
+
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+const ACCESS_READWRITE: c_int = 3;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolGetAccess(
+    flags: *mut c_int,
+    pool: *mut c_void,
+    location: *const gpufuse_cuda_types::structs::CUmemLocation,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
+        let loc = read(location)?;
+        let device = with_core(|g| g.pool_device(pool as usize as u64))?;
+        if loc.r#type != MEM_LOCATION_TYPE_DEVICE {
+            return Err(INVALID_VALUE);
+        }
+        session()?
+            .device(loc.id)
+            .ok_or(crate::status::INVALID_DEVICE)?;
+        // The pool's own device reads and writes it; a session's other devices have no peer
+        // access (`cuDeviceCanAccessPeer` answers 0).
+        out(
+            flags,
+            if loc.id as u32 == device {
+                ACCESS_READWRITE
+            } else {
+                0
+            },
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolSetAccess(
+    pool: *mut c_void,
+    desc: *const gpufuse_cuda_types::structs::CUmemAccessDesc,
+    count: usize,
+) -> CUresult {
+    // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
+    guard(|| unsafe {
+        let device = with_core(|g| g.pool_device(pool as usize as u64))?;
+        for i in 0..count {
+            let d = read_at(desc, i)?;
+            if d.location.r#type != MEM_LOCATION_TYPE_DEVICE
+                || !(0..=ACCESS_READWRITE).contains(&d.flags)
+            {
+                return Err(INVALID_VALUE);
+            }
+            session()?
+                .device(d.location.id)
+                .ok_or(crate::status::INVALID_DEVICE)?;
+            match (d.location.id as u32 == device, d.flags == ACCESS_READWRITE) {
+                // The owner's access cannot change, as NVIDIA's driver says.
+                (true, false) => return Err(INVALID_VALUE),
+                (true, true) => {}
+                (false, _) => return Err(NOT_SUPPORTED),
+            }
+        }
+        Ok(())
     })
 }
 
