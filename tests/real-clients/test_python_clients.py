@@ -1,4 +1,6 @@
 """CuPy (cupy-cuda12x) and cuda-python (cuda.bindings) through the shim."""
+import shutil
+
 import pytest
 
 from support import HERE, NATIVE, TRANSPORT, assert_ok, run_client
@@ -25,6 +27,23 @@ def test_cupy_kernel_launches(programs, server):
     res = run_client(programs, server.unix,
                      [programs.python, PY / "cupy_kernels.py", "--launch-only"], env=CUPY_PTX)
     assert_ok(res, ["PASS cupy_kernels (launches only)"])
+
+
+@pytest.mark.kernel_results
+@pytest.mark.skipif(NATIVE, reason="the NVRTC interposer is gpufuse run's")
+def test_cupy_kernels_as_installed(programs, server):
+    """CuPy as a user runs it, without CUPY_COMPILE_WITH_PTX: it compiles cubins for the
+    device's architecture with an NVRTC it opened itself, and the interposer's dlsym gives it
+    a fatbin with the PTX (crates/nvrtc-shim); with it turned off the kernels cannot run."""
+    env = {"CUPY_CACHE_DIR": str(HERE / "build" / "cupy-cache-as-installed")}
+    shutil.rmtree(env["CUPY_CACHE_DIR"], ignore_errors=True)
+    res = run_client(programs, server.unix, [programs.python, PY / "cupy_kernels.py"], env=env)
+    assert_ok(res, ["PASS cupy_kernels (results checked)"])
+    shutil.rmtree(env["CUPY_CACHE_DIR"], ignore_errors=True)
+    env["GPUFUSE_NVRTC_PTX"] = "0"
+    res = run_client(programs, server.unix, [programs.python, PY / "cupy_kernels.py"], env=env)
+    assert res.returncode != 0 and "NoKernelImageForDevice" in res.stdout + res.stderr, (
+        res.stdout[-2000:] + res.stderr[-2000:])
 
 
 @pytest.mark.kernel_results

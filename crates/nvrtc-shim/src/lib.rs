@@ -16,9 +16,19 @@
 //! The real functions are NVRTC's own, found with `dlsym(RTLD_NEXT)`. Where the program has no
 //! PTX (compiled with `-dlto`) or either image is not what it should be, the real cubin is
 //! given unchanged; an error of NVRTC's is returned as it is. `GPUFUSE_NVRTC_PTX=0` turns the
-//! interposer off. Programs whose NVRTC calls go through the dynamic linker's global scope see
-//! it (C programs linked with NVRTC; cuda-python's bindings too, in the real-client tests); one
-//! that looks NVRTC's functions up only in its own `dlopen` handle gets NVRTC's.
+//! interposer off.
+//!
+//! Programs whose NVRTC calls go through the dynamic linker's global scope see these functions
+//! (C programs linked with NVRTC; cuda-python's bindings). Others open NVRTC themselves and
+//! look its functions up in their own handle (`dlopen` then `dlsym(handle, ...)`: CuPy, through
+//! ctypes), which the global scope never enters; for those this library also defines `dlsym`
+//! (x86-64 Linux): a lookup of `nvrtcGetCUBIN` or `nvrtcGetCUBINSize` in a handle that has them
+//! answers this library's, which then use that handle's NVRTC functions (the first such
+//! library's; a second, different NVRTC gets its own functions unchanged). Every other lookup
+//! is glibc's: `dlsym` is a naked function that jumps to glibc's for `RTLD_NEXT` (so glibc sees
+//! the caller's own return address, which `RTLD_NEXT` is relative to) and otherwise to the hook,
+//! which calls glibc's and looks at the answer. glibc's `dlsym` is found once, at load
+//! (`dlvsym`, an `.init_array` constructor).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -32,6 +42,31 @@ const NVRTC_ERROR_INTERNAL_ERROR: NvrtcResult = 11;
 type Program = *mut c_void;
 type SizeFn = unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult;
 type GetFn = unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult;
+
+/// NVRTC's functions from the handle a program looked them up in (the `dlsym` hook), if any.
+#[derive(Clone, Copy)]
+struct FromHandle {
+    cubin_size: SizeFn,
+    cubin: GetFn,
+    ptx_size: SizeFn,
+    ptx: GetFn,
+}
+
+static FROM_HANDLE: std::sync::OnceLock<FromHandle> = std::sync::OnceLock::new();
+
+/// NVRTC's size and copy functions of the cubin and the PTX: those of the handle the program
+/// looked them up in, else the next definitions after this library's.
+fn nvrtc_functions() -> Option<(SizeFn, GetFn, SizeFn, GetFn)> {
+    if let Some(f) = FROM_HANDLE.get() {
+        return Some((f.cubin_size, f.cubin, f.ptx_size, f.ptx));
+    }
+    Some((
+        next(c"nvrtcGetCUBINSize")?,
+        next(c"nvrtcGetCUBIN")?,
+        next(c"nvrtcGetPTXSize")?,
+        next(c"nvrtcGetPTX")?,
+    ))
+}
 
 /// NVRTC's own function `name`, the next definition after this library's.
 fn next<T: Copy>(name: &CStr) -> Option<T> {
@@ -75,12 +110,7 @@ unsafe fn combined(prog: Program) -> Result<Option<Vec<u8>>, NvrtcResult> {
     if !enabled() {
         return Ok(None);
     }
-    let (Some(cubin_size), Some(cubin_get), Some(ptx_size), Some(ptx_get)) = (
-        next::<SizeFn>(c"nvrtcGetCUBINSize"),
-        next::<GetFn>(c"nvrtcGetCUBIN"),
-        next::<SizeFn>(c"nvrtcGetPTXSize"),
-        next::<GetFn>(c"nvrtcGetPTX"),
-    ) else {
+    let Some((cubin_size, cubin_get, ptx_size, ptx_get)) = nvrtc_functions() else {
         return Ok(None);
     };
     // SAFETY: the caller's program, passed on (# Safety).
@@ -114,7 +144,7 @@ pub unsafe extern "C" fn nvrtcGetCUBINSize(prog: Program, size: *mut usize) -> N
                 unsafe { size.write(img.len()) };
                 NVRTC_SUCCESS
             }
-            Ok(None) => match next::<SizeFn>(c"nvrtcGetCUBINSize") {
+            Ok(None) => match nvrtc_functions().map(|f| f.0) {
                 // SAFETY: NVRTC's own function with the caller's arguments.
                 Some(real) => unsafe { real(prog, size) },
                 None => NVRTC_ERROR_INTERNAL_ERROR,
@@ -142,7 +172,7 @@ pub unsafe extern "C" fn nvrtcGetCUBIN(prog: Program, cubin: *mut c_char) -> Nvr
                 unsafe { std::ptr::copy_nonoverlapping(img.as_ptr(), cubin.cast(), img.len()) };
                 NVRTC_SUCCESS
             }
-            Ok(None) => match next::<GetFn>(c"nvrtcGetCUBIN") {
+            Ok(None) => match nvrtc_functions().map(|f| f.1) {
                 // SAFETY: NVRTC's own function with the caller's arguments.
                 Some(real) => unsafe { real(prog, cubin) },
                 None => NVRTC_ERROR_INTERNAL_ERROR,
@@ -150,4 +180,113 @@ pub unsafe extern "C" fn nvrtcGetCUBIN(prog: Program, cubin: *mut c_char) -> Nvr
             Err(st) => st,
         }
     })
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod dlsym_hook {
+    //! The `dlsym` of the crate's documentation.
+
+    use std::ffi::{c_char, c_void, CStr};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::{enabled, FromHandle, GetFn, SizeFn, FROM_HANDLE};
+
+    type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+    /// glibc's `dlsym`, set at load by [`find_glibc_dlsym`].
+    static GLIBC_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+    /// Runs when the library is loaded, before the program can call `dlsym`.
+    #[used]
+    #[unsafe(link_section = ".init_array")]
+    static FIND_GLIBC_DLSYM: extern "C" fn() = find_glibc_dlsym;
+
+    extern "C" fn find_glibc_dlsym() {
+        // `dlsym` is versioned: GLIBC_2.34 since glibc moved it into libc, GLIBC_2.2.5 before.
+        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+            // SAFETY: both strings are NUL-terminated; dlvsym reads nothing else.
+            let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
+            if !p.is_null() {
+                GLIBC_DLSYM.store(p as usize, Ordering::Release);
+                return;
+            }
+        }
+    }
+
+    fn glibc_dlsym() -> Option<DlsymFn> {
+        let p = GLIBC_DLSYM.load(Ordering::Acquire);
+        // SAFETY: a non-zero value is glibc's `dlsym` (set above), of this signature.
+        (p != 0).then(|| unsafe { std::mem::transmute::<usize, DlsymFn>(p) })
+    }
+
+    /// `dlsym`: `RTLD_NEXT` goes straight to glibc's (a tail jump: glibc must see the
+    /// caller's return address), everything else to [`hook`]. Before the constructor has run
+    /// (it runs at load, before any code can call here) it answers NULL.
+    ///
+    /// # Safety
+    /// As glibc's `dlsym`.
+    #[unsafe(naked)]
+    #[no_mangle]
+    pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *mut c_void {
+        core::arch::naked_asm!(
+            "mov rax, qword ptr [rip + {glibc}]",
+            "test rax, rax",
+            "jz 2f",
+            "cmp rdi, -1",
+            "jne {hook}",
+            "jmp rax",
+            "2:",
+            "xor eax, eax",
+            "ret",
+            glibc = sym GLIBC_DLSYM,
+            hook = sym hook,
+        );
+    }
+
+    /// glibc's answer, or this library's `nvrtcGetCUBIN`/`nvrtcGetCUBINSize` for a program's
+    /// own NVRTC handle (see the crate's documentation).
+    unsafe extern "C" fn hook(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+        let Some(glibc) = glibc_dlsym() else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: the caller's arguments, as glibc's dlsym takes them.
+        let found = unsafe { glibc(handle, name) };
+        if found.is_null() || name.is_null() || handle.is_null() {
+            return found;
+        }
+        // SAFETY: a non-null symbol name is a NUL-terminated string (dlsym's contract).
+        let ours = match unsafe { CStr::from_ptr(name) }.to_bytes() {
+            b"nvrtcGetCUBIN" => super::nvrtcGetCUBIN as *mut c_void,
+            b"nvrtcGetCUBINSize" => super::nvrtcGetCUBINSize as *mut c_void,
+            _ => return found,
+        };
+        if found == ours || !enabled() {
+            return found;
+        }
+        // SAFETY: `handle` found a symbol, so it is a live handle; the names are NUL-terminated.
+        let get = |n: &CStr| unsafe { glibc(handle, n.as_ptr()) };
+        let fns = [
+            get(c"nvrtcGetCUBINSize"),
+            get(c"nvrtcGetCUBIN"),
+            get(c"nvrtcGetPTXSize"),
+            get(c"nvrtcGetPTX"),
+        ];
+        if fns.iter().any(|p| p.is_null()) {
+            return found;
+        }
+        // SAFETY: each is NVRTC's function of that name, of the signature nvrtc.h gives it.
+        let recorded = FROM_HANDLE.get_or_init(|| unsafe {
+            FromHandle {
+                cubin_size: std::mem::transmute::<*mut c_void, SizeFn>(fns[0]),
+                cubin: std::mem::transmute::<*mut c_void, GetFn>(fns[1]),
+                ptx_size: std::mem::transmute::<*mut c_void, SizeFn>(fns[2]),
+                ptx: std::mem::transmute::<*mut c_void, GetFn>(fns[3]),
+            }
+        });
+        // Another NVRTC than the first one seen: its own functions, unchanged.
+        if recorded.cubin as usize != fns[1] as usize {
+            return found;
+        }
+        ours
+    }
 }
