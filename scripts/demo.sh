@@ -51,7 +51,7 @@ if "$gpufuse" run --server "$addr" --vram 1TiB -- "$work/vector_add"; then
   exit 1
 fi
 
-step "5/5 CuPy (static libcudart 12.9) through gpufuse (examples/cupy_demo.py)"
+step "5/5 CuPy as installed (static libcudart 12.9, kernels NVRTC compiles) through gpufuse (examples/cupy_demo.py)"
 "$gpufuse" run --server "$addr" -- "$py" examples/cupy_demo.py
 
 echo

@@ -1195,31 +1195,65 @@ fn ld_shared<const N: usize>(
     let Some(o) = shared_offsets(base_row!(regs, env, a, tmp), off, size, len, run) else {
         return false;
     };
-    // The offsets are copied out: each element goes straight into its register.
+    load_values(regs, d, nv, run, |l, k| {
+        let v = read::<N>(sh, o[l] as usize + k * N);
+        if sext_ {
+            sext(v, N as u8) as u64
+        } else {
+            v
+        }
+    });
+    true
+}
+
+/// A load's values into its destination registers: element `k` of lane `l` is `get(l, k)`,
+/// for each running lane (the offsets were copied out before, so each element goes straight
+/// into its register).
+#[inline(always)]
+fn load_values(
+    regs: &mut [Lanes],
+    d: &[Dst; 4],
+    nv: u8,
+    run: u32,
+    mut get: impl FnMut(usize, usize) -> u64,
+) {
     for (k, dk) in d.iter().enumerate().take(nv as usize) {
         let Dst::Reg(r) = *dk else {
             continue;
         };
         let row = &mut regs[r as usize];
-        let one = |l: usize| {
-            let v = read::<N>(sh, o[l] as usize + k * N);
-            if sext_ {
-                sext(v, N as u8) as u64
-            } else {
-                v
-            }
-        };
         if run == u32::MAX {
             for (l, x) in row.iter_mut().enumerate() {
-                *x = one(l);
+                *x = get(l, k);
             }
         } else {
             for l in Bits(run) {
-                row[l] = one(l);
+                row[l] = get(l, k);
             }
         }
     }
-    true
+}
+
+/// A store's values: `put(l, k, x)` for element `k` of each running lane `l`, lane by lane and
+/// each lane's elements in order (a later lane's store to the same bytes wins, as on the
+/// general path).
+#[inline(always)]
+fn store_values(
+    regs: &[Lanes],
+    v: &[Opnd; 4],
+    nv: u8,
+    run: u32,
+    mut put: impl FnMut(usize, usize, u64),
+) {
+    for l in Bits(run) {
+        for (k, x) in v.iter().enumerate().take(nv as usize) {
+            let x = match *x {
+                Opnd::Reg(r) => regs[r as usize][l],
+                Opnd::Imm(x) => x,
+            };
+            put(l, k, x);
+        }
+    }
 }
 
 #[inline(always)]
@@ -1243,18 +1277,10 @@ fn st_shared<const N: usize>(
     };
     env.shared_dirty = true;
     let sh = &mut env.shared[..];
-    // Lane by lane, each lane's elements in order (a later lane's store to the same bytes wins,
-    // as on the general path).
-    for l in Bits(run) {
-        for (k, x) in v.iter().enumerate().take(nv as usize) {
-            let x = match *x {
-                Opnd::Reg(r) => regs[r as usize][l],
-                Opnd::Imm(x) => x,
-            };
-            let i = o[l] as usize + k * N;
-            sh[i..i + N].copy_from_slice(&x.to_le_bytes()[..N]);
-        }
-    }
+    store_values(regs, v, nv, run, |l, k, x| {
+        let i = o[l] as usize + k * N;
+        sh[i..i + N].copy_from_slice(&x.to_le_bytes()[..N]);
+    });
     true
 }
 
@@ -1324,19 +1350,16 @@ fn ld_region<const N: usize>(
         return false;
     };
     let m = mask(N as u8);
-    // The offsets are copied out: each element goes straight into its register.
-    for (k, dk) in d.iter().enumerate().take(nv as usize) {
-        let Dst::Reg(x) = *dk else {
-            continue;
-        };
-        let row = &mut regs[x as usize];
-        for l in Bits(run) {
-            let at = o[l] + (k * N) as u64;
-            let word = r.words[(at / 8) as usize].load(Ordering::Relaxed);
-            let v = (word >> ((at % 8) * 8)) & m;
-            row[l] = if sext_ { sext(v, N as u8) as u64 } else { v };
+    load_values(regs, d, nv, run, |l, k| {
+        let at = o[l] + (k * N) as u64;
+        let word = r.words[(at / 8) as usize].load(Ordering::Relaxed);
+        let v = (word >> ((at % 8) * 8)) & m;
+        if sext_ {
+            sext(v, N as u8) as u64
+        } else {
+            v
         }
-    }
+    });
     true
 }
 
@@ -1366,28 +1389,22 @@ fn st_region<const N: usize>(
     let exclusive = env.l.exclusive;
     env.wrote();
     let m = mask(N as u8);
-    for l in Bits(run) {
-        for (k, x) in v.iter().enumerate().take(nv as usize) {
-            let x = match *x {
-                Opnd::Reg(r) => regs[r as usize][l],
-                Opnd::Imm(x) => x,
-            };
-            let at = o[l] + (k * N) as u64;
-            let word = &r.words[(at / 8) as usize];
-            let sh = (at % 8) * 8;
-            let (wm, wv) = (m << sh, (x & m) << sh);
-            if wm == u64::MAX {
-                word.store(wv, Ordering::Relaxed);
-            } else if exclusive {
-                let old = word.load(Ordering::Relaxed);
-                word.store((old & !wm) | wv, Ordering::Relaxed);
-            } else {
-                let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                    Some((old & !wm) | wv)
-                });
-            }
+    store_values(regs, v, nv, run, |l, k, x| {
+        let at = o[l] + (k * N) as u64;
+        let word = &r.words[(at / 8) as usize];
+        let sh = (at % 8) * 8;
+        let (wm, wv) = (m << sh, (x & m) << sh);
+        if wm == u64::MAX {
+            word.store(wv, Ordering::Relaxed);
+        } else if exclusive {
+            let old = word.load(Ordering::Relaxed);
+            word.store((old & !wm) | wv, Ordering::Relaxed);
+        } else {
+            let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                Some((old & !wm) | wv)
+            });
         }
-    }
+    });
     true
 }
 
