@@ -221,7 +221,8 @@ mod dlsym_hook {
 
     /// `dlsym`: `RTLD_NEXT` goes straight to glibc's (a tail jump: glibc must see the
     /// caller's return address), everything else to [`hook`]. Before the constructor has run
-    /// (it runs at load, before any code can call here) it answers NULL.
+    /// (another preloaded library's constructor calling `dlsym` first) everything goes to the
+    /// hook, which finds glibc's then (an `RTLD_NEXT` lookup is then relative to this library).
     ///
     /// # Safety
     /// As glibc's `dlsym`.
@@ -231,13 +232,10 @@ mod dlsym_hook {
         core::arch::naked_asm!(
             "mov rax, qword ptr [rip + {glibc}]",
             "test rax, rax",
-            "jz 2f",
+            "jz {hook}",
             "cmp rdi, -1",
             "jne {hook}",
             "jmp rax",
-            "2:",
-            "xor eax, eax",
-            "ret",
             glibc = sym GLIBC_DLSYM,
             hook = sym hook,
         );
@@ -246,7 +244,11 @@ mod dlsym_hook {
     /// glibc's answer, or this library's `nvrtcGetCUBIN`/`nvrtcGetCUBINSize` for a program's
     /// own NVRTC handle (see the crate's documentation).
     unsafe extern "C" fn hook(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-        let Some(glibc) = glibc_dlsym() else {
+        let glibc = glibc_dlsym().or_else(|| {
+            find_glibc_dlsym();
+            glibc_dlsym()
+        });
+        let Some(glibc) = glibc else {
             return std::ptr::null_mut();
         };
         // SAFETY: the caller's arguments, as glibc's dlsym takes them.
