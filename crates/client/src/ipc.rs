@@ -85,6 +85,12 @@ impl Inner {
         if flags & !LAZY_ENABLE_PEER_ACCESS != 0 {
             return Err(INVALID_VALUE.into());
         }
+        if let Some((&ptr, (_, opens))) = self.ipc_opened.iter_mut().find(|(_, (h, _))| h == handle)
+        {
+            // Opened already: the same pointer, one more open to close.
+            *opens += 1;
+            return Ok(ptr);
+        }
         let (_, device) = self.current()?;
         let ReplyBody::Opened {
             ptr: DevicePtr(ptr),
@@ -96,6 +102,7 @@ impl Inner {
             return Err(UNKNOWN.into());
         };
         self.note_placed(ptr, size, device, MemoryKind::Opened { pool: None });
+        self.ipc_opened.insert(ptr, (*handle, 1));
         Ok(ptr)
     }
 
@@ -108,8 +115,15 @@ impl Inner {
         self.close_opened(ptr)
     }
 
-    /// Unmaps opened memory at `ptr` (a checked base).
+    /// Closes one open of the memory at `ptr` (a checked base), unmapping it with the last.
     pub(crate) fn close_opened(&mut self, ptr: u64) -> Result<(), ClientError> {
+        if let Some((_, opens)) = self.ipc_opened.get_mut(&ptr) {
+            *opens -= 1;
+            if *opens > 0 {
+                return Ok(());
+            }
+        }
+        self.ipc_opened.remove(&ptr);
         self.allocations.remove(&ptr);
         self.conn
             .call(&Request::IpcCloseMemHandle {

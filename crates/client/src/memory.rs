@@ -522,6 +522,7 @@ impl Inner {
         self.allocations.retain(|_, a| a.device != device);
         let allocations = &self.allocations;
         self.ipc_exports.retain(|p| allocations.contains_key(p));
+        self.ipc_opened.retain(|p, _| allocations.contains_key(p));
         self.managed_count = self
             .allocations
             .values()

@@ -228,6 +228,9 @@ pub struct Inner {
     pub(crate) shared_count: usize,
     /// Allocations exported for CUDA IPC (`cuIpcGetMemHandle`): by base address.
     pub(crate) ipc_exports: std::collections::HashSet<u64>,
+    /// Memory opened with `cuIpcOpenMemHandle`: address -> its handle and how many opens it
+    /// has (CUDA gives the same pointer to a second open and counts it).
+    pub(crate) ipc_opened: HashMap<u64, ([u8; 64], u32)>,
     /// Physical memory made with `cuMemCreate`: handle -> (size, device, compressible: made with
     /// `CU_MEM_ALLOCATION_COMP_GENERIC` on a device that supports it).
     pub(crate) physical: HashMap<u64, (u64, u32, bool)>,
@@ -373,6 +376,7 @@ impl Session {
                 shared_managed,
                 shared_count: 0,
                 ipc_exports: Default::default(),
+                ipc_opened: HashMap::new(),
                 physical: HashMap::new(),
                 mappings: HashMap::new(),
                 arrays: HashMap::new(),

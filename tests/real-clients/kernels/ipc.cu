@@ -70,6 +70,11 @@ static int child_use(const char* mem_hex, const char* ev_hex) {
   CK(cudaMemGetInfo(&free_before, &total));
   int* p = nullptr;
   CK(cudaIpcOpenMemHandle((void**)&p, mh, cudaIpcMemLazyEnablePeerAccess));
+  // A second open in the same context: the same pointer, one more close (CUDA's refcount).
+  int* again = nullptr;
+  CK(cudaIpcOpenMemHandle((void**)&again, mh, cudaIpcMemLazyEnablePeerAccess));
+  EXPECT_RESULT(again == p, "a second open gave %p, the first %p", (void*)again, (void*)p);
+  CK(cudaIpcCloseMemHandle(again));
   cudaEvent_t ev;
   CK(cudaIpcOpenEventHandle(&ev, eh));
   CK(cudaMemGetInfo(&free_after, &total));
