@@ -166,11 +166,7 @@ impl Inner {
     /// Whether the session shares memory with other processes (exported or opened): such a
     /// session cannot be carried to a new worker.
     pub fn has_ipc_memory(&self) -> bool {
-        !self.ipc_exports.is_empty()
-            || self
-                .allocations
-                .values()
-                .any(|a| matches!(a.kind, MemoryKind::Opened { .. }))
+        !self.ipc_exports.is_empty() || !self.ipc_opened.is_empty()
     }
 
     /// `cuIpcGetEventHandle`: the event must be interprocess (and so without timing).

@@ -100,20 +100,20 @@ pub fn secret() -> io::Result<[u8; 16]> {
 /// A new shared memfd of `len` bytes (whole pages) and the secret its name carries.
 pub fn create(len: usize) -> io::Result<(HostArena, [u8; 16])> {
     let secret = secret()?;
-    Ok((HostArena::create_named(&name(&secret), len)?, secret))
+    Ok((HostArena::create_named(&name(NAME, &secret), len)?, secret))
 }
 
-fn name(secret: &[u8; 16]) -> String {
+/// A memfd name: `prefix` and the secret in hex.
+fn name(prefix: &str, secret: &[u8; 16]) -> String {
     let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{NAME}{hex}")
+    format!("{prefix}{hex}")
 }
 
 /// A descriptor that stands for an exportable memory pool (`cuMemPoolExportToShareableHandle`
 /// of a POSIX file descriptor): an empty memfd named after the pool's secret.
 pub fn pool_fd(secret: &[u8; 16]) -> io::Result<OwnedFd> {
-    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
     Ok(rustix::fs::memfd_create(
-        format!("{POOL_NAME}{hex}"),
+        name(POOL_NAME, secret),
         rustix::fs::MemfdFlags::CLOEXEC,
     )?)
 }
@@ -127,7 +127,7 @@ pub fn pool_secret_of_own_fd(fd: RawFd) -> Option<[u8; 16]> {
 /// Opens the memfd `h` names, if it is still the one the handle was made for (its name
 /// carries the handle's secret), read-write.
 pub fn open(h: &IpcHandle) -> Option<OwnedFd> {
-    let want = format!("/memfd:{}", name(&h.secret));
+    let want = format!("/memfd:{}", name(NAME, &h.secret));
     let is_export = |link: &str| {
         std::fs::read_link(link).is_ok_and(|target| {
             target

@@ -58,8 +58,9 @@ pub(crate) struct IpcBooks {
     physical_imports: Vec<HostArena>,
 }
 
-/// A new memfd of `size` bytes' whole pages and the span of its mapping.
-fn shared_memory(size: u64) -> R<(HostArena, [u8; 16], gpufuse_device::HostSpan)> {
+/// An export of `size` bytes: a new memfd of its whole pages, which `share` makes the
+/// memory's home (given the span of the memfd's mapping), and its handle.
+fn export(size: u64, share: impl FnOnce(gpufuse_device::HostSpan) -> R<()>) -> R<Export> {
     let len = usize::try_from(size)
         .ok()
         .and_then(|s| s.checked_next_multiple_of(PAGE))
@@ -68,10 +69,20 @@ fn shared_memory(size: u64) -> R<(HostArena, [u8; 16], gpufuse_device::HostSpan)
         tracing::warn!(size, "no memfd for an IPC export: {e}");
         st::OUT_OF_MEMORY
     })?;
-    // SAFETY: the span is the memfd's whole mapping, which the caller keeps (in `IpcBooks`)
+    // SAFETY: the span is the memfd's whole mapping, which the export keeps (in `IpcBooks`)
     // for as long as the device may use it.
-    let span = unsafe { gpufuse_device::HostSpan::new(memory.base(), len) };
-    Ok((memory, secret, span))
+    share(unsafe { gpufuse_device::HostSpan::new(memory.base(), len) })?;
+    let handle = IpcHandle {
+        pid: std::process::id(),
+        fd: memory.fd().as_raw_fd() as u32,
+        secret,
+        size,
+    }
+    .encode();
+    Ok(Export {
+        _memory: memory,
+        handle,
+    })
 }
 
 /// Opens and maps the memory a handle names; the span of its whole mapping.
@@ -87,16 +98,6 @@ fn open_shared(h: &IpcHandle) -> R<(HostArena, gpufuse_device::HostSpan)> {
     Ok((memory, span))
 }
 
-fn handle_of(memory: &HostArena, secret: [u8; 16], size: u64) -> Vec<u8> {
-    IpcHandle {
-        pid: std::process::id(),
-        fd: memory.fd().as_raw_fd() as u32,
-        secret,
-        size,
-    }
-    .encode()
-}
-
 impl Session<'_> {
     /// `IpcGetMemHandle`: the allocation at `ptr` moves into a memfd other sessions may open.
     pub(crate) fn ipc_get_mem_handle(&mut self, ptr: u64) -> R<ReplyBody> {
@@ -104,19 +105,12 @@ impl Session<'_> {
             return Ok(ReplyBody::Data(e.handle.clone()));
         }
         let size = *self.memory.allocations.get(&ptr).ok_or(st::INVALID_VALUE)?;
-        let (memory, secret, span) = shared_memory(size)?;
         // The memfd stays mapped until the export is dropped, after the allocation is freed
         // (`Session::free`, `release_ipc`).
-        self.device.share(ptr, span)?;
-        let handle = handle_of(&memory, secret, size);
+        let e = export(size, |span| self.device.share(ptr, span))?;
         tracing::debug!(ptr, size, "device memory exported for IPC");
-        self.ipc.exports.insert(
-            ptr,
-            Export {
-                _memory: memory,
-                handle: handle.clone(),
-            },
-        );
+        let handle = e.handle.clone();
+        self.ipc.exports.insert(ptr, e);
         Ok(ReplyBody::Data(handle))
     }
 
@@ -150,17 +144,10 @@ impl Session<'_> {
             .physical
             .get(&handle)
             .ok_or(st::INVALID_VALUE)?;
-        let (memory, secret, span) = shared_memory(size)?;
-        self.device.share_physical(id, span)?;
-        let bytes = handle_of(&memory, secret, size);
+        let e = export(size, |span| self.device.share_physical(id, span))?;
         tracing::debug!(size, "physical memory exported as a file descriptor");
-        self.ipc.physical_exports.insert(
-            handle,
-            Export {
-                _memory: memory,
-                handle: bytes.clone(),
-            },
-        );
+        let bytes = e.handle.clone();
+        self.ipc.physical_exports.insert(handle, e);
         Ok(ReplyBody::Data(bytes))
     }
 
@@ -209,19 +196,12 @@ impl Session<'_> {
         self.ipc.exports.remove(&ptr);
     }
 
-    /// Closes everything the session opened and drops its exports (their allocations are
-    /// freed already: `release_memory`).
+    /// Closes everything the session opened and drops every memfd it held (`release_memory`,
+    /// once its allocations and physical memory are gone).
     pub(crate) fn release_ipc(&mut self) {
         for (ptr, _) in std::mem::take(&mut self.ipc.opened) {
             let _ = self.device.free(ptr);
         }
-        self.ipc.exports.clear();
-    }
-
-    /// At the session's end, after its device memory is gone: the physical memory's memfds.
-    pub(crate) fn release_physical_ipc(&mut self) {
-        self.ipc.physical_exports.clear();
-        self.ipc.imported_handles.clear();
-        self.ipc.physical_imports.clear();
+        self.ipc = IpcBooks::default();
     }
 }

@@ -167,7 +167,6 @@ impl Session<'_> {
         for p in ptrs {
             let _ = self.free(p);
         }
-        self.release_ipc();
         let mapped: Vec<(u64, u64)> = self.memory.vmm.mapped.drain().collect();
         for (ptr, size) in mapped {
             let _ = self.device.unmap(ptr, size);
@@ -182,7 +181,7 @@ impl Session<'_> {
         for (ptr, size) in reserved {
             let _ = self.device.unreserve(ptr, size);
         }
-        self.release_physical_ipc();
+        self.release_ipc();
     }
 
     /// Checks `height` rows of `width` bytes at `r` against the session; returns the bytes
