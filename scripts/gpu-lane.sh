@@ -80,6 +80,18 @@ step torch-gpufuse 150 "$gpufuse" run --server "$U" -- "$py" tests/gpu-lane/torc
 grep -E "ratio" "$out/torch-gpufuse.log" | sed 's/^/    /' | tee -a "$out/summary.txt"
 step slice-4GiB 60 "$gpufuse" run --server "$U" --vram 4GiB -- "$py" tests/gpu-lane/slice_checks.py
 
+say "== what users run: bf16/fp16 autocast training (GPT-style, ResNet AMP), bf16 inference, SDPA, torch.compile, cuDNN, CUDA graphs =="
+step torch-mixed-native 300 "$py" tests/gpu-lane/torch_mixed.py "$out/torch-mixed-native.json"
+step torch-mixed-gpufuse 400 "$gpufuse" run --server "$U" -- "$py" tests/gpu-lane/torch_mixed.py "$out/torch-mixed-gpufuse.json" --compare "$out/torch-mixed-native.json"
+grep -E "ratio" "$out/torch-mixed-gpufuse.log" | sed 's/^/    /' | tee -a "$out/summary.txt"
+
+say "== NVIDIA's libraries through PyTorch: every precision of cuBLASLt, cuDNN, SDPA, NCCL, cuFFT, compile (the emulated tier's program) =="
+step torch-libraries-native 300 "$py" tests/real-clients/python/torch_libraries.py all
+step torch-libraries-gpufuse 400 "$gpufuse" run --server "$U" -- "$py" tests/real-clients/python/torch_libraries.py all
+
+say "== conformance probe: natively and through gpufuse, diffed (docs/conformance.md) =="
+step conformance 180 env GPUFUSE_BIN="$bin" OUT="$out/conformance" bash scripts/conformance-lane.sh
+
 say "== compute shares: two tenants, 2 ms matrix products, 15 s =="
 shares() { # $1 label, $2/$3 = run prefixes
   local at; at=$(python3 -c 'import time; print(time.time() + 25)')

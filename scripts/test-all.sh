@@ -30,6 +30,9 @@ bash scripts/check-helm-chart.sh
 echo "== real-client suites (unix-socket sessions on the shared-memory rings) =="
 bash scripts/run-real-clients.sh
 
+echo "== conformance probe through gpufuse on the emulated H200-class model (tests/conformance) =="
+(. .deps/env.sh && "$GPUFUSE_PY" -m pytest tests/conformance)
+
 echo "== cuda-types: generated from NVIDIA's headers, struct layouts checked by the C compiler =="
 nv=$(echo .deps/venv/lib/python3*/site-packages/nvidia)
 bash scripts/check_cuda_types.sh "$nv/cuda_runtime/include" "$nv/cu13/include"

@@ -74,3 +74,53 @@ def test_torch_expandable_segments(programs, server, torch_py):
     res = torch_run(programs, server, torch_py, "expandable",
                     env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     assert_ok(res, ["PASS expandable"])
+
+
+# NVIDIA's libraries as PyTorch drives them, on the emulated GPU of every architecture family:
+# cuBLASLt matmuls in every precision (fp32, tf32, fp16, bf16, fp8, int8), cuDNN convolutions
+# forward and backward, scaled-dot-product attention, a one-rank NCCL communicator, cuFFT,
+# torch.compile. Issue 27: every bf16/fp16 product killed the process (cuBLASLt dereferenced a
+# refused export table). Their kernels exist only as SASS, so on the emulated GPU each
+# operation ends in the clean error a GPU of another architecture gives ("no kernel image");
+# nothing may crash, and NCCL's one-rank all-reduce (a copy) computes.
+LIBRARIES = HERE / "python" / "torch_libraries.py"
+
+
+@pytest.fixture(scope="module", params=["sm_80", "sm_90", "sm_100", "sm_120"])
+def model_server(request):
+    # About two minutes a model on two cores (torch.compile's Triton build is most of it): the
+    # second pass of the tier (GPUFUSE_TEST_TRANSPORT=socket) runs the H200-like model only.
+    if os.environ.get("GPUFUSE_TEST_TRANSPORT") == "socket" and request.param != "sm_90":
+        pytest.skip("one model over the socket; every model runs over the rings")
+    from conftest import _model_server
+    server = _model_server(request.param)
+    yield server
+    server.stop()
+
+
+def test_nvidia_libraries_through_pytorch_never_crash(programs, model_server, torch_py):
+    res = run_client(programs, model_server.unix, [torch_py, LIBRARIES, "all"], vram="4GiB",
+                     env={"GPUFUSE_LOG": "debug", "NCCL_DEBUG": "WARN"}, timeout=600)
+    where = f"exit {res.returncode}\n{res.stdout[-3000:]}\n--- stderr ---\n{res.stderr[-3000:]}"
+    started = [l.split()[1] for l in res.stdout.splitlines() if l.startswith("START ")]
+    ended = {l.split()[1]: l for l in res.stdout.splitlines()
+             if l.split()[:1] in (["PASS"], ["CLEAN_ERROR"], ["SKIP"], ["WRONG"])}
+    assert res.returncode >= 0, f"killed by signal {-res.returncode} in {started[-1:]}\n{where}"
+    assert res.returncode == 0, f"a result was wrong\n{where}"
+    missing = [c for c in started if c not in ended]
+    assert not missing and len(ended) == 12, f"checks without a verdict: {missing}\n{where}"
+    for name, line in ended.items():
+        if line.startswith("CLEAN_ERROR") and name != "nccl_one_rank":
+            assert "no kernel image" in line or "NoKernelImage" in line, (
+                f"{name} failed with another error than a GPU of another architecture gives: "
+                f"{line}\n{where}")
+    # NCCL's one-rank all-reduce is a copy, and computes; on the 12.0 model NCCL stops at init
+    # with a clean error instead (the static shared memory the model reports for its SASS-only
+    # kernels is larger than the GPU's: issue 27, open).
+    if not model_server.devices.endswith("sm_120"):
+        assert ended["nccl_one_rank"].startswith("PASS"), where
+    # On Hopper cuBLASLt's heuristic asks for the 1734dc26 table (the crash of issue 27).
+    if model_server.devices.endswith("sm_90"):
+        assert "export table GPU_TOPOLOGY_1734DC26 (1734dc26800d47458726c0f1e7dd8bca) " \
+            "served" in res.stderr, where
+    assert "unknown export table" not in res.stderr, where

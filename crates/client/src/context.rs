@@ -7,15 +7,10 @@ use gpufuse_proto::Request;
 use crate::error::ClientError;
 use crate::handles::{self, Kind};
 use crate::state::{self, Context, Inner, Session};
-use crate::status::{INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE, NOT_SUPPORTED};
+use crate::status::{
+    INVALID_CONTEXT, INVALID_DEVICE, INVALID_HANDLE, INVALID_VALUE, NOT_PERMITTED, NOT_SUPPORTED,
+};
 use gpufuse_proto::ContextHandle;
-
-/// `CUlimit` values until the application sets them, by limit: stack size, printf FIFO size,
-/// malloc heap size, device runtime sync depth, pending launch count, max L2 fetch
-/// granularity, persisting L2 cache size, and one more. They are the session's, as there is one
-/// session per process. The printf FIFO and the heap are also the device's
-/// ([`DEVICE_LIMITS`]); the emulated GPU has no use for the others beyond answering.
-pub const DEFAULT_LIMITS: [usize; 8] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0, 0];
 
 /// The limits the worker's device applies (`SetLimit`): `CU_LIMIT_PRINTF_FIFO_SIZE`,
 /// `CU_LIMIT_MALLOC_HEAP_SIZE`.
@@ -25,33 +20,63 @@ const DEVICE_LIMITS: [i32; 2] = [1, 2];
 const LIMIT_PERSISTING_L2: i32 = 6;
 /// `CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE`.
 const MAX_PERSISTING_L2_CACHE_SIZE: i32 = 108;
-
-fn limit_index(limit: i32) -> Result<usize, ClientError> {
-    usize::try_from(limit)
-        .ok()
-        .filter(|&i| i < DEFAULT_LIMITS.len())
-        .ok_or(ClientError::Cuda(INVALID_VALUE))
-}
+/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
+const FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
+/// `CU_LIMIT_STACK_SIZE`.
+const LIMIT_STACK_SIZE: i32 = 0;
+/// `CU_LIMIT_SHMEM_SIZE` to `CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED` can only be queried (setting
+/// one is `CUDA_ERROR_NOT_PERMITTED` from NVIDIA's driver), and `CU_LIMIT_MAX` ends the
+/// enumeration.
+const FIRST_QUERY_ONLY_LIMIT: i32 = 7;
+const LIMIT_CIG_SHMEM_FALLBACK: i32 = 9;
+const LIMIT_MAX: i32 = 11;
 
 impl Session {
-    /// `cuCtxGetLimit`.
+    /// `cuCtxGetLimit`: what the application set, else the device's own value (asked of the
+    /// device serving the session once, so a real GPU's driver decides it).
     pub fn limit(&self, limit: i32) -> Result<usize, ClientError> {
-        Ok(self.lock().limits[limit_index(limit)?])
+        if !(0..LIMIT_MAX).contains(&limit) {
+            return Err(INVALID_VALUE.into());
+        }
+        let mut g = self.lock();
+        let (_, device) = g.current()?;
+        if let Some(&v) = g.limits.get(&(device, limit)) {
+            return Ok(v);
+        }
+        let req = Request::GetLimit {
+            device,
+            limit: limit as u32,
+        };
+        let v = match g.conn.call(&req)? {
+            gpufuse_proto::ReplyBody::Count(v) => usize::try_from(v).unwrap_or(usize::MAX),
+            _ => return Err(ClientError::UnexpectedReply),
+        };
+        g.limits.insert((device, limit), v);
+        Ok(v)
     }
 
     /// `cuCtxSetLimit`. The persisting L2 cache size is capped at what may persist (device
-    /// attribute 108), as the driver caps it; the emulated GPU has no cache to set aside.
+    /// attribute 108), as the driver caps it; the emulated GPU has no cache to set aside. The
+    /// limits from `CU_LIMIT_SHMEM_SIZE` on can only be queried (`CUDA_ERROR_INVALID_VALUE`).
     pub fn set_limit(&self, limit: i32, value: usize) -> Result<(), ClientError> {
-        let i = limit_index(limit)?;
-        let value = if limit == LIMIT_PERSISTING_L2 {
+        if (FIRST_QUERY_ONLY_LIMIT..=LIMIT_CIG_SHMEM_FALLBACK).contains(&limit) {
+            return Err(NOT_PERMITTED.into());
+        }
+        if !(0..FIRST_QUERY_ONLY_LIMIT).contains(&limit) {
+            return Err(INVALID_VALUE.into());
+        }
+        let value = if limit == LIMIT_STACK_SIZE {
+            // The driver keeps the stack size in 16-byte units (1000 reads back as 1008).
+            value.checked_next_multiple_of(16).ok_or(INVALID_VALUE)?
+        } else if limit == LIMIT_PERSISTING_L2 {
             let max = self.attribute(0, MAX_PERSISTING_L2_CACHE_SIZE).unwrap_or(0);
             value.min(usize::try_from(max).unwrap_or(0))
         } else {
             value
         };
         let mut g = self.lock();
+        let (_, device) = g.current()?;
         if DEVICE_LIMITS.contains(&limit) {
-            let (_, device) = g.current()?;
             let req = Request::SetLimit {
                 device,
                 limit: limit as u32,
@@ -64,8 +89,47 @@ impl Session {
                 Err(e) => return Err(e),
             }
         }
-        g.limits[i] = value;
+        g.limits.insert((device, limit), value);
         Ok(())
+    }
+
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` for function `f` (a `CUfunction`
+    /// or `CUkernel`): the device serving the session answers, once per configuration.
+    pub fn occupancy(
+        &self,
+        f: u64,
+        block: u32,
+        dyn_smem: u64,
+        flags: u32,
+    ) -> Result<i32, ClientError> {
+        let mut g = self.lock();
+        let function = g
+            .resolve_function(f)
+            .ok_or(ClientError::Cuda(INVALID_HANDLE))?;
+        let max_dyn_smem = g
+            .function_info(f)?
+            .info
+            .attributes
+            .iter()
+            .find(|(a, _)| *a == FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+            .map_or(0, |&(_, v)| u32::try_from(v).unwrap_or(0));
+        let key = (function, block, dyn_smem, max_dyn_smem, flags);
+        if let Some(&n) = g.occupancy.get(&key) {
+            return Ok(n);
+        }
+        let req = Request::Occupancy {
+            function: gpufuse_proto::FunctionHandle(function),
+            block,
+            dyn_smem,
+            max_dyn_smem,
+            flags,
+        };
+        let n = match g.conn.call(&req)? {
+            gpufuse_proto::ReplyBody::Count(n) => i32::try_from(n).unwrap_or(i32::MAX),
+            _ => return Err(ClientError::UnexpectedReply),
+        };
+        g.occupancy.insert(key, n);
+        Ok(n)
     }
 }
 

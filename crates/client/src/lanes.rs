@@ -93,6 +93,9 @@ pub(crate) enum LaneKey {
 pub(crate) struct Target {
     pub(crate) function: u64,
     pub(crate) layout: Arc<[ParamSlot]>,
+    /// What its launches may ask, checked before one is queued (a change to the function's
+    /// attributes starts a new lane generation).
+    pub(crate) limits: crate::launch::LaunchLimits,
 }
 
 /// One stream's queued frames.
@@ -319,6 +322,7 @@ impl Lanes {
             let Some(lane) = lane else {
                 return Ok(Fast::Locked(None));
             };
+            target.limits.check(dims.0, dims.1, dims.2)?;
             self.queue(lane, target, dims, pack)
         });
         fast.unwrap_or(Ok(Fast::Locked(None)))
@@ -410,6 +414,12 @@ mod tests {
         Target {
             function: 7,
             layout: Arc::from(vec![ParamSlot { offset: 0, size: 4 }]),
+            limits: crate::launch::LaunchLimits {
+                threads: 1024,
+                block: [1024, 1024, 64],
+                grid: [i32::MAX as u32, 65535, 65535],
+                dynamic_shared: 49152,
+            },
         }
     }
 

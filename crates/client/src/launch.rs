@@ -90,6 +90,48 @@ pub struct KernelLaunch {
 
 pub use crate::lanes::Packer;
 
+/// What a launch of one function on its device may ask: checked when the launch is made, as
+/// NVIDIA's driver checks (`CUDA_ERROR_INVALID_VALUE`, before anything is queued), on the
+/// locked path and on a stream's lane alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchLimits {
+    /// Threads per block: the device's limit, or the function's if lower (`__launch_bounds__`).
+    pub threads: u32,
+    /// Block and grid dimensions (`CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_*`, `_MAX_GRID_DIM_*`).
+    pub block: [u32; 3],
+    pub grid: [u32; 3],
+    /// Dynamic shared memory: the function's `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`
+    /// (48 KiB less its static shared memory unless the application opted into more).
+    pub dynamic_shared: u32,
+}
+
+impl LaunchLimits {
+    /// `CUDA_ERROR_INVALID_VALUE` for a configuration the device cannot run.
+    pub fn check(
+        &self,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem: u32,
+    ) -> Result<(), ClientError> {
+        let threads = block
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(u64::from(d)));
+        let fits = |v: [u32; 3], max: [u32; 3]| v.iter().zip(max).all(|(&v, m)| v >= 1 && v <= m);
+        if !fits(block, self.block)
+            || !fits(grid, self.grid)
+            || threads.is_none_or(|t| t > u64::from(self.threads))
+            || shared_mem > self.dynamic_shared
+        {
+            return Err(INVALID_VALUE.into());
+        }
+        Ok(())
+    }
+}
+
+/// `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK` and `_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
+const FUNC_MAX_THREADS: i32 = 0;
+const FUNC_MAX_DYNAMIC_SHARED: i32 = 8;
+
 impl Session {
     /// Launches `l`, its arguments packed by `pack`: through the stream's lane when this
     /// thread has been granted it, else under the session lock (which grants it when the
@@ -112,7 +154,8 @@ impl Session {
                 Fast::Locked(p) => packed = p,
             }
         }
-        self.lock().launch_locked(l, packed, pack)
+        let device_limit = |device: i32, attr: i32| self.attribute(device, attr);
+        self.lock().launch_locked(l, packed, pack, &device_limit)
     }
 }
 
@@ -125,9 +168,12 @@ impl Inner {
         l: KernelLaunch,
         packed: Option<Vec<u8>>,
         pack: &mut Packer<'_>,
+        device_attribute: &dyn Fn(i32, i32) -> Option<i32>,
     ) -> Result<(), ClientError> {
         let stream = self.stream_id(l.stream.handle)?;
         let (function, layout) = self.launch_layout(l.function)?;
+        let limits = self.launch_limits(function, device_attribute)?;
+        limits.check(l.grid, l.block, l.shared_mem)?;
         let params = match packed {
             Some(p) => p,
             None => pack(&layout)?,
@@ -150,10 +196,36 @@ impl Inner {
             let target = Target {
                 function,
                 layout: Arc::from(layout),
+                limits,
             };
             self.lanes.grant(key, stream, l.function, target);
         }
         Ok(())
+    }
+
+    /// What a launch of `function` (the worker's id) may ask ([`LaunchLimits`]): the
+    /// attributes of its module's device and its own.
+    pub fn launch_limits(
+        &self,
+        function: u64,
+        device_attribute: &dyn Fn(i32, i32) -> Option<i32>,
+    ) -> Result<LaunchLimits, ClientError> {
+        let f = self.functions.get(&function).ok_or(INVALID_HANDLE)?;
+        let device = self.module_device(f.module).unwrap_or(0) as i32;
+        let dev = |a: i32| device_attribute(device, a).map_or(u32::MAX, |v| v.max(0) as u32);
+        let func = |a: i32| {
+            f.info
+                .attributes
+                .iter()
+                .find(|(k, _)| *k == a)
+                .map(|&(_, v)| v.max(0) as u32)
+        };
+        Ok(LaunchLimits {
+            threads: dev(1).min(func(FUNC_MAX_THREADS).unwrap_or(u32::MAX)),
+            block: [dev(2), dev(3), dev(4)],
+            grid: [dev(5), dev(6), dev(7)],
+            dynamic_shared: func(FUNC_MAX_DYNAMIC_SHARED).unwrap_or(u32::MAX),
+        })
     }
 
     /// The worker's id and the parameter layout of a `CUfunction` or `CUkernel`.

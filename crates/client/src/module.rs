@@ -338,9 +338,12 @@ impl Inner {
         Ok(self.functions.get(&id).ok_or(INVALID_HANDLE)?)
     }
 
-    /// The function a `CUfunction` or `CUkernel` names, to change its attributes.
+    /// The function a `CUfunction` or `CUkernel` names, to change its attributes. Streams'
+    /// lanes check launches against the attributes they were granted with, so they are
+    /// invalidated: the next launch of every lane takes the locked path again.
     pub fn function_info_mut(&mut self, f: u64) -> Result<&mut Function, ClientError> {
         let id = self.resolve_function(f).ok_or(INVALID_HANDLE)?;
+        self.lanes.invalidate();
         Ok(self.functions.get_mut(&id).ok_or(INVALID_HANDLE)?)
     }
 

@@ -234,6 +234,9 @@ pub struct Inner {
     /// Physical memory made with `cuMemCreate`: handle -> (size, device, compressible: made with
     /// `CU_MEM_ALLOCATION_COMP_GENERIC` on a device that supports it).
     pub(crate) physical: HashMap<u64, (u64, u32, bool)>,
+    /// References `cuMemRetainAllocationHandle` added to physical memory, by handle: each
+    /// `cuMemRelease` takes one back before the last releases the memory.
+    pub(crate) physical_retains: HashMap<u64, u32>,
     /// Mapped physical memory: address -> handle.
     pub(crate) mappings: HashMap<u64, u64>,
     /// CUDA arrays: handle -> their linear device memory and shape.
@@ -247,8 +250,12 @@ pub struct Inner {
     /// The session's per-stream lanes ([`crate::lanes`]): the locked path grants them and
     /// invalidates them when something they rely on changes.
     pub(crate) lanes: Arc<Lanes>,
-    /// `CUlimit` values, by limit ([`crate::context::DEFAULT_LIMITS`]).
-    pub(crate) limits: [usize; 8],
+    /// `CUlimit` values by (device, limit): those the application set, and the device's own
+    /// values once asked (`Request::GetLimit`).
+    pub(crate) limits: HashMap<(u32, i32), usize>,
+    /// Occupancy answers of the device, by (function, block size, dynamic shared memory, the
+    /// function's dynamic shared memory opt-in, flags) (`Request::Occupancy`).
+    pub(crate) occupancy: HashMap<(u64, u32, u64, u32, u32), i32>,
 }
 
 impl Inner {
@@ -378,13 +385,15 @@ impl Session {
                 ipc_exports: Default::default(),
                 ipc_opened: HashMap::new(),
                 physical: HashMap::new(),
+                physical_retains: HashMap::new(),
                 mappings: HashMap::new(),
                 arrays: HashMap::new(),
                 textures: HashMap::new(),
                 graphs: Default::default(),
                 placements: 0,
                 lanes,
-                limits: crate::context::DEFAULT_LIMITS,
+                limits: HashMap::new(),
+                occupancy: HashMap::new(),
             }),
         }
     }

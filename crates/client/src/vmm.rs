@@ -37,8 +37,26 @@ impl Inner {
         Ok(h)
     }
 
-    /// `cuMemRelease`.
+    /// `cuMemRetainAllocationHandle`: one more reference to physical memory `handle`, which
+    /// one more `cuMemRelease` gives back (NCCL retains the handle of memory it maps and
+    /// releases both references).
+    pub fn retain_physical(&mut self, handle: u64) -> Result<(), ClientError> {
+        if !self.physical.contains_key(&handle) {
+            return Err(INVALID_VALUE.into());
+        }
+        *self.physical_retains.entry(handle).or_insert(0) += 1;
+        Ok(())
+    }
+
+    /// `cuMemRelease`: drops one reference; the last releases the memory.
     pub fn release_physical(&mut self, handle: u64) -> Result<(), ClientError> {
+        if let Some(n) = self.physical_retains.get_mut(&handle) {
+            *n -= 1;
+            if *n == 0 {
+                self.physical_retains.remove(&handle);
+            }
+            return Ok(());
+        }
         self.physical.remove(&handle).ok_or(INVALID_VALUE)?;
         self.conn.quiet(&Request::MemRelease {
             handle: PhysicalHandle(handle),

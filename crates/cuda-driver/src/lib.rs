@@ -504,7 +504,35 @@ impl Driver {
         Ok(v)
     }
 
-    /// Launches `f` with a parameter buffer packed at device offsets (the `extra` form).
+    /// Blocks of `block` threads using `dyn_smem` bytes of dynamic shared memory that one
+    /// multiprocessor holds at once (`cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`).
+    pub fn occupancy(
+        &self,
+        f: Function,
+        block: i32,
+        dyn_smem: usize,
+        flags: u32,
+    ) -> Result<i32, DriverError> {
+        let mut n = 0;
+        let occupancy = self
+            .fns
+            .cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags;
+        // SAFETY: valid function and out-pointer; the rest are plain integers.
+        let r = unsafe { occupancy(&mut n, f.0, block, dyn_smem, flags) };
+        self.check("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", r)?;
+        Ok(n)
+    }
+
+    /// The current context's value of a `CUlimit` (`cuCtxGetLimit`).
+    pub fn limit(&self, limit: i32) -> Result<usize, DriverError> {
+        let mut v = 0usize;
+        // SAFETY: a valid out-pointer; the limit is a plain integer the driver checks.
+        self.check("cuCtxGetLimit", unsafe {
+            (self.fns.cuCtxGetLimit)(&mut v, limit)
+        })?;
+        Ok(v)
+    }
+
     /// Sets a function attribute (`cuFuncSetAttribute`).
     pub fn set_function_attribute(
         &self,

@@ -126,6 +126,8 @@ fns! {
     cuModuleGetFunction: fn(*mut CUfunction, CUmodule, *const c_char);
     cuFuncGetAttribute: fn(*mut c_int, c_int, CUfunction);
     cuFuncSetAttribute: fn(CUfunction, c_int, c_int);
+    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: fn(*mut c_int, CUfunction, c_int, usize, c_uint);
+    cuCtxGetLimit: fn(*mut usize, c_int);
     cuLaunchCooperativeKernel: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void);
     cuLaunchKernel: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void);
     cuStreamCreateWithPriority: fn(*mut CUstream, c_uint, c_int);

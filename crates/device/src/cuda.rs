@@ -404,6 +404,32 @@ impl Device for CudaDevice {
         Ok((addr, size))
     }
 
+    fn limit(&mut self, limit: u32) -> Result<u64, Status> {
+        let limit = i32::try_from(limit).map_err(|_| INVALID_VALUE)?;
+        let v = self.driver.limit(limit).map_err(|e| self.fail(e))?;
+        Ok(v as u64)
+    }
+
+    fn occupancy(
+        &mut self,
+        module: ModuleId,
+        function: &str,
+        q: crate::Occupancy,
+    ) -> Result<i32, Status> {
+        let f = self.function_handle(module, function)?;
+        // The application's opt-in lives on its (client-side) function: the worker's copy gets
+        // it before the driver is asked, as before a launch.
+        let max = i32::try_from(q.max_dyn_smem).map_err(|_| INVALID_VALUE)?;
+        self.driver
+            .set_function_attribute(f, MAX_DYNAMIC_SHARED_SIZE_BYTES, max)
+            .map_err(|e| self.fail(e))?;
+        let block = i32::try_from(q.block).map_err(|_| INVALID_VALUE)?;
+        let smem = usize::try_from(q.dyn_smem).map_err(|_| INVALID_VALUE)?;
+        self.driver
+            .occupancy(f, block, smem, q.flags)
+            .map_err(|e| self.fail(e))
+    }
+
     fn launch(&mut self, l: &KernelLaunch) -> Result<Duration, DeviceError> {
         let f = self.function_handle(l.module, l.function)?;
         if l.shared_mem > DEFAULT_SHARED_LIMIT {

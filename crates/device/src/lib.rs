@@ -120,6 +120,13 @@ pub trait Device: Send {
     fn set_limit(&mut self, _limit: u32, _value: u64) -> Result<(), Status> {
         Err(status::NOT_SUPPORTED)
     }
+    /// The value of a `CUlimit` the application has not set: what the device's driver
+    /// answers (`CUDA_ERROR_INVALID_VALUE` for a limit it does not know).
+    fn limit(&mut self, limit: u32) -> Result<u64, Status>;
+    /// Blocks that one multiprocessor holds at once for `function` of `module` in the
+    /// configuration `q` (`cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`): the device
+    /// decides, so the answer is the GPU's own on a real one.
+    fn occupancy(&mut self, module: ModuleId, function: &str, q: Occupancy) -> Result<i32, Status>;
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status>;
     /// Sets `count` elements of `elem_size` (1, 2 or 4) bytes at `dst` to `value`.
     fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status>;
@@ -234,6 +241,17 @@ pub trait Device: Send {
     fn detach_memory(&mut self) -> Option<Box<dyn Send>> {
         None
     }
+}
+
+/// An occupancy question: blocks of `block` threads with `dyn_smem` bytes of dynamic shared
+/// memory, for a function that may use at most `max_dyn_smem` bytes of it (its
+/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`), with the driver's `flags`.
+#[derive(Clone, Copy, Debug)]
+pub struct Occupancy {
+    pub block: u32,
+    pub dyn_smem: u64,
+    pub max_dyn_smem: u32,
+    pub flags: u32,
 }
 
 /// A kernel launch as the device runs it.

@@ -22,6 +22,8 @@
 //! (crates/ptx/src/tex.rs): their size
 //! limits are those of a 9.x/10.x GPU.
 
+use crate::status::{Status, INVALID_VALUE, UNSUPPORTED_LIMIT};
+
 /// One emulated GPU model: what `cuDeviceGetAttribute` reports, by the GPU it is named after.
 #[derive(Debug, PartialEq)]
 pub struct Model {
@@ -79,14 +81,16 @@ pub const MODELS: &[Model] = &[
         threads_per_sm: 2048,
         blocks_per_sm: 32,
     },
+    // The NVIDIA H200 as its driver (580) reported it on the GPU lane (the conformance
+    // fixture): the H100's GH100 with more, faster memory and 60 MiB of L2.
     Model {
         cc: (9, 0),
-        like: "H100 SXM5",
+        like: "H200",
         sms: 132,
         clock_khz: 1980000,
-        mem_clock_khz: 2619000,
-        bus_width_bits: 5120,
-        l2_bytes: 52428800,
+        mem_clock_khz: 3201000,
+        bus_width_bits: 6016,
+        l2_bytes: 62914560,
         shared_per_sm: 233472,
         shared_per_block_optin: 232448,
         threads_per_sm: 2048,
@@ -274,22 +278,95 @@ pub fn attributes(m: &Model, index: u32) -> Vec<(i32, i32)> {
 /// Registers the VM reports for every kernel (`CU_FUNC_ATTRIBUTE_NUM_REGS`).
 pub const REGISTERS_PER_THREAD: u64 = 32;
 
-/// Blocks of `threads` threads using `shared` bytes of shared memory each that the device holds
-/// at once: what `cuOccupancyMaxActiveBlocksPerMultiprocessor` reports (threads, blocks,
-/// registers and shared memory per multiprocessor) times the multiprocessors. A cooperative
-/// launch may have no more blocks than this.
-pub fn coresident_blocks(m: &Model, threads: u64, shared: u64) -> u64 {
-    let threads = threads.max(1);
-    let per_sm = (m.threads_per_sm as u64 / threads)
-        .min(m.blocks_per_sm as u64)
-        .min(65536 / (REGISTERS_PER_THREAD * threads))
-        .min(
-            (m.shared_per_sm as u64)
-                .checked_div(shared)
-                .unwrap_or(u64::MAX),
-        );
-    per_sm * m.sms as u64
+/// What a kernel asks of a multiprocessor: the inputs of an occupancy figure.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockUse {
+    /// Threads per block.
+    pub threads: u64,
+    /// Registers per thread (`CU_FUNC_ATTRIBUTE_NUM_REGS`).
+    pub registers: u64,
+    /// Static plus dynamic shared memory per block, bytes.
+    pub shared: u64,
 }
+
+/// Registers are given to warps in units of 256; a multiprocessor's 64 Ki registers are four
+/// banks of 16 Ki, one per warp scheduler, and a warp's registers come from one bank.
+const REGISTER_UNIT: u64 = 256;
+const REGISTER_BANKS: u64 = 4;
+const REGISTERS_PER_BANK: u64 = 16384;
+/// Shared memory is given to blocks in units of 128 bytes, each block with the driver's
+/// reservation on top (`CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK`, 1 KiB).
+const SHARED_UNIT: u64 = 128;
+const SHARED_RESERVED_PER_BLOCK: u64 = 1024;
+
+/// Blocks one multiprocessor of model `m` holds at once: what
+/// `cuOccupancyMaxActiveBlocksPerMultiprocessor` reports, by NVIDIA's published rules (the
+/// CUDA occupancy calculator's): the least of the warp, block, register and shared-memory
+/// limits. The one place the emulated GPU decides occupancy: the client asks the device
+/// (`Device::occupancy`), and cooperative launches are checked with it.
+pub fn blocks_per_sm(m: &Model, u: BlockUse) -> u64 {
+    if u.threads == 0 {
+        return 0;
+    }
+    let warps = u.threads.div_ceil(32);
+    let by_warps = (m.threads_per_sm as u64 / 32) / warps;
+    let by_blocks = m.blocks_per_sm as u64;
+    let by_registers = if u.registers == 0 {
+        u64::MAX
+    } else {
+        let per_warp = (u.registers * 32).div_ceil(REGISTER_UNIT) * REGISTER_UNIT;
+        let warps_in_registers = REGISTER_BANKS * (REGISTERS_PER_BANK / per_warp);
+        warps_in_registers / warps
+    };
+    let shared = (u.shared + SHARED_RESERVED_PER_BLOCK).div_ceil(SHARED_UNIT) * SHARED_UNIT;
+    let by_shared = if u.shared == 0 {
+        u64::MAX
+    } else {
+        m.shared_per_sm as u64 / shared
+    };
+    by_warps.min(by_blocks).min(by_registers).min(by_shared)
+}
+
+/// Blocks of `threads` threads using `shared` bytes of shared memory each that the device holds
+/// at once ([`blocks_per_sm`] times the multiprocessors): a cooperative launch may have no more.
+pub fn coresident_blocks(m: &Model, threads: u64, shared: u64) -> u64 {
+    let u = BlockUse {
+        threads: threads.max(1),
+        registers: REGISTERS_PER_THREAD,
+        shared,
+    };
+    blocks_per_sm(m, u) * m.sms as u64
+}
+
+/// The driver's value of each `CUlimit` before an application sets it, or the error it
+/// answers, by limit: stack size, printf FIFO, malloc heap, device-runtime sync depth, pending
+/// launches, L2 fetch granularity, persisting L2 size, shared memory of the context, CIG
+/// enabled, CIG shared-memory fallback. As NVIDIA's driver 580 answers on an H200
+/// (tests/conformance/fixtures): the sync depth is `CUDA_ERROR_UNSUPPORTED_LIMIT` from compute
+/// capability 9.0 on (no synchronizing child grids there), the CIG fallback is too for a
+/// context that is not CIG, the context's shared memory is what a block may opt into, and a
+/// limit the driver does not know (`CU_LIMIT_PER_BLOCK_MEMORY_SIZE` and later: CUDA 13.5's
+/// header, newer than the driver) is `CUDA_ERROR_INVALID_VALUE`.
+pub fn default_limit(m: &Model, limit: u32) -> Result<u64, Status> {
+    Ok(match limit {
+        0 => 1024,
+        1 => PRINTF_FIFO_BYTES,
+        2 => 8 << 20,
+        3 if m.cc.0 >= 9 => return Err(UNSUPPORTED_LIMIT),
+        3 => 2,
+        4 => 2048,
+        5 => 64,
+        6 => 0,
+        7 => m.shared_per_block_optin as u64,
+        8 => 0,
+        9 => return Err(UNSUPPORTED_LIMIT),
+        _ => return Err(INVALID_VALUE),
+    })
+}
+
+/// `CU_LIMIT_PRINTF_FIFO_SIZE` before an application sets it: NVIDIA's driver 580 answers
+/// 8,650,752 bytes (H200).
+pub const PRINTF_FIFO_BYTES: u64 = 8_650_752;
 
 /// Peak FP32 throughput in TFLOPS of a GPU with `sms` multiprocessors at `clock_khz`: FP32
 /// lanes per multiprocessor by compute capability (64 on 7.x and 8.0, 128 from 8.6 on), two
@@ -347,6 +424,27 @@ mod tests {
         assert_eq!(coresident_blocks(m, 32, 0), 32 * m.sms as u64);
         // Shared memory: two blocks of 100 KB fit a 228 KB SM.
         assert_eq!(coresident_blocks(m, 64, 100_000), 2 * m.sms as u64);
+    }
+
+    #[test]
+    fn occupancy_follows_the_allocation_units() {
+        let h100 = by_arch(90).unwrap();
+        let u = |threads, registers, shared| BlockUse {
+            threads,
+            registers,
+            shared,
+        };
+        // 255 registers: 8192 a warp, two warps a bank, eight warps an SM: one block of 256.
+        assert_eq!(blocks_per_sm(h100, u(256, 255, 0)), 1);
+        // 64 registers: 2048 a warp, 32 warps: four blocks of 256.
+        assert_eq!(blocks_per_sm(h100, u(256, 64, 0)), 4);
+        // A block of 33 threads takes two warps.
+        assert_eq!(blocks_per_sm(h100, u(33, 32, 0)), 32);
+        assert_eq!(blocks_per_sm(h100, u(65, 32, 0)), 21);
+        // Each block's shared memory has 1 KiB reserved on top, in 128-byte units.
+        assert_eq!(blocks_per_sm(h100, u(128, 32, 115_000)), 2);
+        assert_eq!(blocks_per_sm(h100, u(128, 32, 116_000)), 1);
+        assert_eq!(blocks_per_sm(h100, u(0, 32, 0)), 0);
     }
 
     #[test]

@@ -42,6 +42,17 @@ impl Device for Counting {
         self.held.fetch_sub(n, Ordering::Relaxed);
         Ok(n)
     }
+    fn limit(&mut self, limit: u32) -> Result<u64, Status> {
+        self.inner.limit(limit)
+    }
+    fn occupancy(
+        &mut self,
+        module: gpufuse_device::ModuleId,
+        function: &str,
+        q: gpufuse_device::Occupancy,
+    ) -> Result<i32, Status> {
+        self.inner.occupancy(module, function, q)
+    }
     fn contains(&self, ptr: u64, len: u64) -> bool {
         self.inner.contains(ptr, len)
     }

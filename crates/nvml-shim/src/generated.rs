@@ -935,12 +935,6 @@ pub extern "C" fn nvmlDeviceGetOfaUtilization() -> nvmlReturn_t {
     not_supported()
 }
 
-/// `nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, nvmlGpuP2PCapsIndex_t p2pIndex,nvmlGpuP2PStatus_t *p2pStatus)`
-#[no_mangle]
-pub extern "C" fn nvmlDeviceGetP2PStatus() -> nvmlReturn_t {
-    not_supported()
-}
-
 /// `nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_t *pci)`
 #[no_mangle]
 pub extern "C" fn nvmlDeviceGetPciInfoExt() -> nvmlReturn_t {

@@ -323,6 +323,34 @@ pub extern "C" fn nvmlDeviceGetHandleByPciBusId(
     guard(|| by_bus_id(id, h))
 }
 
+/// `nvmlGpuP2PStatus_t`: `NVML_P2P_STATUS_OK` and `NVML_P2P_STATUS_NOT_SUPPORTED`.
+const P2P_STATUS_OK: c_uint = 0;
+const P2P_STATUS_NOT_SUPPORTED: c_uint = 5;
+
+/// Peer-to-peer status between two of the session's devices, for every capability: a device
+/// with itself is OK (NCCL asks every pair, itself included, and gives up on an error); two
+/// devices have no peer access, as `cuDeviceCanAccessPeer` answers.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetP2PStatus(
+    a: nvmlDevice_t,
+    b: nvmlDevice_t,
+    _index: c_uint,
+    p2p: *mut c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        let st = status()?;
+        let (a, b) = (device(&st, a)?.index, device(&st, b)?.index);
+        out(
+            p2p,
+            if a == b {
+                P2P_STATUS_OK
+            } else {
+                P2P_STATUS_NOT_SUPPORTED
+            },
+        )
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn nvmlDeviceGetIndex(h: nvmlDevice_t, i: *mut c_uint) -> nvmlReturn_t {
     guard(|| {

@@ -21,7 +21,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
 /// 15: CUDA IPC between sessions of one host (`IpcGetMemHandle`, `IpcOpenMemHandle`,
 /// `IpcCloseMemHandle`) and POSIX file descriptors of physical memory (`IpcExportPhysical`,
 /// `IpcImportPhysical`).
-pub const PROTOCOL_VERSION: u16 = 15;
+/// 16: occupancy and limits answered by the device serving the session (`Occupancy`,
+/// `GetLimit`, `ReplyBody::Count`).
+pub const PROTOCOL_VERSION: u16 = 16;
 /// The protocol versions this build speaks. Both sides check every header against it; the
 /// node refuses a hello outside it with a reason naming both sides' versions.
 pub const SUPPORTED_VERSIONS: std::ops::RangeInclusive<u16> = 12..=PROTOCOL_VERSION;

@@ -803,6 +803,24 @@ pub enum Request<'a> {
         #[serde(borrow, with = "serde_bytes")]
         shared: &'a [u8],
     },
+    /// Sync -> [`ReplyBody::Count`]. `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`:
+    /// blocks of `block` threads with `dyn_smem` bytes of dynamic shared memory that one
+    /// multiprocessor holds at once, as the device serving the session decides (a real GPU's
+    /// driver answers on the cuda backend). `max_dyn_smem` is the function's
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` as the application set it (more
+    /// dynamic shared memory than that fits no block). `CUDA_ERROR_INVALID_HANDLE` for an
+    /// unknown function.
+    Occupancy {
+        function: FunctionHandle,
+        block: u32,
+        dyn_smem: u64,
+        max_dyn_smem: u32,
+        flags: u32,
+    },
+    /// Sync -> [`ReplyBody::Count`]. `cuCtxGetLimit` of a limit the application has not set:
+    /// the device's own value. `CUDA_ERROR_INVALID_VALUE` for a limit the device's driver
+    /// does not know.
+    GetLimit { device: u32, limit: u32 },
 }
 
 /// Texture and surface objects (`cuTexObjectCreate`, `cuSurfObjectCreate`): the memory, its
@@ -933,6 +951,8 @@ impl<'a> Request<'a> {
             Request::IpcCloseMemHandle { .. } => 52,
             Request::IpcExportPhysical { .. } => 53,
             Request::IpcImportPhysical { .. } => 54,
+            Request::Occupancy { .. } => 55,
+            Request::GetLimit { .. } => 56,
         }
     }
 
@@ -1018,6 +1038,8 @@ pub enum ReplyBody {
         ptr: DevicePtr,
         size: u64,
     },
+    /// A number the device answered ([`Request::Occupancy`], [`Request::GetLimit`]).
+    Count(u64),
 }
 
 /// The answer to a synchronous request.

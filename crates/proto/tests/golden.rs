@@ -441,6 +441,23 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 shared: &[0xab; 4],
             },
         ),
+        (
+            "Occupancy",
+            Request::Occupancy {
+                function: FunctionHandle(5),
+                block: 256,
+                dyn_smem: 32768,
+                max_dyn_smem: 49152,
+                flags: 2,
+            },
+        ),
+        (
+            "GetLimit",
+            Request::GetLimit {
+                device: 0,
+                limit: 7,
+            },
+        ),
     ]
 }
 
@@ -512,6 +529,8 @@ const REQUESTS: &[(&str, &str)] = &[
     ("IpcCloseMemHandle", "3480808080808008"),
     ("IpcExportPhysical", "3507"),
     ("IpcImportPhysical", "360704abababab"),
+    ("Occupancy", "3705800280800280800302"),
+    ("GetLimit", "380007"),
 ];
 
 #[test]
@@ -589,6 +608,7 @@ fn others() -> Vec<(&'static str, Vec<u8>)> {
                 size: 4096,
             },
         ),
+        ("ReplyBody::Count", ReplyBody::Count(24)),
         (
             "ReplyBody::Launches",
             ReplyBody::Launches(vec![LaunchRecord {
@@ -1084,9 +1104,10 @@ const OTHERS: &[(&str, &str)] = &[
     ("ReplyBody::Function", "0701000801008010"),
     ("ReplyBody::Global", "08806004"),
     ("ReplyBody::Opened", "0a80208020"),
+    ("ReplyBody::Count", "0b18"),
     ("ReplyBody::Launches", "0901016b010101200101000004deadbeef"),
     ("Reply", "0001f80a010904deadbeef0368690a018020"),
-    ("ClientHello", "0f0001742a0170018080808004011e0002"),
+    ("ClientHello", "100001742a0170018080808004011e0002"),
     ("SessionKind::Status", "01"),
     ("SessionKind::Check", "02"),
     ("SessionKind::End", "0303"),
@@ -1115,7 +1136,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("NodeCommand::Migrate", "0101"),
     ("NodeCommand::MigrateWithFigures", "0201"),
     ("ControlAnswer", "01e807"),
-    ("FrameHeader", "474655530f000401040302010b0a00008877665544332211"),
+    ("FrameHeader", "4746555310000401040302010b0a00008877665544332211"),
     ("SessionKind::NodeAgent", "04"),
     ("ServerHello::Redirect", "0507756e69783a2f6e0167"),
     ("ServerHello::PoolStatus", "060762696e7061636b000000"),

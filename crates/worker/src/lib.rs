@@ -218,6 +218,30 @@ impl<'a> Session<'a> {
                 self.check_device(device)?;
                 none(self.set_limit(limit, value))
             }
+            GetLimit { device, limit } => {
+                self.check_device(device)?;
+                Ok(ReplyBody::Count(self.device.limit(limit)?))
+            }
+            Occupancy {
+                function: FunctionHandle(function),
+                block,
+                dyn_smem,
+                max_dyn_smem,
+                flags,
+            } => {
+                let (id, name) = self.kernel(function)?;
+                let n = self.device.occupancy(
+                    id,
+                    &name,
+                    gpufuse_device::Occupancy {
+                        block,
+                        dyn_smem,
+                        max_dyn_smem,
+                        flags,
+                    },
+                )?;
+                Ok(ReplyBody::Count(u64::try_from(n).unwrap_or(0)))
+            }
             MemAllocPitch {
                 device,
                 width,

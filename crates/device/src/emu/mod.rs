@@ -89,9 +89,9 @@ pub struct EmuDevice {
     printf_fifo: usize,
 }
 
-/// Device-side `printf` output one launch may produce (CUDA's default printf FIFO); what
+/// Device-side `printf` output one launch may produce (the driver's default printf FIFO); what
 /// follows is dropped, as on a GPU whose buffer fills.
-const PRINTF_FIFO: usize = 1 << 20;
+const PRINTF_FIFO: usize = model::PRINTF_FIFO_BYTES as usize;
 /// `CU_LIMIT_PRINTF_FIFO_SIZE`, `CU_LIMIT_MALLOC_HEAP_SIZE`.
 const LIMIT_PRINTF_FIFO_SIZE: u32 = 1;
 const LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
@@ -430,6 +430,43 @@ impl Device for EmuDevice {
             }
             _ => Err(INVALID_VALUE),
         }
+    }
+
+    fn limit(&mut self, limit: u32) -> Result<u64, Status> {
+        match limit {
+            LIMIT_PRINTF_FIFO_SIZE => Ok(self.printf_fifo as u64),
+            LIMIT_MALLOC_HEAP_SIZE => Ok(self.heap_size),
+            _ => model::default_limit(self.model, limit),
+        }
+    }
+
+    fn occupancy(
+        &mut self,
+        module: ModuleId,
+        function: &str,
+        q: crate::Occupancy,
+    ) -> Result<i32, Status> {
+        let m = self.modules.get(&module).ok_or(INVALID_HANDLE)?;
+        if !m.layout.kernels.iter().any(|k| k.name == function) {
+            return Err(NOT_FOUND);
+        }
+        let info = m.program.as_ref().ok().and_then(|p| p.kernel(function));
+        let max_threads = info.and_then(|i| i.max_threads).unwrap_or(1024).min(1024);
+        if q.block == 0 {
+            return Err(INVALID_VALUE);
+        }
+        // A block larger than the function allows, or with more dynamic shared memory than it
+        // opted into, fits nowhere (NVIDIA's driver answers 0 too).
+        if q.block > max_threads || q.dyn_smem > u64::from(q.max_dyn_smem) {
+            return Ok(0);
+        }
+        let shared = info.map_or(0, |i| i.static_shared_bytes as u64) + q.dyn_smem;
+        let u = model::BlockUse {
+            threads: u64::from(q.block),
+            registers: model::REGISTERS_PER_THREAD,
+            shared,
+        };
+        Ok(i32::try_from(model::blocks_per_sm(self.model, u)).unwrap_or(i32::MAX))
     }
 
     fn host_arena(&mut self, arena: crate::HostSpan) -> Result<(), Status> {

@@ -248,10 +248,15 @@ pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     guard(|| synchronize(handle(ctx)))
 }
 
+/// `CU_CTX_MAP_HOST`.
+const CTX_MAP_HOST: c_uint = 0x8;
+
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
     // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
-    guard(|| unsafe { out(flags, with_core(|g| g.current_flags())?) })
+    // With unified addressing every context maps host memory: NVIDIA's driver reports
+    // `CU_CTX_MAP_HOST` (0x8) whatever the context was made with (driver 580, H200).
+    guard(|| unsafe { out(flags, with_core(|g| g.current_flags())? | CTX_MAP_HOST) })
 }
 
 #[no_mangle]
@@ -265,7 +270,9 @@ pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint
     guard(|| unsafe {
         let s = session()?;
         context_device(&s.lock(), handle(ctx))?;
-        out(version, 12040)
+        // NVIDIA's driver answers 3020 for every context (the context API's version, not the
+        // CUDA version: driver 580, H200).
+        out(version, 3020)
     })
 }
 

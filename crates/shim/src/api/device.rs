@@ -34,8 +34,15 @@ fn check_device(dev: CUdevice) -> Result<std::sync::Arc<gpufuse_client::Session>
     Ok(s)
 }
 
+/// The last `CUdevice_attribute` of the CUDA 13.5 API the shim implements; 0 and anything
+/// past it are `CUDA_ERROR_INVALID_VALUE`, as from NVIDIA's driver.
+const LAST_ATTRIBUTE: c_int = 161;
+
 fn attr(dev: CUdevice, a: c_int) -> Result<c_int, CUresult> {
     let s = check_device(dev)?;
+    if !(1..=LAST_ATTRIBUTE).contains(&a) {
+        return Err(INVALID_VALUE);
+    }
     s.attribute(dev, a).ok_or(INVALID_VALUE)
 }
 

@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 
 use gpufuse_cuda_types::{resolve_proc, ProcLookup};
 
+use crate::dark_api::Answer;
 use crate::ffi::{cstr, out, out_opt};
 use crate::global::{self, DRIVER_VERSION};
 use crate::guard::guard;
@@ -26,7 +27,11 @@ pub fn unsupported(name: &'static str) -> CUresult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuInit(_flags: u32) -> CUresult {
+pub unsafe extern "C" fn cuInit(flags: u32) -> CUresult {
+    // The flags must be 0 (cuda.h); NVIDIA's driver refuses any other value.
+    if flags != 0 {
+        return INVALID_VALUE;
+    }
     guard(global::init)
 }
 
@@ -84,7 +89,10 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     guard(|| unsafe {
         let (r, s) = lookup(symbol, pfn, cuda_version, flags);
         out_opt(status, s);
-        if r == 0 {
+        // A symbol that is missing or too new is a success with a NULL function and the
+        // status saying why, as NVIDIA's driver answers the `_v2` form (580, H200); a bad
+        // argument is still an error.
+        if r == 0 || (r == NOT_FOUND && !status.is_null()) {
             Ok(())
         } else {
             Err(r)
@@ -117,12 +125,8 @@ pub unsafe extern "C" fn cuGetExportTable(
     guard(|| unsafe {
         let id = crate::ffi::read(id)?;
         match crate::dark_api::table_for(&id) {
-            Some(t) => out(table, t),
-            None => {
-                if std::env::var_os("GPUFUSE_LOG").is_some() {
-                    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-                    eprintln!("gpufuse: refused export table {hex}");
-                }
+            Answer::Known(t) | Answer::Unknown(t) => out(table, t),
+            Answer::Refused => {
                 out_opt(table, std::ptr::null());
                 Err(INVALID_VALUE)
             }

@@ -2,6 +2,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
+use gpufuse_client::memory::MemoryKind;
 use gpufuse_client::pools::default_pool;
 use gpufuse_client::state::Inner;
 
@@ -325,12 +326,18 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
     guard(|| unsafe {
         let s = session()?;
-        let (b, a) = s
-            .lock()
-            .find_allocation(dptr, 1)
-            .ok_or(crate::status::NOT_FOUND)?;
+        let g = s.lock();
+        // Page-locked host memory has a range too (unified addressing: NVIDIA's driver answers
+        // for `cuMemHostAlloc` and registered memory alike).
+        let (b, n) = match g.find_host(dptr as usize) {
+            Some((b, h)) => (b as u64, h.size as u64),
+            None => g
+                .find_allocation(dptr, 1)
+                .map(|(b, a)| (b, a.size))
+                .ok_or(crate::status::NOT_FOUND)?,
+        };
         out_opt(base, b);
-        out_opt(size, a.size as usize);
+        out_opt(size, n as usize);
         Ok(())
     })
 }
@@ -339,8 +346,12 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
 unsafe fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CUresult> {
     // SAFETY: the caller vouches for the pointer arguments (# Safety).
     unsafe {
-        if pp.is_null() {
+        if pp.is_null() || flags & !(HOST_PORTABLE | HOST_DEVICEMAP | HOST_WRITECOMBINED) != 0 {
             return Err(INVALID_VALUE);
+        }
+        // Nothing to allocate: a NULL pointer and success, as from NVIDIA's driver.
+        if size == 0 {
+            return out(pp, std::ptr::null_mut());
         }
         out(pp, with_core(|g| g.host_alloc(size, flags))?.cast())
     }
@@ -373,6 +384,10 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
     size: usize,
     flags: c_uint,
 ) -> CUresult {
+    // `CU_MEMHOSTREGISTER_PORTABLE`, `_DEVICEMAP`, `_IOMEMORY`, `_READ_ONLY`.
+    if flags & !0xf != 0 {
+        return INVALID_VALUE;
+    }
     guard(|| with_core(|g| g.host_register(p as usize, size, flags)))
 }
 
@@ -381,13 +396,40 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     guard(|| with_core(|g| g.host_unregister(p as usize)))
 }
 
+/// `CU_MEMHOSTALLOC_PORTABLE`, `_DEVICEMAP`, `_WRITECOMBINED`.
+const HOST_PORTABLE: u32 = 1;
+const HOST_DEVICEMAP: u32 = 2;
+const HOST_WRITECOMBINED: u32 = 4;
+/// `CU_MEMHOSTREGISTER_READ_ONLY`.
+const HOST_REGISTER_READ_ONLY: u32 = 8;
+
+/// What `cuMemHostGetFlags` reports for page-locked memory allocated or registered with
+/// `flags`, as NVIDIA's driver 580 does (H200, tests/conformance/fixtures): with unified
+/// addressing all of it is mapped, so `DEVICEMAP` is always set; an allocation keeps its
+/// `PORTABLE` and `WRITECOMBINED` bits; registered memory keeps `PORTABLE` only (the register
+/// flags `DEVICEMAP`, `IOMEMORY` and `READ_ONLY` are not allocation flags).
+fn host_flags(flags: u32, registered: bool) -> u32 {
+    let kept = if registered {
+        HOST_PORTABLE
+    } else {
+        HOST_PORTABLE | HOST_WRITECOMBINED
+    };
+    (flags & kept) | HOST_DEVICEMAP
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -> CUresult {
     // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
     guard(|| unsafe {
         let s = session()?;
-        let (_, h) = s.lock().find_host(p as usize).ok_or(INVALID_VALUE)?;
-        out(flags, h.flags)
+        let g = s.lock();
+        let f = match g.find_host(p as usize) {
+            Some((_, h)) => host_flags(h.flags, h.registered),
+            // Managed memory is mapped host memory to the driver too (H200, 580: 0x2).
+            None if managed(&g, p as usize as u64) => HOST_DEVICEMAP,
+            None => return Err(INVALID_VALUE),
+        };
+        out(flags, f)
     })
 }
 
@@ -416,6 +458,7 @@ const P_CONTEXT: c_int = 1;
 const P_MEMORY_TYPE: c_int = 2;
 const P_DEVICE_POINTER: c_int = 3;
 const P_HOST_POINTER: c_int = 4;
+const P_P2P_TOKENS: c_int = 5;
 const P_SYNC_MEMOPS: c_int = 6;
 const P_BUFFER_ID: c_int = 7;
 const P_IS_MANAGED: c_int = 8;
@@ -431,7 +474,11 @@ const P_MEMPOOL: c_int = 17;
 const P_MAPPING_SIZE: c_int = 18;
 const P_MAPPING_BASE: c_int = 19;
 const P_BLOCK_ID: c_int = 20;
+const P_HW_DECOMPRESS_CAPABLE: c_int = 21;
 
+/// The granule device allocations are mapped in (`cuMemGetAllocationGranularity`'s
+/// recommendation on current GPUs).
+const MAPPING_GRANULE: u64 = 2 << 20;
 const MEMORYTYPE_HOST: u32 = 1;
 const MEMORYTYPE_DEVICE: u32 = 2;
 const DEVICE_INVALID: c_int = -2;
@@ -458,6 +505,13 @@ fn classify(g: &Inner, ptr: u64) -> PointerKind {
     PointerKind::Unknown
 }
 
+/// Whether `ptr` is managed memory (`cuMemAllocManaged`).
+fn managed(g: &Inner, ptr: u64) -> bool {
+    g.find_host(ptr as usize).is_none()
+        && g.find_allocation(ptr, 1)
+            .is_some_and(|(_, a)| a.is_managed())
+}
+
 /// Writes one attribute. Returns false if the pointer is not CUDA memory.
 ///
 /// # Safety
@@ -481,7 +535,10 @@ unsafe fn write_attribute(
             PointerKind::Unknown if unknown_ok => {
                 // "Default NULL values" for a non-CUDA pointer (cuda.h): what CuPy expects.
                 return match attr {
-                    P_CONTEXT | P_HOST_POINTER | P_RANGE_START | P_MEMPOOL | P_MAPPING_BASE => {
+                    // Host memory the driver does not know is still host memory at its own
+                    // address (NVIDIA's driver 580 answers the pointer itself).
+                    P_HOST_POINTER => out(data.cast::<*mut c_void>(), ptr as usize as *mut c_void),
+                    P_CONTEXT | P_RANGE_START | P_MEMPOOL | P_MAPPING_BASE => {
                         out(data.cast::<*mut c_void>(), std::ptr::null_mut())
                     }
                     P_DEVICE_POINTER | P_BUFFER_ID | P_ALLOWED_HANDLE_TYPES | P_BLOCK_ID => {
@@ -494,32 +551,68 @@ unsafe fn write_attribute(
             }
             PointerKind::Unknown => return Err(INVALID_VALUE),
         };
+        let kind = g.find_allocation(ptr, 1).map(|(_, a)| a.kind);
+        let plain = mem_type == MEMORYTYPE_DEVICE && kind == Some(MemoryKind::Device);
+        let pool = match kind {
+            Some(MemoryKind::Pooled { pool }) if mem_type == MEMORYTYPE_DEVICE => Some(pool),
+            _ => None,
+        };
         match attr {
+            // Pool memory belongs to no context (NVIDIA's driver 580 answers NULL).
+            P_CONTEXT if pool.is_some() => out(data.cast::<CUcontext>(), std::ptr::null_mut()),
             P_CONTEXT => out(data.cast::<CUcontext>(), primary(device as u32)),
+            // Tokens for GPUDirect RDMA of device memory (a kernel module's, on the GPU's
+            // host): no such module reaches a gpufuse GPU, so the tokens are zero; host memory
+            // has none (CUDA_ERROR_INVALID_VALUE, as from the driver).
+            P_P2P_TOKENS if mem_type == MEMORYTYPE_DEVICE => out(data.cast::<[u64; 2]>(), [0, 0]),
+            // Device memory's copies and kernels are ordered (`SYNC_MEMOPS` on: the driver
+            // answers 1 for every kind of device memory on an H200, 0 for host memory).
+            P_SYNC_MEMOPS => out(data.cast::<u32>(), (mem_type == MEMORYTYPE_DEVICE) as u32),
+            P_MEMPOOL if pool.is_some() => out(
+                data.cast::<*mut c_void>(),
+                pool.unwrap_or(0) as usize as *mut c_void,
+            ),
             P_MEMORY_TYPE => out(data.cast::<u32>(), mem_type),
             P_DEVICE_POINTER => out(data.cast::<u64>(), ptr),
-            P_HOST_POINTER => out(
-                data.cast::<*mut c_void>(),
-                if mem_type == MEMORYTYPE_HOST {
-                    ptr as usize as *mut c_void
-                } else {
-                    std::ptr::null_mut()
-                },
-            ),
-            P_IS_MANAGED => out(
-                data.cast::<u32>(),
-                (mem_type == MEMORYTYPE_DEVICE
-                    && g.find_allocation(ptr, 1)
-                        .is_some_and(|(_, a)| a.is_managed())) as u32,
-            ),
-            P_SYNC_MEMOPS | P_IS_LEGACY_IPC | P_GDR_CAPABLE => out(data.cast::<u32>(), 0),
+            // Device memory has no host address: NVIDIA's driver refuses (H200, 580).
+            P_HOST_POINTER if mem_type == MEMORYTYPE_HOST || managed(g, ptr) => {
+                out(data.cast::<*mut c_void>(), ptr as usize as *mut c_void)
+            }
+            // ... and `cuPointerGetAttributes` answers NULL for it rather than failing.
+            P_HOST_POINTER if unknown_ok => out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
+            P_HOST_POINTER => Err(INVALID_VALUE),
+            P_IS_MANAGED => out(data.cast::<u32>(), managed(g, ptr) as u32),
+            // `cuMemAlloc` memory can be shared with `cuIpcGetMemHandle`, and NCCL relies on
+            // the answer: memory that is not legacy-IPC capable it takes for `cuMemCreate`
+            // memory and asks for its allocation handle. Pool, mapped, managed, module and host
+            // memory is not (as NVIDIA's driver answers, H200, 580).
+            P_IS_LEGACY_IPC => out(data.cast::<u32>(), plain as u32),
+            // GPUDirect RDMA needs the GPU in the application's host: never through gpufuse
+            // (an intended difference, docs/conformance.md).
+            P_GDR_CAPABLE => out(data.cast::<u32>(), 0),
+            // NVIDIA's driver 580 (H200): 1 for `cuMemAlloc` memory, 0 for every other kind.
+            P_HW_DECOMPRESS_CAPABLE => out(data.cast::<u32>(), plain as u32),
             P_MAPPED => out(data.cast::<u32>(), 1),
             P_BUFFER_ID | P_BLOCK_ID => out(data.cast::<u64>(), base),
             P_DEVICE_ORDINAL => out(data.cast::<c_int>(), device),
             P_RANGE_START | P_MAPPING_BASE => out(data.cast::<u64>(), base),
+            // `cuMemAlloc` memory is mapped in 2 MiB granules (the cuda backend maps each
+            // allocation so; the driver's own suballocations report the same on an H200).
+            P_MAPPING_SIZE if plain => out(
+                data.cast::<usize>(),
+                size.next_multiple_of(MAPPING_GRANULE) as usize,
+            ),
             P_RANGE_SIZE | P_MAPPING_SIZE => out(data.cast::<usize>(), size as usize),
             P_ALLOWED_HANDLE_TYPES => out(data.cast::<u64>(), 0),
-            P_ACCESS_FLAGS => out(data.cast::<c_int>(), 3),
+            // Memory registered read-only (`CU_MEMHOSTREGISTER_READ_ONLY`) is readable only
+            // (`CU_POINTER_ACCESS_FLAG_READ`, 1; everything else read-write, 3).
+            P_ACCESS_FLAGS => out(
+                data.cast::<c_int>(),
+                match g.find_host(ptr as usize) {
+                    Some((_, h)) if h.registered && h.flags & HOST_REGISTER_READ_ONLY != 0 => 1,
+                    _ => 3,
+                },
+            ),
             P_MEMPOOL => out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
             _ => Err(INVALID_VALUE),
         }

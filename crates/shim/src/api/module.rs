@@ -273,11 +273,11 @@ pub unsafe extern "C" fn cuFuncGetModule(pmod: *mut CUmodule, f: CUfunction) -> 
 /// Runs `op` on the function a `CUfunction` or `CUkernel` names.
 pub(crate) fn with_function<T>(
     f: *mut c_void,
-    op: impl FnOnce(&mut Function) -> Result<T, CUresult>,
+    op: impl FnOnce(&Function) -> Result<T, CUresult>,
 ) -> Result<T, CUresult> {
     let s = session()?;
-    let mut g = s.lock();
-    op(g.function_info_mut(h(f)).map_err(client_err)?)
+    let g = s.lock();
+    op(g.function_info(h(f)).map_err(client_err)?)
 }
 /// # Safety
 /// The pointer arguments are an exported call's own, valid as the CUDA API contract says.
@@ -296,14 +296,42 @@ unsafe fn get_attribute(pi: *mut c_int, attrib: c_int, f: *mut c_void) -> Result
     }
 }
 
+/// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`, `_MAX_DYNAMIC_SHARED_SIZE_BYTES`,
+/// `_PREFERRED_SHARED_MEMORY_CARVEOUT`; `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`.
+const FUNC_SHARED_SIZE: c_int = 1;
+const FUNC_MAX_DYNAMIC_SHARED: c_int = 8;
+const FUNC_CARVEOUT: c_int = 9;
+const DEVICE_SHARED_PER_BLOCK_OPTIN: c_int = 97;
+
 fn set_attribute(f: *mut c_void, attrib: c_int, value: c_int) -> Result<(), CUresult> {
-    with_function(f, |func| {
-        match func.info.attributes.iter_mut().find(|(a, _)| *a == attrib) {
-            Some(slot) => slot.1 = value,
-            None => func.info.attributes.push((attrib, value)),
-        }
-        Ok(())
-    })
+    let s = session()?;
+    let optin = s
+        .attribute(0, DEVICE_SHARED_PER_BLOCK_OPTIN)
+        .unwrap_or(c_int::MAX);
+    let mut g = s.lock();
+    let func = g.function_info_mut(h(f)).map_err(client_err)?;
+    let get = |a: c_int| {
+        func.info
+            .attributes
+            .iter()
+            .find(|(k, _)| *k == a)
+            .map_or(0, |&(_, v)| v)
+    };
+    // As NVIDIA's driver checks: dynamic shared memory up to what a block may opt into, less
+    // the function's static shared memory; a carveout is a percentage or -1 (the default).
+    let valid = match attrib {
+        FUNC_MAX_DYNAMIC_SHARED => (0..=optin - get(FUNC_SHARED_SIZE)).contains(&value),
+        FUNC_CARVEOUT => (-1..=100).contains(&value),
+        _ => true,
+    };
+    if !valid {
+        return Err(INVALID_VALUE);
+    }
+    match func.info.attributes.iter_mut().find(|(a, _)| *a == attrib) {
+        Some(slot) => slot.1 = value,
+        None => func.info.attributes.push((attrib, value)),
+    }
+    Ok(())
 }
 
 #[no_mangle]

@@ -8,7 +8,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use crate::api::launch::LaunchConfig;
 use crate::api::module::{h, with_function};
 use crate::ffi::{out, read, read_at};
-use crate::global::session;
+use crate::global::{client_err, session};
 use crate::guard::guard;
 use crate::status::{CUresult, INVALID_HANDLE, INVALID_VALUE};
 
@@ -16,42 +16,33 @@ use crate::api::module::CUfunction;
 
 const FUNC_MAX_THREADS: c_int = 0;
 const FUNC_SHARED: c_int = 1;
-const FUNC_NUM_REGS: c_int = 4;
+
+/// Blocks per multiprocessor, as the device serving the session decides
+/// (`gpufuse_client::Session::occupancy`): a real GPU's driver on the cuda backend, the model's
+/// allocation rules on the emulated GPU (`gpufuse_device::model::blocks_per_sm`).
+fn occupancy_with(
+    f: *mut c_void,
+    block: c_int,
+    dyn_smem: usize,
+    flags: c_uint,
+) -> Result<c_int, CUresult> {
+    let block = u32::try_from(block)
+        .ok()
+        .filter(|&b| b > 0)
+        .ok_or(INVALID_VALUE)?;
+    session()?
+        .occupancy(h(f), block, dyn_smem as u64, flags)
+        .map_err(client_err)
+}
 
 fn occupancy(f: *mut c_void, block: c_int, dyn_smem: usize) -> Result<c_int, CUresult> {
-    if block <= 0 {
-        return Err(INVALID_VALUE);
-    }
-    let s = session()?;
-    let (device, attrs) = {
-        let g = s.lock();
-        let func = g.function_info(h(f)).map_err(|_| INVALID_HANDLE)?;
-        (
-            g.module_device(func.module).unwrap_or(0),
-            func.info.attributes.clone(),
-        )
-    };
-    let fa = |a: c_int| attrs.iter().find(|(k, _)| *k == a).map_or(0, |&(_, v)| v);
-    let da = |a: c_int| s.attribute(device as c_int, a).unwrap_or(0);
-    let max_threads = fa(FUNC_MAX_THREADS).max(1);
-    if block > max_threads {
-        return Ok(0);
-    }
-    let by_threads = da(39) / block; // max threads per multiprocessor
-    let by_blocks = da(106); // max blocks per multiprocessor
-    let regs = fa(FUNC_NUM_REGS).max(1) * block;
-    let by_regs = da(82) / regs.max(1); // registers per multiprocessor
-    let smem = fa(FUNC_SHARED) as usize + dyn_smem;
-    let by_smem = (da(81) as usize)
-        .checked_div(smem)
-        .map_or(c_int::MAX, |n| n.min(c_int::MAX as usize) as c_int);
-    Ok(by_threads.min(by_blocks).min(by_regs).min(by_smem).max(0))
+    occupancy_with(f, block, dyn_smem, 0)
 }
 
 /// Blocks of `block` threads with `dyn_smem` bytes of dynamic shared memory that the
 /// function's device holds at once: the occupancy times the multiprocessors. A cooperative
-/// launch may have no more (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`); the worker checks the
-/// same figure again (`gpufuse_device::model::coresident_blocks`).
+/// launch may have no more (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`); the device checks the
+/// same figure again when it launches.
 pub(crate) fn coresident(f: *mut c_void, block: c_int, dyn_smem: usize) -> Result<u64, CUresult> {
     let per_sm = occupancy(f, block, dyn_smem)?;
     let s = session()?;
@@ -81,10 +72,10 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     f: CUfunction,
     block: c_int,
     smem: usize,
-    _flags: c_uint,
+    flags: c_uint,
 ) -> CUresult {
     // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
-    guard(|| unsafe { out(n, occupancy(f, block, smem)?) })
+    guard(|| unsafe { out(n, occupancy_with(f, block, smem, flags)?) })
 }
 
 pub type SmemForBlock = Option<unsafe extern "C" fn(c_int) -> usize>;
@@ -114,7 +105,8 @@ unsafe fn potential_block(
             // SAFETY: the application supplied this callback for exactly this use.
             let sm = cb.map_or(smem, |c| c(b));
             let blocks = occupancy(f, b, sm)?;
-            if blocks * b > best_threads {
+            // Ties go to the larger block, as NVIDIA's driver chooses.
+            if blocks * b >= best_threads && blocks > 0 {
                 best_threads = blocks * b;
                 best_block = b;
             }
@@ -153,19 +145,43 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
     guard(|| unsafe { potential_block(min_grid, block, f, cb, smem, limit) })
 }
 
+/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
+const FUNC_MAX_DYNAMIC_SHARED: c_int = 8;
+/// Shared memory the driver reserves for each block (`CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK`).
+const DEVICE_RESERVED_SHARED_PER_BLOCK: c_int = 111;
+const DEVICE_SHARED_PER_SM: c_int = 81;
+
 #[no_mangle]
 pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
     size: *mut usize,
     f: CUfunction,
-    _blocks: c_int,
-    _block: c_int,
+    blocks: c_int,
+    block: c_int,
 ) -> CUresult {
     // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
     guard(|| unsafe {
+        if blocks <= 0 || block <= 0 {
+            return Err(INVALID_VALUE);
+        }
+        // `blocks` blocks of `block` threads must fit one multiprocessor at all, with no shared
+        // memory (NVIDIA's driver: CUDA_ERROR_INVALID_VALUE otherwise).
+        if occupancy(f, block, 0)? < blocks {
+            return Err(INVALID_VALUE);
+        }
         let s = session()?;
-        let static_smem = function_attribute(f, FUNC_SHARED)?.unwrap_or(0);
-        let per_block = s.attribute(0, 97).unwrap_or(0); // opt-in shared memory per block
-        out(size, (per_block - static_smem).max(0) as usize)
+        let static_smem = function_attribute(f, FUNC_SHARED)?.unwrap_or(0).max(0) as usize;
+        let opt_in = function_attribute(f, FUNC_MAX_DYNAMIC_SHARED)?
+            .unwrap_or(0)
+            .max(0) as usize;
+        let per_sm = s.attribute(0, DEVICE_SHARED_PER_SM).unwrap_or(0).max(0) as usize;
+        let reserved = s
+            .attribute(0, DEVICE_RESERVED_SHARED_PER_BLOCK)
+            .unwrap_or(0)
+            .max(0) as usize;
+        // Each block's share of the multiprocessor, less what the driver reserves and the
+        // function's own, in 128-byte units; never more than the function opted into.
+        let share = (per_sm / blocks as usize).saturating_sub(reserved + static_smem) / 128 * 128;
+        out(size, share.min(opt_in))
     })
 }
 
@@ -255,8 +271,11 @@ unsafe fn max_active_clusters(
             (None, r) if r > 0 => r,
             _ => return Err(INVALID_CLUSTER_SIZE),
         };
+        // A cluster larger than the function may use fits nowhere: none are active (cuDNN
+        // probes sizes 17 and 32 on compute capability 10.0 and reads the count; an error there
+        // made it dereference NULL, issue 27).
         if cluster > limit {
-            return Err(INVALID_CLUSTER_SIZE);
+            return Ok(0);
         }
         let sms = session()?.attribute(0, 16).unwrap_or(1); // multiprocessor count
         Ok(occupancy(f, threads, smem)? * sms / cluster)

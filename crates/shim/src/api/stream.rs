@@ -27,13 +27,17 @@ pub fn stream_id(g: &Inner, stream: CUstream) -> Result<u64, CUresult> {
 unsafe fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Result<(), CUresult> {
     // SAFETY: the caller vouches for the pointer arguments (# Safety).
     unsafe {
-        if ph.is_null() {
+        // `CU_STREAM_NON_BLOCKING` is the only flag (NVIDIA's driver refuses others).
+        if ph.is_null() || flags & !STREAM_NON_BLOCKING != 0 {
             return Err(INVALID_VALUE);
         }
         let st = with_core(|g| g.create_stream(flags, priority))?;
         out(ph, st as usize as CUstream)
     }
 }
+
+const STREAM_NON_BLOCKING: c_uint = 0x1;
+const EVENT_FLAGS: c_uint = 0x7;
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUresult {
@@ -255,7 +259,9 @@ pub unsafe extern "C" fn cuStreamAddCallback(
 pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult {
     // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
     guard(|| unsafe {
-        if ph.is_null() {
+        // `CU_EVENT_BLOCKING_SYNC`, `_DISABLE_TIMING`, `_INTERPROCESS` (NVIDIA's driver
+        // refuses others).
+        if ph.is_null() || flags & !EVENT_FLAGS != 0 {
             return Err(INVALID_VALUE);
         }
         out(

@@ -8,7 +8,7 @@ use std::ffi::{c_int, c_ulonglong, c_void};
 
 use crate::api::memory::CUdeviceptr;
 use crate::ffi::{out, read, read_at};
-use crate::global::{session, with_core};
+use crate::global::{client_err, session, with_core};
 use crate::guard::guard;
 use crate::status::{CUresult, INVALID_DEVICE, INVALID_VALUE};
 
@@ -228,7 +228,7 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
     guard(|| unsafe {
         let s = session()?;
-        let g = s.lock();
+        let mut g = s.lock();
         let (base, a) = g
             .find_allocation(addr as usize as u64, 1)
             .ok_or(INVALID_VALUE)?;
@@ -236,6 +236,10 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
             .mapping_handle(base)
             .filter(|_| a.is_mapped())
             .ok_or(INVALID_VALUE)?;
+        if handle.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        g.retain_physical(h).map_err(client_err)?;
         out(handle, h)
     })
 }

@@ -68,9 +68,10 @@ extern "C" fn context_object_id(ctx: CUcontext, object: CUcontext, id: *mut u64)
 }
 
 /// The context table (`CU_ETID_ToolsContext` in public dumps of the driver). The driver's has
-/// 95 slots (a size and 94 functions); cuBLAS/cuBLASLt 12.9 call slots 4, 51 and 39, and the
+/// 93 slots (a size and 92 functions) as driver 580 answers on an H200 (a peer saw 95 from
+/// driver 595); cuBLAS/cuBLASLt 12.9 call slots 4, 51 and 39, and the
 /// 13.x runtimes ask for the table without calling a slot.
-pub static PRIVATE_21318C60: ExportTable<95> = ExportTable::sized::<{ ix::PRIVATE_21318C60 }>()
+pub static PRIVATE_21318C60: ExportTable<93> = ExportTable::sized::<{ ix::PRIVATE_21318C60 }>()
     .with(4, context_id as *const c_void)
     .with(39, context_object_id as *const c_void)
     .with(51, context_object as *const c_void);

@@ -46,7 +46,7 @@ extern "C" fn cudart_primary_context(out: *mut CUcontext, dev: c_int) -> CUresul
     unsafe { crate::api::context::cuDevicePrimaryCtxRetain(out, dev) }
 }
 
-pub static CUDART_INTERFACE: ExportTable<16> = ExportTable::sized::<{ ix::CUDART_INTERFACE }>()
+pub static CUDART_INTERFACE: ExportTable<13> = ExportTable::sized::<{ ix::CUDART_INTERFACE }>()
     .with(2, cudart_primary_context as *const c_void)
     .with(12, observed_success as *const c_void);
 
@@ -81,7 +81,7 @@ extern "C" fn hooks_small(buf: *mut *mut c_void, size: *mut usize) -> CUresult {
     }
 }
 
-pub static HOOKS: ExportTable<8> = ExportTable::sized::<{ ix::TOOLS_RUNTIME_HOOKS }>()
+pub static HOOKS: ExportTable<7> = ExportTable::sized::<{ ix::TOOLS_RUNTIME_HOOKS }>()
     .with(2, hooks_buffer as *const c_void)
     .with(6, hooks_small as *const c_void);
 
@@ -94,7 +94,7 @@ extern "C" fn tls_current_context(out: *mut CUcontext) -> CUresult {
     unsafe { crate::api::context::cuCtxGetCurrent(out) }
 }
 
-pub static TOOLS_TLS: ExportTable<4> =
+pub static TOOLS_TLS: ExportTable<3> =
     ExportTable::sized::<{ ix::TOOLS_TLS }>().with(2, tls_current_context as *const c_void);
 
 // ---- context wrapper (263e8860) ----
@@ -112,7 +112,7 @@ extern "C" fn ctx_wrapper_check(
     }
 }
 
-pub static CTX_WRAPPER: ExportTable<4> = ExportTable::sized::<{ ix::CONTEXT_WRAPPER }>()
+pub static CTX_WRAPPER: ExportTable<15> = ExportTable::sized::<{ ix::CONTEXT_WRAPPER }>()
     .with(2, ctx_wrapper_check as *const c_void)
     .with(3, observed_success as *const c_void);
 
@@ -217,5 +217,5 @@ extern "C" fn integrity_check(version: c_uint, unix_seconds: u64, out: *mut [u8;
     }
 }
 
-pub static INTEGRITY: ExportTable<4> =
+pub static INTEGRITY: ExportTable<3> =
     ExportTable::sized::<{ ix::INTEGRITY_CHECK }>().with(1, integrity_check as *const c_void);

@@ -10,11 +10,18 @@
 //! its own *fallback* function, `fallback::<TABLE, SLOT>`: a distinct address per (table,
 //! slot), so a call nobody implemented is reported once with its table, slot and first
 //! arguments (`GPUFUSE_LOG` set) and answered with the table's fallback code. Implemented slots
-//! replace their fallback with [`ExportTable::with`]. UUIDs not in the registry are refused.
+//! replace their fallback with [`ExportTable::with`].
+//!
+//! A UUID outside the registry is never answered with NULL (a library that does not check
+//! dereferences it: cuBLASLt's `1734dc26` crashed every bf16/fp16 matmul that way). It gets
+//! [`UNKNOWN_TABLE`], every slot a fallback answering `CUDA_ERROR_NOT_SUPPORTED`, and one line
+//! on stderr naming it. Only the UUIDs in [`REFUSED`] are refused, each because a test shows
+//! its library needs or tolerates the refusal.
 
 mod cublas;
 mod cudart;
 mod tools;
+mod topology;
 
 use std::ffi::c_void;
 use std::io::Write;
@@ -132,21 +139,108 @@ known_tables! {
         cublas::PRIVATE_21318C60, true, NOT_SUPPORTED;
     TOOLS_MODULE = tools::UUID_TOOLS_MODULE, "TOOLS_MODULE", tools::TOOLS_MODULE, true,
         NOT_SUPPORTED;
+    GPU_TOPOLOGY = topology::UUID_1734DC26, "GPU_TOPOLOGY_1734DC26",
+        topology::PRIVATE_1734DC26, true, NOT_SUPPORTED;
 }
 
-/// The table for an export-table UUID, or None to refuse it (the caller logs refusals).
-pub fn table_for(id: &[u8; 16]) -> Option<*const c_void> {
-    let info = TABLES.iter().find(|t| &t.uuid == id)?;
-    if verbose() {
+/// One UUID that is refused (`CUDA_ERROR_INVALID_VALUE`, `*table = NULL`), and why.
+pub struct Refusal {
+    /// The UUID, 16 bytes in memory order.
+    pub uuid: [u8; 16],
+    /// Which library asks for it.
+    pub asked_by: &'static str,
+    /// Why a refusal is the right answer, and the test that shows it.
+    pub why: &'static str,
+}
+
+/// The UUIDs gpufuse refuses; every other unknown UUID gets [`UNKNOWN_TABLE`].
+pub static REFUSED: &[Refusal] = &[
+    Refusal {
+        uuid: [
+            0xda, 0x91, 0x51, 0xd3, 0x3a, 0xe6, 0xcc, 0x41, 0xa5, 0xc0, 0x4f, 0x26, 0xd5, 0x33,
+            0xe3, 0x28,
+        ],
+        asked_by: "NVRTC 12.x and 13.x",
+        why: "NVRTC aborts when given a table it cannot use and compiles normally when \
+              refused (test_nvrtc.py, every NVRTC test)",
+    },
+    Refusal {
+        uuid: [
+            0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c,
+            0x0d, 0xd9,
+        ],
+        asked_by: "libcudart 12.x and 13.x (and the copies linked into NVIDIA's libraries)",
+        why: "the runtime goes on without it (every real-client test runs through a refusal)",
+    },
+];
+
+/// The registry index of [`UNKNOWN_TABLE`]'s fallbacks (outside [`TABLES`]).
+const UNKNOWN: usize = 31;
+
+/// The answer to a UUID nobody registered or refused: no size slot (a library that reads slot
+/// 0 as a size sees a large one and goes on to call a slot; one that calls slot 0 reaches a
+/// fallback), every slot answering `CUDA_ERROR_NOT_SUPPORTED`.
+pub static UNKNOWN_TABLE: ExportTable<MAX_SLOTS> = ExportTable::without_size::<UNKNOWN>();
+
+/// What `cuGetExportTable` answers for a UUID.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// A registered table.
+    Known(*const c_void),
+    /// A refused UUID ([`REFUSED`]).
+    Refused,
+    /// [`UNKNOWN_TABLE`].
+    Unknown(*const c_void),
+}
+
+/// The answer for an export-table UUID. Unknown UUIDs are reported on stderr once each.
+pub fn table_for(id: &[u8; 16]) -> Answer {
+    if let Some(info) = TABLES.iter().find(|t| &t.uuid == id) {
+        if verbose() {
+            let _ = writeln!(
+                std::io::stderr(),
+                "gpufuse: export table {} ({}) served",
+                info.name,
+                hex(&info.uuid)
+            );
+        }
+        return Answer::Known((info.table)());
+    }
+    if REFUSED.iter().any(|r| &r.uuid == id) {
+        if log_level() > 0 {
+            let _ = writeln!(
+                std::io::stderr(),
+                "gpufuse: refused export table {}",
+                hex(id)
+            );
+        }
+        return Answer::Refused;
+    }
+    if first_unknown(id) {
         let _ = writeln!(
             std::io::stderr(),
-            "gpufuse: export table {} ({}) served",
-            info.name,
-            hex(&info.uuid)
+            "gpufuse: unknown export table {} asked for; answered with a table whose every \
+             slot returns CUDA_ERROR_NOT_SUPPORTED (report it: docs/export-tables.md)",
+            hex(id)
         );
     }
-    Some((info.table)())
+    Answer::Unknown(UNKNOWN_TABLE.addr())
 }
+
+/// Whether `id` is reported for the first time (the unknown UUIDs seen so far, and the last
+/// one, which the unknown table's fallbacks name).
+fn first_unknown(id: &[u8; 16]) -> bool {
+    let mut seen = UNKNOWN_SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    seen.1 = *id;
+    if seen.0.contains(id) {
+        return false;
+    }
+    seen.0.push(*id);
+    true
+}
+
+static UNKNOWN_SEEN: std::sync::Mutex<(Vec<[u8; 16]>, [u8; 16])> =
+    std::sync::Mutex::new((Vec::new(), [0; 16]));
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|b| format!("{b:02x}")).collect()
@@ -197,6 +291,17 @@ extern "C" fn fallback<const T: usize, const S: usize>(
     a2: usize,
     a3: usize,
 ) -> CUresult {
+    if T == UNKNOWN {
+        if log_level() > 0 && first_call(T, S) {
+            let last = UNKNOWN_SEEN.lock().map(|s| hex(&s.1)).unwrap_or_default();
+            let _ = writeln!(
+                std::io::stderr(),
+                "gpufuse: unknown export table (last asked: {last}) slot {S} called; answered \
+                 {NOT_SUPPORTED} (first call: {a0:#x}, {a1:#x}, {a2:#x}, {a3:#x})"
+            );
+        }
+        return NOT_SUPPORTED;
+    }
     let Some(info) = TABLES.get(T) else {
         return NOT_SUPPORTED;
     };
@@ -242,7 +347,7 @@ mod tests {
 
     #[test]
     fn registry_is_consistent() {
-        assert!(TABLES.len() <= REPORTED.len());
+        assert!(TABLES.len() < UNKNOWN && UNKNOWN < REPORTED.len());
         for (i, t) in TABLES.iter().enumerate() {
             assert!(t.slots <= MAX_SLOTS, "{}", t.name);
             assert_eq!(
@@ -253,22 +358,54 @@ mod tests {
             );
             assert_eq!(
                 table_for(&t.uuid),
-                Some((t.table)()),
+                Answer::Known((t.table)()),
                 "{} (entry {i})",
+                t.name
+            );
+            assert!(
+                !REFUSED.iter().any(|r| r.uuid == t.uuid),
+                "{} refused",
                 t.name
             );
         }
     }
 
     #[test]
-    fn unknown_uuids_are_refused() {
-        // NVRTC 12.9's da9151d3: a table makes it abort (docs/cuda-driver-interception.md §4).
-        let nvrtc = [
-            0xda, 0x91, 0x51, 0xd3, 0x3a, 0xe6, 0xcc, 0x41, 0xa5, 0xc0, 0x4f, 0x26, 0xd5, 0x33,
-            0xe3, 0x28,
-        ];
-        assert_eq!(table_for(&nvrtc), None);
-        assert_eq!(table_for(&[0; 16]), None);
+    fn only_the_listed_uuids_are_refused_and_no_answer_is_null() {
+        // NVRTC's da9151d3: a table makes it abort (docs/export-tables.md).
+        for r in REFUSED {
+            assert_eq!(table_for(&r.uuid), Answer::Refused, "{}", r.asked_by);
+        }
+        // Anything else gets the unknown table: never NULL, every slot a fallback.
+        let Answer::Unknown(t) = table_for(&[0x5a; 16]) else {
+            panic!("an unknown UUID must get the unknown table");
+        };
+        assert!(!t.is_null());
+        for i in 0..MAX_SLOTS {
+            assert_ne!(UNKNOWN_TABLE.slot(i), Some(std::ptr::null()), "slot {i}");
+        }
+        // SAFETY: slot 5 of the unknown table is `fallback::<UNKNOWN, 5>`.
+        let f: extern "C" fn(usize, usize, usize, usize) -> CUresult =
+            unsafe { std::mem::transmute(UNKNOWN_TABLE.slot(5).unwrap()) };
+        assert_eq!(f(0, 0, 0, 0), NOT_SUPPORTED);
+    }
+
+    #[test]
+    fn cublaslt_topology_table_answers_not_supported_and_clears_its_outputs() {
+        // cuBLASLt calls slot 4 through the table pointer without a NULL check (issue 27), and
+        // takes its own path on an error.
+        let Answer::Known(t) = table_for(&topology::UUID_1734DC26) else {
+            panic!("1734dc26 must be served");
+        };
+        let t = t as *const usize;
+        // SAFETY: a registered table of 17 slots; slot 4 is `tpc_layout`.
+        let slot4: extern "C" fn(*mut *mut c_void, *mut u64) -> CUresult =
+            unsafe { std::mem::transmute(t.add(4).read()) };
+        let mut data = 8usize as *mut c_void;
+        let mut handle = 9u64;
+        assert_eq!(slot4(&mut data, &mut handle), NOT_SUPPORTED);
+        assert!(data.is_null());
+        assert_eq!(handle, 0);
     }
 
     #[test]
