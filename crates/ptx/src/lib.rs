@@ -261,6 +261,57 @@ pub struct Module {
     entries: std::collections::HashMap<String, (usize, usize)>,
 }
 
+/// The module-scope `.shared` variables kernel `k` uses, in bytes: those named by its
+/// instructions or by the device functions it reaches (calls, or functions whose address it
+/// takes), as ptxas allocates them per kernel. A module of many kernels (NCCL's) declares more
+/// shared memory in all than any one kernel has: counting every variable for every kernel made
+/// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES` larger than the GPU's.
+fn module_shared_used(p: &parse::Parsed, k: &parse::Function) -> u64 {
+    fn names(ops: &[inst::Operand], out: &mut Vec<String>) {
+        for o in ops {
+            match o {
+                inst::Operand::Sym(n)
+                | inst::Operand::Addr {
+                    base: inst::Base::Sym(n),
+                    ..
+                } => out.push(n.clone()),
+                inst::Operand::Vector(v) => names(v, out),
+                _ => {}
+            }
+        }
+    }
+    let shared: std::collections::HashMap<&str, u64> = p
+        .globals
+        .iter()
+        .filter(|g| g.space == "shared")
+        .map(|g| (g.name.as_str(), round_up(g.size, g.align)))
+        .collect();
+    if shared.is_empty() {
+        return 0;
+    }
+    let funcs: std::collections::HashMap<&str, &parse::Function> =
+        p.functions.iter().map(|f| (f.name.as_str(), f)).collect();
+    let mut seen_funcs = std::collections::HashSet::from([k.name.as_str()]);
+    let mut used = std::collections::HashSet::new();
+    let mut todo = vec![k];
+    while let Some(f) = todo.pop() {
+        let mut syms = Vec::new();
+        for i in &f.insts {
+            names(&i.args, &mut syms);
+        }
+        for n in syms {
+            if let Some((&name, _)) = shared.get_key_value(n.as_str()) {
+                used.insert(name);
+            } else if let Some(&g) = funcs.get(n.as_str()) {
+                if seen_funcs.insert(g.name.as_str()) {
+                    todo.push(g);
+                }
+            }
+        }
+    }
+    used.iter().map(|n| shared[n]).sum()
+}
+
 fn round_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a.max(1)) * a.max(1)
 }
@@ -312,12 +363,6 @@ impl Module {
     }
 
     fn from_parsed(p: parse::Parsed) -> Result<Module, PtxError> {
-        let module_shared: u64 = p
-            .globals
-            .iter()
-            .filter(|g| g.space == "shared")
-            .map(|g| round_up(g.size, g.align))
-            .sum();
         let kernels: Vec<KernelInfo> = p
             .functions
             .iter()
@@ -332,7 +377,7 @@ impl Module {
                     .filter(|v| v.space == "shared" && v.size > 0)
                     .map(|v| round_up(v.size, v.align))
                     .sum::<u64>()
-                    + module_shared) as u32,
+                    + module_shared_used(&p, f)) as u32,
                 max_threads: f.max_threads,
                 req_threads: f.req_threads,
             })

@@ -252,7 +252,9 @@ fn every_directive_is_understood_or_deliberately_ignored() {
     let offs: Vec<_> = k.params.iter().map(|p| (p.offset, p.size)).collect();
     assert_eq!(offs, [(0, 8), (8, 16), (24, 8)]);
     assert_eq!(k.max_threads, Some(64));
-    assert_eq!(k.static_shared_bytes, 128 + 16);
+    // Its own 128 bytes: the module's `modshared` is not named by `k` or what it calls, and
+    // ptxas gives a kernel only the module-scope shared variables it uses.
+    assert_eq!(k.static_shared_bytes, 128);
     assert_eq!(m.kernel("rq").unwrap().req_threads, Some([32, 2, 1]));
 
     // The body runs: nothing between `.loc` lines, labels, tables and scopes was lost.
@@ -434,4 +436,43 @@ fn map_f64_to_f32_without_doubles_loads() {
         add.u32 %r2, %r1, 1;\nret;\n}\n";
     let m = Module::parse(ptx).expect("accepted");
     assert_eq!(m.unsupported().count(), 0);
+}
+
+/// A kernel's static shared memory counts the module-scope `.shared` variables it names, itself
+/// or through the device functions it calls, and no others: NCCL's modules hold many kernels
+/// whose shared variables together exceed a GPU's, and counting all of them for each made
+/// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES` too large for NCCL to start (issue 27).
+#[test]
+fn static_shared_memory_counts_the_module_variables_a_kernel_uses() {
+    let src = "\
+.version 8.0
+.target sm_80
+.address_size 64
+.shared .align 16 .b8 big[40000];
+.shared .align 4 .b32 small[8];
+.func helper() {
+  .reg .b32 %r<2>;
+  mov.u32 %r0, small;
+  st.shared.u32 [%r0], %r0;
+  ret;
+}
+.visible .entry uses_big() {
+  .reg .b32 %r<2>;
+  mov.u32 %r0, big;
+  st.shared.u32 [%r0], %r0;
+  ret;
+}
+.visible .entry uses_small_through_a_call() {
+  call helper, ();
+  ret;
+}
+.visible .entry uses_none() {
+  ret;
+}
+";
+    let m = gpufuse_ptx::Module::parse(src).unwrap();
+    let shared = |k: &str| m.kernel(k).unwrap().static_shared_bytes;
+    assert_eq!(shared("uses_big"), 40000);
+    assert_eq!(shared("uses_small_through_a_call"), 32);
+    assert_eq!(shared("uses_none"), 0);
 }
