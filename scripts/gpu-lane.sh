@@ -86,11 +86,12 @@ step torch-mixed-gpufuse 400 "$gpufuse" run --server "$U" -- "$py" tests/gpu-lan
 grep -E "ratio" "$out/torch-mixed-gpufuse.log" | sed 's/^/    /' | tee -a "$out/summary.txt"
 
 say "== NVIDIA's libraries through PyTorch: every precision of cuBLASLt, cuDNN, SDPA, NCCL, cuFFT, compile (the emulated tier's program) =="
-step torch-libraries-native 300 "$py" tests/real-clients/python/torch_libraries.py all
-step torch-libraries-gpufuse 400 "$gpufuse" run --server "$U" -- "$py" tests/real-clients/python/torch_libraries.py all
+step torch-libraries-native 300 "$py" tests/real-clients/python/torch_libraries.py all --strict
+step torch-libraries-gpufuse 400 "$gpufuse" run --server "$U" -- "$py" tests/real-clients/python/torch_libraries.py all --strict
 
 say "== conformance probe: natively and through gpufuse, diffed (docs/conformance.md) =="
-step conformance 180 env GPUFUSE_BIN="$bin" OUT="$out/conformance" bash scripts/conformance-lane.sh
+step conformance 180 env GPUFUSE_BIN="$bin" OUT="$out/conformance" \
+  GPUFUSE_CONFORMANCE_DEVICES="${GPUFUSE_LANE_DEVICES:-cuda}" bash scripts/conformance-lane.sh
 
 say "== compute shares: two tenants, 2 ms matrix products, 15 s =="
 shares() { # $1 label, $2/$3 = run prefixes

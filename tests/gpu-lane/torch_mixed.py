@@ -264,8 +264,10 @@ def run_one(name, timeout):
         return {"check": name, "ok": False, "error": f"killed by signal {-p.returncode}",
                 "stderr": p.stderr[-600:]}
     if line is None:
-        last = [l for l in p.stderr.strip().splitlines() if l.strip()][-1:] or ["no output"]
-        return {"check": name, "ok": False, "error": f"exit {p.returncode}: {last[0][-300:]}",
+        lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+        # The exception's own line, not the advice printed after it.
+        why = [l for l in lines if "Error" in l][-1:] or lines[-1:] or ["no output"]
+        return {"check": name, "ok": False, "error": f"exit {p.returncode}: {why[0][-300:]}",
                 "stderr": p.stderr[-1500:]}
     return line
 

@@ -2,14 +2,15 @@
 precision, cuDNN convolutions forward and backward, scaled-dot-product attention, a one-rank NCCL
 communicator, cuFFT plans and torch.compile.
 
-    python torch_libraries.py CHECK|all
+    python torch_libraries.py CHECK|all [--strict]
 
 Inputs are made on the host and copied, so the only kernels are the library's own. Prints
 `PASS CHECK ...` when the operation computes the right result (a GPU), or
 `CLEAN_ERROR CHECK <type>: <first line>` when it raises an error the application can handle (the
 emulated GPU, whose kernels run from PTX, gets "no kernel image" for a library's SASS-only
 kernels, as a GPU of another architecture does). Exit status 0 in both cases; a result that is
-wrong is exit 1; a crash is whatever the signal makes it, which the test reports.
+wrong is exit 1; a crash is whatever the signal makes it, which the test reports. `--strict`
+(the GPU lane, where every operation must compute): an error is exit 1 too.
 """
 import copy
 import os
@@ -121,6 +122,9 @@ CHECKS = {
 }
 
 
+STRICT = "--strict" in sys.argv
+
+
 def run(name):
     try:
         ok, detail = CHECKS[name]()
@@ -129,7 +133,7 @@ def run(name):
         # One line: the error and its cause (torch.compile wraps the CUDA error it met).
         text = " | ".join(l.strip() for l in str(e).splitlines() if l.strip())[:600]
         print(f"CLEAN_ERROR {name} {type(e).__name__}: {text}", flush=True)
-        return 0
+        return 1 if STRICT else 0
     if ok == "skip":
         print(f"SKIP {name} {detail}", flush=True)
         return 0
