@@ -83,6 +83,9 @@ def sdpa():
 def nccl():
     import torch.distributed as dist
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    # One rank needs no network: loopback, which NCCL leaves out unless named, so a machine
+    # without another interface runs it too.
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     try:
