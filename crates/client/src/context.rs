@@ -112,7 +112,7 @@ impl Session {
             .attributes
             .iter()
             .find(|(a, _)| *a == FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES)
-            .map_or(0, |&(_, v)| u32::try_from(v).unwrap_or(0));
+            .map_or(u32::MAX, |&(_, v)| u32::try_from(v).unwrap_or(0));
         let key = (function, block, dyn_smem, max_dyn_smem, flags);
         if let Some(&n) = g.occupancy.get(&key) {
             return Ok(n);

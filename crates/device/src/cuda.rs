@@ -419,10 +419,11 @@ impl Device for CudaDevice {
         let f = self.function_handle(module, function)?;
         // The application's opt-in lives on its (client-side) function: the worker's copy gets
         // it before the driver is asked, as before a launch.
-        let max = i32::try_from(q.max_dyn_smem).map_err(|_| INVALID_VALUE)?;
-        self.driver
-            .set_function_attribute(f, MAX_DYNAMIC_SHARED_SIZE_BYTES, max)
-            .map_err(|e| self.fail(e))?;
+        if let Ok(max) = i32::try_from(q.max_dyn_smem) {
+            self.driver
+                .set_function_attribute(f, MAX_DYNAMIC_SHARED_SIZE_BYTES, max)
+                .map_err(|e| self.fail(e))?;
+        }
         let block = i32::try_from(q.block).map_err(|_| INVALID_VALUE)?;
         let smem = usize::try_from(q.dyn_smem).map_err(|_| INVALID_VALUE)?;
         self.driver

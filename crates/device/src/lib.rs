@@ -245,7 +245,8 @@ pub trait Device: Send {
 
 /// An occupancy question: blocks of `block` threads with `dyn_smem` bytes of dynamic shared
 /// memory, for a function that may use at most `max_dyn_smem` bytes of it (its
-/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`), with the driver's `flags`.
+/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`; `u32::MAX`: not known, no limit), with
+/// the driver's `flags`.
 #[derive(Clone, Copy, Debug)]
 pub struct Occupancy {
     pub block: u32,

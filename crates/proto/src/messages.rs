@@ -808,8 +808,8 @@ pub enum Request<'a> {
     /// multiprocessor holds at once, as the device serving the session decides (a real GPU's
     /// driver answers on the cuda backend). `max_dyn_smem` is the function's
     /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` as the application set it (more
-    /// dynamic shared memory than that fits no block). `CUDA_ERROR_INVALID_HANDLE` for an
-    /// unknown function.
+    /// dynamic shared memory than that fits no block; `u32::MAX` when the client knows none).
+    /// `CUDA_ERROR_INVALID_HANDLE` for an unknown function.
     Occupancy {
         function: FunctionHandle,
         block: u32,
