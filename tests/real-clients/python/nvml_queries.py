@@ -47,6 +47,15 @@ try:
 except pynvml.NVMLError_NotFound:
     pass
 print(f"bus_id={bus_id}")
+# NCCL asks the peer-to-peer status of every pair of devices, each with itself too, and stops
+# at the first error: a device with itself is OK.
+# (Called through ctypes, as NCCL calls it: nvidia-ml-py's wrapper cannot pass the index.)
+for index in (0, 1):  # NVML_P2P_CAPS_INDEX_READ, _WRITE
+    status = ctypes.c_uint(99)
+    ret = lib.nvmlDeviceGetP2PStatus(h, h, ctypes.c_uint(index), ctypes.byref(status))
+    if ret != 0 or status.value != 0:  # NVML_SUCCESS, NVML_P2P_STATUS_OK
+        fail(f"P2P status of device 0 with itself (index {index}): {ret}, {status.value}")
+print("p2p_self=ok")
 
 queries = {
     "power": lambda: pynvml.nvmlDeviceGetPowerUsage(h),
