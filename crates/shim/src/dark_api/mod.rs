@@ -20,6 +20,7 @@
 
 mod cublas;
 mod cudart;
+mod driver_only;
 mod tools;
 mod topology;
 
@@ -141,6 +142,10 @@ known_tables! {
         NOT_SUPPORTED;
     GPU_TOPOLOGY = topology::UUID_1734DC26, "GPU_TOPOLOGY_1734DC26",
         topology::PRIVATE_1734DC26, true, NOT_SUPPORTED;
+    CTX_CREATE_BYPASS = driver_only::UUID_CTX_CREATE_BYPASS, "CTX_CREATE_BYPASS",
+        driver_only::CTX_CREATE_BYPASS, true, NOT_SUPPORTED;
+    DEVICE_EXTENDED_RT = driver_only::UUID_DEVICE_EXTENDED_RT, "DEVICE_EXTENDED_RT",
+        driver_only::DEVICE_EXTENDED_RT, true, NOT_SUPPORTED;
 }
 
 /// One UUID that is refused (`CUDA_ERROR_INVALID_VALUE`, `*table = NULL`), and why.
