@@ -6,23 +6,14 @@ Usage: python torch_checks.py OUT.json [--compare NATIVE.json]
 """
 import json
 import sys
-import time
 
 import torch
+
+from lane_timing import timed
 
 torch.manual_seed(0)
 dev = torch.device("cuda")
 results = {}
-
-
-def timed(fn, reps=10):
-    fn()  # warm up (compilation, caches)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(reps):
-        out = fn()
-    torch.cuda.synchronize()
-    return out, (time.perf_counter() - t) * 1000 / reps
 
 
 def record(name, gpu, ref, ms, tol):

@@ -12,19 +12,11 @@ gpufuse / native time ratios with --compare. Exit status 1 if any check failed.
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
-import time
 
-
-def timed(torch, fn, reps=10):
-    fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(reps):
-        out = fn()
-    torch.cuda.synchronize()
-    return out, (time.perf_counter() - t) * 1000 / reps
+from lane_timing import timed
 
 
 def emit(name, ok, ms, **facts):
@@ -43,7 +35,7 @@ def matmul(dtype_name):
     a = torch.randn(256, 256)
     b = torch.randn(256, 256)
     ad, bd = a.to("cuda", dtype), b.to("cuda", dtype)
-    out, ms = timed(torch, lambda: ad @ bd)
+    out, ms = timed(lambda: ad @ bd)
     ref = a.to(dtype).float() @ b.to(dtype).float()
     err = rel_err(torch, out, ref)
     emit(f"{dtype_name}_matmul", err < 2e-2, ms, rel_err=err, dtype=str(out.dtype))
@@ -113,7 +105,7 @@ def autocast_gpt_bf16():
         return loss
 
     losses = [step().item() for _ in range(30)]
-    _, ms = timed(torch, step, reps=5)
+    _, ms = timed(step, reps=5)
     emit("autocast_gpt_bf16_train", losses[-1] < 0.5 * losses[0], ms,
          first_loss=round(losses[0], 3), last_loss=round(losses[-1], 3))
 
@@ -151,7 +143,7 @@ def amp_resnet_fp16():
         return loss
 
     losses = [step().item() for _ in range(25)]
-    _, ms = timed(torch, step, reps=5)
+    _, ms = timed(step, reps=5)
     emit("amp_resnet_fp16_train", losses[-1] < losses[0], ms,
          first_loss=round(losses[0], 3), last_loss=round(losses[-1], 3))
 
@@ -165,7 +157,7 @@ def bf16_inference():
     with torch.no_grad():
         ref = model(idx)
         m = model.cuda().to(torch.bfloat16)
-        out, ms = timed(torch, lambda: m(idx.cuda()), reps=20)
+        out, ms = timed(lambda: m(idx.cuda()), reps=20)
     err = rel_err(torch, out, ref)
     emit("bf16_inference_batch1", err < 0.1, ms, rel_err=err)
 
@@ -177,7 +169,7 @@ def sdpa_bf16():
     q, k, v = (torch.randn(4, 8, 256, 64) for _ in range(3))
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     qd, kd, vd = (t.to("cuda", torch.bfloat16) for t in (q, k, v))
-    out, ms = timed(torch, lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True))
+    out, ms = timed(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True))
     err = rel_err(torch, out, ref)
     emit("sdpa_bf16", err < 5e-2, ms, rel_err=err)
 
@@ -192,7 +184,7 @@ def compile_bf16():
         m = mlp.cuda().to(torch.bfloat16)
         f = torch.compile(m)
         xd = x.to("cuda", torch.bfloat16)
-        out, ms = timed(torch, lambda: f(xd))
+        out, ms = timed(lambda: f(xd))
     err = rel_err(torch, out, ref)
     emit("compile_bf16", err < 5e-2, ms, rel_err=err)
 
@@ -211,7 +203,7 @@ def cudnn_conv_bf16():
         y.float().square().mean().backward()
         return y
 
-    out, ms = timed(torch, fwd_bwd)
+    out, ms = timed(fwd_bwd)
     err = rel_err(torch, out, ref)
     ok = err < 5e-2 and xd.grad is not None and torch.isfinite(xd.grad).all().item()
     emit("cudnn_conv_bf16_fwd_bwd", ok, ms, rel_err=err)
@@ -234,7 +226,7 @@ def cuda_graph_bf16():
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             static_out = m(static_in)
-        out, ms = timed(torch, lambda: (g.replay(), static_out)[1], reps=20)
+        out, ms = timed(lambda: (g.replay(), static_out)[1], reps=20)
     err = rel_err(torch, out, ref)
     emit("cuda_graph_bf16", err < 0.1, ms, rel_err=err)
 
@@ -266,7 +258,8 @@ def run_one(name, timeout):
     if line is None:
         lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
         # The exception's own line, not the advice printed after it.
-        why = [l for l in lines if "Error" in l][-1:] or lines[-1:] or ["no output"]
+        raised = re.compile(r"[\w.]*(Error|Exception)\b.*:")
+        why = [l for l in lines if raised.match(l.strip())][-1:] or lines[-1:] or ["no output"]
         return {"check": name, "ok": False, "error": f"exit {p.returncode}: {why[0][-300:]}",
                 "stderr": p.stderr[-1500:]}
     return line

@@ -31,6 +31,14 @@ const FIRST_QUERY_ONLY_LIMIT: i32 = 7;
 const LIMIT_CIG_SHMEM_FALLBACK: i32 = 9;
 const LIMIT_MAX: i32 = 11;
 
+/// The number a device answered (`ReplyBody::Count`: occupancy, limits).
+fn count(body: gpufuse_proto::ReplyBody) -> Result<u64, ClientError> {
+    match body {
+        gpufuse_proto::ReplyBody::Count(n) => Ok(n),
+        _ => Err(ClientError::UnexpectedReply),
+    }
+}
+
 impl Session {
     /// `cuCtxGetLimit`: what the application set, else the device's own value (asked of the
     /// device serving the session once, so a real GPU's driver decides it).
@@ -47,10 +55,7 @@ impl Session {
             device,
             limit: limit as u32,
         };
-        let v = match g.conn.call(&req)? {
-            gpufuse_proto::ReplyBody::Count(v) => usize::try_from(v).unwrap_or(usize::MAX),
-            _ => return Err(ClientError::UnexpectedReply),
-        };
+        let v = usize::try_from(count(g.conn.call(&req)?)?).unwrap_or(usize::MAX);
         g.limits.insert((device, limit), v);
         Ok(v)
     }
@@ -107,12 +112,11 @@ impl Session {
             .resolve_function(f)
             .ok_or(ClientError::Cuda(INVALID_HANDLE))?;
         let max_dyn_smem = g
-            .function_info(f)?
-            .info
-            .attributes
-            .iter()
-            .find(|(a, _)| *a == FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES)
-            .map_or(u32::MAX, |&(_, v)| u32::try_from(v).unwrap_or(0));
+            .functions
+            .get(&function)
+            .ok_or(ClientError::Cuda(INVALID_HANDLE))?
+            .attribute(FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+            .map_or(u32::MAX, |v| u32::try_from(v).unwrap_or(0));
         let key = (function, block, dyn_smem, max_dyn_smem, flags);
         if let Some(&n) = g.occupancy.get(&key) {
             return Ok(n);
@@ -124,10 +128,7 @@ impl Session {
             max_dyn_smem,
             flags,
         };
-        let n = match g.conn.call(&req)? {
-            gpufuse_proto::ReplyBody::Count(n) => i32::try_from(n).unwrap_or(i32::MAX),
-            _ => return Err(ClientError::UnexpectedReply),
-        };
+        let n = i32::try_from(count(g.conn.call(&req)?)?).unwrap_or(i32::MAX);
         g.occupancy.insert(key, n);
         Ok(n)
     }

@@ -213,13 +213,7 @@ impl Inner {
         let f = self.functions.get(&function).ok_or(INVALID_HANDLE)?;
         let device = self.module_device(f.module).unwrap_or(0) as i32;
         let dev = |a: i32| device_attribute(device, a).map_or(u32::MAX, |v| v.max(0) as u32);
-        let func = |a: i32| {
-            f.info
-                .attributes
-                .iter()
-                .find(|(k, _)| *k == a)
-                .map(|&(_, v)| v.max(0) as u32)
-        };
+        let func = |a: i32| f.attribute(a).map(|v| v.max(0) as u32);
         Ok(LaunchLimits {
             threads: dev(1).min(func(FUNC_MAX_THREADS).unwrap_or(u32::MAX)),
             block: [dev(2), dev(3), dev(4)],

@@ -160,6 +160,26 @@ pub struct Function {
     pub info: FunctionInfo,
 }
 
+impl Function {
+    /// One of its attributes (`CUfunction_attribute`), if the device gave it or the
+    /// application set it.
+    pub fn attribute(&self, attr: i32) -> Option<i32> {
+        self.info
+            .attributes
+            .iter()
+            .find(|(a, _)| *a == attr)
+            .map(|&(_, v)| v)
+    }
+
+    /// Sets attribute `attr` to `value` (`cuFuncSetAttribute`).
+    pub fn set_attribute(&mut self, attr: i32, value: i32) {
+        match self.info.attributes.iter_mut().find(|(a, _)| *a == attr) {
+            Some(slot) => slot.1 = value,
+            None => self.info.attributes.push((attr, value)),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Library {
     /// The library's module, or the status loading it gave. A library whose code the device

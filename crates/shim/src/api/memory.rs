@@ -551,10 +551,16 @@ unsafe fn write_attribute(
             }
             PointerKind::Unknown => return Err(INVALID_VALUE),
         };
-        let kind = g.find_allocation(ptr, 1).map(|(_, a)| a.kind);
-        let plain = mem_type == MEMORYTYPE_DEVICE && kind == Some(MemoryKind::Device);
-        let pool = match kind {
-            Some(MemoryKind::Pooled { pool }) if mem_type == MEMORYTYPE_DEVICE => Some(pool),
+        // The device allocation behind a device pointer, looked up once for every attribute
+        // that depends on its kind.
+        let alloc = g
+            .find_allocation(ptr, 1)
+            .map(|(_, a)| a)
+            .filter(|_| mem_type == MEMORYTYPE_DEVICE);
+        let plain = alloc.is_some_and(|a| a.kind == MemoryKind::Device);
+        let is_managed = alloc.is_some_and(|a| a.is_managed());
+        let pool = match alloc.map(|a| a.kind) {
+            Some(MemoryKind::Pooled { pool }) => Some(pool),
             _ => None,
         };
         match attr {
@@ -575,13 +581,13 @@ unsafe fn write_attribute(
             P_MEMORY_TYPE => out(data.cast::<u32>(), mem_type),
             P_DEVICE_POINTER => out(data.cast::<u64>(), ptr),
             // Device memory has no host address: NVIDIA's driver refuses (H200, 580).
-            P_HOST_POINTER if mem_type == MEMORYTYPE_HOST || managed(g, ptr) => {
+            P_HOST_POINTER if mem_type == MEMORYTYPE_HOST || is_managed => {
                 out(data.cast::<*mut c_void>(), ptr as usize as *mut c_void)
             }
             // ... and `cuPointerGetAttributes` answers NULL for it rather than failing.
             P_HOST_POINTER if unknown_ok => out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
             P_HOST_POINTER => Err(INVALID_VALUE),
-            P_IS_MANAGED => out(data.cast::<u32>(), managed(g, ptr) as u32),
+            P_IS_MANAGED => out(data.cast::<u32>(), is_managed as u32),
             // `cuMemAlloc` memory can be shared with `cuIpcGetMemHandle`, and NCCL relies on
             // the answer: memory that is not legacy-IPC capable it takes for `cuMemCreate`
             // memory and asks for its allocation handle. Pool, mapped, managed, module and host

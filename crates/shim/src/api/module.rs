@@ -284,14 +284,7 @@ pub(crate) fn with_function<T>(
 unsafe fn get_attribute(pi: *mut c_int, attrib: c_int, f: *mut c_void) -> Result<(), CUresult> {
     // SAFETY: the caller vouches for the pointer arguments (# Safety).
     unsafe {
-        let v = with_function(f, |func| {
-            func.info
-                .attributes
-                .iter()
-                .find(|(a, _)| *a == attrib)
-                .map(|&(_, v)| v)
-                .ok_or(INVALID_VALUE)
-        })?;
+        let v = with_function(f, |func| func.attribute(attrib).ok_or(INVALID_VALUE))?;
         out(pi, v)
     }
 }
@@ -305,32 +298,27 @@ const DEVICE_SHARED_PER_BLOCK_OPTIN: c_int = 97;
 
 fn set_attribute(f: *mut c_void, attrib: c_int, value: c_int) -> Result<(), CUresult> {
     let s = session()?;
-    let optin = s
-        .attribute(0, DEVICE_SHARED_PER_BLOCK_OPTIN)
-        .unwrap_or(c_int::MAX);
     let mut g = s.lock();
+    let module = g.function_info(h(f)).map_err(client_err)?.module;
+    let device = g.module_device(module).unwrap_or(0) as c_int;
+    let optin = s
+        .attribute(device, DEVICE_SHARED_PER_BLOCK_OPTIN)
+        .unwrap_or(c_int::MAX);
     let func = g.function_info_mut(h(f)).map_err(client_err)?;
-    let get = |a: c_int| {
-        func.info
-            .attributes
-            .iter()
-            .find(|(k, _)| *k == a)
-            .map_or(0, |&(_, v)| v)
-    };
-    // As NVIDIA's driver checks: dynamic shared memory up to what a block may opt into, less
-    // the function's static shared memory; a carveout is a percentage or -1 (the default).
+    // As NVIDIA's driver checks: dynamic shared memory up to what a block of the function's
+    // device may opt into, less the function's static shared memory; a carveout is a
+    // percentage or -1 (the default).
     let valid = match attrib {
-        FUNC_MAX_DYNAMIC_SHARED => (0..=optin - get(FUNC_SHARED_SIZE)).contains(&value),
+        FUNC_MAX_DYNAMIC_SHARED => {
+            (0..=optin - func.attribute(FUNC_SHARED_SIZE).unwrap_or(0)).contains(&value)
+        }
         FUNC_CARVEOUT => (-1..=100).contains(&value),
         _ => true,
     };
     if !valid {
         return Err(INVALID_VALUE);
     }
-    match func.info.attributes.iter_mut().find(|(a, _)| *a == attrib) {
-        Some(slot) => slot.1 = value,
-        None => func.info.attributes.push((attrib, value)),
-    }
+    func.set_attribute(attrib, value);
     Ok(())
 }
 

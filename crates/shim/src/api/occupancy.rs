@@ -235,14 +235,7 @@ unsafe fn cluster_config(
 
 /// One of the function's attributes (`CUfunction_attribute`), if the server gave it.
 fn function_attribute(f: CUfunction, attr: c_int) -> Result<Option<c_int>, CUresult> {
-    with_function(f, |func| {
-        Ok(func
-            .info
-            .attributes
-            .iter()
-            .find(|(a, _)| *a == attr)
-            .map(|&(_, v)| v))
-    })
+    with_function(f, |func| Ok(func.attribute(attr)))
 }
 
 /// The function's compiled-in cluster size (0 when it has none) and its largest allowed one.
