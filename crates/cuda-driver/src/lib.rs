@@ -41,6 +41,8 @@ handles! {
     Stream;
     /// An event.
     Event;
+    /// An executable graph (`cuGraphInstantiate`'s).
+    GraphExec;
 }
 
 /// Host memory copies reach through a raw pointer: memory another process may write at the same
@@ -684,7 +686,139 @@ impl Driver {
             (self.fns.cuEventDestroy_v2)(e.0)
         })
     }
+
+    /// Whether `e` has completed (`cuEventQuery`): `Ok(false)` while work before it runs.
+    pub fn event_query(&self, e: Event) -> Result<bool, DriverError> {
+        // SAFETY: valid event.
+        match unsafe { (self.fns.cuEventQuery)(e.0) } {
+            NOT_READY => Ok(false),
+            r => self.check("cuEventQuery", r).map(|()| true),
+        }
+    }
+
+    /// Whether all work on `s` has completed (`cuStreamQuery`).
+    pub fn stream_query(&self, s: Stream) -> Result<bool, DriverError> {
+        // SAFETY: a valid stream or NULL.
+        match unsafe { (self.fns.cuStreamQuery)(s.0) } {
+            NOT_READY => Ok(false),
+            r => self.check("cuStreamQuery", r).map(|()| true),
+        }
+    }
+
+    /// Later work on `s` waits for `e` (`cuStreamWaitEvent`).
+    pub fn stream_wait_event(&self, s: Stream, e: Event) -> Result<(), DriverError> {
+        // SAFETY: valid stream (or NULL) and event.
+        self.check("cuStreamWaitEvent", unsafe {
+            (self.fns.cuStreamWaitEvent)(s.0, e.0, 0)
+        })
+    }
+
+    /// The context's stream priorities: (least, greatest); greater priority is a lower number.
+    pub fn stream_priority_range(&self) -> Result<(i32, i32), DriverError> {
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: valid out-pointers.
+        self.check("cuCtxGetStreamPriorityRange", unsafe {
+            (self.fns.cuCtxGetStreamPriorityRange)(&mut least, &mut greatest)
+        })?;
+        Ok((least, greatest))
+    }
+
+    /// A host-to-device copy enqueued on `s`. From pageable memory the driver has read `src`
+    /// when this returns; from page-locked memory (a registered [`HostSpan`]) the copy is DMA
+    /// that runs later, and `src` must stay as it is until the stream has passed it.
+    pub fn htod_async(&self, dst: u64, src: HostSpan, s: Stream) -> Result<(), DriverError> {
+        // SAFETY: `HostSpan::new`'s contract makes the span readable for as long as the copy
+        // runs (the caller keeps it until the stream passed it); `dst` was validated.
+        self.check("cuMemcpyHtoDAsync_v2", unsafe {
+            (self.fns.cuMemcpyHtoDAsync_v2)(dst, src.ptr.cast(), src.len, s.0)
+        })
+    }
+
+    /// A device-to-host copy enqueued on `s` (as [`Driver::htod_async`]: into pageable memory
+    /// it has completed when this returns).
+    pub fn dtoh_async(&self, dst: HostSpan, src: u64, s: Stream) -> Result<(), DriverError> {
+        // SAFETY: as `htod_async`, for writing.
+        self.check("cuMemcpyDtoHAsync_v2", unsafe {
+            (self.fns.cuMemcpyDtoHAsync_v2)(dst.ptr.cast(), src, dst.len, s.0)
+        })
+    }
+
+    pub fn dtod_async(&self, dst: u64, src: u64, len: usize, s: Stream) -> Result<(), DriverError> {
+        // SAFETY: both ranges were validated by the caller.
+        self.check("cuMemcpyDtoDAsync_v2", unsafe {
+            (self.fns.cuMemcpyDtoDAsync_v2)(dst, src, len, s.0)
+        })
+    }
+
+    /// `count` elements of `elem_size` (1, 2 or 4) bytes set to `value`, enqueued on `s`.
+    pub fn memset_async(
+        &self,
+        dst: u64,
+        value: u32,
+        elem_size: u8,
+        count: usize,
+        s: Stream,
+    ) -> Result<(), DriverError> {
+        // SAFETY: the range was validated by the caller.
+        unsafe {
+            match elem_size {
+                1 => self.check(
+                    "cuMemsetD8Async",
+                    (self.fns.cuMemsetD8Async)(dst, value as u8, count, s.0),
+                ),
+                2 => self.check(
+                    "cuMemsetD16Async",
+                    (self.fns.cuMemsetD16Async)(dst, value as u16, count, s.0),
+                ),
+                _ => self.check(
+                    "cuMemsetD32Async",
+                    (self.fns.cuMemsetD32Async)(dst, value, count, s.0),
+                ),
+            }
+        }
+    }
+
+    /// Starts recording `s`'s work into a graph instead of running it (thread-local mode:
+    /// other threads of the process are not disturbed).
+    pub fn begin_capture(&self, s: Stream) -> Result<(), DriverError> {
+        // SAFETY: a valid, non-NULL stream. CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1.
+        self.check("cuStreamBeginCapture_v2", unsafe {
+            (self.fns.cuStreamBeginCapture_v2)(s.0, 1)
+        })
+    }
+
+    /// Ends [`Driver::begin_capture`] and makes the recorded work an executable graph.
+    pub fn end_capture(&self, s: Stream) -> Result<GraphExec, DriverError> {
+        let mut g = std::ptr::null_mut();
+        // SAFETY: valid stream and out-pointer.
+        self.check("cuStreamEndCapture", unsafe {
+            (self.fns.cuStreamEndCapture)(s.0, &mut g)
+        })?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: `g` is the graph just captured; valid out-pointer.
+        let r = unsafe { (self.fns.cuGraphInstantiateWithFlags)(&mut exec, g, 0) };
+        // SAFETY: the executable graph keeps what it needs of `g`.
+        unsafe { (self.fns.cuGraphDestroy)(g) };
+        self.check("cuGraphInstantiateWithFlags", r)?;
+        Ok(GraphExec(exec))
+    }
+
+    /// Enqueues the whole executable graph on `s`: one call, however many nodes.
+    pub fn graph_launch(&self, g: GraphExec, s: Stream) -> Result<(), DriverError> {
+        // SAFETY: a graph this driver instantiated; a valid stream or NULL.
+        self.check("cuGraphLaunch", unsafe { (self.fns.cuGraphLaunch)(g.0, s.0) })
+    }
+
+    pub fn graph_destroy(&self, g: GraphExec) -> Result<(), DriverError> {
+        // SAFETY: a graph this driver instantiated, destroyed once.
+        self.check("cuGraphExecDestroy", unsafe {
+            (self.fns.cuGraphExecDestroy)(g.0)
+        })
+    }
 }
+
+/// `CUDA_ERROR_NOT_READY`: a query's "not yet".
+const NOT_READY: CUresult = 600;
 
 #[cfg(test)]
 mod tests {

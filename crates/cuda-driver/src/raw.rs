@@ -13,6 +13,8 @@ pub type CUmodule = *mut c_void;
 pub type CUfunction = *mut c_void;
 pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
+pub type CUgraph = *mut c_void;
+pub type CUgraphExec = *mut c_void;
 
 /// `CUmemAllocationProp`: pinned device memory on one device.
 #[repr(C)]
@@ -138,6 +140,22 @@ fns! {
     cuEventSynchronize: fn(CUevent);
     cuEventElapsedTime: fn(*mut f32, CUevent, CUevent);
     cuEventDestroy_v2: fn(CUevent);
+    cuEventQuery: fn(CUevent);
+    cuStreamQuery: fn(CUstream);
+    cuStreamWaitEvent: fn(CUstream, CUevent, c_uint);
+    cuCtxGetStreamPriorityRange: fn(*mut c_int, *mut c_int);
+    cuMemcpyHtoDAsync_v2: fn(CUdeviceptr, *const c_void, usize, CUstream);
+    cuMemcpyDtoHAsync_v2: fn(*mut c_void, CUdeviceptr, usize, CUstream);
+    cuMemcpyDtoDAsync_v2: fn(CUdeviceptr, CUdeviceptr, usize, CUstream);
+    cuMemsetD8Async: fn(CUdeviceptr, u8, usize, CUstream);
+    cuMemsetD16Async: fn(CUdeviceptr, u16, usize, CUstream);
+    cuMemsetD32Async: fn(CUdeviceptr, u32, usize, CUstream);
+    cuStreamBeginCapture_v2: fn(CUstream, c_int);
+    cuStreamEndCapture: fn(CUstream, *mut CUgraph);
+    cuGraphInstantiateWithFlags: fn(*mut CUgraphExec, CUgraph, u64);
+    cuGraphLaunch: fn(CUgraphExec, CUstream);
+    cuGraphExecDestroy: fn(CUgraphExec);
+    cuGraphDestroy: fn(CUgraph);
     }
     optional {
         cuFuncGetParamInfo: fn(CUfunction, usize, *mut usize, *mut usize);
