@@ -743,6 +743,27 @@ impl Driver {
         })
     }
 
+    /// [`Driver::htod_async`] from a buffer of this process: pageable memory, which the
+    /// driver has read when this returns, so the buffer may go right after.
+    pub fn htod_async_bytes(&self, dst: u64, src: &[u8], s: Stream) -> Result<(), DriverError> {
+        // SAFETY: `src` is readable for its length for the whole call, and the driver takes
+        // pageable memory before returning (CUDA's rule for asynchronous copies from it).
+        self.check("cuMemcpyHtoDAsync_v2", unsafe {
+            (self.fns.cuMemcpyHtoDAsync_v2)(dst, src.as_ptr().cast(), src.len(), s.0)
+        })
+    }
+
+    /// [`Driver::dtoh_async`] into a buffer of this process, then waits for `s`: the bytes are
+    /// in `dst` when this returns.
+    pub fn dtoh_bytes_on(&self, dst: &mut [u8], src: u64, s: Stream) -> Result<(), DriverError> {
+        // SAFETY: `dst` is writable for its length for the whole call, which does not return
+        // before the copy has completed (the stream is synchronized below).
+        self.check("cuMemcpyDtoHAsync_v2", unsafe {
+            (self.fns.cuMemcpyDtoHAsync_v2)(dst.as_mut_ptr().cast(), src, dst.len(), s.0)
+        })?;
+        self.stream_synchronize(s)
+    }
+
     pub fn dtod_async(&self, dst: u64, src: u64, len: usize, s: Stream) -> Result<(), DriverError> {
         // SAFETY: both ranges were validated by the caller.
         self.check("cuMemcpyDtoDAsync_v2", unsafe {
@@ -806,7 +827,9 @@ impl Driver {
     /// Enqueues the whole executable graph on `s`: one call, however many nodes.
     pub fn graph_launch(&self, g: GraphExec, s: Stream) -> Result<(), DriverError> {
         // SAFETY: a graph this driver instantiated; a valid stream or NULL.
-        self.check("cuGraphLaunch", unsafe { (self.fns.cuGraphLaunch)(g.0, s.0) })
+        self.check("cuGraphLaunch", unsafe {
+            (self.fns.cuGraphLaunch)(g.0, s.0)
+        })
     }
 
     pub fn graph_destroy(&self, g: GraphExec) -> Result<(), DriverError> {

@@ -10,18 +10,25 @@
 //!
 //! Modules are the client's own images (fatbins with SASS and PTX, cubins, PTX), loaded with
 //! `cuModuleLoadData`; parameter layouts come from `cuFuncGetParamInfo` (driver >= 12.4).
-//! Launches run on the context's default stream and are timed to completion: the worker charges
-//! that time to the session's compute share.
+//!
+//! Work is asynchronous, as on the GPU: each of the session's streams is a driver stream with
+//! the application's flags and priority, the legacy default stream is the context's NULL
+//! stream (so CUDA's implicit ordering between them is the driver's own), events are driver
+//! events, and launches, copies and memsets are enqueued without waiting. Device time is
+//! measured by the GPU ([`Timing`]): a pair of events brackets each stream's run of launches,
+//! and the pairs are read when they have completed.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use gpufuse_cuda_driver::{CUdevice, Driver, DriverError, Function, HostSpan, Module};
+use gpufuse_cuda_driver::{
+    CUdevice, Driver, DriverError, Event, Function, HostSpan, Module, Stream,
+};
 use gpufuse_proto::{DeviceInfo, DeviceKind, FunctionInfo, ParamSlot};
 
 use crate::host_pins::HostPins;
 use crate::status::*;
-use crate::{Device, KernelLaunch, ModuleId};
+use crate::{Device, EventId, KernelLaunch, ModuleId, StreamId};
 
 /// Dynamic shared memory a launch may use without the function's opt-in.
 const DEFAULT_SHARED_LIMIT: u32 = 48 << 10;
@@ -62,6 +69,112 @@ pub struct CudaDevice {
     /// The client's host arena and the parts of it page-locked with the driver.
     pins: HostPins,
     arena: Option<HostSpan>,
+    /// The session's streams (0, the legacy default stream, is the driver's NULL stream).
+    streams: HashMap<StreamId, Stream>,
+    /// The session's events; `bool`: recorded at least once.
+    events: HashMap<EventId, (Event, bool)>,
+    timing: Timing,
+}
+
+/// Device time as the GPU measures it: each stream's run of launches is bracketed by a start
+/// event (recorded before its first launch) and an end event (recorded when the run is closed:
+/// when the worker waits, ends its lease or reads the time), and a bracket's time is read once
+/// its end event has completed. Runs on different streams that overlap are each counted, as
+/// CPU time is counted per thread.
+#[derive(Default)]
+struct Timing {
+    /// Streams with a run open, and its start event.
+    open: HashMap<StreamId, Event>,
+    /// Closed runs not yet read, oldest first.
+    pending: std::collections::VecDeque<(Event, Event)>,
+    completed: Duration,
+    /// Events to reuse.
+    spare: Vec<Event>,
+}
+
+impl Timing {
+    fn event(&mut self, driver: &Driver) -> Result<Event, DriverError> {
+        match self.spare.pop() {
+            Some(e) => Ok(e),
+            None => driver.event_create(0),
+        }
+    }
+
+    /// Before a launch on `stream` (`s`): opens its run.
+    fn open(&mut self, driver: &Driver, stream: StreamId, s: Stream) -> Result<(), DriverError> {
+        if self.open.contains_key(&stream) {
+            return Ok(());
+        }
+        let start = self.event(driver)?;
+        driver.event_record(start, s)?;
+        self.open.insert(stream, start);
+        Ok(())
+    }
+
+    /// Closes every open run (an end event on its stream).
+    fn close(&mut self, driver: &Driver, streams: &HashMap<StreamId, Stream>) {
+        for (stream, start) in std::mem::take(&mut self.open) {
+            let s = match stream {
+                0 => Stream::NULL,
+                id => match streams.get(&id) {
+                    Some(&s) => s,
+                    None => {
+                        self.spare.push(start);
+                        continue;
+                    }
+                },
+            };
+            let end = match self.event(driver) {
+                Ok(e) => e,
+                Err(_) => {
+                    self.spare.push(start);
+                    continue;
+                }
+            };
+            match driver.event_record(end, s) {
+                Ok(()) => self.pending.push_back((start, end)),
+                Err(_) => self.spare.extend([start, end]),
+            }
+        }
+    }
+
+    /// Reads the closed runs that have completed.
+    fn poll(&mut self, driver: &Driver) {
+        while let Some(&(start, end)) = self.pending.front() {
+            match driver.event_query(end) {
+                Ok(false) => break,
+                done => {
+                    if done.is_ok() {
+                        if let Ok(ms) = driver.event_elapsed_ms(start, end) {
+                            self.completed += Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
+                        }
+                    }
+                    self.pending.pop_front();
+                    self.spare.extend([start, end]);
+                }
+            }
+        }
+    }
+
+    fn busy(&self) -> bool {
+        !self.open.is_empty() || !self.pending.is_empty()
+    }
+
+    fn destroy(&mut self, driver: &Driver) {
+        let pending = self.pending.drain(..).flat_map(|(a, b)| [a, b]);
+        for e in self
+            .open
+            .drain()
+            .map(|(_, e)| e)
+            .chain(pending)
+            .collect::<Vec<_>>()
+        {
+            let _ = driver.event_destroy(e);
+        }
+        for e in self.spare.drain(..) {
+            let _ = driver.event_destroy(e);
+        }
+    }
 }
 
 fn status_of(e: &DriverError) -> Status {
@@ -94,6 +207,9 @@ impl CudaDevice {
             info,
             pins: HostPins::default(),
             arena: None,
+            streams: HashMap::new(),
+            events: HashMap::new(),
+            timing: Timing::default(),
         })
     }
 
@@ -154,6 +270,26 @@ impl CudaDevice {
                 let _ = self.driver.host_unregister(part);
             }
         }
+    }
+
+    /// The driver's stream for the session's `stream`.
+    fn stream(&self, stream: StreamId) -> Result<Stream, Status> {
+        match stream {
+            0 => Ok(Stream::NULL),
+            id => self.streams.get(&id).copied().ok_or(INVALID_HANDLE),
+        }
+    }
+
+    fn event(&self, event: EventId) -> Result<Event, Status> {
+        self.events
+            .get(&event)
+            .map(|&(e, _)| e)
+            .ok_or(INVALID_HANDLE)
+    }
+
+    /// Closes the timing runs before a wait, so that the wait covers their end events.
+    fn close_runs(&mut self) {
+        self.timing.close(&self.driver, &self.streams);
     }
 
     fn error(&self, e: DriverError) -> DeviceError {
@@ -224,6 +360,13 @@ fn describe(driver: &Driver, dev: CUdevice) -> Result<DeviceInfo, DriverError> {
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         let _ = self.driver.synchronize();
+        self.timing.destroy(&self.driver);
+        for (_, s) in self.streams.drain() {
+            let _ = self.driver.stream_destroy(s);
+        }
+        for (_, (e, _)) in self.events.drain() {
+            let _ = self.driver.event_destroy(e);
+        }
         let runs = self.pins.take_runs();
         self.unlock(runs);
         for (_, l) in self.modules.drain() {
@@ -311,14 +454,35 @@ impl Device for CudaDevice {
         self.driver.dtoh(out, src).map_err(|e| self.fail(e))
     }
 
-    fn write_span(&mut self, dst: u64, src: HostSpan) -> Result<(), Status> {
-        self.lock_for(src);
-        self.driver.htod_span(dst, src).map_err(|e| self.fail(e))
+    fn write_on(&mut self, dst: u64, data: &[u8], stream: StreamId) -> Result<(), Status> {
+        let s = self.stream(stream)?;
+        self.driver
+            .htod_async_bytes(dst, data, s)
+            .map_err(|e| self.fail(e))
     }
 
-    fn read_span(&mut self, src: u64, dst: HostSpan) -> Result<(), Status> {
+    fn read_on(&mut self, src: u64, out: &mut [u8], stream: StreamId) -> Result<(), Status> {
+        let s = self.stream(stream)?;
+        self.close_runs();
+        self.driver
+            .dtoh_bytes_on(out, src, s)
+            .map_err(|e| self.fail(e))
+    }
+
+    fn write_span(&mut self, dst: u64, src: HostSpan, stream: StreamId) -> Result<(), Status> {
+        let s = self.stream(stream)?;
+        self.lock_for(src);
+        self.driver
+            .htod_async(dst, src, s)
+            .map_err(|e| self.fail(e))
+    }
+
+    fn read_span(&mut self, src: u64, dst: HostSpan, stream: StreamId) -> Result<(), Status> {
+        let s = self.stream(stream)?;
         self.lock_for(dst);
-        self.driver.dtoh_span(dst, src).map_err(|e| self.fail(e))
+        self.driver
+            .dtoh_async(dst, src, s)
+            .map_err(|e| self.fail(e))
     }
 
     fn host_arena(&mut self, arena: HostSpan) -> Result<(), Status> {
@@ -328,21 +492,127 @@ impl Device for CudaDevice {
         Ok(())
     }
 
-    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status> {
+    fn copy(&mut self, dst: u64, src: u64, len: u64, stream: StreamId) -> Result<(), Status> {
+        let s = self.stream(stream)?;
         self.driver
-            .dtod(dst, src, len as usize)
+            .dtod_async(dst, src, len as usize, s)
             .map_err(|e| self.fail(e))
     }
 
-    fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status> {
-        let n = count as usize;
-        let r = match elem_size {
-            1 => self.driver.memset_d8(dst, value as u8, n),
-            2 => self.driver.memset_d16(dst, value as u16, n),
-            4 => self.driver.memset_d32(dst, value, n),
-            _ => return Err(INVALID_VALUE),
-        };
-        r.map_err(|e| self.fail(e))
+    fn memset(
+        &mut self,
+        dst: u64,
+        value: u32,
+        elem_size: u8,
+        count: u64,
+        stream: StreamId,
+    ) -> Result<(), Status> {
+        if !matches!(elem_size, 1 | 2 | 4) {
+            return Err(INVALID_VALUE);
+        }
+        let s = self.stream(stream)?;
+        self.driver
+            .memset_async(dst, value, elem_size, count as usize, s)
+            .map_err(|e| self.fail(e))
+    }
+
+    fn create_stream(&mut self, stream: StreamId, flags: u32, priority: i32) -> Result<(), Status> {
+        if stream == 0 || self.streams.contains_key(&stream) {
+            return Err(INVALID_VALUE);
+        }
+        let s = self
+            .driver
+            .stream_create(flags, priority)
+            .map_err(|e| self.fail(e))?;
+        self.streams.insert(stream, s);
+        Ok(())
+    }
+
+    fn destroy_stream(&mut self, stream: StreamId) -> Result<(), Status> {
+        if !self.streams.contains_key(&stream) {
+            return Err(INVALID_HANDLE);
+        }
+        // Its timing run ends before it goes (work on it still runs, as CUDA's does).
+        self.close_runs();
+        let s = self.streams.remove(&stream).ok_or(INVALID_HANDLE)?;
+        self.driver.stream_destroy(s).map_err(|e| self.fail(e))
+    }
+
+    fn create_event(&mut self, event: EventId, flags: u32) -> Result<(), Status> {
+        if self.events.contains_key(&event) {
+            return Err(INVALID_VALUE);
+        }
+        let e = self.driver.event_create(flags).map_err(|e| self.fail(e))?;
+        self.events.insert(event, (e, false));
+        Ok(())
+    }
+
+    fn destroy_event(&mut self, event: EventId) -> Result<(), Status> {
+        let (e, _) = self.events.remove(&event).ok_or(INVALID_HANDLE)?;
+        self.driver.event_destroy(e).map_err(|e| self.fail(e))
+    }
+
+    fn record(&mut self, event: EventId, stream: StreamId) -> Result<(), Status> {
+        let (e, s) = (self.event(event)?, self.stream(stream)?);
+        self.driver.event_record(e, s).map_err(|e| self.fail(e))?;
+        if let Some(entry) = self.events.get_mut(&event) {
+            entry.1 = true;
+        }
+        Ok(())
+    }
+
+    fn wait_event(&mut self, stream: StreamId, event: EventId) -> Result<(), Status> {
+        let (e, s) = (self.event(event)?, self.stream(stream)?);
+        self.driver
+            .stream_wait_event(s, e)
+            .map_err(|e| self.fail(e))
+    }
+
+    fn event_done(&mut self, event: EventId) -> Result<bool, Status> {
+        let e = self.event(event)?;
+        self.driver.event_query(e).map_err(|e| self.fail(e))
+    }
+
+    fn sync_event(&mut self, event: EventId) -> Result<(), Status> {
+        let e = self.event(event)?;
+        self.close_runs();
+        self.driver.event_synchronize(e).map_err(|e| self.fail(e))
+    }
+
+    fn elapsed(&mut self, start: EventId, end: EventId) -> Result<f32, Status> {
+        let (a, b) = (self.event(start)?, self.event(end)?);
+        self.driver.event_elapsed_ms(a, b).map_err(|e| self.fail(e))
+    }
+
+    fn stream_done(&mut self, stream: StreamId) -> Result<bool, Status> {
+        let s = self.stream(stream)?;
+        self.driver.stream_query(s).map_err(|e| self.fail(e))
+    }
+
+    fn sync_stream(&mut self, stream: StreamId) -> Result<(), Status> {
+        let s = self.stream(stream)?;
+        self.close_runs();
+        self.driver.stream_synchronize(s).map_err(|e| self.fail(e))
+    }
+
+    fn synchronize(&mut self) -> Result<(), Status> {
+        self.close_runs();
+        self.driver.synchronize().map_err(|e| self.fail(e))?;
+        self.timing.poll(&self.driver);
+        Ok(())
+    }
+
+    fn device_time(&mut self) -> Duration {
+        self.timing.poll(&self.driver);
+        self.timing.completed
+    }
+
+    fn flush_timing(&mut self) {
+        self.close_runs();
+    }
+
+    fn busy(&mut self) -> bool {
+        self.timing.busy()
     }
 
     fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, DeviceError> {
@@ -431,7 +701,7 @@ impl Device for CudaDevice {
             .map_err(|e| self.fail(e))
     }
 
-    fn launch(&mut self, l: &KernelLaunch) -> Result<Duration, DeviceError> {
+    fn launch(&mut self, l: &KernelLaunch) -> Result<(), DeviceError> {
         let f = self.function_handle(l.module, l.function)?;
         if l.shared_mem > DEFAULT_SHARED_LIMIT {
             // More than 48 KiB of dynamic shared memory needs the function's opt-in, which
@@ -440,8 +710,10 @@ impl Device for CudaDevice {
                 .set_function_attribute(f, MAX_DYNAMIC_SHARED_SIZE_BYTES, l.shared_mem as i32)
                 .map_err(|e| self.error(e))?;
         }
-        let start = Instant::now();
-        let stream = gpufuse_cuda_driver::Stream::NULL;
+        let stream = self.stream(l.stream)?;
+        self.timing
+            .open(&self.driver, l.stream, stream)
+            .map_err(|e| self.error(e))?;
         let launched = if l.cooperative {
             let layout = self.layout(l.module, l.function, f)?;
             self.driver.launch_cooperative(
@@ -457,9 +729,7 @@ impl Device for CudaDevice {
             self.driver
                 .launch(f, l.grid, l.block, l.shared_mem, stream, l.params)
         };
-        launched.map_err(|e| self.error(e))?;
-        self.driver.synchronize().map_err(|e| self.error(e))?;
-        Ok(start.elapsed())
+        launched.map_err(|e| self.error(e))
     }
 
     // Eviction keeps the address (the window stays reserved) and gives back the physical

@@ -5,8 +5,21 @@
 //! - [`cuda`]: a real NVIDIA GPU through NVIDIA's driver, loaded at run time.
 //!
 //! A device owns memory at stable device addresses (each session gets its own address window),
-//! loaded modules and their functions. Streams and events are ordered by the worker: every
-//! backend here executes a session's work in submission order.
+//! loaded modules and their functions, and the session's streams and events.
+//!
+//! **Work is enqueued, not waited for.** Launches, copies between device memory, memsets,
+//! stream-ordered host copies and event records go on a stream ([`StreamId`]; 0 is the legacy
+//! default stream, ordered against the session's blocking streams as CUDA orders it) and the
+//! call returns. The worker waits only where the application waits: [`Device::synchronize`],
+//! [`Device::sync_stream`], [`Device::sync_event`], the queries, and copies whose data the
+//! application is waiting for ([`Device::read_on`]). The real GPU ([`cuda`]) maps streams and
+//! events to the driver's; the emulated GPU ([`emu`]) runs each piece of work when it is
+//! enqueued, so everything it is given has completed by the time the call returns: its queue
+//! is always empty, and the same worker code serves both.
+//!
+//! Device time (what a session's compute share is charged) comes from the device:
+//! [`Device::device_time`] reads it without waiting, [`Device::settle`] waits for the work in
+//! flight first.
 //!
 //! Errors are CUDA status codes (`CUresult`), because that is what reaches the application;
 //! launches and module loads return a [`DeviceError`], the status with its detail.
@@ -15,6 +28,7 @@
 
 pub mod capture;
 pub mod cuda;
+pub mod eager;
 pub mod emu;
 pub mod host_pins;
 pub mod model;
@@ -29,6 +43,10 @@ pub use status::{DeviceError, Status};
 
 /// A loaded module, as the device knows it.
 pub type ModuleId = u64;
+/// A stream of the session, named by the worker's id for it; 0 is the legacy default stream.
+pub type StreamId = u64;
+/// An event of the session, named by the worker's id for it.
+pub type EventId = u64;
 
 /// What a worker asks of a GPU. Every call validates its arguments and returns a CUDA status
 /// for bad ones; none panics on input from a client.
@@ -41,8 +59,21 @@ pub trait Device: Send {
     fn free(&mut self, ptr: u64) -> Result<u64, Status>;
     /// Whether `[ptr, ptr+len)` lies inside one allocation.
     fn contains(&self, ptr: u64, len: u64) -> bool;
+    /// Writes `data` at `dst` now, outside every stream: for a session none of whose work is
+    /// in flight (migration, eviction, module set-up), after [`Device::synchronize`].
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Status>;
+    /// Reads `[src, src + out.len())` now, as [`Device::write`].
     fn read(&mut self, src: u64, out: &mut [u8]) -> Result<(), Status>;
+    /// Writes `data` at `dst` on `stream`, after the stream's earlier work; `data` has been
+    /// taken when this returns.
+    fn write_on(&mut self, dst: u64, data: &[u8], _stream: StreamId) -> Result<(), Status> {
+        self.write(dst, data)
+    }
+    /// Reads `[src, src + out.len())` on `stream`: waits for the stream's earlier work and the
+    /// copy (the application is waiting for these bytes).
+    fn read_on(&mut self, src: u64, out: &mut [u8], _stream: StreamId) -> Result<(), Status> {
+        self.read(src, out)
+    }
     /// The bytes at `[src, src+len)` in place, if the backend keeps device memory in host
     /// memory (the emulated GPU): device-to-host replies are then sent without a copy.
     fn view(&self, _src: u64, _len: u64) -> Option<&[u8]> {
@@ -54,16 +85,19 @@ pub trait Device: Send {
         None
     }
     /// Copies `src` (host memory another process may write too: the client's host arena) to
-    /// `dst`. The default reads it into a buffer first.
-    fn write_span(&mut self, dst: u64, src: HostSpan) -> Result<(), Status> {
+    /// `dst` on `stream`. The copy may read `src` until the stream passes it (page-locked
+    /// memory: DMA), as CUDA's asynchronous copies from page-locked memory do. The default
+    /// reads it into a buffer first.
+    fn write_span(&mut self, dst: u64, src: HostSpan, stream: StreamId) -> Result<(), Status> {
         let mut data = vec![0u8; src.len()];
         src.copy_to(&mut data);
-        self.write(dst, &data)
+        self.write_on(dst, &data, stream)
     }
-    /// Copies `[src, src + dst.len())` into `dst` (as [`Device::write_span`]'s `src`).
-    fn read_span(&mut self, src: u64, dst: HostSpan) -> Result<(), Status> {
+    /// Copies `[src, src + dst.len())` into `dst` (as [`Device::write_span`]'s `src`) on
+    /// `stream`; the bytes are in place once the stream has passed the copy.
+    fn read_span(&mut self, src: u64, dst: HostSpan, stream: StreamId) -> Result<(), Status> {
         let mut data = vec![0u8; dst.len()];
-        self.read(src, &mut data)?;
+        self.read_on(src, &mut data, stream)?;
         dst.copy_from(&data);
         Ok(())
     }
@@ -127,9 +161,66 @@ pub trait Device: Send {
     /// configuration `q` (`cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`): the device
     /// decides, so the answer is the GPU's own on a real one.
     fn occupancy(&mut self, module: ModuleId, function: &str, q: Occupancy) -> Result<i32, Status>;
-    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status>;
-    /// Sets `count` elements of `elem_size` (1, 2 or 4) bytes at `dst` to `value`.
-    fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status>;
+    /// Copies device memory on `stream`.
+    fn copy(&mut self, dst: u64, src: u64, len: u64, stream: StreamId) -> Result<(), Status>;
+    /// Sets `count` elements of `elem_size` (1, 2 or 4) bytes at `dst` to `value`, on `stream`.
+    fn memset(
+        &mut self,
+        dst: u64,
+        value: u32,
+        elem_size: u8,
+        count: u64,
+        stream: StreamId,
+    ) -> Result<(), Status>;
+    /// A stream with CUDA's `flags` (`CU_STREAM_NON_BLOCKING` = 1: not ordered against the
+    /// legacy default stream) and `priority` (0 the lowest, negative higher, as CUDA's).
+    fn create_stream(&mut self, stream: StreamId, flags: u32, priority: i32) -> Result<(), Status>;
+    /// Forgets a stream; work already on it still runs.
+    fn destroy_stream(&mut self, stream: StreamId) -> Result<(), Status>;
+    /// An event with CUDA's `flags` (`CU_EVENT_DISABLE_TIMING` = 2).
+    fn create_event(&mut self, event: EventId, flags: u32) -> Result<(), Status>;
+    fn destroy_event(&mut self, event: EventId) -> Result<(), Status>;
+    /// The event completes when `stream`'s work before it has.
+    fn record(&mut self, event: EventId, stream: StreamId) -> Result<(), Status>;
+    /// `stream`'s later work waits for the event's last record.
+    fn wait_event(&mut self, stream: StreamId, event: EventId) -> Result<(), Status>;
+    /// Whether the event's last record has completed (never recorded: complete).
+    fn event_done(&mut self, event: EventId) -> Result<bool, Status>;
+    /// Waits for the event's last record.
+    fn sync_event(&mut self, event: EventId) -> Result<(), Status>;
+    /// Milliseconds between two completed records (`cuEventElapsedTime`).
+    fn elapsed(&mut self, start: EventId, end: EventId) -> Result<f32, Status>;
+    /// Whether all of `stream`'s work has completed.
+    fn stream_done(&mut self, stream: StreamId) -> Result<bool, Status>;
+    /// Waits for `stream`'s work (the legacy stream: and the blocking streams' before it).
+    fn sync_stream(&mut self, stream: StreamId) -> Result<(), Status>;
+    /// Waits for all the session's work. A fault of work in flight (an illegal address) is
+    /// returned here, by the other waits and the queries.
+    fn synchronize(&mut self) -> Result<(), Status>;
+    /// The device time the session's kernels have used, read without waiting: what completed
+    /// work measured, plus, while work is in flight, the time since the device started on it.
+    fn device_time(&mut self) -> std::time::Duration;
+    /// Ends the timing of the work enqueued so far, so that [`Device::device_time`] reads it
+    /// once it has completed (the worker gives its lease back).
+    fn flush_timing(&mut self) {}
+    /// When the event's last record completed, as a time ago (a move carries it), if the
+    /// device can tell.
+    fn event_age(&mut self, _event: EventId) -> Option<std::time::Duration> {
+        None
+    }
+    /// Makes the event's last record `age` ago (a session moved here).
+    fn set_event_age(&mut self, _event: EventId, _age: std::time::Duration) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
+    /// Whether work may still be in flight (a device that runs work when it is enqueued: never).
+    fn busy(&mut self) -> bool {
+        false
+    }
+    /// Waits for the work in flight, then [`Device::device_time`]: exact.
+    fn settle(&mut self) -> std::time::Duration {
+        let _ = self.synchronize();
+        self.device_time()
+    }
     /// Loads a module image (fatbin, cubin or PTX); a refusal says why (the PTX error, what a
     /// link lacks).
     fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, DeviceError>;
@@ -166,9 +257,10 @@ pub trait Device: Send {
     fn function(&mut self, module: ModuleId, name: &str) -> Result<FunctionInfo, Status>;
     /// A module variable's address and size.
     fn global(&mut self, module: ModuleId, name: &str) -> Result<(u64, u64), Status>;
-    /// Runs a kernel to completion; returns the device time it took. A failure says why where
-    /// the device can (an unsupported instruction, the illegal address), for the worker's log.
-    fn launch(&mut self, launch: &KernelLaunch) -> Result<std::time::Duration, DeviceError>;
+    /// Enqueues a kernel on its stream. A failure says why where the device can (an
+    /// unsupported instruction, the illegal address), for the worker's log; a fault while the
+    /// kernel runs may instead come from a later wait.
+    fn launch(&mut self, launch: &KernelLaunch) -> Result<(), DeviceError>;
     /// Device-side `printf` output of the launches so far, not yet taken, in order.
     fn take_output(&mut self) -> Vec<u8> {
         Vec::new()
@@ -264,6 +356,7 @@ pub struct KernelLaunch<'a> {
     pub block: [u32; 3],
     pub shared_mem: u32,
     pub params: &'a [u8],
+    pub stream: StreamId,
     /// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE` (`cuLaunchCooperativeKernel`): every block resident
     /// at once, the grid no larger than the device holds at a time.
     pub cooperative: bool,

@@ -223,6 +223,7 @@ mod tests {
             block: [32, 1, 1],
             shared_mem: 0,
             params: &params,
+            stream: 0,
             cooperative: false,
             cancel: None,
         })

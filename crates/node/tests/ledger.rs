@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gpufuse_device::emu::EmuDevice;
-use gpufuse_device::{Device, DeviceError, KernelLaunch, ModuleId, Status};
+use gpufuse_device::{Device, DeviceError, EventId, KernelLaunch, ModuleId, Status, StreamId};
 use gpufuse_node::{DeviceState, NodeState};
 use gpufuse_proto::DevicePtr;
 use gpufuse_proto::{
@@ -62,11 +62,57 @@ impl Device for Counting {
     fn read(&mut self, src: u64, out: &mut [u8]) -> Result<(), Status> {
         self.inner.read(src, out)
     }
-    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status> {
-        self.inner.copy(dst, src, len)
+    fn copy(&mut self, dst: u64, src: u64, len: u64, stream: StreamId) -> Result<(), Status> {
+        self.inner.copy(dst, src, len, stream)
     }
-    fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status> {
-        self.inner.memset(dst, value, elem_size, count)
+    fn memset(
+        &mut self,
+        dst: u64,
+        value: u32,
+        elem_size: u8,
+        count: u64,
+        stream: StreamId,
+    ) -> Result<(), Status> {
+        self.inner.memset(dst, value, elem_size, count, stream)
+    }
+    fn create_stream(&mut self, stream: StreamId, flags: u32, priority: i32) -> Result<(), Status> {
+        self.inner.create_stream(stream, flags, priority)
+    }
+    fn destroy_stream(&mut self, stream: StreamId) -> Result<(), Status> {
+        self.inner.destroy_stream(stream)
+    }
+    fn create_event(&mut self, event: EventId, flags: u32) -> Result<(), Status> {
+        self.inner.create_event(event, flags)
+    }
+    fn destroy_event(&mut self, event: EventId) -> Result<(), Status> {
+        self.inner.destroy_event(event)
+    }
+    fn record(&mut self, event: EventId, stream: StreamId) -> Result<(), Status> {
+        self.inner.record(event, stream)
+    }
+    fn wait_event(&mut self, stream: StreamId, event: EventId) -> Result<(), Status> {
+        self.inner.wait_event(stream, event)
+    }
+    fn event_done(&mut self, event: EventId) -> Result<bool, Status> {
+        self.inner.event_done(event)
+    }
+    fn sync_event(&mut self, event: EventId) -> Result<(), Status> {
+        self.inner.sync_event(event)
+    }
+    fn elapsed(&mut self, start: EventId, end: EventId) -> Result<f32, Status> {
+        self.inner.elapsed(start, end)
+    }
+    fn stream_done(&mut self, stream: StreamId) -> Result<bool, Status> {
+        self.inner.stream_done(stream)
+    }
+    fn sync_stream(&mut self, stream: StreamId) -> Result<(), Status> {
+        self.inner.sync_stream(stream)
+    }
+    fn synchronize(&mut self) -> Result<(), Status> {
+        self.inner.synchronize()
+    }
+    fn device_time(&mut self) -> std::time::Duration {
+        self.inner.device_time()
     }
     fn load_module(&mut self, image: &[u8]) -> Result<ModuleId, DeviceError> {
         self.inner.load_module(image)
@@ -80,7 +126,7 @@ impl Device for Counting {
     fn global(&mut self, module: ModuleId, name: &str) -> Result<(u64, u64), Status> {
         self.inner.global(module, name)
     }
-    fn launch(&mut self, launch: &KernelLaunch) -> Result<std::time::Duration, DeviceError> {
+    fn launch(&mut self, launch: &KernelLaunch) -> Result<(), DeviceError> {
         self.inner.launch(launch)
     }
 }

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpufuse_proto::{StagedCopy, Status, TexObjectDesc};
 use serde::{Deserialize, Serialize};
@@ -91,7 +91,6 @@ impl Session<'_> {
     pub(crate) fn books_for_move(&mut self) -> SessionBooks {
         let pending = self.device.take_output();
         self.carried_output.extend_from_slice(&pending);
-        let now = Instant::now();
         let mut functions: Vec<(u64, u64, String)> = self
             .modules
             .functions
@@ -103,13 +102,11 @@ impl Session<'_> {
         contexts.sort_unstable();
         let mut streams: Vec<u64> = self.sync.streams.iter().copied().collect();
         streams.sort_unstable();
-        let mut events: Vec<(u64, Option<u64>)> = self
-            .sync
-            .events
-            .iter()
-            .map(|(&e, t)| (e, t.map(|t| micros(now.saturating_duration_since(t)))))
+        let events: Vec<(u64, Option<u64>)> = self
+            .event_ages()
+            .into_iter()
+            .map(|(e, age)| (e, age.map(micros)))
             .collect();
-        events.sort_by_key(|e| e.0);
         SessionBooks {
             limit: self.memory.limit,
             used: self.memory.used,
@@ -148,7 +145,6 @@ impl Session<'_> {
                 b.used
             ));
         }
-        let now = Instant::now();
         self.memory.used = b.used;
         self.memory.allocations = b.allocations.into_iter().collect();
         self.memory.vmm.physical = b.vmm_physical.into_iter().collect();
@@ -163,14 +159,12 @@ impl Session<'_> {
             .collect();
         self.sync.contexts = b.contexts.into_iter().collect();
         self.sync.streams = b.streams.into_iter().collect();
-        self.sync.events = b
+        let ages: Vec<(u64, Option<Duration>)> = b
             .events
             .into_iter()
-            .map(|(e, ago)| {
-                let at = ago.map(|us| now.checked_sub(Duration::from_micros(us)).unwrap_or(now));
-                (e, at)
-            })
+            .map(|(e, ago)| (e, ago.map(Duration::from_micros)))
             .collect();
+        self.rebuild_sync(&ages);
         self.launch.device_time = Duration::from_micros(b.device_time_us);
         self.textures = b.textures.into_iter().collect();
         self.deferred = b.deferred;

@@ -9,9 +9,9 @@
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use gpufuse_device::{status as st, KernelLaunch};
+use gpufuse_device::KernelLaunch;
 use gpufuse_proto::LaunchRecord;
 
 use crate::{Session, R};
@@ -19,10 +19,11 @@ use crate::{Session, R};
 /// How many launches the diagnostic launch log keeps.
 const LAUNCH_LOG: usize = 1024;
 
-/// A lease on the device: its quantum and the device time used so far.
+/// A lease on the device: its quantum, when it began and the device time charged to it so far.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Lease {
     quantum: Duration,
+    started: Instant,
     used: Duration,
 }
 
@@ -31,7 +32,10 @@ pub(crate) struct LaunchBooks {
     /// The last launches received (diagnostics); records are reused, so logging allocates
     /// nothing once the log is full.
     pub(crate) log: VecDeque<LaunchRecord>,
+    /// Device time the session's kernels have used (on every device it ran on).
     pub(crate) device_time: Duration,
+    /// The device's own count ([`gpufuse_device::Device::device_time`]) when it was last read.
+    pub(crate) seen: Duration,
     /// The launch queue's lease, while this session holds the device.
     pub(crate) lease: Option<Lease>,
     /// Set when the client is gone (`heartbeat.rs`): the kernel running now stops.
@@ -43,16 +47,54 @@ fn micros(d: Duration) -> u64 {
 }
 
 impl Session<'_> {
+    /// Reads the device's measured time: what was measured since the last read is added to
+    /// the session's and to its lease's.
+    fn account(&mut self) {
+        let now = self.device.device_time();
+        let new = now.saturating_sub(self.launch.seen);
+        self.launch.seen = now;
+        self.launch.device_time += new;
+        if let Some(l) = self.launch.lease.as_mut() {
+            l.used += new;
+        }
+    }
+
+    /// The device the session runs on changed (a move): its time count starts again.
+    pub(crate) fn device_changed(&mut self) {
+        self.launch.seen = Duration::ZERO;
+    }
+
+    /// Whether the lease's quantum is spent: by measured device time, or, while work is in
+    /// flight (an asynchronous device measures it only once it completes), by the time the
+    /// lease has lasted, which bounds the work a session may put in flight under one lease.
+    fn lease_spent(&mut self) -> bool {
+        self.account();
+        let Some(l) = self.launch.lease else {
+            return true;
+        };
+        l.used >= l.quantum || (l.started.elapsed() >= l.quantum && self.device.busy())
+    }
+
     /// Before a launch: waits for the device unless this session holds it, and renews a lease
-    /// whose quantum is used up (it ends and the session queues again, in one request).
+    /// whose quantum is spent: the work in flight completes first (so the next holder's time
+    /// is its own), its time is charged, and the session queues again, in one request.
     fn lease_for_launch(&mut self) {
-        let quantum = match self.launch.lease {
-            Some(l) if l.used < l.quantum => return,
-            Some(l) => self.ledger.renew(micros(l.used)),
-            None => self.ledger.acquire(),
+        let held = self.launch.lease.is_some();
+        if held && !self.lease_spent() {
+            return;
+        }
+        let quantum = match held {
+            true => {
+                let _ = self.device.settle();
+                self.account();
+                let used = self.launch.lease.map_or(Duration::ZERO, |l| l.used);
+                self.ledger.renew(micros(used))
+            }
+            false => self.ledger.acquire(),
         };
         self.launch.lease = Some(Lease {
             quantum: Duration::from_micros(quantum),
+            started: Instant::now(),
             used: Duration::ZERO,
         });
     }
@@ -67,15 +109,23 @@ impl Session<'_> {
         self.launch.lease.is_some()
     }
 
-    /// Gives the device back, charging what the lease's launches used.
+    /// Gives the device back, charging what the lease's launches used as far as the device
+    /// has measured it: work still in flight is charged to a later lease, when it has
+    /// completed (the worker does not wait for the GPU here).
     pub fn end_lease(&mut self) {
+        if self.launch.lease.is_none() {
+            return;
+        }
+        self.device.flush_timing();
+        self.account();
         if let Some(l) = self.launch.lease.take() {
             self.ledger.done(micros(l.used));
         }
     }
 
-    /// Device time this session's kernels have run.
-    pub fn device_time(&self) -> Duration {
+    /// Device time this session's kernels have run, as far as the device has measured it.
+    pub fn device_time(&mut self) -> Duration {
+        self.account();
         self.launch.device_time
     }
 
@@ -118,6 +168,7 @@ impl Session<'_> {
             block: l.block,
             shared_mem: l.shared_mem,
             params: l.params,
+            stream: l.stream.get(),
             // CU_LAUNCH_ATTRIBUTE_COOPERATIVE (2), nonzero.
             cooperative: l
                 .attributes
@@ -126,27 +177,16 @@ impl Session<'_> {
             cancel: self.launch.cancel.as_deref(),
         };
         let result = self.device.launch(&k);
-        if let (Ok(t), Some(lease)) = (&result, self.launch.lease.as_mut()) {
-            lease.used += *t;
-        }
-        match result {
-            Ok(t) => {
-                self.launch.device_time += t;
-                Ok(())
+        self.account();
+        result.map_err(|failure| {
+            let e = failure.status;
+            tracing::warn!(kernel = %name, status = e, "launch failed: {}", failure.detail());
+            if crate::streams::is_fault(e) {
+                // Like a GPU context after a fault: every later call fails until reset.
+                self.sticky = Some(e);
             }
-            Err(failure) => {
-                let e = failure.status;
-                tracing::warn!(kernel = %name, status = e, "launch failed: {}", failure.detail());
-                if matches!(
-                    e,
-                    st::ILLEGAL_ADDRESS | st::MISALIGNED_ADDRESS | st::ASSERT | st::LAUNCH_FAILED
-                ) {
-                    // Like a GPU context after a fault: every later call fails until reset.
-                    self.sticky = Some(e);
-                }
-                Err(e)
-            }
-        }
+            e
+        })
     }
 
     pub(crate) fn launch_log(&self, max: u32) -> Vec<LaunchRecord> {

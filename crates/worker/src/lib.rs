@@ -151,12 +151,14 @@ impl<'a> Session<'a> {
 
     /// Frees everything: at reset and when the session ends.
     pub fn release_all(&mut self) {
+        // Work in flight finishes before its memory goes (a fault it meets changes nothing now).
+        let _ = self.device.synchronize();
         self.end_lease();
         self.residency.forget_away();
         self.release_memory();
         self.release_modules();
         self.release_textures();
-        self.sync.clear();
+        self.release_sync();
         self.deferred = None;
         self.staged.clear();
     }
@@ -166,7 +168,8 @@ impl<'a> Session<'a> {
         use Request::*;
         let none = |r: R<()>| r.map(|()| ReplyBody::None);
         match req {
-            Ping | CtxSynchronize { .. } => Ok(ReplyBody::None),
+            Ping => Ok(ReplyBody::None),
+            CtxSynchronize { .. } => none(self.ctx_synchronize()),
             CtxCreate {
                 ctx: ContextHandle(ctx),
                 device,
@@ -264,7 +267,7 @@ impl<'a> Session<'a> {
                 data,
             } => {
                 self.check_htod(dst, stream, data.len() as u64)?;
-                none(self.device.write(dst, data))
+                none(self.device.write_on(dst, data, stream))
             }
             MemcpyDtoH {
                 src: DevicePtr(src),
@@ -320,31 +323,26 @@ impl<'a> Session<'a> {
             } => none(self.memset_2d(dst, value, elem_size, width, height, stream)),
             StreamCreate {
                 stream: StreamHandle(stream),
-                ..
-            } => {
-                self.sync.streams.insert(stream);
-                Ok(ReplyBody::None)
-            }
+                flags,
+                priority,
+            } => none(self.stream_create(stream, flags, priority)),
             StreamDestroy {
                 stream: StreamHandle(stream),
             } => none(self.stream_destroy(stream)),
             StreamSynchronize {
                 stream: StreamHandle(stream),
-            }
-            | StreamQuery {
+            } => none(self.stream_synchronize(stream)),
+            StreamQuery {
                 stream: StreamHandle(stream),
-            } => none(self.check_stream(stream)),
+            } => none(self.stream_query(stream)),
             StreamWaitEvent {
                 stream: StreamHandle(stream),
                 event: EventHandle(event),
             } => none(self.stream_wait_event(stream, event)),
             EventCreate {
                 event: EventHandle(event),
-                ..
-            } => {
-                self.sync.events.insert(event, None);
-                Ok(ReplyBody::None)
-            }
+                flags,
+            } => none(self.event_create(event, flags)),
             EventDestroy {
                 event: EventHandle(event),
             } => none(self.event_destroy(event)),
@@ -354,10 +352,10 @@ impl<'a> Session<'a> {
             } => none(self.event_record(event, stream)),
             EventQuery {
                 event: EventHandle(event),
-            }
-            | EventSynchronize {
-                event: EventHandle(event),
             } => none(self.event_query(event)),
+            EventSynchronize {
+                event: EventHandle(event),
+            } => none(self.event_synchronize(event)),
             EventElapsedTime {
                 start: EventHandle(start),
                 end: EventHandle(end),
@@ -496,6 +494,14 @@ impl<'a> Session<'a> {
                 self.deferred.get_or_insert(e);
             }
             return None;
+        }
+        if self.memory.arena_in_flight {
+            // The protocol promises arena copies done by any reply: they may still be running.
+            self.memory.arena_in_flight = false;
+            let r = self.device.synchronize();
+            if let Err(e) = self.waited(r) {
+                self.deferred.get_or_insert(e);
+            }
         }
         let mut reply = match result {
             Ok(body) => Reply::ok(body),

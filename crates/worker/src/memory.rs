@@ -38,6 +38,9 @@ pub(crate) struct MemoryBooks {
     /// arena that requests forwarded by the old worker made (arena offset, bytes read at the
     /// time), written into the arena when the client attaches it.
     pub(crate) arena_backlog: Option<Vec<(u64, Vec<u8>)>>,
+    /// A copy into or out of the arena may still be in flight on the device: the next reply
+    /// waits for it, because the protocol promises the bytes in place (or read) by then.
+    pub(crate) arena_in_flight: bool,
     /// The device `malloc` heap's size (`CU_LIMIT_MALLOC_HEAP_SIZE`): what it asks beyond
     /// CUDA's default ([`DEFAULT_HEAP`], which the device keeps outside the ledger) is charged.
     pub(crate) heap_size: u64,
@@ -57,6 +60,7 @@ impl MemoryBooks {
             vmm: VmmBooks::default(),
             arena: None,
             retired_arenas: Vec::new(),
+            arena_in_flight: false,
             arena_backlog: None,
             heap_size: DEFAULT_HEAP,
         }
@@ -240,7 +244,7 @@ impl Session<'_> {
         let mut out = std::mem::take(&mut self.scratch);
         out.clear();
         out.resize(size as usize, 0);
-        self.device.read(src, &mut out)?;
+        self.device.read_on(src, &mut out, stream)?;
         Ok(ReplyBody::Data(out))
     }
 
@@ -340,9 +344,12 @@ impl Session<'_> {
                 arena.read(offset, bytes);
                 Ok(())
             }
-            None => self
-                .device
-                .write_span(dst, arena_span(arena, offset, size)?),
+            None => {
+                let span = arena_span(arena, offset, size)?;
+                self.device.write_span(dst, span, stream)?;
+                self.memory.arena_in_flight = true;
+                Ok(())
+            }
         }
     }
 
@@ -360,7 +367,7 @@ impl Session<'_> {
         if self.memory.arena.is_none() {
             if let Some(backlog) = self.memory.arena_backlog.as_mut() {
                 let mut data = vec![0u8; size as usize];
-                self.device.read(src, &mut data)?;
+                self.device.read_on(src, &mut data, stream)?;
                 backlog.push((offset, data));
                 return Ok(());
             }
@@ -375,7 +382,12 @@ impl Session<'_> {
                 arena.write(offset, bytes);
                 Ok(())
             }
-            None => self.device.read_span(src, arena_span(arena, offset, size)?),
+            None => {
+                let span = arena_span(arena, offset, size)?;
+                self.device.read_span(src, span, stream)?;
+                self.memory.arena_in_flight = true;
+                Ok(())
+            }
         }
     }
 
@@ -389,7 +401,7 @@ impl Session<'_> {
         self.check_stream(stream)?;
         self.check_range(src, size)?;
         let mut data = vec![0u8; size as usize];
-        self.device.read(src, &mut data)?;
+        self.device.read_on(src, &mut data, stream)?;
         self.staged.push(gpufuse_proto::StagedCopy { tag, data });
         Ok(())
     }
@@ -398,7 +410,7 @@ impl Session<'_> {
         self.check_stream(stream)?;
         self.check_range(dst, size)?;
         self.check_range(src, size)?;
-        self.device.copy(dst, src, size)
+        self.device.copy(dst, src, size, stream)
     }
 
     pub(crate) fn memcpy_2d_dtod(
@@ -417,6 +429,7 @@ impl Session<'_> {
                 dst.ptr.get() + row * dst.pitch,
                 src.ptr.get() + row * src.pitch,
                 width,
+                stream,
             )?;
         }
         Ok(())
@@ -439,7 +452,7 @@ impl Session<'_> {
         if total > 0 {
             for (row, chunk) in data.chunks(width as usize).enumerate() {
                 self.device
-                    .write(dst.ptr.get() + row as u64 * dst.pitch, chunk)?;
+                    .write_on(dst.ptr.get() + row as u64 * dst.pitch, chunk, stream)?;
             }
         }
         Ok(())
@@ -458,7 +471,7 @@ impl Session<'_> {
         if total > 0 {
             for (row, chunk) in out.chunks_mut(width as usize).enumerate() {
                 self.device
-                    .read(src.ptr.get() + row as u64 * src.pitch, chunk)?;
+                    .read_on(src.ptr.get() + row as u64 * src.pitch, chunk, stream)?;
             }
         }
         Ok(ReplyBody::Data(out))
@@ -474,7 +487,7 @@ impl Session<'_> {
     ) -> R<()> {
         self.check_stream(stream)?;
         self.check_range(dst, count.saturating_mul(elem_size as u64))?;
-        self.device.memset(dst, value, elem_size, count)
+        self.device.memset(dst, value, elem_size, count, stream)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -493,8 +506,13 @@ impl Session<'_> {
             .ok_or(st::INVALID_VALUE)?;
         self.rows(dst, row_bytes, height)?;
         for row in 0..height {
-            self.device
-                .memset(dst.ptr.get() + row * dst.pitch, value, elem_size, width)?;
+            self.device.memset(
+                dst.ptr.get() + row * dst.pitch,
+                value,
+                elem_size,
+                width,
+                stream,
+            )?;
         }
         Ok(())
     }

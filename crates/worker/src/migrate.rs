@@ -300,6 +300,7 @@ impl Session<'_> {
     pub(crate) fn switch_to(&mut self, target: Box<dyn Device>) {
         // Output the old device had not handed over yet travels with the session.
         let pending = self.device.take_output();
+        let ages = self.event_ages();
         match std::mem::replace(&mut self.device, DeviceSlot::Moved(target)) {
             // A device the session moved to before: dropped whole, off the session's path
             // (giving a large range's pages back takes a while).
@@ -315,6 +316,12 @@ impl Session<'_> {
                         .name("gpufuse-drop-device".into())
                         .spawn(move || drop(memory));
                 }
+                for &(e, _) in &ages {
+                    let _ = old.destroy_event(e);
+                }
+                for &s in &self.sync.streams {
+                    let _ = old.destroy_stream(s);
+                }
                 for (ptr, _) in old.resident() {
                     if old.free(ptr).is_err() {
                         // Mapped VMM memory and the device's own ranges: dropped with their
@@ -324,6 +331,7 @@ impl Session<'_> {
                 }
             }
         }
+        self.rebuild_sync(&ages);
         if !pending.is_empty() {
             tracing::debug!(
                 bytes = pending.len(),

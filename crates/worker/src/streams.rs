@@ -1,10 +1,10 @@
-//! Contexts, streams and events as one session holds them. The device runs a session's work
-//! in submission order, so streams need no device state: the worker checks handles, and an
-//! event records the moment its place in that order was reached (what `cuEventElapsedTime`
-//! measures).
+//! Contexts, streams and events as one session holds them. The worker checks every handle
+//! against the session's own tables, then hands the stream or event to the device, which
+//! orders the work ([`gpufuse_device::Device`]: enqueued, never waited for unless the
+//! application waits). A wait that finds a fault of work in flight (an illegal address)
+//! poisons the session as a failed launch does.
 
-use std::collections::{HashMap, HashSet};
-use std::time::Instant;
+use std::collections::HashSet;
 
 use gpufuse_device::status as st;
 use gpufuse_proto::ReplyBody;
@@ -15,16 +15,15 @@ use crate::{Session, R};
 pub(crate) struct SyncBooks {
     pub(crate) contexts: HashSet<u64>,
     pub(crate) streams: HashSet<u64>,
-    /// Event handle -> when it was last recorded.
-    pub(crate) events: HashMap<u64, Option<Instant>>,
+    pub(crate) events: HashSet<u64>,
 }
 
-impl SyncBooks {
-    pub(crate) fn clear(&mut self) {
-        self.streams.clear();
-        self.events.clear();
-        self.contexts.clear();
-    }
+/// Faults that poison a GPU context until it is reset: every later call fails with them.
+pub(crate) fn is_fault(e: st::Status) -> bool {
+    matches!(
+        e,
+        st::ILLEGAL_ADDRESS | st::MISALIGNED_ADDRESS | st::ASSERT | st::LAUNCH_FAILED
+    )
 }
 
 impl Session<'_> {
@@ -45,6 +44,23 @@ impl Session<'_> {
         }
     }
 
+    fn check_event(&self, event: u64) -> R<()> {
+        match self.sync.events.contains(&event) {
+            true => Ok(()),
+            false => Err(st::INVALID_HANDLE),
+        }
+    }
+
+    /// A wait's result: a fault poisons the session.
+    pub(crate) fn waited(&mut self, r: R<()>) -> R<()> {
+        if let Err(e) = r {
+            if is_fault(e) {
+                self.sticky = Some(e);
+            }
+        }
+        r
+    }
+
     pub(crate) fn ctx_create(&mut self, ctx: u64, device: u32) -> R<()> {
         self.check_device(device)?;
         self.sync.contexts.insert(ctx);
@@ -55,53 +71,135 @@ impl Session<'_> {
         self.sync.contexts.remove(&ctx).then_some(()).ok_or(201)
     }
 
-    pub(crate) fn stream_destroy(&mut self, stream: u64) -> R<()> {
-        self.sync
-            .streams
-            .remove(&stream)
-            .then_some(())
-            .ok_or(st::INVALID_HANDLE)
+    pub(crate) fn stream_create(&mut self, stream: u64, flags: u32, priority: i32) -> R<()> {
+        if stream == 0 || self.sync.streams.contains(&stream) {
+            return Err(st::INVALID_VALUE);
+        }
+        self.device.create_stream(stream, flags, priority)?;
+        self.sync.streams.insert(stream);
+        Ok(())
     }
 
-    fn check_event(&self, event: u64) -> R<Option<Instant>> {
-        self.sync
-            .events
-            .get(&event)
-            .copied()
-            .ok_or(st::INVALID_HANDLE)
+    pub(crate) fn stream_destroy(&mut self, stream: u64) -> R<()> {
+        if !self.sync.streams.remove(&stream) {
+            return Err(st::INVALID_HANDLE);
+        }
+        self.device.destroy_stream(stream)
+    }
+
+    pub(crate) fn stream_synchronize(&mut self, stream: u64) -> R<()> {
+        self.check_stream(stream)?;
+        let r = self.device.sync_stream(stream);
+        self.waited(r)
+    }
+
+    pub(crate) fn stream_query(&mut self, stream: u64) -> R<()> {
+        self.check_stream(stream)?;
+        match self.device.stream_done(stream) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(st::NOT_READY),
+            Err(e) => self.waited(Err(e)),
+        }
+    }
+
+    pub(crate) fn ctx_synchronize(&mut self) -> R<()> {
+        let r = self.device.synchronize();
+        self.waited(r)
     }
 
     pub(crate) fn stream_wait_event(&mut self, stream: u64, event: u64) -> R<()> {
         self.check_stream(stream)?;
-        self.check_event(event).map(|_| ())
+        self.check_event(event)?;
+        self.device.wait_event(stream, event)
+    }
+
+    pub(crate) fn event_create(&mut self, event: u64, flags: u32) -> R<()> {
+        if self.sync.events.contains(&event) {
+            return Err(st::INVALID_VALUE);
+        }
+        self.device.create_event(event, flags)?;
+        self.sync.events.insert(event);
+        Ok(())
     }
 
     pub(crate) fn event_destroy(&mut self, event: u64) -> R<()> {
-        self.sync
-            .events
-            .remove(&event)
-            .map(|_| ())
-            .ok_or(st::INVALID_HANDLE)
+        if !self.sync.events.remove(&event) {
+            return Err(st::INVALID_HANDLE);
+        }
+        self.device.destroy_event(event)
     }
 
     pub(crate) fn event_record(&mut self, event: u64, stream: u64) -> R<()> {
         self.check_stream(stream)?;
-        *self.sync.events.get_mut(&event).ok_or(st::INVALID_HANDLE)? = Some(Instant::now());
-        Ok(())
+        self.check_event(event)?;
+        self.device.record(event, stream)
     }
 
     pub(crate) fn event_query(&mut self, event: u64) -> R<()> {
-        self.check_event(event).map(|_| ())
+        self.check_event(event)?;
+        match self.device.event_done(event) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(st::NOT_READY),
+            Err(e) => self.waited(Err(e)),
+        }
+    }
+
+    pub(crate) fn event_synchronize(&mut self, event: u64) -> R<()> {
+        self.check_event(event)?;
+        let r = self.device.sync_event(event);
+        self.waited(r)
     }
 
     pub(crate) fn event_elapsed(&mut self, start: u64, end: u64) -> R<ReplyBody> {
-        let a = self.check_event(start)?.ok_or(st::INVALID_HANDLE)?;
-        let b = self.check_event(end)?.ok_or(st::INVALID_HANDLE)?;
-        let ms = if b >= a {
-            (b - a).as_secs_f32() * 1e3
-        } else {
-            -((a - b).as_secs_f32() * 1e3)
-        };
-        Ok(ReplyBody::Elapsed(ms))
+        self.check_event(start)?;
+        self.check_event(end)?;
+        Ok(ReplyBody::Elapsed(self.device.elapsed(start, end)?))
+    }
+
+    /// When each event's last record completed, as a time ago (`None`: never recorded), for a
+    /// move.
+    pub(crate) fn event_ages(&mut self) -> Vec<(u64, Option<std::time::Duration>)> {
+        let mut events: Vec<u64> = self.sync.events.iter().copied().collect();
+        events.sort_unstable();
+        events
+            .into_iter()
+            .map(|e| (e, self.device.event_age(e)))
+            .collect()
+    }
+
+    /// Makes the session's streams and events (its books, with `ages` for the events) on the
+    /// device it now runs on: a move's destination. What the device refuses is logged; the
+    /// session goes on (a later call naming it fails there).
+    pub(crate) fn rebuild_sync(&mut self, ages: &[(u64, Option<std::time::Duration>)]) {
+        self.device_changed();
+        let mut streams: Vec<u64> = self.sync.streams.iter().copied().collect();
+        streams.sort_unstable();
+        for s in streams {
+            if let Err(e) = self.device.create_stream(s, 0, 0) {
+                tracing::warn!(stream = s, status = e, "the stream could not be made again");
+            }
+        }
+        self.sync.events = ages.iter().map(|&(e, _)| e).collect();
+        for &(e, age) in ages {
+            let made = self.device.create_event(e, 0);
+            let aged = match age {
+                Some(age) => made.and_then(|()| self.device.set_event_age(e, age)),
+                None => made,
+            };
+            if let Err(status) = aged {
+                tracing::warn!(event = e, status, "the event could not be made again");
+            }
+        }
+    }
+
+    /// Streams and events the device holds for the session, forgotten (a reset, the end).
+    pub(crate) fn release_sync(&mut self) {
+        for s in self.sync.streams.drain().collect::<Vec<_>>() {
+            let _ = self.device.destroy_stream(s);
+        }
+        for e in self.sync.events.drain().collect::<Vec<_>>() {
+            let _ = self.device.destroy_event(e);
+        }
+        self.sync.contexts.clear();
     }
 }

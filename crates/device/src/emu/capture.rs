@@ -198,6 +198,7 @@ mod tests {
             block: [1, 1, 1],
             shared_mem: 0,
             params: &out.to_le_bytes(),
+            stream: 0,
             cooperative: false,
             cancel: None,
         })
@@ -313,6 +314,7 @@ mod tests {
                 block: [1, 1, 1],
                 shared_mem: 0,
                 params: &out.to_le_bytes(),
+                stream: 0,
                 cooperative: false,
                 cancel: None,
             })

@@ -19,7 +19,10 @@ use gpufuse_proto::{DeviceInfo, DeviceKind, FunctionInfo};
 
 use crate::ptx_layout::{self, Layout};
 use crate::status::*;
-use crate::{model, CaptureRefused, Device, DeviceError, DeviceImage, KernelLaunch, ModuleId};
+use crate::{
+    model, CaptureRefused, Device, DeviceError, DeviceImage, EventId, KernelLaunch, ModuleId,
+    StreamId,
+};
 
 /// Allocations start at multiples of the texture alignment the device reports (512, attribute
 /// 14), so memory from `cuMemAlloc` can back a texture object, as on a GPU.
@@ -87,6 +90,10 @@ pub struct EmuDevice {
     heap_size: u64,
     /// `CU_LIMIT_PRINTF_FIFO_SIZE`: the device-side `printf` output one launch may produce.
     printf_fifo: usize,
+    /// Streams and events: work runs when it is enqueued, so every queue is empty.
+    queues: crate::eager::EagerQueues,
+    /// Device time the session's launches have taken.
+    device_time: Duration,
 }
 
 /// Device-side `printf` output one launch may produce (the driver's default printf FIFO); what
@@ -202,6 +209,8 @@ impl EmuDevice {
             host_mapped: None,
             heap_size: gpufuse_ptx::DEFAULT_HEAP,
             printf_fifo: PRINTF_FIFO,
+            queues: Default::default(),
+            device_time: Duration::ZERO,
             vmm: vmm::Vmm::default(),
             model: model::default_model(),
         }
@@ -504,13 +513,22 @@ impl Device for EmuDevice {
         self.slice_mut(dst, len).ok()
     }
 
-    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Status> {
+    fn copy(&mut self, dst: u64, src: u64, len: u64, stream: StreamId) -> Result<(), Status> {
+        self.queues.check_stream(stream)?;
         let mut data = vec![0u8; usize::try_from(len).map_err(|_| INVALID_VALUE)?];
         self.read(src, &mut data)?;
         self.write(dst, &data)
     }
 
-    fn memset(&mut self, dst: u64, value: u32, elem_size: u8, count: u64) -> Result<(), Status> {
+    fn memset(
+        &mut self,
+        dst: u64,
+        value: u32,
+        elem_size: u8,
+        count: u64,
+        stream: StreamId,
+    ) -> Result<(), Status> {
+        self.queues.check_stream(stream)?;
         let len = count.checked_mul(elem_size as u64).ok_or(INVALID_VALUE)?;
         let pieces = self.pieces(dst, len).ok_or(INVALID_VALUE)?;
         if pieces.len() > 1 || self.in_shared(dst) {
@@ -718,7 +736,68 @@ impl Device for EmuDevice {
         m.variables.get(name).copied().ok_or(NOT_FOUND)
     }
 
-    fn launch(&mut self, l: &KernelLaunch) -> Result<Duration, DeviceError> {
+    fn create_stream(&mut self, stream: StreamId, _flags: u32, _prio: i32) -> Result<(), Status> {
+        self.queues.create_stream(stream)
+    }
+
+    fn destroy_stream(&mut self, stream: StreamId) -> Result<(), Status> {
+        self.queues.destroy_stream(stream)
+    }
+
+    fn create_event(&mut self, event: EventId, flags: u32) -> Result<(), Status> {
+        self.queues.create_event(event, flags)
+    }
+
+    fn destroy_event(&mut self, event: EventId) -> Result<(), Status> {
+        self.queues.destroy_event(event)
+    }
+
+    fn record(&mut self, event: EventId, stream: StreamId) -> Result<(), Status> {
+        self.queues.record(event, stream)
+    }
+
+    fn wait_event(&mut self, stream: StreamId, event: EventId) -> Result<(), Status> {
+        self.queues.wait_event(stream, event)
+    }
+
+    fn event_done(&mut self, event: EventId) -> Result<bool, Status> {
+        self.queues.check_event(event).map(|()| true)
+    }
+
+    fn sync_event(&mut self, event: EventId) -> Result<(), Status> {
+        self.queues.check_event(event)
+    }
+
+    fn elapsed(&mut self, start: EventId, end: EventId) -> Result<f32, Status> {
+        self.queues.elapsed(start, end)
+    }
+
+    fn stream_done(&mut self, stream: StreamId) -> Result<bool, Status> {
+        self.queues.check_stream(stream).map(|()| true)
+    }
+
+    fn sync_stream(&mut self, stream: StreamId) -> Result<(), Status> {
+        self.queues.check_stream(stream)
+    }
+
+    fn synchronize(&mut self) -> Result<(), Status> {
+        Ok(())
+    }
+
+    fn event_age(&mut self, event: EventId) -> Option<Duration> {
+        self.queues.event_age(event)
+    }
+
+    fn set_event_age(&mut self, event: EventId, age: Duration) -> Result<(), Status> {
+        self.queues.set_event_age(event, age)
+    }
+
+    fn device_time(&mut self) -> Duration {
+        self.device_time
+    }
+
+    fn launch(&mut self, l: &KernelLaunch) -> Result<(), DeviceError> {
+        self.queues.check_stream(l.stream)?;
         self.last_touched.clear();
         let m = self.modules.get(&l.module).ok_or(INVALID_HANDLE)?;
         let k = m
@@ -832,7 +911,10 @@ impl Device for EmuDevice {
             self.output.extend_from_slice(&printed);
         }
         match result {
-            Ok(stats) => Ok(stats.elapsed),
+            Ok(stats) => {
+                self.device_time += stats.elapsed;
+                Ok(())
+            }
             Err(e) => {
                 let status = match e {
                     gpufuse_ptx::ExecError::IllegalAddress(_) => ILLEGAL_ADDRESS,
@@ -1069,7 +1151,7 @@ mod tests {
         assert_eq!(out, [1, 2, 3]);
         assert_eq!(d.write(p + 999, &[1, 2]), Err(INVALID_VALUE));
         assert_eq!(d.read(p + 5000, &mut out), Err(INVALID_VALUE));
-        d.memset(p, 0xAABB_CCDD, 4, 250).unwrap();
+        d.memset(p, 0xAABB_CCDD, 4, 250, 0).unwrap();
         d.read(p, &mut out).unwrap();
         assert_eq!(out, [0xDD, 0xCC, 0xBB]);
         assert_eq!(d.free(p + 1), Err(INVALID_VALUE));
@@ -1094,10 +1176,10 @@ mod tests {
         let mut out = [0u8; 6];
         d.read(across, &mut out).unwrap();
         assert_eq!(&out, b"abcdef");
-        d.memset(across - 1, 0x0102_0304, 4, 2).unwrap();
+        d.memset(across - 1, 0x0102_0304, 4, 2, 0).unwrap();
         d.read(across - 1, &mut out).unwrap();
         assert_eq!(out, [4, 3, 2, 1, 4, 3]);
-        d.copy(range, across - 1, 6).unwrap();
+        d.copy(range, across - 1, 6, 0).unwrap();
         let mut back = [0u8; 6];
         d.read(range, &mut back).unwrap();
         assert_eq!(back, out);
@@ -1151,6 +1233,7 @@ mod tests {
                 block,
                 shared_mem: 0,
                 params: &[],
+                stream: 0,
                 cooperative: false,
                 cancel: None,
             })
@@ -1207,6 +1290,7 @@ mod tests {
             block: [32, 1, 1],
             shared_mem: 0,
             params: &[0; 16],
+            stream: 0,
             cooperative: false,
             cancel: None,
         };
@@ -1229,7 +1313,7 @@ mod tests {
         grid: u32,
         block: u32,
         params: &[u8],
-    ) -> Result<Duration, DeviceError> {
+    ) -> Result<(), DeviceError> {
         d.launch(&KernelLaunch {
             module: m,
             function: name,
@@ -1237,6 +1321,7 @@ mod tests {
             block: [block, 1, 1],
             shared_mem: 0,
             params,
+            stream: 0,
             cooperative: false,
             cancel: None,
         })
@@ -1340,12 +1425,12 @@ LOOP:
             backing[1].load(std::sync::atomic::Ordering::SeqCst) >> 8 & 0xff_ffff,
             0x636261
         );
-        d.memset(p + 16, 0x7f, 1, 8).unwrap();
+        d.memset(p + 16, 0x7f, 1, 8, 0).unwrap();
         assert_eq!(
             backing[2].load(std::sync::atomic::Ordering::SeqCst),
             0x7f7f_7f7f_7f7f_7f7f
         );
-        d.copy(own, p + 16, 8).unwrap();
+        d.copy(own, p + 16, 8, 0).unwrap();
         let mut back = [0u8; 8];
         d.read(own, &mut back).unwrap();
         assert_eq!(back, [0x7f; 8]);
