@@ -79,6 +79,7 @@ mod alu;
 mod code;
 mod collective;
 mod copy;
+mod decode;
 mod devrt;
 mod exec;
 mod graph;

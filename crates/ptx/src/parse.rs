@@ -13,7 +13,8 @@
 
 use std::collections::HashMap;
 
-use crate::inst::{decode, Inst};
+use crate::decode::decode;
+use crate::inst::Inst;
 use crate::lex::{lex, Kind, Lexed, Token};
 use crate::PtxError;
 
@@ -252,7 +253,7 @@ impl<'a> P<'a> {
 
     fn number(&mut self, what: &str) -> Result<u64, PtxError> {
         let (t, w) = self.word(what)?;
-        crate::inst::parse_number(w, false, false)
+        crate::decode::parse_number(w, false, false)
             .filter(|_| w.bytes().next().is_some_and(|b| b.is_ascii_digit()))
             .ok_or_else(|| self.err(&t, format!("expected {what}, found `{w}`")))
     }
@@ -470,7 +471,7 @@ impl<'a> P<'a> {
         }
         let (t, w) = self.word("an initializer value")?;
         let text = if neg { format!("-{w}") } else { w.to_string() };
-        match crate::inst::parse_number(&text, h.float, h.elem == 4) {
+        match crate::decode::parse_number(&text, h.float, h.elem == 4) {
             Some(v) if w.bytes().next().is_some_and(|b| b.is_ascii_digit()) => {
                 out.push(Elem::Bits(v))
             }
