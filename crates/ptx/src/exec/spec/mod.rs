@@ -20,10 +20,14 @@
 use std::sync::atomic::Ordering;
 
 use crate::alu::{self, f32v, mask, sext};
-use crate::code::{Dst, Ins, Src};
-use crate::inst::{AtomOp, BoolOp, Cmp, Op, Space, Sreg, Ty, Type};
+use crate::code::{Dst, Ins};
+use crate::inst::{AtomOp, Cmp, Sreg, Ty, Type};
 use crate::space::{SHARED_WINDOW, WINDOW_MASK};
 use crate::warp::{Bits, Env, Group, Lanes, Warp};
+
+mod select;
+
+pub use select::specialize;
 
 /// A source operand of a fast form.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -220,30 +224,6 @@ pub enum Fast {
     },
 }
 
-fn opnd(s: Src, size: u8) -> Option<Opnd> {
-    match s {
-        Src::Reg(r) => Some(Opnd::Reg(r)),
-        Src::Imm(v) => Some(Opnd::Imm(v & mask(size))),
-        _ => None,
-    }
-}
-
-/// The `[base+offset]` operand of a load or store, if its base is a register or a symbol.
-fn addr(ins: &Ins) -> Option<(Addr, u64)> {
-    match ins.addr? {
-        (Src::Reg(r), off) => Some((Addr::Reg(r), off as u64)),
-        (Src::Sym(id), off) => Some((Addr::Sym(id), off as u64)),
-        _ => None,
-    }
-}
-
-fn dreg(d: Dst) -> Option<u32> {
-    match d {
-        Dst::Reg(r) => Some(r),
-        Dst::Sink => None,
-    }
-}
-
 const F32: Type = Type {
     kind: Ty::F,
     size: 4,
@@ -252,344 +232,6 @@ const F64: Type = Type {
     kind: Ty::F,
     size: 8,
 };
-
-/// The fast form of `ins`, if it has one.
-pub fn specialize(ins: &Ins) -> Fast {
-    specialize_opt(ins).unwrap_or(Fast::None)
-}
-
-fn specialize_opt(ins: &Ins) -> Option<Fast> {
-    let ty = ins.ty;
-    let m = &ins.m;
-    let int = matches!(ty.kind, Ty::U | Ty::S | Ty::B) && matches!(ty.size, 1 | 2 | 4 | 8);
-    let signed = ty.kind == Ty::S;
-    let (size, tm) = (ty.size, mask(ty.size));
-    // Modifiers none of the forms below take.
-    if m.x2.is_some() || m.sat || m.rnd.is_some() || m.cc || m.relu {
-        return None;
-    }
-    let single = !ins.dvec && ins.nd == 1;
-    let src = |k: usize, size: u8| opnd(ins.src(k), size);
-    match ins.op {
-        Op::Add
-        | Op::Sub
-        | Op::Mul
-        | Op::Div
-        | Op::Rem
-        | Op::Min
-        | Op::Max
-        | Op::And
-        | Op::Or
-        | Op::Xor
-        | Op::Shl
-        | Op::Shr => {
-            if !single || ins.ns != 2 {
-                return None;
-            }
-            let d = dreg(ins.d[0])?;
-            let shift = matches!(ins.op, Op::Shl | Op::Shr);
-            let bsize = if shift { 4 } else { size };
-            let (a, b) = (src(0, size)?, src(1, bsize)?);
-            let bits = size as u64 * 8;
-            let f32 = ty == F32;
-            let f64 = ty == F64;
-            let op = match ins.op {
-                Op::Add if int => Bin::Add(tm),
-                Op::Sub if int => Bin::Sub(tm),
-                Op::Mul if int && !m.wide && !m.hi => Bin::MulLo(tm),
-                Op::Mul if int && m.wide && size < 8 && signed => Bin::MulWideS(size),
-                Op::Mul if int && m.wide && size < 8 => Bin::MulWideU,
-                Op::Mul if int && m.hi && signed => Bin::MulHiS(size, bits, tm),
-                Op::Mul if int && m.hi => Bin::MulHiU(bits, tm),
-                Op::Div if int && signed => Bin::DivS(size, tm),
-                Op::Div if int => Bin::DivU,
-                Op::Rem if int && signed => Bin::RemS(size, tm),
-                Op::Rem if int => Bin::RemU,
-                Op::Shl if int => Bin::Shl(bits, tm),
-                Op::Shr if int && signed => Bin::ShrS(size, bits, tm),
-                Op::Shr if int => Bin::ShrU(bits),
-                Op::Min if int && signed => Bin::MinS(size, tm),
-                Op::Max if int && signed => Bin::MaxS(size, tm),
-                Op::Min if int => Bin::MinU,
-                Op::Max if int => Bin::MaxU,
-                Op::And if int => Bin::And,
-                Op::Or if int => Bin::Or,
-                Op::Xor if int => Bin::Xor,
-                Op::And if ty.kind == Ty::Pred => Bin::PredAnd,
-                Op::Or if ty.kind == Ty::Pred => Bin::PredOr,
-                Op::Xor if ty.kind == Ty::Pred => Bin::PredXor,
-                Op::Add if f32 => Bin::AddF32,
-                Op::Sub if f32 => Bin::SubF32,
-                Op::Mul if f32 => Bin::MulF32,
-                Op::Div if f32 => Bin::DivF32,
-                Op::Add if f64 => Bin::AddF64,
-                Op::Sub if f64 => Bin::SubF64,
-                Op::Mul if f64 => Bin::MulF64,
-                Op::Div if f64 => Bin::DivF64,
-                _ => return None,
-            };
-            Some(Fast::Bin {
-                op,
-                d,
-                a,
-                b,
-                ma: tm,
-                mb: mask(bsize),
-            })
-        }
-        Op::Setp => {
-            if !single || ins.ns != 2 || m.bool_op != BoolOp::None {
-                return None;
-            }
-            let d = dreg(ins.d[0])?;
-            let (a, b) = (src(0, size)?, src(1, size)?);
-            let c = m.cmp;
-            let op = match ty.kind {
-                Ty::S
-                    if int
-                        && matches!(
-                            c,
-                            Cmp::Eq | Cmp::Ne | Cmp::Lt | Cmp::Le | Cmp::Gt | Cmp::Ge
-                        ) =>
-                {
-                    Bin::SetpS(c, size)
-                }
-                Ty::U | Ty::B if int => Bin::SetpU(match c {
-                    Cmp::Lo => Cmp::Lt,
-                    Cmp::Ls => Cmp::Le,
-                    Cmp::Hi => Cmp::Gt,
-                    Cmp::Hs => Cmp::Ge,
-                    Cmp::Eq | Cmp::Ne | Cmp::Lt | Cmp::Le | Cmp::Gt | Cmp::Ge => c,
-                    _ => return None,
-                }),
-                Ty::F if size == 4 && c != Cmp::None => Bin::SetpF32(c),
-                Ty::F if size == 8 && c != Cmp::None => Bin::SetpF64(c),
-                _ => return None,
-            };
-            Some(Fast::Bin {
-                op,
-                d,
-                a,
-                b,
-                ma: tm,
-                mb: tm,
-            })
-        }
-        Op::Fma | Op::Mad => {
-            if !single || ins.ns != 3 || m.hi {
-                return None;
-            }
-            let d = dreg(ins.d[0])?;
-            let csize = if m.wide { size.saturating_mul(2) } else { size };
-            let (a, b, c) = (src(0, size)?, src(1, size)?, src(2, csize)?);
-            let op = if ty == F32 {
-                Tern::FmaF32
-            } else if ty == F64 {
-                Tern::FmaF64
-            } else if ins.op == Op::Mad && int && !m.wide {
-                Tern::MadLo(tm)
-            } else if ins.op == Op::Mad && int && size < 8 && signed {
-                Tern::MadWideS(size)
-            } else if ins.op == Op::Mad && int && size < 8 {
-                Tern::MadWideU
-            } else {
-                return None;
-            };
-            Some(Fast::Tern {
-                op,
-                d,
-                a,
-                b,
-                c,
-                m: tm,
-                mc: mask(csize),
-            })
-        }
-        Op::Selp => {
-            if !single || ins.ns != 3 {
-                return None;
-            }
-            let d = dreg(ins.d[0])?;
-            let (a, b, c) = (src(0, size)?, src(1, size)?, src(2, 1)?);
-            Some(Fast::Tern {
-                op: Tern::Selp,
-                d,
-                a,
-                b,
-                c,
-                m: tm,
-                mc: mask(1),
-            })
-        }
-        Op::Mov
-            if single
-                && !ins.svec
-                && ins.ns == 1
-                && matches!(ins.s[0], Src::Sreg(s) if !matches!(s, Sreg::Clock | Sreg::Clock64 | Sreg::Globaltimer)) =>
-        {
-            let Src::Sreg(s) = ins.s[0] else {
-                return None;
-            };
-            Some(Fast::MovSreg {
-                d: dreg(ins.d[0])?,
-                s,
-                m: tm,
-            })
-        }
-        Op::Ld
-            if ins.space == Space::Param
-                && single
-                && ins.ns == 0
-                && m.vec <= 1
-                && matches!(size, 1 | 2 | 4 | 8) =>
-        {
-            let (Src::KernelParam(base), off) = ins.addr? else {
-                return None;
-            };
-            Some(Fast::LdParam {
-                d: dreg(ins.d[0])?,
-                at: base.wrapping_add(off as u64),
-                n: size,
-                sext: signed,
-            })
-        }
-        Op::Mov if single && !ins.svec && ins.ns == 1 => Some(Fast::Un {
-            op: Un::Mov,
-            d: dreg(ins.d[0])?,
-            a: src(0, size)?,
-            ma: tm,
-        }),
-        Op::Abs
-        | Op::Neg
-        | Op::Rcp
-        | Op::Sqrt
-        | Op::Rsqrt
-        | Op::Sin
-        | Op::Cos
-        | Op::Ex2
-        | Op::Lg2
-        | Op::Tanh
-        | Op::Not
-        | Op::Cnot
-            if single && ins.ns == 1 =>
-        {
-            let float = ty.kind == Ty::F && matches!(size, 4 | 8);
-            let op = match ins.op {
-                Op::Abs if int => Un::AbsS(size),
-                Op::Neg if int => Un::NegS(size),
-                Op::Not if int => Un::Not(tm),
-                Op::Not if ty.kind == Ty::Pred => Un::IsZero,
-                Op::Cnot => Un::IsZero,
-                Op::Not => return None,
-                _ if float => Un::Float,
-                _ => return None,
-            };
-            Some(Fast::Un {
-                op,
-                d: dreg(ins.d[0])?,
-                a: src(0, size)?,
-                ma: tm,
-            })
-        }
-        Op::Cvt
-            if single
-                && ins.ns == 1
-                && m.pk_dst.is_none()
-                && m.pk_src.is_none()
-                && matches!(ins.ty2.size, 1 | 2 | 4 | 8)
-                && matches!(ins.ty2.kind, Ty::U | Ty::S | Ty::B | Ty::F) =>
-        {
-            Some(Fast::Un {
-                op: Un::Cvt,
-                d: dreg(ins.d[0])?,
-                a: src(0, ins.ty2.size)?,
-                ma: mask(ins.ty2.size),
-            })
-        }
-        Op::Ld | Op::Ldu => {
-            let nv = m.vec.max(1);
-            let n = size;
-            let shared = match ins.space {
-                Space::Shared => true,
-                Space::Global | Space::Generic | Space::Const => false,
-                _ => return None,
-            };
-            if !matches!(n, 1 | 2 | 4 | 8)
-                || !matches!(nv, 1 | 2 | 4)
-                || ins.nd != nv
-                || ins.dvec != (nv > 1)
-                || ins.ns != 0
-            {
-                return None;
-            }
-            let (a, off) = addr(ins)?;
-            Some(Fast::Ld {
-                shared,
-                d: ins.d,
-                nv,
-                a,
-                off,
-                n,
-                sext: signed,
-            })
-        }
-        Op::Atom | Op::Red
-            if ins.space == Space::Shared
-                && m.vec <= 1
-                && matches!(size, 4 | 8)
-                && m.atom_op != AtomOp::Cas
-                && ins.ns == 1
-                && !ins.dvec
-                && alu::atom(m.atom_op, ty, 0, 0, 0).is_some() =>
-        {
-            let (a, off) = addr(ins)?;
-            Some(Fast::AtomShared {
-                op: m.atom_op,
-                ty,
-                d: if ins.op == Op::Atom {
-                    ins.d[0]
-                } else {
-                    Dst::Sink
-                },
-                a,
-                off,
-                n: size,
-                v: src(0, size)?,
-            })
-        }
-        Op::St => {
-            let nv = m.vec.max(1);
-            let n = size;
-            let shared = match ins.space {
-                Space::Shared => true,
-                Space::Global => false,
-                _ => return None,
-            };
-            if !matches!(n, 1 | 2 | 4 | 8)
-                || !matches!(nv, 1 | 2 | 4)
-                || ins.ns != nv
-                || ins.svec != (nv > 1)
-                || m.cache_hint
-            {
-                return None;
-            }
-            let (a, off) = addr(ins)?;
-            let mut v = [Opnd::Imm(0); 4];
-            for (k, slot) in v.iter_mut().enumerate().take(nv as usize) {
-                *slot = src(k, n)?;
-            }
-            Some(Fast::St {
-                shared,
-                v,
-                nv,
-                a,
-                off,
-                n,
-            })
-        }
-        _ => None,
-    }
-}
 
 /// An operand's 32 lanes: a register's row, or `tmp` filled with an immediate.
 macro_rules! row {
@@ -811,104 +453,15 @@ pub fn exec(w: &mut Warp, env: &mut Env, ins: &Ins, g: &Group, run: u32) -> bool
             m,
             mc,
         } => {
-            let regs = &mut w.levels[g.depth][..];
-            let abc = (a, b, c);
-            match op {
-                Tern::FmaF32 => tern_lanes(regs, d, abc, run, alu::fma_f32_lanes),
-                Tern::FmaF64 => tern(regs, d, abc, m, mc, run, |a, b, c| {
-                    f64::from_bits(a)
-                        .mul_add(f64::from_bits(b), f64::from_bits(c))
-                        .to_bits()
-                }),
-                Tern::MadLo(tm) => tern(regs, d, abc, m, mc, run, |a, b, c| {
-                    a.wrapping_mul(b).wrapping_add(c) & tm
-                }),
-                Tern::MadWideS(size) => by_width!(
-                    size,
-                    sx,
-                    tern(regs, d, abc, m, mc, run, |a, b, c| {
-                        (sx(a).wrapping_mul(sx(b)) as u64).wrapping_add(c)
-                    })
-                ),
-                Tern::MadWideU => tern(regs, d, abc, m, mc, run, |a, b, c| {
-                    a.wrapping_mul(b).wrapping_add(c)
-                }),
-                Tern::Selp => tern(
-                    regs,
-                    d,
-                    abc,
-                    m,
-                    mc,
-                    run,
-                    |a, b, c| if c != 0 { a } else { b },
-                ),
-            }
+            ternary(&mut w.levels[g.depth], op, d, (a, b, c), m, mc, run);
             true
         }
         Fast::Un { op, d, a, ma } => {
-            let regs = &mut w.levels[g.depth][..];
-            let ta: Lanes;
-            let x = row!(regs, a, ta);
-            let mut o = [0u64; 32];
-            match op {
-                Un::Mov => {
-                    for l in 0..32 {
-                        o[l] = x[l] & ma;
-                    }
-                }
-                Un::Cvt => {
-                    for l in Bits(run) {
-                        o[l] = alu::cvt(ins, x[l] & ma);
-                    }
-                }
-                Un::Float => {
-                    for l in Bits(run) {
-                        o[l] = alu::unary_float(ins, x[l] & ma).unwrap_or(0);
-                    }
-                }
-                Un::AbsS(size) => {
-                    for l in 0..32 {
-                        o[l] = sext(x[l] & ma, size).wrapping_abs() as u64 & ma;
-                    }
-                }
-                Un::NegS(size) => {
-                    for l in 0..32 {
-                        o[l] = sext(x[l] & ma, size).wrapping_neg() as u64 & ma;
-                    }
-                }
-                Un::Not(m) => {
-                    for l in 0..32 {
-                        o[l] = !x[l] & m;
-                    }
-                }
-                Un::IsZero => {
-                    for l in 0..32 {
-                        o[l] = (x[l] & ma == 0) as u64;
-                    }
-                }
-            }
-            write(regs, d, &o, run);
+            unary(&mut w.levels[g.depth], ins, op, d, a, ma, run);
             true
         }
         Fast::MovSreg { d, s, m } => {
-            let mut o = [0u64; 32];
-            match s {
-                Sreg::Tid(k) => {
-                    let k = k as usize % 3;
-                    for (o, t) in o.iter_mut().zip(&w.tid) {
-                        *o = t[k] as u64 & m;
-                    }
-                }
-                Sreg::Ntid(_) | Sreg::Ctaid(_) | Sreg::Nctaid(_) | Sreg::DynSmem => {
-                    o = [crate::lanes::special(w, env, s, 0) & m; 32];
-                }
-                _ => {
-                    for l in Bits(run) {
-                        o[l] = crate::lanes::special(w, env, s, l) & m;
-                    }
-                }
-            }
-            write(&mut w.levels[g.depth], d, &o, run);
+            mov_sreg(w, env, g, d, s, m, run);
             true
         }
         Fast::LdParam { d, at, n, sext } => {
@@ -967,6 +520,118 @@ pub fn exec(w: &mut Warp, env: &mut Env, ins: &Ins, g: &Group, run: u32) -> bool
             (false, _) => st_region::<1>(w, env, g, &v, nv, a, off, run),
         },
     }
+}
+
+/// `d = op(a, b, c)` in the running lanes.
+#[inline(always)]
+fn ternary(
+    regs: &mut [Lanes],
+    op: Tern,
+    d: u32,
+    abc: (Opnd, Opnd, Opnd),
+    m: u64,
+    mc: u64,
+    run: u32,
+) {
+    match op {
+        Tern::FmaF32 => tern_lanes(regs, d, abc, run, alu::fma_f32_lanes),
+        Tern::FmaF64 => tern(regs, d, abc, m, mc, run, |a, b, c| {
+            f64::from_bits(a)
+                .mul_add(f64::from_bits(b), f64::from_bits(c))
+                .to_bits()
+        }),
+        Tern::MadLo(tm) => tern(regs, d, abc, m, mc, run, |a, b, c| {
+            a.wrapping_mul(b).wrapping_add(c) & tm
+        }),
+        Tern::MadWideS(size) => by_width!(
+            size,
+            sx,
+            tern(regs, d, abc, m, mc, run, |a, b, c| {
+                (sx(a).wrapping_mul(sx(b)) as u64).wrapping_add(c)
+            })
+        ),
+        Tern::MadWideU => tern(regs, d, abc, m, mc, run, |a, b, c| {
+            a.wrapping_mul(b).wrapping_add(c)
+        }),
+        Tern::Selp => tern(
+            regs,
+            d,
+            abc,
+            m,
+            mc,
+            run,
+            |a, b, c| if c != 0 { a } else { b },
+        ),
+    }
+}
+
+/// `d = op(a)` in the running lanes.
+#[inline(always)]
+fn unary(regs: &mut [Lanes], ins: &Ins, op: Un, d: u32, a: Opnd, ma: u64, run: u32) {
+    let ta: Lanes;
+    let x = row!(regs, a, ta);
+    let mut o = [0u64; 32];
+    match op {
+        Un::Mov => {
+            for l in 0..32 {
+                o[l] = x[l] & ma;
+            }
+        }
+        Un::Cvt => {
+            for l in Bits(run) {
+                o[l] = alu::cvt(ins, x[l] & ma);
+            }
+        }
+        Un::Float => {
+            for l in Bits(run) {
+                o[l] = alu::unary_float(ins, x[l] & ma).unwrap_or(0);
+            }
+        }
+        Un::AbsS(size) => {
+            for l in 0..32 {
+                o[l] = sext(x[l] & ma, size).wrapping_abs() as u64 & ma;
+            }
+        }
+        Un::NegS(size) => {
+            for l in 0..32 {
+                o[l] = sext(x[l] & ma, size).wrapping_neg() as u64 & ma;
+            }
+        }
+        Un::Not(m) => {
+            for l in 0..32 {
+                o[l] = !x[l] & m;
+            }
+        }
+        Un::IsZero => {
+            for l in 0..32 {
+                o[l] = (x[l] & ma == 0) as u64;
+            }
+        }
+    }
+    write(regs, d, &o, run);
+}
+
+/// `mov` of special register `s` (masked by `m`) to `d` in the running lanes.
+#[inline(always)]
+fn mov_sreg(w: &mut Warp, env: &Env, g: &Group, d: u32, s: Sreg, m: u64, run: u32) {
+    let mut o = [0u64; 32];
+    match s {
+        Sreg::Tid(k) => {
+            let k = k as usize % 3;
+            for (o, t) in o.iter_mut().zip(&w.tid) {
+                *o = t[k] as u64 & m;
+            }
+        }
+        Sreg::Ntid(_) | Sreg::Ctaid(_) | Sreg::Nctaid(_) | Sreg::DynSmem => {
+            o = [crate::lanes::special(w, env, s, 0) & m; 32];
+        }
+        _ => {
+            for l in Bits(run) {
+                o[l] = crate::lanes::special(w, env, s, l) & m;
+            }
+        }
+    }
+    write(&mut w.levels[g.depth], d, &o, run);
 }
 
 #[inline(always)]
