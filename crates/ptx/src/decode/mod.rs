@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use crate::inst::{Inst, Mods, Op, Operand, Space, Ty, Type};
 use crate::PtxError;
 
-pub use operand::parse_number;
 use operand::operand;
+pub use operand::parse_number;
 
 /// How an instruction's modifiers and operands are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +143,9 @@ static OPCODES: &[(&str, Op, Family)] = &[
 
 /// The opcode of base name `base` with modifiers `mods`, if the VM runs it.
 fn opcode_of(base: &str, mods: &[&str]) -> Option<(Op, Family)> {
-    let i = OPCODES.binary_search_by(|(name, ..)| name.cmp(&base)).ok()?;
+    let i = OPCODES
+        .binary_search_by(|(name, ..)| name.cmp(&base))
+        .ok()?;
     let (_, op, family) = OPCODES[i];
     Some((refine(op, mods)?, family))
 }

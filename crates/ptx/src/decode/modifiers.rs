@@ -73,7 +73,9 @@ static MODIFIERS: &[Modifier] = &[
     of(&[Op::Bfind], &["shiftamt"], |m| m.shiftamt = true),
     any(&["L2::cache_hint"], |m| m.cache_hint = true),
     of(&[Op::Testp], &["finite"], |m| m.testp = TestpMode::Finite),
-    of(&[Op::Testp], &["infinite"], |m| m.testp = TestpMode::Infinite),
+    of(&[Op::Testp], &["infinite"], |m| {
+        m.testp = TestpMode::Infinite
+    }),
     of(&[Op::Testp], &["number"], |m| m.testp = TestpMode::Number),
     of(&[Op::Testp], &["notanumber"], |m| {
         m.testp = TestpMode::NotANumber
@@ -97,7 +99,9 @@ static MODIFIERS: &[Modifier] = &[
     of(&[Op::Mbarrier], &["arrive_drop"], |m| {
         m.mbar = MbarOp::ArriveDrop
     }),
-    of(&[Op::Mbarrier], &["test_wait"], |m| m.mbar = MbarOp::TestWait),
+    of(&[Op::Mbarrier], &["test_wait"], |m| {
+        m.mbar = MbarOp::TestWait
+    }),
     of(&[Op::Mbarrier], &["try_wait"], |m| m.mbar = MbarOp::TryWait),
     of(&[Op::Mbarrier], &["pending_count"], |m| {
         m.mbar = MbarOp::PendingCount

@@ -75,27 +75,7 @@ pub fn exec(
     };
     // Control flow, barriers and warp-wide instructions: the group as a whole.
     match ins.op {
-        Op::Bra => {
-            return Ok(if run == g.mask {
-                Flow::Goto(ins.target)
-            } else if run == 0 {
-                Flow::Next
-            } else {
-                // Divergence: the lanes meet again at the branch's post-dominator.
-                let join = code.joins.get(g.pc as usize).copied();
-                if let Some(pc) = join.filter(|&p| p != crate::reconverge::NONE) {
-                    w.joins.push(warp::Join {
-                        pc,
-                        func: g.func as u32,
-                        depth: g.depth,
-                        mask: g.mask,
-                    });
-                }
-                w.goto(run, ins.target);
-                w.goto(g.mask & !run, g.pc + 1);
-                Flow::Sched
-            });
-        }
+        Op::Bra => return Ok(branch(w, code, ins, g, run)),
         Op::Call => {
             warp::call(w, env, code, ins.target, g, run)?;
             return Ok(Flow::Sched);
@@ -116,19 +96,7 @@ pub fn exec(
         Op::Trap | Op::Brkpt if run != 0 => return Err(ExecError::Trap),
         Op::Bar => {
             if ins.m.bar_red && run != 0 {
-                // `bar.red.op d, a{, b}, {!}c`: the predicate is the last source.
-                let last = (ins.ns as usize).checked_sub(1).ok_or_else(unsupported)?;
-                let mut c = [0u64; 32];
-                val_into(w, env, g, ins.src(last), 1, &mut c)?;
-                let red = &mut env.bar_red;
-                for l in Bits(run) {
-                    let p = c[l] & 1 != 0;
-                    red.count += p as u32;
-                    red.all &= p;
-                    red.any |= p;
-                }
-                red.waiting
-                    .push((w.index, ins.d[0], g.depth, run, ins.m.atom_op));
+                bar_red(w, env, ins, g, run, &unsupported)?;
             }
             w.bar |= run;
             return Ok(Flow::Next);
@@ -187,6 +155,70 @@ pub fn exec(
     if run == 0 {
         return Ok(Flow::Next);
     }
+    lane_by_lane(w, env, ins, g, run, &unsupported)?;
+    Ok(Flow::Next)
+}
+
+/// A branch of the lanes `run` of `g`: the whole group to the target, or none of it, or a
+/// divergence: the lanes meet again at the branch's post-dominator.
+#[inline(always)]
+fn branch(w: &mut Warp, code: &Code, ins: &Ins, g: &Group, run: u32) -> Flow {
+    if run == g.mask {
+        Flow::Goto(ins.target)
+    } else if run == 0 {
+        Flow::Next
+    } else {
+        let join = code.joins.get(g.pc as usize).copied();
+        if let Some(pc) = join.filter(|&p| p != crate::reconverge::NONE) {
+            w.joins.push(warp::Join {
+                pc,
+                func: g.func as u32,
+                depth: g.depth,
+                mask: g.mask,
+            });
+        }
+        w.goto(run, ins.target);
+        w.goto(g.mask & !run, g.pc + 1);
+        Flow::Sched
+    }
+}
+
+/// `bar.red.op d, a{, b}, {!}c` (`__syncthreads_count/and/or`): the lanes' predicates (the
+/// last source) into the block's reduction, and the warp among those waiting for its result.
+fn bar_red(
+    w: &mut Warp,
+    env: &mut Env,
+    ins: &Ins,
+    g: &Group,
+    run: u32,
+    unsupported: &dyn Fn() -> ExecError,
+) -> Result<(), ExecError> {
+    let last = (ins.ns as usize).checked_sub(1).ok_or_else(unsupported)?;
+    let mut c = [0u64; 32];
+    val_into(w, env, g, ins.src(last), 1, &mut c)?;
+    let red = &mut env.bar_red;
+    for l in Bits(run) {
+        let p = c[l] & 1 != 0;
+        red.count += p as u32;
+        red.all &= p;
+        red.any |= p;
+    }
+    red.waiting
+        .push((w.index, ins.d[0], g.depth, run, ins.m.atom_op));
+    Ok(())
+}
+
+/// The instructions run lane by lane, by family: data movement ([`memory`]), bits ([`bits`]),
+/// arithmetic ([`arith`]).
+#[inline(always)]
+fn lane_by_lane(
+    w: &mut Warp,
+    env: &mut Env,
+    ins: &Ins,
+    g: &Group,
+    run: u32,
+    unsupported: &dyn Fn() -> ExecError,
+) -> Result<(), ExecError> {
     match ins.op {
         Op::Mov
         | Op::Ld
@@ -201,7 +233,7 @@ pub fn exec(
         | Op::Stacksave
         | Op::Stackrestore
         | Op::Createpolicy
-        | Op::CpAsync => memory::exec(w, env, ins, g, run, &unsupported)?,
+        | Op::CpAsync => memory::exec(w, env, ins, g, run, unsupported),
         Op::Popc
         | Op::Clz
         | Op::Brev
@@ -217,8 +249,7 @@ pub fn exec(
         | Op::Shf
         | Op::Lop3
         | Op::Sad
-        | Op::Dp4a => bits::exec(w, env, ins, g, run, &unsupported)?,
-        _ => arith::exec(w, env, ins, g, run, &unsupported)?,
+        | Op::Dp4a => bits::exec(w, env, ins, g, run, unsupported),
+        _ => arith::exec(w, env, ins, g, run, unsupported),
     }
-    Ok(Flow::Next)
 }
