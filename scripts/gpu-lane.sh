@@ -63,13 +63,9 @@ step smoke-gpufuse-unix 60 "$gpufuse" run --server "$U" -- "$work/smoke"
 step smoke-gpufuse-tcp 60 "$gpufuse" run --server "$T" -- "$work/smoke"
 step smoke-ptx-jit-gpufuse 60 "$gpufuse" run --server "$U" -- "$work/smoke-ptx"
 
-say "== with the host arena page-locked (GPUFUSE_CUDA_LOCK_ARENA=1, off by default) =="
-GPUFUSE_CUDA_LOCK_ARENA=1 "$gpufuse" serve --listen "unix:$work/lock.sock" --devices "${GPUFUSE_LANE_DEVICES:-cuda}" 2>"$out/server-lock.log" &
-lock=$!
-for _ in $(seq 100); do [ -S "$work/lock.sock" ] && break; sleep 0.1; done
-step smoke-gpufuse-locked 60 "$gpufuse" run --server "unix:$work/lock.sock" -- "$work/smoke"
-step cupy-gpufuse-locked 90 "$gpufuse" run --server "unix:$work/lock.sock" -- "$py" tests/gpu-lane/cupy_checks.py
-kill $lock 2>/dev/null
+say "== with no host arena (GPUFUSE_PINNED_ARENA=0): pinned memory travels as bytes =="
+step smoke-gpufuse-no-arena 60 env GPUFUSE_PINNED_ARENA=0 "$gpufuse" run --server "$U" -- "$work/smoke"
+step cupy-gpufuse-no-arena 90 env GPUFUSE_PINNED_ARENA=0 "$gpufuse" run --server "$U" -- "$py" tests/gpu-lane/cupy_checks.py
 
 say "== listing a module's functions (cuFFT's export table 6e163fbe slot 7) =="
 step module-listing-native 60 "$py" tests/real-clients/python/module_listing.py

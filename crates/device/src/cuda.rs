@@ -69,6 +69,8 @@ pub struct CudaDevice {
     /// The client's host arena and the parts of it page-locked with the driver.
     pins: HostPins,
     arena: Option<HostSpan>,
+    /// The arena's pin map: one byte per `host_pins::CHUNK`, set before locking there.
+    pin_map: Option<HostSpan>,
     /// The session's streams (0, the legacy default stream, is the driver's NULL stream).
     streams: HashMap<StreamId, Stream>,
     /// The session's events; `bool`: recorded at least once.
@@ -207,6 +209,7 @@ impl CudaDevice {
             info,
             pins: HostPins::default(),
             arena: None,
+            pin_map: None,
             streams: HashMap::new(),
             events: HashMap::new(),
             timing: Timing::default(),
@@ -236,22 +239,25 @@ impl CudaDevice {
         Ok(handle)
     }
 
-    /// Page-locks the parts of the arena a large copy of `span` touches that are not yet
-    /// (`host_pins`), with `GPUFUSE_CUDA_LOCK_ARENA=1` only. Off by default: the client gives
-    /// freed arena blocks' pages back to the system (and moves registered memory's pages in),
-    /// after which the pages the driver locked are no longer the arena's, and nothing tells the
-    /// worker (docs/gpu-validation.md: 52 GB/s locked, 13-16 GB/s not, on an H200).
+    /// Page-locks the pages of the arena a large copy of `span` touches that are not yet
+    /// ([`host_pins`]), each run's chunks marked in the client's pin map first; nothing
+    /// without a pin map.
     fn lock_for(&mut self, span: HostSpan) {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if !*ON.get_or_init(|| std::env::var("GPUFUSE_CUDA_LOCK_ARENA").is_ok_and(|v| v == "1")) {
+        let Some(map) = self.pin_map else {
             return;
-        }
-        for (addr, len) in self.pins.runs_for(span.addr() as u64, span.len() as u64) {
-            let locked = self
-                .arena_part(addr, len)
-                .is_some_and(|part| self.driver.host_register(part).is_ok());
+        };
+        for run in self.pins.runs_for(span.addr() as u64, span.len() as u64) {
+            let marked = self.pins.chunks(run).all(|c| {
+                map.sub(c as usize, 1)
+                    .map(|byte| byte.copy_from(&[1]))
+                    .is_some()
+            });
+            let locked = marked
+                && self
+                    .arena_part(run.0, run.1)
+                    .is_some_and(|part| self.driver.host_register(part).is_ok());
             match locked {
-                true => self.pins.locked((addr, len)),
+                true => self.pins.locked(run),
                 false => self.pins.refused(),
             }
         }
@@ -485,10 +491,11 @@ impl Device for CudaDevice {
             .map_err(|e| self.fail(e))
     }
 
-    fn host_arena(&mut self, arena: HostSpan) -> Result<(), Status> {
+    fn host_arena(&mut self, arena: HostSpan, pin_map: Option<HostSpan>) -> Result<(), Status> {
         let old = self.pins.set_arena(arena.addr() as u64, arena.len() as u64);
         self.unlock(old);
         self.arena = Some(arena);
+        self.pin_map = pin_map;
         Ok(())
     }
 

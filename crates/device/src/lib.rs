@@ -101,10 +101,11 @@ pub trait Device: Send {
         dst.copy_from(&data);
         Ok(())
     }
-    /// The client's host arena, which later `*_span` copies lie in: a backend may page-lock
-    /// the parts large copies use so that they run as DMA (the real GPU: [`host_pins`]). The
-    /// arena stays mapped while the device lives.
-    fn host_arena(&mut self, _arena: HostSpan) -> Result<(), Status> {
+    /// The client's host arena, which later `*_span` copies lie in, and its pin map (`None`:
+    /// the client keeps none): a backend may page-lock the parts large copies use so that they
+    /// run as DMA, marking them in the map first (the real GPU: [`host_pins`]). Both stay
+    /// mapped while the device lives.
+    fn host_arena(&mut self, _arena: HostSpan, _pin_map: Option<HostSpan>) -> Result<(), Status> {
         Ok(())
     }
     /// Allocates `size` bytes whose memory is `backing`: host memory another process (a

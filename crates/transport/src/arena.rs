@@ -19,6 +19,18 @@
 //!   can garble only that client's own data, as a client writing its own buffer during an
 //!   asynchronous copy does on a real GPU).
 //!
+//! - **Page-locked by the GPU.** A worker on a real GPU registers the arena ranges large copies
+//!   use with NVIDIA's driver (`cuMemHostRegister`), so those copies are DMA. A registration
+//!   holds the physical pages it found, so a page must never leave the arena while registered
+//!   (a punched hole would give the worker's mapping a fresh page the GPU never sees). The
+//!   arena's first pages are therefore a *pin map* ([`HostArena::pin_map`]): a magic, then one
+//!   byte per [`PIN_CHUNK`] of the arena, which the worker sets *before* it registers anything
+//!   in that chunk. [`HostArena::free`] punches only chunks whose byte is clear and zeroes the
+//!   rest in place: a block is freed only once no copy of it is queued (the client asks the
+//!   worker first), so a chunk the worker starts pinning after the client read its byte holds
+//!   none of the freed block's pages (registrations cover the copied pages only). A worker that
+//!   finds no magic (an older client) registers nothing.
+//!
 //! Hand-written because the few lines of first-fit allocation are all it needs: an allocator
 //! crate (range-alloc, offset-allocator) would bring its own size classes for what is a list of
 //! page ranges. The system calls go through rustix (memfd, seals, fallocate) and the mapping
@@ -38,6 +50,15 @@ use rustix::fs::{FallocateFlags, MemfdFlags, SealFlags};
 pub const PAGE: usize = 4096;
 /// The largest arena a worker maps.
 pub const MAX_ARENA: u64 = 1 << 40;
+/// The pin map's granularity: one byte for each of these of the arena.
+pub const PIN_CHUNK: usize = 2 << 20;
+/// The pin map's first bytes, written by the client that made the arena.
+const PIN_MAGIC: &[u8; 16] = b"gpufuse-pinmap-1";
+
+/// The bytes at the arena's start that hold the pin map (whole pages): never handed out.
+fn pin_header(len: usize) -> usize {
+    (PIN_MAGIC.len() + len.div_ceil(PIN_CHUNK)).next_multiple_of(PAGE)
+}
 
 /// The arena a client reserves: `GPUFUSE_PINNED_ARENA` (bytes, or with a `K`, `M`, `G` suffix;
 /// `0` turns the arena off), 32 GiB by default. Only touched pages cost memory.
@@ -102,13 +123,20 @@ impl HostArena {
             SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
         )?;
         let map = memmap2::MmapOptions::new().len(len).map_raw(&memfd)?;
-        Ok(Self {
+        let header = pin_header(len);
+        let free = match len > header {
+            true => BTreeMap::from([(header, len - header)]),
+            false => BTreeMap::new(),
+        };
+        let arena = Self {
             map,
             memfd,
             len,
-            free: Mutex::new(BTreeMap::from([(0, len)])),
+            free: Mutex::new(free),
             reads_queued: AtomicBool::new(false),
-        })
+        };
+        arena.write(0, PIN_MAGIC);
+        Ok(arena)
     }
 
     /// Checks and maps an arena a client sent: a memfd sealed against shrinking and growing,
@@ -181,7 +209,10 @@ impl HostArena {
         let Some(size) = size.max(1).checked_next_multiple_of(PAGE) else {
             return false;
         };
-        if !off.is_multiple_of(PAGE) || off.checked_add(size).is_none_or(|e| e > self.len) {
+        if !off.is_multiple_of(PAGE)
+            || off < pin_header(self.len)
+            || off.checked_add(size).is_none_or(|e| e > self.len)
+        {
             return false;
         }
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
@@ -190,13 +221,7 @@ impl HostArena {
         if prev.is_some_and(|(o, l)| o + l > off) || next.is_some_and(|(o, _)| o < off + size) {
             return false; // overlaps a free range: not a live block
         }
-        // Zeroes the range and releases its pages; a failure only keeps them.
-        let _ = rustix::fs::fallocate(
-            &self.memfd,
-            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
-            off as u64,
-            size as u64,
-        );
+        self.release(off, size);
         let (mut start, mut len) = (off, size);
         if let Some((o, l)) = prev.filter(|(o, l)| o + l == off) {
             free.remove(&o);
@@ -209,6 +234,46 @@ impl HostArena {
         }
         free.insert(start, len);
         true
+    }
+
+    /// Zeroes `[off, off + size)` (whole pages of a freed block): chunks the worker may have
+    /// page-locked keep their pages, zeroed in place; the others' pages go back to the system
+    /// (a punched hole reads as zeros). A failed punch only keeps the pages.
+    fn release(&self, off: usize, size: usize) {
+        let mut at = off;
+        while at < off + size {
+            let chunk = at / PIN_CHUNK;
+            let end = ((chunk + 1) * PIN_CHUNK).min(off + size);
+            let mut pinned = [0u8];
+            self.read((PIN_MAGIC.len() + chunk) as u64, &mut pinned);
+            if pinned[0] != 0 {
+                // SAFETY: `[at, end)` lies inside the mapping (checked by `free`), in a block
+                // nobody uses any more.
+                unsafe { std::ptr::write_bytes(self.base().add(at), 0, end - at) };
+            } else {
+                let _ = rustix::fs::fallocate(
+                    &self.memfd,
+                    FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+                    at as u64,
+                    (end - at) as u64,
+                );
+            }
+            at = end;
+        }
+    }
+
+    /// For the worker: the pin map's bytes (one per [`PIN_CHUNK`], from the arena's start),
+    /// as (address in this process, length), when the client that made the arena keeps one.
+    pub fn pin_map(&self) -> Option<(*mut u8, usize)> {
+        let mut magic = [0u8; 16];
+        if !self.read(0, &mut magic) || &magic != PIN_MAGIC {
+            return None;
+        }
+        let chunks = self.len.div_ceil(PIN_CHUNK);
+        if PIN_MAGIC.len() + chunks > pin_header(self.len) {
+            return None;
+        }
+        Some((self.checked(PIN_MAGIC.len() as u64, chunks as u64)?, chunks))
     }
 
     /// The arena offset of `[p, p+len)` when all of it lies inside the arena.
@@ -258,10 +323,11 @@ impl HostArena {
         self.reads_queued.swap(queued, Ordering::AcqRel)
     }
 
-    /// Bytes handed out and not given back.
+    /// Bytes handed out and not given back (the pin map is not counted).
     pub fn in_use(&self) -> usize {
         let free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        self.len - free.values().sum::<usize>()
+        let header = pin_header(self.len).min(self.len);
+        self.len - header - free.values().sum::<usize>()
     }
 }
 
@@ -271,7 +337,7 @@ mod tests {
 
     #[test]
     fn blocks_are_carved_given_back_and_merged() {
-        let a = HostArena::create(16 * PAGE).unwrap();
+        let a = HostArena::create(17 * PAGE).unwrap();
         let p = a.alloc(1).unwrap();
         let q = a.alloc(PAGE + 1).unwrap();
         assert_eq!(q as usize - p as usize, PAGE);
@@ -283,9 +349,74 @@ mod tests {
         assert!(a.free(q, PAGE + 1));
         assert_eq!(a.in_use(), 0);
         let whole = a.alloc(16 * PAGE).expect("the ranges merged again");
+        assert_eq!(
+            a.offset_of(whole as usize, 1),
+            Some(PAGE as u64),
+            "after the pin map"
+        );
         // SAFETY: the block covers the arena; its first page was punched.
         assert_eq!(unsafe { whole.read() }, 0, "a reused block starts zeroed");
         assert!(a.alloc(1).is_none());
+    }
+
+    /// A chunk the worker marked keeps its pages when a block in it is freed (zeroed in
+    /// place), so a registration of them stays the arena's; unmarked chunks are punched. The
+    /// worker sees the map only in an arena that has one.
+    #[test]
+    fn pinned_chunks_keep_their_pages_and_the_rest_go_back() {
+        let len = 3 * PIN_CHUNK;
+        let a = HostArena::create(len).unwrap();
+        let (map, chunks) = a.pin_map().expect("a client's arena has a pin map");
+        assert_eq!(chunks, 3);
+        let worker = HostArena::adopt(a.fd().try_clone_to_owned().unwrap()).unwrap();
+        let (wmap, _) = worker.pin_map().expect("the worker finds it");
+        // The worker marks chunk 1 (as before it registers pages there).
+        // SAFETY: `wmap` is the map's first of `chunks` bytes in the worker's mapping.
+        unsafe { wmap.add(1).write(1) };
+        // SAFETY: the client's mapping of the same byte.
+        assert_eq!(unsafe { map.add(1).read() }, 1);
+        let block = a.alloc(len - 2 * PAGE).unwrap();
+        let off = a.offset_of(block as usize, 1).unwrap() as usize;
+        let in_pinned = PIN_CHUNK + 5 * PAGE - off;
+        // SAFETY: inside the fresh block.
+        unsafe {
+            block.write(9);
+            block.add(in_pinned).write(7);
+        }
+        let resident = |a: &HostArena, at: usize| {
+            let mut v = [0u8; 1];
+            // SAFETY: mincore over one page of the live mapping.
+            let r = unsafe {
+                libc::mincore(a.base().add(at & !(PAGE - 1)).cast(), PAGE, v.as_mut_ptr())
+            };
+            r == 0 && v[0] & 1 == 1
+        };
+        assert!(a.free(block, len - 2 * PAGE));
+        // SAFETY: reads inside the mapping.
+        unsafe {
+            assert_eq!(block.read(), 0);
+            assert_eq!(block.add(in_pinned).read(), 0, "zeroed in place");
+        }
+        assert!(
+            resident(&a, off + in_pinned),
+            "a marked chunk keeps its page"
+        );
+        let b = a.alloc(PAGE).unwrap();
+        assert_eq!(b, block);
+        let old = HostArena::adopt(
+            rustix::fs::memfd_create("old", MemfdFlags::ALLOW_SEALING)
+                .and_then(|fd| {
+                    rustix::fs::ftruncate(&fd, PAGE as u64)?;
+                    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW)?;
+                    Ok(fd)
+                })
+                .unwrap(),
+        )
+        .unwrap();
+        assert!(
+            old.pin_map().is_none(),
+            "no magic, no map: nothing is pinned"
+        );
     }
 
     #[test]

@@ -56,7 +56,8 @@ fn an_arena_that_could_change_size_or_is_not_whole_pages_is_refused() {
 
 #[test]
 fn a_full_arena_says_so_and_blocks_come_back() {
-    let a = HostArena::create(8 * PAGE).unwrap();
+    // A page of pin map, then eight pages of blocks.
+    let a = HostArena::create(9 * PAGE).unwrap();
     let blocks: Vec<_> = (0..8).map(|_| a.alloc(PAGE).unwrap()).collect();
     assert!(
         a.alloc(1).is_none(),

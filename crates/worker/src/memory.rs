@@ -261,7 +261,11 @@ impl Session<'_> {
         // its device lives: a later arena retires this one into `retired_arenas`, and the
         // device is told of the new one here.
         let whole = unsafe { gpufuse_device::HostSpan::new(arena.base(), arena.len()) };
-        if let Err(status) = self.device.host_arena(whole) {
+        // SAFETY: the pin map's bytes lie inside the same mapping.
+        let pin_map = arena
+            .pin_map()
+            .map(|(p, len)| unsafe { gpufuse_device::HostSpan::new(p, len) });
+        if let Err(status) = self.device.host_arena(whole, pin_map) {
             tracing::info!(
                 status,
                 bytes = arena.len(),

@@ -478,7 +478,11 @@ impl Device for EmuDevice {
         Ok(i32::try_from(model::blocks_per_sm(self.model, u)).unwrap_or(i32::MAX))
     }
 
-    fn host_arena(&mut self, arena: crate::HostSpan) -> Result<(), Status> {
+    fn host_arena(
+        &mut self,
+        arena: crate::HostSpan,
+        _pin_map: Option<crate::HostSpan>,
+    ) -> Result<(), Status> {
         // The mapping of an earlier arena is the client's no more: it maps the new one.
         self.host_mapped = None;
         self.arena = Some(arena);
@@ -1578,7 +1582,7 @@ LOOP:
         let span = words::test_span(&backing);
         let base = 0x7f00_0000_0000u64;
         assert_eq!(d.map_host_arena(base), Err(INVALID_VALUE), "no arena yet");
-        d.host_arena(span).unwrap();
+        d.host_arena(span, None).unwrap();
         assert_eq!(
             d.map_host_arena(0x1000_0000_0000 + 4096),
             Err(NOT_SUPPORTED),
@@ -1602,7 +1606,7 @@ LOOP:
         assert!(d.resident().iter().all(|&(a, _)| a == own));
         assert!(d.capture().is_ok());
         let other: Vec<AtomicU64> = (0..8).map(|_| AtomicU64::new(0)).collect();
-        d.host_arena(words::test_span(&other)).unwrap();
+        d.host_arena(words::test_span(&other), None).unwrap();
         let e = run(&mut d, m, "bump", 1, 1, &base.to_le_bytes()).unwrap_err();
         assert_eq!(
             e.status, ILLEGAL_ADDRESS,
