@@ -39,7 +39,9 @@ impl Config {
                 .parse()
                 .ok()
                 .filter(|&n| n <= MAX_DEVICES)
-                .ok_or(format!("GPUFUSE_SIM_DEVICES={v}: expected 0 to {MAX_DEVICES}"))?;
+                .ok_or(format!(
+                    "GPUFUSE_SIM_DEVICES={v}: expected 0 to {MAX_DEVICES}"
+                ))?;
         }
         if let Some(v) = get("GPUFUSE_SIM_MEM") {
             c.mem = parse_bytes(&v)
@@ -96,8 +98,10 @@ mod tests {
         })
         .unwrap();
         assert_eq!((c.devices, c.pinned_gbps, c.mem), (3, 25.5, 8 << 30));
-        assert!(Config::from_lookup(|k| (k == "GPUFUSE_SIM_PAGEABLE_GBPS").then(|| "0".into()))
-            .is_err());
+        assert!(
+            Config::from_lookup(|k| (k == "GPUFUSE_SIM_PAGEABLE_GBPS").then(|| "0".into()))
+                .is_err()
+        );
         assert!(Config::from_lookup(|k| (k == "GPUFUSE_SIM_DEVICES").then(|| "x".into())).is_err());
     }
 }

@@ -134,7 +134,9 @@ pub(crate) unsafe fn kernel_params(
                 }
                 // SAFETY: each points at its parameter's `size` bytes (the contract); `buf`
                 // holds `off + size` <= `total` bytes.
-                unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), buf.as_mut_ptr().add(off), size) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(p.cast::<u8>(), buf.as_mut_ptr().add(off), size)
+                };
             }
             Ok(buf)
         }

@@ -52,6 +52,26 @@ pub(crate) struct Memory {
     host: BTreeMap<usize, usize>,
 }
 
+/// `len` (> 0) zero bytes from the allocator's zeroed memory: for large sizes, pages the
+/// system maps only when they are first written.
+fn zeroed(len: usize) -> Option<Vec<u8>> {
+    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout's size is not zero.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` comes from the global allocator with this layout (`len` bytes, alignment
+    // 1), all `len` bytes initialized (zero); the vector owns it from here.
+    Some(unsafe { Vec::from_raw_parts(p, len, len) })
+}
+
+/// Bytes a zero fill compares before writing: zero pages never written stay unmapped.
+const PAGE: usize = 4096;
+
 fn aligned(v: u64, a: u64) -> bool {
     v.is_multiple_of(a)
 }
@@ -130,9 +150,7 @@ impl Memory {
             return Err(E::OUT_OF_MEMORY);
         }
         let len = usize::try_from(size).map_err(|_| E::OUT_OF_MEMORY)?;
-        let mut data = Vec::new();
-        data.try_reserve_exact(len).map_err(|_| E::OUT_OF_MEMORY)?;
-        data.resize(len, 0);
+        let data = zeroed(len).ok_or(E::OUT_OF_MEMORY)?;
         self.used[device] += size;
         let h = self.next_phys;
         self.next_phys += 1;
@@ -149,7 +167,11 @@ impl Memory {
     }
 
     fn drop_if_unused(&mut self, h: u64) {
-        if self.phys.get(&h).is_some_and(|p| p.released && p.mapped == 0) {
+        if self
+            .phys
+            .get(&h)
+            .is_some_and(|p| p.released && p.mapped == 0)
+        {
             if let Some(p) = self.phys.remove(&h) {
                 self.used[p.device] -= p.data.len() as u64;
             }
@@ -183,8 +205,15 @@ impl Memory {
         if !in_reservation {
             return Err(E::INVALID_VALUE);
         }
-        let p = self.phys.get(&h).filter(|p| !p.released).ok_or(E::INVALID_VALUE)?;
-        if offset.checked_add(size).is_none_or(|e| e > p.data.len() as u64) {
+        let p = self
+            .phys
+            .get(&h)
+            .filter(|p| !p.released)
+            .ok_or(E::INVALID_VALUE)?;
+        if offset
+            .checked_add(size)
+            .is_none_or(|e| e > p.data.len() as u64)
+        {
             return Err(E::INVALID_VALUE);
         }
         let overlaps = self
@@ -324,7 +353,12 @@ impl Memory {
     ///
     /// # Safety
     /// `src` must be valid for reading `len` bytes, and not inside simulated device memory.
-    pub unsafe fn write_from_host(&mut self, va: u64, src: *const u8, len: usize) -> Result<(), CUresult> {
+    pub unsafe fn write_from_host(
+        &mut self,
+        va: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), CUresult> {
         let mut done = 0;
         for s in self.walk(va, len as u64, true)? {
             let dst = self.seg_mut(s);
@@ -358,8 +392,19 @@ impl Memory {
         let elem = elem as usize;
         let mut done = 0usize;
         for s in self.walk(va, (count * elem) as u64, true)? {
-            for (i, b) in self.seg_mut(s).iter_mut().enumerate() {
-                *b = pattern[(done + i) % elem];
+            let seg = self.seg_mut(s);
+            if value == 0 {
+                // Zeroing what is already zero writes nothing, so memory only zeroed (as
+                // gpufuse's backend zeroes each new mapping) costs no RAM.
+                for chunk in seg.chunks_mut(PAGE) {
+                    if chunk.iter().any(|&b| b != 0) {
+                        chunk.fill(0);
+                    }
+                }
+            } else {
+                for (i, b) in seg.iter_mut().enumerate() {
+                    *b = pattern[(done + i) % elem];
+                }
             }
             done += s.len;
         }
@@ -472,7 +517,10 @@ mod tests {
         );
         assert!(m.is_pinned(0x1000, 0x1000));
         assert!(!m.is_pinned(0x1800, 0x1000));
-        assert_eq!(m.host_unregister(0x1800), Err(E::HOST_MEMORY_NOT_REGISTERED));
+        assert_eq!(
+            m.host_unregister(0x1800),
+            Err(E::HOST_MEMORY_NOT_REGISTERED)
+        );
         m.host_unregister(0x1000).unwrap();
         assert!(!m.is_pinned(0x1000, 1));
     }

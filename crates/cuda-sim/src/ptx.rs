@@ -90,7 +90,10 @@ fn tokenize(src: &str) -> Result<Vec<Tok<'_>>, PtxError> {
             }
             i += 1;
             out.push(Tok::Str);
-        } else if c == b'.' && i + 1 < b.len() && (b[i + 1].is_ascii_alphabetic() || b[i + 1] == b'_') {
+        } else if c == b'.'
+            && i + 1 < b.len()
+            && (b[i + 1].is_ascii_alphabetic() || b[i + 1] == b'_')
+        {
             i += 1;
             let s = take(&mut i, &ident_char);
             out.push(Tok::Dir(&src[s - 1..i]));
@@ -99,7 +102,9 @@ fn tokenize(src: &str) -> Result<Vec<Tok<'_>>, PtxError> {
             let s = take(&mut i, &ident_char);
             out.push(Tok::Ident(&src[s - 1..i]));
         } else if c.is_ascii_digit() {
-            let s = take(&mut i, &|c| c.is_ascii_alphanumeric() || c == b'.' || c == b'_');
+            let s = take(&mut i, &|c| {
+                c.is_ascii_alphanumeric() || c == b'.' || c == b'_'
+            });
             out.push(Tok::Num(&src[s..i]));
         } else {
             // One character: punctuation (or any other byte, as one char).
@@ -210,7 +215,10 @@ impl<'a> Parser<'a> {
         if self.eat(p) {
             Ok(())
         } else {
-            Err(PtxError::Invalid(format!("expected '{p}' at token {}", self.i)))
+            Err(PtxError::Invalid(format!(
+                "expected '{p}' at token {}",
+                self.i
+            )))
         }
     }
 
@@ -288,7 +296,11 @@ impl<'a> Parser<'a> {
         loop {
             let name = match self.next() {
                 Some(Tok::Ident(n)) => n.to_string(),
-                t => return Err(PtxError::Invalid(format!("expected a variable name, found {t:?}"))),
+                t => {
+                    return Err(PtxError::Invalid(format!(
+                        "expected a variable name, found {t:?}"
+                    )))
+                }
             };
             let mut count = 1u64;
             while self.eat('[') {
@@ -314,7 +326,11 @@ impl<'a> Parser<'a> {
             match self.next() {
                 Some(Tok::Punct(',')) => continue,
                 Some(Tok::Punct(';')) => return Ok(vars),
-                t => return Err(PtxError::Invalid(format!("expected ',' or ';', found {t:?}"))),
+                t => {
+                    return Err(PtxError::Invalid(format!(
+                        "expected ',' or ';', found {t:?}"
+                    )))
+                }
             }
         }
     }
@@ -396,7 +412,11 @@ impl<'a> Parser<'a> {
     fn entry(&mut self) -> Result<Option<Entry>, PtxError> {
         let name = match self.next() {
             Some(Tok::Ident(n)) => n.to_string(),
-            t => return Err(PtxError::Invalid(format!("expected a kernel name, found {t:?}"))),
+            t => {
+                return Err(PtxError::Invalid(format!(
+                    "expected a kernel name, found {t:?}"
+                )))
+            }
         };
         let mut params = Vec::new();
         let mut offset = 0u64;
@@ -499,8 +519,10 @@ pub(crate) fn parse(src: &str) -> Result<Ptx, PtxError> {
                 };
                 let (maj, min) = v.split_once('.').unwrap_or((v, "0"));
                 out.version = (
-                    maj.parse().map_err(|_| PtxError::Invalid(format!("bad .version {v}")))?,
-                    min.parse().map_err(|_| PtxError::Invalid(format!("bad .version {v}")))?,
+                    maj.parse()
+                        .map_err(|_| PtxError::Invalid(format!("bad .version {v}")))?,
+                    min.parse()
+                        .map_err(|_| PtxError::Invalid(format!("bad .version {v}")))?,
                 );
             }
             Tok::Dir(".target") => {
@@ -508,7 +530,8 @@ pub(crate) fn parse(src: &str) -> Result<Ptx, PtxError> {
                 while let Some(Tok::Ident(t)) = p.peek() {
                     p.i += 1;
                     if let Some(arch) = t.strip_prefix("sm_") {
-                        let digits: String = arch.chars().take_while(char::is_ascii_digit).collect();
+                        let digits: String =
+                            arch.chars().take_while(char::is_ascii_digit).collect();
                         out.target = digits.parse().ok();
                     }
                     if !p.eat(',') {
@@ -605,10 +628,19 @@ mod tests {
         let layout: Vec<_> = spin.params.iter().map(|p| (p.offset, p.size)).collect();
         assert_eq!(layout, [(0, 1), (8, 12), (24, 8), (32, 2)]);
         assert!(p.entries[2].params.is_empty());
-        let vars: Vec<_> = p.vars.iter().map(|v| (v.name.as_str(), v.size, v.align)).collect();
+        let vars: Vec<_> = p
+            .vars
+            .iter()
+            .map(|v| (v.name.as_str(), v.size, v.align))
+            .collect();
         assert_eq!(
             vars,
-            [("counter", 4, 4), ("table", 16, 8), ("coeffs", 8, 4), ("addr", 8, 8)]
+            [
+                ("counter", 4, 4),
+                ("table", 16, 8),
+                ("coeffs", 8, 4),
+                ("addr", 8, 8)
+            ]
         );
         assert_eq!(p.vars[0].init, [7, 0, 0, 0]);
         assert_eq!(p.vars[1].init, [1, 2, 3]);

@@ -61,21 +61,51 @@ pub(crate) enum Engine {
     DtoH,
 }
 
+/// When one engine is busy: the ops given to it, as `[start, end)` intervals in time order
+/// (those that ended before the last placement are dropped).
+#[derive(Default)]
+pub(crate) struct EngineTime {
+    busy: Vec<(u64, u64)>,
+}
+
+impl EngineTime {
+    /// Gives the engine an op of `duration` ready at `ready` (not before now): the earliest
+    /// time it is free for that long. An op that becomes ready early runs in a gap before
+    /// work enqueued earlier that waits for something, as an engine runs what is ready.
+    pub fn place(&mut self, ready: u64, duration: u64) -> u64 {
+        let first = self.busy.partition_point(|&(_, end)| end <= ready);
+        self.busy
+            .drain(..first.min(self.busy.len().saturating_sub(1)));
+        let mut start = ready;
+        let mut at = self.busy.partition_point(|&(_, end)| end <= ready);
+        while let Some(&(s, e)) = self.busy.get(at) {
+            if start + duration <= s {
+                break;
+            }
+            start = start.max(e);
+            at += 1;
+        }
+        if duration > 0 {
+            self.busy.insert(at, (start, start + duration));
+        }
+        start
+    }
+}
+
 pub(crate) struct Device {
-    /// When each engine is free: the end of the last op given to it.
-    pub compute_free: u64,
-    pub htod_free: u64,
-    pub dtoh_free: u64,
+    pub compute: EngineTime,
+    pub htod: EngineTime,
+    pub dtoh: EngineTime,
     /// The primary context, once retained.
     pub primary: Option<u64>,
 }
 
 impl Device {
-    pub fn free(&mut self, e: Engine) -> &mut u64 {
+    pub fn engine(&mut self, e: Engine) -> &mut EngineTime {
         match e {
-            Engine::Compute => &mut self.compute_free,
-            Engine::HtoD => &mut self.htod_free,
-            Engine::DtoH => &mut self.dtoh_free,
+            Engine::Compute => &mut self.compute,
+            Engine::HtoD => &mut self.htod,
+            Engine::DtoH => &mut self.dtoh,
         }
     }
 }
@@ -246,9 +276,9 @@ impl Sim {
         }
         self.devices = (0..cfg.devices)
             .map(|_| Device {
-                compute_free: 0,
-                htod_free: 0,
-                dtoh_free: 0,
+                compute: EngineTime::default(),
+                htod: EngineTime::default(),
+                dtoh: EngineTime::default(),
                 primary: None,
             })
             .collect();
@@ -323,5 +353,25 @@ impl Sim {
     /// Takes context `c`'s pending asynchronous error.
     pub fn take_fault(&mut self, c: u64) -> Option<CUresult> {
         self.contexts.get_mut(&c).and_then(|c| c.fault.take())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EngineTime;
+
+    #[test]
+    fn engines_fill_gaps_in_order_of_readiness() {
+        let mut e = EngineTime::default();
+        assert_eq!(e.place(100, 50), 100);
+        assert_eq!(e.place(100, 10), 150, "busy until 150");
+        // Enqueued later, ready earlier than work waiting for an event: runs first.
+        assert_eq!(e.place(1000, 100), 1000);
+        assert_eq!(e.place(200, 100), 200);
+        assert_eq!(e.place(250, 800), 1100, "no gap of 800 before 1100");
+        assert_eq!(e.place(300, 600), 300);
+        assert_eq!(e.place(950, 0), 950);
+        assert_eq!(e.place(1050, 0), 1100, "a point inside busy time waits");
+        assert_eq!(e.place(5000, 1), 5000);
     }
 }

@@ -54,9 +54,9 @@ pub(crate) fn device_attribute(attr: i32, ordinal: usize) -> Result<i32, CUresul
         24..=26 => 16384,
         27 | 28 => 32768,
         29 => 2048,
-        30 => 512, // surface alignment
-        31 => 1,   // concurrent kernels
-        32 => 1,   // ECC
+        30 => 512,                   // surface alignment
+        31 => 1,                     // concurrent kernels
+        32 => 1,                     // ECC
         33 => 0x40 + ordinal as i32, // PCI bus
         34 => 0,                     // PCI device
         35 => 0,                     // TCC
@@ -100,15 +100,15 @@ pub(crate) fn device_attribute(attr: i32, ordinal: usize) -> Result<i32, CUresul
         83 => 1, // managed memory
         84 => 0, // multi-GPU board
         85 => ordinal as i32,
-        86 => 0,  // host native atomics
-        87 => 2,  // single:double performance ratio
-        88 => 0,  // pageable memory access
-        89 => 1,  // concurrent managed access
-        90 => 1,  // compute preemption
-        91 => 0,  // host pointer for registered memory
+        86 => 0, // host native atomics
+        87 => 2, // single:double performance ratio
+        88 => 0, // pageable memory access
+        89 => 1, // concurrent managed access
+        90 => 1, // compute preemption
+        91 => 0, // host pointer for registered memory
         92..=94 => 1,
-        95 => 1,  // cooperative launch
-        96 => 0,  // cooperative multi-device launch
+        95 => 1, // cooperative launch
+        96 => 0, // cooperative multi-device launch
         97 => SHARED_PER_BLOCK_OPTIN as i32,
         98 => 1,  // flush remote writes
         99 => 1,  // host register supported
@@ -127,9 +127,9 @@ pub(crate) fn device_attribute(attr: i32, ordinal: usize) -> Result<i32, CUresul
         115 => 1, // memory pools
         116 => 1,
         117 | 118 => 0,
-        119 => 1,  // mempool handle types
-        120 => 1,  // cluster launch
-        121 => 0,  // deferred mapping of CUDA arrays
+        119 => 1, // mempool handle types
+        120 => 1, // cluster launch
+        121 => 0, // deferred mapping of CUDA arrays
         122 | 123 => 1,
         124 => 0,
         125 => 1, // IPC events

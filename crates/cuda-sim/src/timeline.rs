@@ -1,7 +1,7 @@
 //! The virtual timeline: every op gets its start and end when it is enqueued (the latest of
-//! its enqueue time, its stream's previous op, the legacy stream's implicit synchronization,
-//! the events it waits for and its engine's free time), and its effects are applied once the
-//! clock has passed its end.
+//! its enqueue time, its stream's previous op, the legacy stream's implicit synchronization
+//! and the events it waits for, then the first time its engine is free for it), and its
+//! effects are applied once the clock has passed its end.
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use gpufuse_cuda_types::{short as E, CUresult};
 
 use crate::ffi::HostPtr;
 use crate::guard::now;
-use crate::state::{EvState, Engine, SRef, Sim};
+use crate::state::{Engine, EvState, SRef, Sim};
 
 /// Where a host-to-device copy reads.
 #[derive(Clone, Debug)]
@@ -51,9 +51,13 @@ pub(crate) enum Work {
         count: usize,
     },
     /// `cuEventRecord`.
-    Record { event: u64 },
+    Record {
+        event: u64,
+    },
     /// `cuStreamWaitEvent` (in a graph: an external event wait).
-    WaitEvent { event: u64 },
+    WaitEvent {
+        event: u64,
+    },
 }
 
 /// An op on the timeline whose effects are not yet applied.
@@ -168,7 +172,9 @@ impl Sim {
                 let pinned = self.mem.is_pinned(dst.0 as usize, *len);
                 (Some(Engine::DtoH), transfer_ns(*len, rate(pinned)), pinned)
             }
-            Work::DtoD { len, .. } => (Some(Engine::Compute), transfer_ns(*len, DEVICE_GBPS), false),
+            Work::DtoD { len, .. } => {
+                (Some(Engine::Compute), transfer_ns(*len, DEVICE_GBPS), false)
+            }
             Work::Memset { elem, count, .. } => (
                 Some(Engine::Compute),
                 transfer_ns(*elem as usize * count, DEVICE_GBPS),
@@ -192,12 +198,12 @@ impl Sim {
         }
     }
 
-    /// Puts `work` on stream `s`'s timeline, starting no earlier than `not_before`. Returns its
-    /// end.
-    pub fn enqueue(&mut self, s: SRef, work: Work, not_before: u64) -> u64 {
+    /// Puts `work`, issued at `issued`, on stream `s`'s timeline, starting no earlier than
+    /// `not_before`. Returns its end.
+    pub fn enqueue(&mut self, s: SRef, work: Work, issued: u64, not_before: u64) -> u64 {
         let ctx = self.ctx_of(s);
         let dev = self.contexts[&ctx].device;
-        let mut start = now()
+        let mut start = issued
             .max(not_before)
             .max(self.last_end(s))
             .max(self.implicit_dep(s));
@@ -208,12 +214,9 @@ impl Sim {
         }
         let (engine, duration, pinned) = self.cost(&work);
         if let Some(e) = engine {
-            start = start.max(*self.devices[dev].free(e));
+            start = self.devices[dev].engine(e).place(start, duration);
         }
         let end = start + duration;
-        if let Some(e) = engine {
-            *self.devices[dev].free(e) = end;
-        }
         self.set_last_end(s, end);
         if let Some(c) = self.contexts.get_mut(&ctx) {
             c.all_end = c.all_end.max(end);
@@ -246,10 +249,15 @@ impl Sim {
         end
     }
 
-    /// Issues `work` on `s`: recorded if `s` is capturing (`Ok(None)`), else enqueued
+    /// Issues `work` on `s` now: recorded if `s` is capturing (`Ok(None)`), else enqueued
     /// (`Ok(Some(end))`). Legacy-stream work while a blocking stream of its context captures
     /// is `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` and invalidates that capture.
     pub fn submit(&mut self, s: SRef, work: Work) -> Result<Option<u64>, CUresult> {
+        self.submit_at(s, work, now())
+    }
+
+    /// [`Sim::submit`] for work issued at `issued` (a call that spent time before issuing).
+    pub fn submit_at(&mut self, s: SRef, work: Work, issued: u64) -> Result<Option<u64>, CUresult> {
         match s {
             SRef::Id(id) => {
                 let st = self.streams.get_mut(&id).ok_or(E::INVALID_HANDLE)?;
@@ -271,7 +279,7 @@ impl Sim {
             }
             SRef::Null(ctx) => self.refuse_null_join(ctx)?,
         }
-        Ok(Some(self.enqueue(s, work, 0)))
+        Ok(Some(self.enqueue(s, work, issued, 0)))
     }
 
     /// Legacy-stream work would make a capturing blocking stream of context `ctx` wait for
@@ -377,8 +385,9 @@ impl Sim {
     /// Returns the end of the last.
     pub fn launch_nodes(&mut self, nodes: &[Work], s: SRef, not_before: u64) -> u64 {
         let mut nb = not_before;
+        let issued = now();
         for w in nodes {
-            self.enqueue(s, w.clone(), nb);
+            self.enqueue(s, w.clone(), issued, nb);
             nb = 0;
         }
         self.last_end(s).max(not_before)

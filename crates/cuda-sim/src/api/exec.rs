@@ -43,8 +43,12 @@ unsafe fn launch(
     let id = s.function_id(func)?;
     let sref = s.stream(stream)?;
     let f = &s.functions[&id];
-    let grid_ok = grid.iter().all(|&g| g >= 1) && grid[0] <= i32::MAX as u32 && grid[1] <= 65535 && grid[2] <= 65535;
-    let block_ok = block.iter().all(|&b| b >= 1) && block[0] <= 1024 && block[1] <= 1024 && block[2] <= 64;
+    let grid_ok = grid.iter().all(|&g| g >= 1)
+        && grid[0] <= i32::MAX as u32
+        && grid[1] <= 65535
+        && grid[2] <= 65535;
+    let block_ok =
+        block.iter().all(|&b| b >= 1) && block[0] <= 1024 && block[1] <= 1024 && block[2] <= 64;
     let threads = block.iter().map(|&b| b as u64).product::<u64>();
     if !grid_ok || !block_ok || threads > f.max_threads as u64 {
         return Err(E::INVALID_VALUE);

@@ -52,6 +52,7 @@ fn after(end: Option<u64>, sync: bool) -> Res {
 /// `src` must be NULL or readable for `n` bytes, until the copy completes if it is
 /// asynchronous.
 unsafe fn htod(s: &mut Sim, dst: u64, src: *const c_void, n: usize, stream: Option<Handle>) -> Res {
+    let t0 = now();
     let sref = stream_of(s, stream)?;
     if n == 0 {
         return Ok(Flow::Done);
@@ -68,16 +69,19 @@ unsafe fn htod(s: &mut Sim, dst: u64, src: *const c_void, n: usize, stream: Opti
         // SAFETY: `src` is non-NULL and readable for `n` bytes (the contract).
         HostSrc::Bytes(Arc::new(unsafe { ffi::bytes(src.cast(), n) }?))
     };
-    let t0 = now();
-    let end = s.submit(
+    // Issued when the call began: reading a pageable source is part of the transfer.
+    let end = s.submit_at(
         sref,
         Work::HtoD {
             dst,
             src: source,
             len: n,
         },
+        t0,
     )?;
     match (end, stream) {
+        // From pageable memory the caller pays the transfer time (reading the source
+        // included), whatever the stream still has to do before the copy.
         (Some(_), Some(_)) if !pinned => Ok(Flow::Until {
             t: t0 + transfer_ns(n, s.cfg.pageable_gbps),
             fault_ctx: None,
@@ -121,7 +125,14 @@ fn dtod(s: &mut Sim, dst: u64, src: u64, n: usize, stream: Option<Handle>) -> Re
     after(end, stream.is_none())
 }
 
-fn memset(s: &mut Sim, dst: u64, value: u32, elem: u8, count: usize, stream: Option<Handle>) -> Res {
+fn memset(
+    s: &mut Sim,
+    dst: u64,
+    value: u32,
+    elem: u8,
+    count: usize,
+    stream: Option<Handle>,
+) -> Res {
     let sref = stream_of(s, stream)?;
     if count == 0 {
         return Ok(Flow::Done);

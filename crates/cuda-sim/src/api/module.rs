@@ -111,7 +111,10 @@ fn load(s: &mut Sim, image: &[u8]) -> Result<u64, CUresult> {
     for e in &m.entries {
         let sizes: Vec<usize> = e.params.iter().map(|p| p.size).collect();
         if e.name.starts_with(ADD_U32) && sizes != [8, 4, 4] {
-            eprintln!("gpufuse-cuda-sim: {} must take (.u64 ptr, .u32 n, .u32 value)", e.name);
+            eprintln!(
+                "gpufuse-cuda-sim: {} must take (.u64 ptr, .u32 n, .u32 value)",
+                e.name
+            );
             return Err(E::INVALID_PTX);
         }
     }
