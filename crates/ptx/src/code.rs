@@ -418,104 +418,14 @@ fn compile_inst(
     ins.space = inst.space;
     ins.m = inst.mods;
     ins.guard = inst.pred;
-    let too_many = || format!("too many operands: {}", inst.text);
-    let dst = |o: &Operand| match o {
-        Operand::Reg(r) => Dst::Reg(*r),
-        _ => Dst::Sink,
-    };
-    let mut used = Vec::new();
-    let mut args = inst.args.iter();
     if inst.op == Op::Call {
-        let (Some(Operand::Vector(rets)), Some(target), Some(Operand::Vector(a))) =
-            (inst.args.first(), inst.args.get(1), inst.args.get(2))
-        else {
-            return Err(format!("bad call: {}", inst.text));
-        };
-        let (callee, pointer, rets): (u32, Option<u32>, &[Operand]) = match target {
-            // Through a function address: each lane's callee is checked when it calls.
-            &Operand::Reg(r) => (INDIRECT_CALLEE, Some(r), rets),
-            // `assert()` in device code: the call ends the kernel with the assertion's message.
-            Operand::Sym(name) if name == ASSERT_FAIL && !by_name.contains_key(ASSERT_FAIL) => {
-                (ASSERT_CALLEE, None, &[])
-            }
-            // `printf` in device code: formatted by the VM (`printf.rs`).
-            Operand::Sym(name) if name == VPRINTF && !by_name.contains_key(VPRINTF) => {
-                if a.len() != 2 || rets.len() > 1 {
-                    return Err(format!("call that does not match vprintf: {}", inst.text));
-                }
-                (VPRINTF_CALLEE, None, rets)
-            }
-            // `malloc`/`free` (`new`/`delete`) in device code: the device heap (`heap.rs`).
-            Operand::Sym(name)
-                if (name == "malloc" || name == "free") && !by_name.contains_key(name.as_str()) =>
-            {
-                let malloc = name == "malloc";
-                if a.len() != 1 || rets.len() != malloc as usize {
-                    return Err(format!("call that does not match {name}: {}", inst.text));
-                }
-                (if malloc { MALLOC_CALLEE } else { FREE_CALLEE }, None, rets)
-            }
-            // `cudaGraphSetConditional` in device code: a store to the handle's word.
-            Operand::Sym(name)
-                if name == SET_CONDITIONAL && !by_name.contains_key(SET_CONDITIONAL) =>
-            {
-                if a.len() != 2 || !rets.is_empty() {
-                    return Err(format!(
-                        "call that does not match {SET_CONDITIONAL}: {}",
-                        inst.text
-                    ));
-                }
-                (SET_CONDITIONAL_CALLEE, None, rets)
-            }
-            // The device runtime (dynamic parallelism, `devrt.rs`).
-            Operand::Sym(name)
-                if !by_name.contains_key(name.as_str()) && crate::devrt::is_runtime(name) =>
-            {
-                let Some((f, nargs)) = crate::devrt::lookup(name) else {
-                    return Err(format!(
-                        "call of the device runtime's {name}, which the emulated GPU does not provide"
-                    ));
-                };
-                if a.len() != nargs || rets.len() != 1 {
-                    return Err(format!("call that does not match {name}: {}", inst.text));
-                }
-                (crate::devrt::CALLEE_BASE + f as u32, None, rets)
-            }
-            Operand::Sym(name) => {
-                let &callee = by_name
-                    .get(name.as_str())
-                    .ok_or_else(|| format!("call {name} (a function without a body)"))?;
-                let f = &functions[callee];
-                if f.is_entry || f.params.len() != a.len() || f.returns.len() != rets.len() {
-                    return Err(format!(
-                        "call that does not match its callee: {}",
-                        inst.text
-                    ));
-                }
-                (callee as u32, None, rets)
-            }
-            _ => return Err(format!("bad call: {}", inst.text)),
-        };
-        let site = CallSite {
-            callee,
-            pointer,
-            args: a
-                .iter()
-                .map(|o| to_src(o, scope, syms, &mut used))
-                .collect(),
-            rets: rets
-                .iter()
-                .map(|o| to_src(o, scope, syms, &mut used))
-                .collect(),
-        };
-        ins.target = code.calls.len() as u32;
-        code.calls.push(site);
-        code.symbols.extend(used);
-        return Ok(ins);
+        return compile_call(inst, ins, scope, syms, code, functions, by_name);
     }
     if inst.op == Op::Wmma {
         return compile_wmma(inst, ins, scope, syms, code);
     }
+    let mut used = Vec::new();
+    let mut args = inst.args.iter();
     match inst.op {
         Op::St | Op::Red | Op::Prefetch => {
             ins.addr = mem_operand(args.next(), scope, syms, &mut used);
@@ -544,72 +454,139 @@ fn compile_inst(
         || mbar_dst
         || (inst.op == Op::Bar && inst.mods.bar_red)
     {
-        match args.next() {
-            Some(Operand::Vector(v)) => {
-                if v.len() > MAX_DSTS {
-                    return Err(too_many());
-                }
-                ins.dvec = true;
-                for (k, o) in v.iter().enumerate() {
-                    ins.d[k] = dst(o);
-                }
-                ins.nd = v.len() as u8;
-            }
-            Some(o) => {
-                ins.d[0] = dst(o);
-                ins.nd = 1;
-            }
-            None => {}
-        }
+        destinations(inst, &mut ins, args.next())?;
     }
     if inst.op == Op::Mma {
-        // `{d}, {a}, {b}, {c}`: the source lists live beside the code.
-        let mut lists: Vec<Vec<Src>> = Vec::new();
-        for o in args.by_ref() {
-            lists.push(match o {
-                Operand::Vector(v) => v
-                    .iter()
-                    .map(|x| to_src(x, scope, syms, &mut used))
-                    .collect(),
-                o => vec![to_src(o, scope, syms, &mut used)],
-            });
-        }
-        let Ok([a, b, c]) = <[Vec<Src>; 3]>::try_from(lists) else {
-            return Err(format!("mma without three source lists: {}", inst.text));
-        };
-        ins.target = code.mma.len() as u32;
-        code.mma.push([a, b, c]);
-        code.symbols.extend(used);
-        return Ok(ins);
+        return compile_mma(inst, ins, args, scope, syms, code, used);
     }
     if inst.op == Op::Sust {
-        // `[handle, {coords}], {values}`: the values live beside the code.
-        let (Some(Operand::Vector(at)), Some(Operand::Vector(vals)), None) =
-            (args.next(), args.next(), args.next())
-        else {
-            return Err(format!("sust without an address and values: {}", inst.text));
-        };
-        if at.len() > MAX_SRCS {
-            return Err(too_many());
-        }
-        for (k, x) in at.iter().enumerate() {
-            ins.s[k] = to_src(x, scope, syms, &mut used);
-        }
-        ins.ns = at.len() as u8;
-        ins.target = code.lists.len() as u32;
-        code.lists.push(
-            vals.iter()
-                .map(|x| to_src(x, scope, syms, &mut used))
-                .collect(),
-        );
-        code.symbols.extend(used);
-        return Ok(ins);
+        return compile_sust(inst, ins, args, scope, syms, code, used);
     }
     if matches!(inst.op, Op::Ld | Op::Ldu | Op::Atom | Op::Ldmatrix)
         || (mbar_dst && inst.mods.mbar != crate::inst::MbarOp::PendingCount)
     {
         ins.addr = mem_operand(args.next(), scope, syms, &mut used);
     }
+    sources(inst, &mut ins, args, scope, syms, &mut used)?;
+    if (matches!(
+        inst.op,
+        Op::Ld | Op::Ldu | Op::St | Op::Atom | Op::Red | Op::Prefetch | Op::CpAsync
+    ) || (inst.op == Op::Mbarrier && inst.mods.mbar != crate::inst::MbarOp::PendingCount))
+        && ins.addr.is_none()
+    {
+        return Err(format!(
+            "memory instruction without an address: {}",
+            inst.text
+        ));
+    }
+    code.symbols.extend(used);
+    Ok(ins)
+}
+
+/// The destination operand: a register, a sink, or a vector of them.
+fn destinations(inst: &Inst, ins: &mut Ins, o: Option<&Operand>) -> Result<(), String> {
+    let dst = |o: &Operand| match o {
+        Operand::Reg(r) => Dst::Reg(*r),
+        _ => Dst::Sink,
+    };
+    match o {
+        Some(Operand::Vector(v)) => {
+            if v.len() > MAX_DSTS {
+                return Err(too_many(inst));
+            }
+            ins.dvec = true;
+            for (k, o) in v.iter().enumerate() {
+                ins.d[k] = dst(o);
+            }
+            ins.nd = v.len() as u8;
+        }
+        Some(o) => {
+            ins.d[0] = dst(o);
+            ins.nd = 1;
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+fn too_many(inst: &Inst) -> String {
+    format!("too many operands: {}", inst.text)
+}
+
+/// `mma`'s `{a}, {b}, {c}` (after the destinations): the source lists live beside the code,
+/// in [`Code::mma`] at the instruction's `target`.
+fn compile_mma<'a>(
+    inst: &Inst,
+    mut ins: Ins,
+    args: impl Iterator<Item = &'a Operand>,
+    scope: &Scope,
+    syms: &mut Symbols,
+    code: &mut Code,
+    mut used: Vec<u32>,
+) -> Result<Ins, String> {
+    let mut lists: Vec<Vec<Src>> = Vec::new();
+    for o in args {
+        lists.push(match o {
+            Operand::Vector(v) => v
+                .iter()
+                .map(|x| to_src(x, scope, syms, &mut used))
+                .collect(),
+            o => vec![to_src(o, scope, syms, &mut used)],
+        });
+    }
+    let Ok([a, b, c]) = <[Vec<Src>; 3]>::try_from(lists) else {
+        return Err(format!("mma without three source lists: {}", inst.text));
+    };
+    ins.target = code.mma.len() as u32;
+    code.mma.push([a, b, c]);
+    code.symbols.extend(used);
+    Ok(ins)
+}
+
+/// `sust`'s `[handle, {coords}], {values}`: the values live beside the code, in
+/// [`Code::lists`] at the instruction's `target`.
+fn compile_sust<'a>(
+    inst: &Inst,
+    mut ins: Ins,
+    mut args: impl Iterator<Item = &'a Operand>,
+    scope: &Scope,
+    syms: &mut Symbols,
+    code: &mut Code,
+    mut used: Vec<u32>,
+) -> Result<Ins, String> {
+    let (Some(Operand::Vector(at)), Some(Operand::Vector(vals)), None) =
+        (args.next(), args.next(), args.next())
+    else {
+        return Err(format!("sust without an address and values: {}", inst.text));
+    };
+    if at.len() > MAX_SRCS {
+        return Err(too_many(inst));
+    }
+    for (k, x) in at.iter().enumerate() {
+        ins.s[k] = to_src(x, scope, syms, &mut used);
+    }
+    ins.ns = at.len() as u8;
+    ins.target = code.lists.len() as u32;
+    code.lists.push(
+        vals.iter()
+            .map(|x| to_src(x, scope, syms, &mut used))
+            .collect(),
+    );
+    code.symbols.extend(used);
+    Ok(ins)
+}
+
+/// The source operands after the destinations and the address: a vector source (`mov`'s
+/// packing, the values of `st`, `atom`, `red`, a texture's coordinates) takes one slot per
+/// element; `.L2::cache_hint`'s policy operand is dropped.
+fn sources<'a>(
+    inst: &Inst,
+    ins: &mut Ins,
+    args: impl Iterator<Item = &'a Operand>,
+    scope: &Scope,
+    syms: &mut Symbols,
+    used: &mut Vec<u32>,
+) -> Result<(), String> {
     let mut n = 0;
     let mut rest: Vec<&Operand> = args.collect();
     if inst.mods.cache_hint && matches!(inst.op, Op::St | Op::Red | Op::Atom | Op::CpAsync) {
@@ -635,37 +612,137 @@ fn compile_inst(
                     ) =>
             {
                 if n + v.len() > MAX_SRCS {
-                    return Err(too_many());
+                    return Err(too_many(inst));
                 }
                 ins.svec = true;
                 for x in v {
-                    ins.s[n] = to_src(x, scope, syms, &mut used);
+                    ins.s[n] = to_src(x, scope, syms, used);
                     n += 1;
                 }
             }
             o => {
                 if n >= MAX_SRCS {
-                    return Err(too_many());
+                    return Err(too_many(inst));
                 }
-                ins.s[n] = to_src(o, scope, syms, &mut used);
+                ins.s[n] = to_src(o, scope, syms, used);
                 n += 1;
             }
         }
     }
     ins.ns = n as u8;
-    if (matches!(
-        inst.op,
-        Op::Ld | Op::Ldu | Op::St | Op::Atom | Op::Red | Op::Prefetch | Op::CpAsync
-    ) || (inst.op == Op::Mbarrier && inst.mods.mbar != crate::inst::MbarOp::PendingCount))
-        && ins.addr.is_none()
-    {
-        return Err(format!(
-            "memory instruction without an address: {}",
-            inst.text
-        ));
-    }
+    Ok(())
+}
+
+/// `call`: the call site (callee, where its arguments come from and its return values go)
+/// in [`Code::calls`], the instruction's `target`.
+fn compile_call(
+    inst: &Inst,
+    mut ins: Ins,
+    scope: &Scope,
+    syms: &mut Symbols,
+    code: &mut Code,
+    functions: &[Function],
+    by_name: &HashMap<&str, usize>,
+) -> Result<Ins, String> {
+    let mut used = Vec::new();
+    let (Some(Operand::Vector(rets)), Some(target), Some(Operand::Vector(a))) =
+        (inst.args.first(), inst.args.get(1), inst.args.get(2))
+    else {
+        return Err(format!("bad call: {}", inst.text));
+    };
+    let (callee, pointer, rets) = callee(inst, target, rets, a, functions, by_name)?;
+    let site = CallSite {
+        callee,
+        pointer,
+        args: a
+            .iter()
+            .map(|o| to_src(o, scope, syms, &mut used))
+            .collect(),
+        rets: rets
+            .iter()
+            .map(|o| to_src(o, scope, syms, &mut used))
+            .collect(),
+    };
+    ins.target = code.calls.len() as u32;
+    code.calls.push(site);
     code.symbols.extend(used);
     Ok(ins)
+}
+
+/// A call's callee: a function of the module (by index), one of the VM's builtins (`assert`,
+/// `printf`, `malloc`/`free`, `cudaGraphSetConditional`, the device runtime), or an indirect
+/// call's function-address register; with the return operands the call site passes.
+fn callee<'a>(
+    inst: &Inst,
+    target: &Operand,
+    rets: &'a [Operand],
+    a: &[Operand],
+    functions: &[Function],
+    by_name: &HashMap<&str, usize>,
+) -> Result<(u32, Option<u32>, &'a [Operand]), String> {
+    Ok(match target {
+        // Through a function address: each lane's callee is checked when it calls.
+        &Operand::Reg(r) => (INDIRECT_CALLEE, Some(r), rets),
+        // `assert()` in device code: the call ends the kernel with the assertion's message.
+        Operand::Sym(name) if name == ASSERT_FAIL && !by_name.contains_key(ASSERT_FAIL) => {
+            (ASSERT_CALLEE, None, &[])
+        }
+        // `printf` in device code: formatted by the VM (`printf.rs`).
+        Operand::Sym(name) if name == VPRINTF && !by_name.contains_key(VPRINTF) => {
+            if a.len() != 2 || rets.len() > 1 {
+                return Err(format!("call that does not match vprintf: {}", inst.text));
+            }
+            (VPRINTF_CALLEE, None, rets)
+        }
+        // `malloc`/`free` (`new`/`delete`) in device code: the device heap (`heap.rs`).
+        Operand::Sym(name)
+            if (name == "malloc" || name == "free") && !by_name.contains_key(name.as_str()) =>
+        {
+            let malloc = name == "malloc";
+            if a.len() != 1 || rets.len() != malloc as usize {
+                return Err(format!("call that does not match {name}: {}", inst.text));
+            }
+            (if malloc { MALLOC_CALLEE } else { FREE_CALLEE }, None, rets)
+        }
+        // `cudaGraphSetConditional` in device code: a store to the handle's word.
+        Operand::Sym(name) if name == SET_CONDITIONAL && !by_name.contains_key(SET_CONDITIONAL) => {
+            if a.len() != 2 || !rets.is_empty() {
+                return Err(format!(
+                    "call that does not match {SET_CONDITIONAL}: {}",
+                    inst.text
+                ));
+            }
+            (SET_CONDITIONAL_CALLEE, None, rets)
+        }
+        // The device runtime (dynamic parallelism, `devrt.rs`).
+        Operand::Sym(name)
+            if !by_name.contains_key(name.as_str()) && crate::devrt::is_runtime(name) =>
+        {
+            let Some((f, nargs)) = crate::devrt::lookup(name) else {
+                return Err(format!(
+                    "call of the device runtime's {name}, which the emulated GPU does not provide"
+                ));
+            };
+            if a.len() != nargs || rets.len() != 1 {
+                return Err(format!("call that does not match {name}: {}", inst.text));
+            }
+            (crate::devrt::CALLEE_BASE + f as u32, None, rets)
+        }
+        Operand::Sym(name) => {
+            let &callee = by_name
+                .get(name.as_str())
+                .ok_or_else(|| format!("call {name} (a function without a body)"))?;
+            let f = &functions[callee];
+            if f.is_entry || f.params.len() != a.len() || f.returns.len() != rets.len() {
+                return Err(format!(
+                    "call that does not match its callee: {}",
+                    inst.text
+                ));
+            }
+            (callee as u32, None, rets)
+        }
+        _ => return Err(format!("bad call: {}", inst.text)),
+    })
 }
 
 /// `wmma.load {d}, [addr]{, stride}`, `wmma.store [addr], {s}{, stride}` and
