@@ -971,16 +971,20 @@ pub fn parse(src: &str) -> Result<Parsed, PtxError> {
 pub fn parse_unit(src: &str) -> Result<Unit, PtxError> {
     let lx = lex(src)?;
     let mut p = P { lx: &lx, i: 0 };
-    let mut parsed = Parsed {
-        version: (0, 0),
-        target: 0,
-        functions: Vec::new(),
-        globals: Vec::new(),
+    let mut u = Unit {
+        parsed: Parsed {
+            version: (0, 0),
+            target: 0,
+            functions: Vec::new(),
+            globals: Vec::new(),
+        },
+        fn_linkage: Vec::new(),
+        var_linkage: Vec::new(),
+        declared: Vec::new(),
+        // Names in the globals' initializers: (global, byte offset, name), resolved at the end.
+        refs: Vec::new(),
+        aliases: Vec::new(),
     };
-    // Names in the globals' initializers: (global, byte offset, name), resolved at the end.
-    let mut refs: Vec<InitRef> = Vec::new();
-    let mut aliases: Vec<(String, String, PtxError)> = Vec::new();
-    let (mut fn_linkage, mut var_linkage, mut declared) = (Vec::new(), Vec::new(), Vec::new());
     // `.target sm_10, map_f64_to_f32` (old PTX for GPUs without doubles): its token, if given.
     let mut map_f64: Option<Token> = None;
     while let Some(t) = p.peek() {
@@ -999,90 +1003,21 @@ pub fn parse_unit(src: &str) -> Result<Unit, PtxError> {
             _ => return Err(p.err(&t, format!("unexpected `{w}` at module scope"))),
         }
         match w {
-            ".version" => {
-                p.i += 1;
-                let rest = p.rest_of_line(t.line);
-                let v = match rest.as_slice() {
-                    [v] => p.text(v),
-                    _ => return Err(p.err(&t, ".version takes one MAJOR.MINOR number")),
-                };
-                let (a, b) = v
-                    .split_once('.')
-                    .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-                    .ok_or_else(|| p.err(&t, format!("bad PTX version `{v}`")))?;
-                parsed.version = (a, b);
-            }
+            ".version" => u.parsed.version = p.version(t)?,
             ".target" => {
-                p.i += 1;
-                let rest = p.rest_of_line(t.line);
-                let mut items = rest.split(|x| x.kind == Kind::Punct(b','));
-                let sm = items.next().and_then(|s| match s {
-                    [s] => p
-                        .text(s)
-                        .strip_prefix("sm_")?
-                        .trim_end_matches(['a', 'f'])
-                        .parse::<u32>()
-                        .ok(),
-                    _ => None,
-                });
-                parsed.target = sm.ok_or_else(|| p.err(&t, "bad .target (expected sm_NN)"))?;
-                for opt in items {
-                    match opt {
-                        // Texture modes matter to texture references (not supported), `debug`
-                        // to debuggers; `map_f64_to_f32` changes only `.f64` arithmetic, which
-                        // a module with it must not have (checked at the end).
-                        [o] if matches!(
-                            p.text(o),
-                            "texmode_unified" | "texmode_independent" | "debug"
-                        ) => {}
-                        [o] if p.text(o) == "map_f64_to_f32" => map_f64 = Some(*o),
-                        _ => {
-                            let o = opt.first().copied().unwrap_or(t);
-                            return Err(
-                                p.err(&o, format!("unsupported .target option `{}`", p.text(&o)))
-                            );
-                        }
-                    }
+                let (sm, map) = p.target(t)?;
+                u.parsed.target = sm;
+                if map.is_some() {
+                    map_f64 = map;
                 }
             }
-            ".address_size" => {
-                p.i += 1;
-                let rest = p.rest_of_line(t.line);
-                match rest.as_slice() {
-                    [n] if p.text(n) == "64" => {}
-                    _ => {
-                        return Err(p.err(&t, "only .address_size 64 is supported"));
-                    }
-                }
-            }
+            ".address_size" => p.address_size(t)?,
             ".file" => p.line_directive()?,
-            // DWARF sections of `-G` builds: debug information, no meaning for execution.
-            ".section" => {
-                p.i += 1;
-                let (nt, name) = p.word("a section name")?;
-                if !name.starts_with(".debug_") {
-                    return Err(p.err(&nt, format!("unknown section `{name}`")));
-                }
-                p.expect(b'{')?;
-                let mut depth = 1;
-                while depth > 0 {
-                    let x = p.next("`}` closing a .section")?;
-                    match x.kind {
-                        Kind::Punct(b'{') => depth += 1,
-                        Kind::Punct(b'}') => depth -= 1,
-                        _ => {}
-                    }
-                }
-            }
+            ".section" => p.section()?,
             ".pragma" => p.pragma()?,
             ".alias" => {
-                p.i += 1;
-                let (_, a) = p.word("an alias name")?;
-                p.expect(b',')?;
-                let (_, b) = p.word("an aliased function")?;
-                p.expect(b';')?;
-                let e = p.err(&t, format!(".alias of undefined function {b}"));
-                aliases.push((a.to_string(), b.to_string(), e));
+                let alias = p.alias(t)?;
+                u.aliases.push(alias);
             }
             ".sreg" => {
                 return Err(p.err(&t, "special registers (.sreg) are predefined, not declared"))
@@ -1095,62 +1030,7 @@ pub fn parse_unit(src: &str) -> Result<Unit, PtxError> {
                 ))
             }
             ".visible" | ".extern" | ".weak" | ".common" | ".entry" | ".func" | ".global"
-            | ".const" | ".shared" | ".local" => {
-                let mut linkage = Linkage::Internal;
-                while let ".visible" | ".extern" | ".weak" | ".common" = p.peek_text() {
-                    linkage = match (linkage, p.peek_text()) {
-                        (Linkage::Extern, _) | (_, ".extern") => Linkage::Extern,
-                        (_, ".weak") => Linkage::Weak,
-                        (_, ".common") => Linkage::Common,
-                        (l, _) => l.max_visible(),
-                    };
-                    p.i += 1;
-                }
-                let external = linkage == Linkage::Extern;
-                let (st, space) = p.word("a declaration")?;
-                match space {
-                    ".entry" | ".func" => {
-                        p.i -= 1;
-                        match p.function()? {
-                            Ok(_) if external => {
-                                return Err(p.err(&st, "an .extern function has no body"))
-                            }
-                            Ok(f) => {
-                                parsed.functions.push(f);
-                                fn_linkage.push(linkage);
-                            }
-                            Err(name) => declared.push((name, true)),
-                        }
-                    }
-                    ".global" | ".const" | ".shared" => {
-                        let (h, items) = p.declaration(&space[1..])?;
-                        // An `.extern .global`/`.const` is another module's (resolved by
-                        // name at launch, or by `link.rs`); an `.extern .shared` array is
-                        // dynamic shared memory.
-                        if external && space != ".shared" {
-                            declared.extend(items.into_iter().map(|i| (i.name, false)));
-                            continue;
-                        }
-                        for item in items {
-                            let (v, r) = p.var(&space[1..], &h, item)?;
-                            if space == ".shared" && v.init.is_some() {
-                                return Err(p.err(&st, "shared variables take no initializer"));
-                            }
-                            let g = parsed.globals.len();
-                            refs.extend(r.into_iter().map(|(at, n, tok)| {
-                                let e = p.err(&tok, format!("bad initializer {n}"));
-                                (g, at, n, e)
-                            }));
-                            parsed.globals.push(v);
-                            var_linkage.push(linkage);
-                        }
-                    }
-                    ".local" => {
-                        return Err(p.err(&st, "module-scope .local variables are not supported"))
-                    }
-                    _ => return Err(p.err(&st, format!("unexpected `{space}` after linkage"))),
-                }
-            }
+            | ".const" | ".shared" | ".local" => p.module_declaration(&mut u)?,
             _ => {
                 let what = if w.starts_with('.') {
                     "unknown directive"
@@ -1162,16 +1042,177 @@ pub fn parse_unit(src: &str) -> Result<Unit, PtxError> {
         }
     }
     if let Some(tok) = map_f64 {
-        // The option makes every `.f64` instruction an `.f32` one: not emulated, so a module
-        // that has any is refused, naming it; one without (NVIDIA's matrixMulDynlinkJIT's CUDA
-        // 4.0 PTX) means what it says.
+        p.check_map_f64(tok, &u.parsed)?;
+    }
+    Ok(u)
+}
+
+/// The directives at module scope.
+impl P<'_> {
+    /// `.version MAJOR.MINOR`.
+    fn version(&mut self, t: Token) -> Result<(u32, u32), PtxError> {
+        self.i += 1;
+        let rest = self.rest_of_line(t.line);
+        let v = match rest.as_slice() {
+            [v] => self.text(v),
+            _ => return Err(self.err(&t, ".version takes one MAJOR.MINOR number")),
+        };
+        v.split_once('.')
+            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+            .ok_or_else(|| self.err(&t, format!("bad PTX version `{v}`")))
+    }
+
+    /// `.target sm_NN[, option...]`: the architecture, and the token of `map_f64_to_f32` if
+    /// it is one of the options.
+    fn target(&mut self, t: Token) -> Result<(u32, Option<Token>), PtxError> {
+        self.i += 1;
+        let rest = self.rest_of_line(t.line);
+        let mut items = rest.split(|x| x.kind == Kind::Punct(b','));
+        let sm = items.next().and_then(|s| match s {
+            [s] => self
+                .text(s)
+                .strip_prefix("sm_")?
+                .trim_end_matches(['a', 'f'])
+                .parse::<u32>()
+                .ok(),
+            _ => None,
+        });
+        let sm = sm.ok_or_else(|| self.err(&t, "bad .target (expected sm_NN)"))?;
+        let mut map_f64 = None;
+        for opt in items {
+            match opt {
+                // Texture modes matter to texture references (not supported), `debug` to
+                // debuggers; `map_f64_to_f32` changes only `.f64` arithmetic, which a module
+                // with it must not have (checked at the end).
+                [o] if matches!(
+                    self.text(o),
+                    "texmode_unified" | "texmode_independent" | "debug"
+                ) => {}
+                [o] if self.text(o) == "map_f64_to_f32" => map_f64 = Some(*o),
+                _ => {
+                    let o = opt.first().copied().unwrap_or(t);
+                    return Err(self.err(
+                        &o,
+                        format!("unsupported .target option `{}`", self.text(&o)),
+                    ));
+                }
+            }
+        }
+        Ok((sm, map_f64))
+    }
+
+    /// `.address_size 64`.
+    fn address_size(&mut self, t: Token) -> Result<(), PtxError> {
+        self.i += 1;
+        let rest = self.rest_of_line(t.line);
+        match rest.as_slice() {
+            [n] if self.text(n) == "64" => Ok(()),
+            _ => Err(self.err(&t, "only .address_size 64 is supported")),
+        }
+    }
+
+    /// A DWARF section of a `-G` build: debug information, no meaning for execution.
+    fn section(&mut self) -> Result<(), PtxError> {
+        self.i += 1;
+        let (nt, name) = self.word("a section name")?;
+        if !name.starts_with(".debug_") {
+            return Err(self.err(&nt, format!("unknown section `{name}`")));
+        }
+        self.expect(b'{')?;
+        let mut depth = 1;
+        while depth > 0 {
+            let x = self.next("`}` closing a .section")?;
+            match x.kind {
+                Kind::Punct(b'{') => depth += 1,
+                Kind::Punct(b'}') => depth -= 1,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// `.alias a, b;`: the names, and the error to report if `b` is not defined.
+    fn alias(&mut self, t: Token) -> Result<(String, String, PtxError), PtxError> {
+        self.i += 1;
+        let (_, a) = self.word("an alias name")?;
+        self.expect(b',')?;
+        let (_, b) = self.word("an aliased function")?;
+        self.expect(b';')?;
+        let e = self.err(&t, format!(".alias of undefined function {b}"));
+        Ok((a.to_string(), b.to_string(), e))
+    }
+
+    /// A function or a variable at module scope, after its linkage directives (if any).
+    fn module_declaration(&mut self, u: &mut Unit) -> Result<(), PtxError> {
+        let mut linkage = Linkage::Internal;
+        while let ".visible" | ".extern" | ".weak" | ".common" = self.peek_text() {
+            linkage = match (linkage, self.peek_text()) {
+                (Linkage::Extern, _) | (_, ".extern") => Linkage::Extern,
+                (_, ".weak") => Linkage::Weak,
+                (_, ".common") => Linkage::Common,
+                (l, _) => l.max_visible(),
+            };
+            self.i += 1;
+        }
+        let external = linkage == Linkage::Extern;
+        let (st, space) = self.word("a declaration")?;
+        match space {
+            ".entry" | ".func" => {
+                self.i -= 1;
+                match self.function()? {
+                    Ok(_) if external => {
+                        return Err(self.err(&st, "an .extern function has no body"))
+                    }
+                    Ok(f) => {
+                        u.parsed.functions.push(f);
+                        u.fn_linkage.push(linkage);
+                    }
+                    Err(name) => u.declared.push((name, true)),
+                }
+            }
+            ".global" | ".const" | ".shared" => {
+                let (h, items) = self.declaration(&space[1..])?;
+                // An `.extern .global`/`.const` is another module's (resolved by name at
+                // launch, or by `link.rs`); an `.extern .shared` array is dynamic shared
+                // memory.
+                if external && space != ".shared" {
+                    u.declared
+                        .extend(items.into_iter().map(|i| (i.name, false)));
+                    return Ok(());
+                }
+                for item in items {
+                    let (v, r) = self.var(&space[1..], &h, item)?;
+                    if space == ".shared" && v.init.is_some() {
+                        return Err(self.err(&st, "shared variables take no initializer"));
+                    }
+                    let g = u.parsed.globals.len();
+                    u.refs.extend(r.into_iter().map(|(at, n, tok)| {
+                        let e = self.err(&tok, format!("bad initializer {n}"));
+                        (g, at, n, e)
+                    }));
+                    u.parsed.globals.push(v);
+                    u.var_linkage.push(linkage);
+                }
+            }
+            ".local" => {
+                return Err(self.err(&st, "module-scope .local variables are not supported"))
+            }
+            _ => return Err(self.err(&st, format!("unexpected `{space}` after linkage"))),
+        }
+        Ok(())
+    }
+
+    /// `.target ... map_f64_to_f32` (at `tok`) makes every `.f64` instruction an `.f32` one:
+    /// not emulated, so a module that has any is refused, naming it; one without (NVIDIA's
+    /// matrixMulDynlinkJIT's CUDA 4.0 PTX) means what it says.
+    fn check_map_f64(&self, tok: Token, parsed: &Parsed) -> Result<(), PtxError> {
         let f64_inst = parsed
             .functions
             .iter()
             .flat_map(|f| &f.insts)
             .find(|i| i.text.contains(".f64"));
         if let Some(i) = f64_inst {
-            return Err(p.err(
+            return Err(self.err(
                 &tok,
                 format!(
                     "`.target ... map_f64_to_f32` maps `.f64` arithmetic to `.f32`, which the \
@@ -1180,15 +1221,8 @@ pub fn parse_unit(src: &str) -> Result<Unit, PtxError> {
                 ),
             ));
         }
+        Ok(())
     }
-    Ok(Unit {
-        parsed,
-        fn_linkage,
-        var_linkage,
-        declared,
-        refs,
-        aliases,
-    })
 }
 
 impl Linkage {
