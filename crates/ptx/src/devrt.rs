@@ -39,7 +39,7 @@ use std::sync::Mutex;
 use crate::code::{CallSite, Src};
 use crate::space::{function_index, load, store, LOCAL_WINDOW};
 use crate::warp::{Bits, Env, Group, Warp};
-use crate::{DeviceMemory, ExecError, LaunchConfig};
+use crate::{DeviceMemory, ExecError, Heap, LaunchConfig};
 
 /// Launches nest at most this deep (CUDA's hardware limit, and `cudaLimitDevRuntimeSyncDepth`'s
 /// maximum): the host's grid is depth 0.
@@ -437,187 +437,13 @@ pub fn call(
             "device runtime call outside a launch tree".into(),
         ));
     };
-    let mem = env.l.mem;
-    let heap = || {
-        mem.heap().ok_or_else(|| {
-            ExecError::Unsupported("the device runtime without a device heap".into())
-        })
+    let rt = Runtime {
+        tree,
+        grid,
+        mem: env.l.mem,
     };
     for l in Bits(run) {
-        // (return value, its size, error to record)
-        let (value, size, err): (u64, u64, u32) = match f {
-            Func::GetParameterBufferV2 | Func::GetParameterBuffer => {
-                let (launch, bytes) = if f == Func::GetParameterBufferV2 {
-                    let func = arg(w, env, g, cs, 0, l, 0, 8)?;
-                    let grid_dim = dim3(w, env, g, cs, 1, l)?;
-                    let block_dim = dim3(w, env, g, cs, 2, l)?;
-                    let shared = arg(w, env, g, cs, 3, l, 0, 4)? as u32;
-                    match function_index(func)
-                        .and_then(|i| Some((i, tree.entry_params.get(i).copied()??.param_bytes)))
-                    {
-                        Some((i, bytes)) => (
-                            Some((
-                                i,
-                                LaunchConfig {
-                                    grid: grid_dim,
-                                    block: block_dim,
-                                    dynamic_shared_bytes: shared,
-                                },
-                            )),
-                            u64::from(bytes),
-                        ),
-                        None => {
-                            w.devrt_error[l] = INVALID_DEVICE_FUNCTION;
-                            ret(w, env, g, cs, l, 8, 0)?;
-                            continue;
-                        }
-                    }
-                } else {
-                    let align = arg(w, env, g, cs, 0, l, 0, 8)?;
-                    let bytes = arg(w, env, g, cs, 1, l, 0, 8)?;
-                    if align > BUFFER_ALIGN || !align.is_power_of_two() && align != 0 {
-                        w.devrt_error[l] = INVALID_VALUE;
-                        ret(w, env, g, cs, l, 8, 0)?;
-                        continue;
-                    }
-                    (None, bytes)
-                };
-                match heap()?.alloc(bytes.max(1) + BUFFER_ALIGN) {
-                    Some(block) => {
-                        let addr = block.div_ceil(BUFFER_ALIGN) * BUFFER_ALIGN;
-                        lock(&tree.buffers).insert(
-                            addr,
-                            Buffer {
-                                block,
-                                launch,
-                                size: bytes,
-                            },
-                        );
-                        (addr, 8, SUCCESS)
-                    }
-                    None => (0, 8, MEMORY_ALLOCATION),
-                }
-            }
-            Func::LaunchDeviceV2 | Func::LaunchDevice => {
-                let (buf, stream, named) = if f == Func::LaunchDeviceV2 {
-                    (
-                        arg(w, env, g, cs, 0, l, 0, 8)?,
-                        arg(w, env, g, cs, 1, l, 0, 8)?,
-                        None,
-                    )
-                } else {
-                    let func = arg(w, env, g, cs, 0, l, 0, 8)?;
-                    let cfg = LaunchConfig {
-                        grid: dim3(w, env, g, cs, 2, l)?,
-                        block: dim3(w, env, g, cs, 3, l)?,
-                        dynamic_shared_bytes: arg(w, env, g, cs, 4, l, 0, 4)? as u32,
-                    };
-                    (
-                        arg(w, env, g, cs, 1, l, 0, 8)?,
-                        arg(w, env, g, cs, 5, l, 0, 8)?,
-                        Some((func, cfg)),
-                    )
-                };
-                let err = launch(tree, grid, mem, buf, stream, named)?;
-                (u64::from(err), 4, err)
-            }
-            Func::StreamCreateWithFlags | Func::EventCreateWithFlags => {
-                let p = arg(w, env, g, cs, 0, l, 0, 8)?;
-                let flags = arg(w, env, g, cs, 1, l, 0, 4)?;
-                // Device streams must be non-blocking (`cudaStreamNonBlocking`, 1); device
-                // events take `cudaEventDisableTiming` (2).
-                let ok = match f {
-                    Func::StreamCreateWithFlags => flags == 1,
-                    _ => flags & !2 == 0,
-                };
-                if ok && p != 0 {
-                    let h = tree.handles.fetch_add(8, Ordering::Relaxed);
-                    store(w, env, l, p, 8, h)?;
-                    (0, 4, SUCCESS)
-                } else {
-                    (u64::from(INVALID_VALUE), 4, INVALID_VALUE)
-                }
-            }
-            Func::StreamDestroy
-            | Func::EventDestroy
-            | Func::EventRecord
-            | Func::EventRecordWithFlags
-            | Func::StreamWaitEvent => (0, 4, SUCCESS),
-            Func::GetLastError => {
-                let e = std::mem::take(&mut w.devrt_error[l]);
-                (u64::from(e), 4, SUCCESS)
-            }
-            Func::PeekAtLastError => (u64::from(w.devrt_error[l]), 4, SUCCESS),
-            Func::GetErrorString | Func::GetErrorName => {
-                let code = arg(w, env, g, cs, 0, l, 0, 4)? as u32;
-                let name = f == Func::GetErrorName;
-                let key = (code, name);
-                let known = lock(&tree.strings).get(&key).copied();
-                let p = match known {
-                    Some(p) => p,
-                    None => {
-                        let text = error_text(code, name).as_bytes();
-                        let p = heap()?.alloc(text.len() as u64 + 1).ok_or_else(|| {
-                            ExecError::Unsupported(
-                                "no device heap left for cudaGetErrorString".into(),
-                            )
-                        })?;
-                        write(mem, p, text.len() as u64 + 1, |k| {
-                            text.get(k as usize).copied().unwrap_or(0)
-                        })?;
-                        lock(&tree.strings).insert(key, p);
-                        p
-                    }
-                };
-                (p, 8, SUCCESS)
-            }
-            Func::GetDevice => {
-                let p = arg(w, env, g, cs, 0, l, 0, 8)?;
-                store(w, env, l, p, 4, 0)?;
-                (0, 4, SUCCESS)
-            }
-            Func::Malloc => {
-                let p = arg(w, env, g, cs, 0, l, 0, 8)?;
-                let bytes = arg(w, env, g, cs, 1, l, 0, 8)?;
-                match heap()?.alloc(bytes) {
-                    Some(a) => {
-                        store(w, env, l, p, 8, a)?;
-                        (0, 4, SUCCESS)
-                    }
-                    None => (u64::from(MEMORY_ALLOCATION), 4, MEMORY_ALLOCATION),
-                }
-            }
-            Func::Free => {
-                let p = arg(w, env, g, cs, 0, l, 0, 8)?;
-                if p == 0 || heap()?.free(p) {
-                    (0, 4, SUCCESS)
-                } else {
-                    (u64::from(INVALID_VALUE), 4, INVALID_VALUE)
-                }
-            }
-            Func::MemcpyAsync | Func::MemsetAsync => {
-                let dst = arg(w, env, g, cs, 0, l, 0, 8)?;
-                let work = if f == Func::MemcpyAsync {
-                    let src = arg(w, env, g, cs, 1, l, 0, 8)?;
-                    let len = arg(w, env, g, cs, 2, l, 0, 8)?;
-                    // Device code copies device to device (3) or by address (default, 4).
-                    let kind = arg(w, env, g, cs, 3, l, 0, 4)?;
-                    (kind == 3 || kind == 4).then_some(Work::Copy { dst, src, len })
-                } else {
-                    let value = arg(w, env, g, cs, 1, l, 0, 4)? as u8;
-                    let len = arg(w, env, g, cs, 2, l, 0, 8)?;
-                    Some(Work::Set { dst, value, len })
-                };
-                let stream = arg(w, env, g, cs, cs.args.len() - 1, l, 0, 8)?;
-                match work {
-                    Some(work) => {
-                        grid.push(stream, work);
-                        (0, 4, SUCCESS)
-                    }
-                    None => (u64::from(INVALID_VALUE), 4, INVALID_VALUE),
-                }
-            }
-        };
+        let (value, size, err) = lane_call(w, env, g, cs, l, f, &rt)?;
         if err != SUCCESS {
             w.devrt_error[l] = err;
         }
@@ -625,6 +451,229 @@ pub fn call(
     }
     w.goto(run, g.pc + 1);
     Ok(())
+}
+
+/// What a device runtime call works with: the launch tree, the calling grid, device memory.
+struct Runtime<'r, 't> {
+    tree: &'r Tree<'t>,
+    grid: &'r Grid,
+    mem: &'r dyn DeviceMemory,
+}
+
+impl Runtime<'_, '_> {
+    fn heap(&self) -> Result<&Heap, ExecError> {
+        self.mem.heap().ok_or_else(|| {
+            ExecError::Unsupported("the device runtime without a device heap".into())
+        })
+    }
+}
+
+/// Lane `l`'s call of `f`: its return value, the value's size, and the error to record.
+fn lane_call(
+    w: &mut Warp,
+    env: &mut Env,
+    g: &Group,
+    cs: &CallSite,
+    l: usize,
+    f: Func,
+    rt: &Runtime,
+) -> Result<(u64, u64, u32), ExecError> {
+    Ok(match f {
+        Func::GetParameterBufferV2 | Func::GetParameterBuffer => {
+            parameter_buffer(w, env, g, cs, l, f, rt)?
+        }
+        Func::LaunchDeviceV2 | Func::LaunchDevice => {
+            let (buf, stream, named) = if f == Func::LaunchDeviceV2 {
+                (
+                    arg(w, env, g, cs, 0, l, 0, 8)?,
+                    arg(w, env, g, cs, 1, l, 0, 8)?,
+                    None,
+                )
+            } else {
+                let func = arg(w, env, g, cs, 0, l, 0, 8)?;
+                let cfg = LaunchConfig {
+                    grid: dim3(w, env, g, cs, 2, l)?,
+                    block: dim3(w, env, g, cs, 3, l)?,
+                    dynamic_shared_bytes: arg(w, env, g, cs, 4, l, 0, 4)? as u32,
+                };
+                (
+                    arg(w, env, g, cs, 1, l, 0, 8)?,
+                    arg(w, env, g, cs, 5, l, 0, 8)?,
+                    Some((func, cfg)),
+                )
+            };
+            let err = launch(rt.tree, rt.grid, rt.mem, buf, stream, named)?;
+            (u64::from(err), 4, err)
+        }
+        Func::StreamCreateWithFlags | Func::EventCreateWithFlags => {
+            let p = arg(w, env, g, cs, 0, l, 0, 8)?;
+            let flags = arg(w, env, g, cs, 1, l, 0, 4)?;
+            // Device streams must be non-blocking (`cudaStreamNonBlocking`, 1); device
+            // events take `cudaEventDisableTiming` (2).
+            let ok = match f {
+                Func::StreamCreateWithFlags => flags == 1,
+                _ => flags & !2 == 0,
+            };
+            if ok && p != 0 {
+                let h = rt.tree.handles.fetch_add(8, Ordering::Relaxed);
+                store(w, env, l, p, 8, h)?;
+                (0, 4, SUCCESS)
+            } else {
+                (u64::from(INVALID_VALUE), 4, INVALID_VALUE)
+            }
+        }
+        Func::StreamDestroy
+        | Func::EventDestroy
+        | Func::EventRecord
+        | Func::EventRecordWithFlags
+        | Func::StreamWaitEvent => (0, 4, SUCCESS),
+        Func::GetLastError => {
+            let e = std::mem::take(&mut w.devrt_error[l]);
+            (u64::from(e), 4, SUCCESS)
+        }
+        Func::PeekAtLastError => (u64::from(w.devrt_error[l]), 4, SUCCESS),
+        Func::GetErrorString | Func::GetErrorName => {
+            let code = arg(w, env, g, cs, 0, l, 0, 4)? as u32;
+            (error_string(rt, code, f == Func::GetErrorName)?, 8, SUCCESS)
+        }
+        Func::GetDevice => {
+            let p = arg(w, env, g, cs, 0, l, 0, 8)?;
+            store(w, env, l, p, 4, 0)?;
+            (0, 4, SUCCESS)
+        }
+        Func::Malloc => {
+            let p = arg(w, env, g, cs, 0, l, 0, 8)?;
+            let bytes = arg(w, env, g, cs, 1, l, 0, 8)?;
+            match rt.heap()?.alloc(bytes) {
+                Some(a) => {
+                    store(w, env, l, p, 8, a)?;
+                    (0, 4, SUCCESS)
+                }
+                None => (u64::from(MEMORY_ALLOCATION), 4, MEMORY_ALLOCATION),
+            }
+        }
+        Func::Free => {
+            let p = arg(w, env, g, cs, 0, l, 0, 8)?;
+            if p == 0 || rt.heap()?.free(p) {
+                (0, 4, SUCCESS)
+            } else {
+                (u64::from(INVALID_VALUE), 4, INVALID_VALUE)
+            }
+        }
+        Func::MemcpyAsync | Func::MemsetAsync => memcpy_memset(w, env, g, cs, l, f, rt.grid)?,
+    })
+}
+
+/// `cudaGetParameterBufferV2(func, grid, block, shared)` or `cudaGetParameterBuffer(align,
+/// size)`: a buffer from the heap for a child launch's parameters (what the V2 form's launch
+/// will be is kept with it); a null pointer and the error for a bad function or alignment.
+fn parameter_buffer(
+    w: &mut Warp,
+    env: &mut Env,
+    g: &Group,
+    cs: &CallSite,
+    l: usize,
+    f: Func,
+    rt: &Runtime,
+) -> Result<(u64, u64, u32), ExecError> {
+    let (launch, bytes) = if f == Func::GetParameterBufferV2 {
+        let func = arg(w, env, g, cs, 0, l, 0, 8)?;
+        let grid_dim = dim3(w, env, g, cs, 1, l)?;
+        let block_dim = dim3(w, env, g, cs, 2, l)?;
+        let shared = arg(w, env, g, cs, 3, l, 0, 4)? as u32;
+        match function_index(func)
+            .and_then(|i| Some((i, rt.tree.entry_params.get(i).copied()??.param_bytes)))
+        {
+            Some((i, bytes)) => (
+                Some((
+                    i,
+                    LaunchConfig {
+                        grid: grid_dim,
+                        block: block_dim,
+                        dynamic_shared_bytes: shared,
+                    },
+                )),
+                u64::from(bytes),
+            ),
+            None => return Ok((0, 8, INVALID_DEVICE_FUNCTION)),
+        }
+    } else {
+        let align = arg(w, env, g, cs, 0, l, 0, 8)?;
+        let bytes = arg(w, env, g, cs, 1, l, 0, 8)?;
+        if align > BUFFER_ALIGN || !align.is_power_of_two() && align != 0 {
+            return Ok((0, 8, INVALID_VALUE));
+        }
+        (None, bytes)
+    };
+    Ok(match rt.heap()?.alloc(bytes.max(1) + BUFFER_ALIGN) {
+        Some(block) => {
+            let addr = block.div_ceil(BUFFER_ALIGN) * BUFFER_ALIGN;
+            lock(&rt.tree.buffers).insert(
+                addr,
+                Buffer {
+                    block,
+                    launch,
+                    size: bytes,
+                },
+            );
+            (addr, 8, SUCCESS)
+        }
+        None => (0, 8, MEMORY_ALLOCATION),
+    })
+}
+
+/// `cudaGetErrorString`/`cudaGetErrorName` of `code`: the text's address, written to the heap
+/// once per launch tree.
+fn error_string(rt: &Runtime, code: u32, name: bool) -> Result<u64, ExecError> {
+    let key = (code, name);
+    let known = lock(&rt.tree.strings).get(&key).copied();
+    Ok(match known {
+        Some(p) => p,
+        None => {
+            let text = error_text(code, name).as_bytes();
+            let p = rt.heap()?.alloc(text.len() as u64 + 1).ok_or_else(|| {
+                ExecError::Unsupported("no device heap left for cudaGetErrorString".into())
+            })?;
+            write(rt.mem, p, text.len() as u64 + 1, |k| {
+                text.get(k as usize).copied().unwrap_or(0)
+            })?;
+            lock(&rt.tree.strings).insert(key, p);
+            p
+        }
+    })
+}
+
+/// `cudaMemcpyAsync(dst, src, len, kind, stream)` or `cudaMemsetAsync(dst, value, len,
+/// stream)`: work enqueued on the stream of the calling grid.
+fn memcpy_memset(
+    w: &mut Warp,
+    env: &mut Env,
+    g: &Group,
+    cs: &CallSite,
+    l: usize,
+    f: Func,
+    grid: &Grid,
+) -> Result<(u64, u64, u32), ExecError> {
+    let dst = arg(w, env, g, cs, 0, l, 0, 8)?;
+    let work = if f == Func::MemcpyAsync {
+        let src = arg(w, env, g, cs, 1, l, 0, 8)?;
+        let len = arg(w, env, g, cs, 2, l, 0, 8)?;
+        // Device code copies device to device (3) or by address (default, 4).
+        let kind = arg(w, env, g, cs, 3, l, 0, 4)?;
+        (kind == 3 || kind == 4).then_some(Work::Copy { dst, src, len })
+    } else {
+        let value = arg(w, env, g, cs, 1, l, 0, 4)? as u8;
+        let len = arg(w, env, g, cs, 2, l, 0, 8)?;
+        Some(Work::Set { dst, value, len })
+    };
+    let stream = arg(w, env, g, cs, cs.args.len() - 1, l, 0, 8)?;
+    Ok(match work {
+        Some(work) => {
+            grid.push(stream, work);
+            (0, 4, SUCCESS)
+        }
+        None => (u64::from(INVALID_VALUE), 4, INVALID_VALUE),
+    })
 }
 
 /// `cudaLaunchDeviceV2(buf, stream)` (or `cudaLaunchDevice`, which names the kernel and its
