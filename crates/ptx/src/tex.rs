@@ -197,6 +197,23 @@ const B32: Type = Type {
     size: 4,
 };
 
+/// An operand reader of [`decode`]'s caller: the operand's text, and whether an immediate is
+/// a float.
+type OperandOf<'o> = dyn FnMut(&str, bool) -> Result<Operand, PtxError> + 'o;
+
+/// The modifiers of a texture or surface instruction.
+struct TexMods {
+    mods: crate::inst::Mods,
+    types: Vec<Type>,
+    geom: Option<Geom>,
+    /// `tld4`'s component.
+    comp: u8,
+    /// Operands after the address that are read and ignored (a LOD, gradients).
+    extra: usize,
+    query: Option<Query>,
+    clamp: Option<Clamp>,
+}
+
 /// Decodes `tex`, `tld4`, `txq`, `suld`, `sust`, `suq` (their operands are `[handle, {coords}]`).
 #[allow(clippy::type_complexity)]
 pub fn decode(
@@ -208,121 +225,23 @@ pub fn decode(
     use crate::inst::Op;
     let opcode = || format!("{op:?}").to_lowercase() + "." + &mods_s.join(".");
     let unsupported = || PtxError::Unsupported { opcode: opcode() };
+    let TexMods {
+        mut mods,
+        types,
+        geom,
+        comp,
+        extra,
+        query,
+        clamp,
+    } = modifiers(op, mods_s).ok_or_else(unsupported)?;
     let mut t = TexOp {
         geom: Geom::D1,
-        comp: 0,
+        comp,
         query: Query::Width,
         clamp: Clamp::Trap,
     };
-    let mut mods = crate::inst::Mods::default();
-    let mut types = Vec::new();
-    let mut geom = None;
-    let mut extra = 0usize; // operands after the address that are read and ignored
-    let mut query = None;
-    let mut clamp = None;
-    for &m in mods_s {
-        if let Some(g) = Geom::parse(m) {
-            geom = Some(g);
-            continue;
-        }
-        if let Some(ty) = Type::parse_pub(m) {
-            types.push(ty);
-            continue;
-        }
-        match (op, m) {
-            (_, "v2") => mods.vec = 2,
-            (_, "v4") => mods.vec = 4,
-            // One level: a LOD or gradients select it whatever their value.
-            (Op::Tex, "level") => extra = 1,
-            (Op::Tex, "grad") => extra = 2,
-            (Op::Tld4, "r") => t.comp = 0,
-            (Op::Tld4, "g") => t.comp = 1,
-            (Op::Tld4, "b") => t.comp = 2,
-            (Op::Tld4, "a") => t.comp = 3,
-            (Op::Suld | Op::Sust, "b") => {}
-            (Op::Suld | Op::Sust, "trap") => clamp = Some(Clamp::Trap),
-            (Op::Suld | Op::Sust, "clamp") => clamp = Some(Clamp::Edge),
-            (Op::Suld | Op::Sust, "zero") => clamp = Some(Clamp::Zero),
-            // Cache operators change nothing here.
-            (Op::Suld | Op::Sust, "ca" | "cg" | "cs" | "cv" | "wb" | "wt") => {}
-            (Op::Txq | Op::Suq, q) => {
-                query = Some(match q {
-                    "width" => Query::Width,
-                    "height" => Query::Height,
-                    "depth" => Query::Depth,
-                    "array_size" => Query::ArraySize,
-                    "normalized_coords" if op == Op::Txq => Query::NormalizedCoords,
-                    "filter_mode" if op == Op::Txq => Query::FilterMode,
-                    "addr_mode_0" if op == Op::Txq => Query::AddrMode(0),
-                    "addr_mode_1" if op == Op::Txq => Query::AddrMode(1),
-                    "addr_mode_2" if op == Op::Txq => Query::AddrMode(2),
-                    "num_mipmap_levels" if op == Op::Txq => Query::NumMipmapLevels,
-                    "num_samples" if op == Op::Txq => Query::NumSamples,
-                    _ => return Err(unsupported()),
-                })
-            }
-            _ => return Err(unsupported()),
-        }
-    }
     let items = crate::parse::split_top(rest);
     let mut args = Vec::new();
-    // The `[handle, {coords}]` operand: handle and coordinates, as one vector.
-    let address = |text: &str,
-                   n: usize,
-                   float: bool,
-                   first_int: bool,
-                   operand: &mut dyn FnMut(&str, bool) -> Result<Operand, PtxError>|
-     -> Result<Operand, PtxError> {
-        let inner = text
-            .trim()
-            .strip_prefix('[')
-            .and_then(|x| x.strip_suffix(']'))
-            .ok_or_else(unsupported)?;
-        let parts = crate::parse::split_top(inner);
-        let handle = parts.first().ok_or_else(unsupported)?;
-        let handle = operand(handle, false)?;
-        if !matches!(handle, Operand::Reg(_) | Operand::Imm(_)) {
-            // A `.texref`/`.surfref` by name: texture references left CUDA in 12.0.
-            return Err(unsupported());
-        }
-        let mut v = vec![handle];
-        if n > 0 {
-            let coords = parts.get(1).ok_or_else(unsupported)?;
-            let list = coords
-                .trim()
-                .strip_prefix('{')
-                .and_then(|x| x.strip_suffix('}'))
-                .map(|x| x.split(',').map(str::to_string).collect::<Vec<_>>())
-                .unwrap_or_else(|| vec![coords.clone()]);
-            if list.len() < n {
-                return Err(unsupported());
-            }
-            for (k, c) in list.iter().take(n).enumerate() {
-                v.push(operand(c, float && !(first_int && k == 0))?);
-            }
-        } else if parts.len() != 1 {
-            return Err(unsupported());
-        }
-        Ok(Operand::Vector(v))
-    };
-    let dst_vector = |text: &str,
-                      operand: &mut dyn FnMut(&str, bool) -> Result<Operand, PtxError>|
-     -> Result<Operand, PtxError> {
-        let t = text.trim();
-        if t.contains('|') {
-            // `d|p`: the residency predicate of sparse textures.
-            return Err(unsupported());
-        }
-        let list: Vec<&str> = match t.strip_prefix('{').and_then(|x| x.strip_suffix('}')) {
-            Some(inner) => inner.split(',').collect(),
-            None => vec![t],
-        };
-        Ok(Operand::Vector(
-            list.iter()
-                .map(|x| operand(x, false))
-                .collect::<Result<_, _>>()?,
-        ))
-    };
     let (ty, ty2) = match op {
         Op::Tex | Op::Tld4 => {
             let g = geom.ok_or_else(unsupported)?;
@@ -343,14 +262,13 @@ pub fn decode(
                 return Err(unsupported());
             }
             t.geom = g;
-            args.push(dst_vector(&items[0], operand)?);
+            args.push(dst_vector(&items[0], operand, &unsupported)?);
             let layered = matches!(g, Geom::A1 | Geom::A2 | Geom::ACube);
-            args.push(address(
+            args.push(handle_and_coords(
                 &items[1],
-                g.coords(),
-                c.kind == Ty::F,
-                layered,
+                (g.coords(), c.kind == Ty::F, layered),
                 operand,
+                &unsupported,
             )?);
             (d, c)
         }
@@ -368,12 +286,13 @@ pub fn decode(
             if items.len() != 2 {
                 return Err(unsupported());
             }
+            let at = (g.coords(), false, false);
             if op == Op::Suld {
-                args.push(dst_vector(&items[0], operand)?);
-                args.push(address(&items[1], g.coords(), false, false, operand)?);
+                args.push(dst_vector(&items[0], operand, &unsupported)?);
+                args.push(handle_and_coords(&items[1], at, operand, &unsupported)?);
             } else {
-                args.push(address(&items[0], g.coords(), false, false, operand)?);
-                args.push(dst_vector(&items[1], operand)?);
+                args.push(handle_and_coords(&items[0], at, operand, &unsupported)?);
+                args.push(dst_vector(&items[1], operand, &unsupported)?);
             }
             (d, d)
         }
@@ -384,7 +303,12 @@ pub fn decode(
                 return Err(unsupported());
             }
             args.push(operand(&items[0], false)?);
-            args.push(address(&items[1], 0, false, false, operand)?);
+            args.push(handle_and_coords(
+                &items[1],
+                (0, false, false),
+                operand,
+                &unsupported,
+            )?);
             (B32, B32)
         }
     };
@@ -393,6 +317,128 @@ pub fn decode(
     }
     mods.tex = Some(t);
     Ok((mods, ty, ty2, args))
+}
+
+/// The modifiers of `op`, if it is a form the VM runs.
+fn modifiers(op: crate::inst::Op, mods_s: &[&str]) -> Option<TexMods> {
+    use crate::inst::Op;
+    let mut t = TexMods {
+        mods: crate::inst::Mods::default(),
+        types: Vec::new(),
+        geom: None,
+        comp: 0,
+        extra: 0,
+        query: None,
+        clamp: None,
+    };
+    for &m in mods_s {
+        if let Some(g) = Geom::parse(m) {
+            t.geom = Some(g);
+            continue;
+        }
+        if let Some(ty) = Type::parse_pub(m) {
+            t.types.push(ty);
+            continue;
+        }
+        match (op, m) {
+            (_, "v2") => t.mods.vec = 2,
+            (_, "v4") => t.mods.vec = 4,
+            // One level: a LOD or gradients select it whatever their value.
+            (Op::Tex, "level") => t.extra = 1,
+            (Op::Tex, "grad") => t.extra = 2,
+            (Op::Tld4, "r") => t.comp = 0,
+            (Op::Tld4, "g") => t.comp = 1,
+            (Op::Tld4, "b") => t.comp = 2,
+            (Op::Tld4, "a") => t.comp = 3,
+            (Op::Suld | Op::Sust, "b") => {}
+            (Op::Suld | Op::Sust, "trap") => t.clamp = Some(Clamp::Trap),
+            (Op::Suld | Op::Sust, "clamp") => t.clamp = Some(Clamp::Edge),
+            (Op::Suld | Op::Sust, "zero") => t.clamp = Some(Clamp::Zero),
+            // Cache operators change nothing here.
+            (Op::Suld | Op::Sust, "ca" | "cg" | "cs" | "cv" | "wb" | "wt") => {}
+            (Op::Txq | Op::Suq, q) => {
+                t.query = Some(match q {
+                    "width" => Query::Width,
+                    "height" => Query::Height,
+                    "depth" => Query::Depth,
+                    "array_size" => Query::ArraySize,
+                    "normalized_coords" if op == Op::Txq => Query::NormalizedCoords,
+                    "filter_mode" if op == Op::Txq => Query::FilterMode,
+                    "addr_mode_0" if op == Op::Txq => Query::AddrMode(0),
+                    "addr_mode_1" if op == Op::Txq => Query::AddrMode(1),
+                    "addr_mode_2" if op == Op::Txq => Query::AddrMode(2),
+                    "num_mipmap_levels" if op == Op::Txq => Query::NumMipmapLevels,
+                    "num_samples" if op == Op::Txq => Query::NumSamples,
+                    _ => return None,
+                })
+            }
+            _ => return None,
+        }
+    }
+    Some(t)
+}
+
+/// The `[handle, {coords}]` operand: handle and coordinates, as one vector. `(n, float,
+/// first_int)`: `n` coordinates, floats (but for the first, a layer index, if `first_int`).
+fn handle_and_coords(
+    text: &str,
+    (n, float, first_int): (usize, bool, bool),
+    operand: &mut OperandOf,
+    unsupported: &dyn Fn() -> PtxError,
+) -> Result<Operand, PtxError> {
+    let inner = text
+        .trim()
+        .strip_prefix('[')
+        .and_then(|x| x.strip_suffix(']'))
+        .ok_or_else(unsupported)?;
+    let parts = crate::parse::split_top(inner);
+    let handle = parts.first().ok_or_else(unsupported)?;
+    let handle = operand(handle, false)?;
+    if !matches!(handle, Operand::Reg(_) | Operand::Imm(_)) {
+        // A `.texref`/`.surfref` by name: texture references left CUDA in 12.0.
+        return Err(unsupported());
+    }
+    let mut v = vec![handle];
+    if n > 0 {
+        let coords = parts.get(1).ok_or_else(unsupported)?;
+        let list = coords
+            .trim()
+            .strip_prefix('{')
+            .and_then(|x| x.strip_suffix('}'))
+            .map(|x| x.split(',').map(str::to_string).collect::<Vec<_>>())
+            .unwrap_or_else(|| vec![coords.clone()]);
+        if list.len() < n {
+            return Err(unsupported());
+        }
+        for (k, c) in list.iter().take(n).enumerate() {
+            v.push(operand(c, float && !(first_int && k == 0))?);
+        }
+    } else if parts.len() != 1 {
+        return Err(unsupported());
+    }
+    Ok(Operand::Vector(v))
+}
+
+/// The destination (or `sust`'s values) as a vector of registers.
+fn dst_vector(
+    text: &str,
+    operand: &mut OperandOf,
+    unsupported: &dyn Fn() -> PtxError,
+) -> Result<Operand, PtxError> {
+    let t = text.trim();
+    if t.contains('|') {
+        // `d|p`: the residency predicate of sparse textures.
+        return Err(unsupported());
+    }
+    let list: Vec<&str> = match t.strip_prefix('{').and_then(|x| x.strip_suffix('}')) {
+        Some(inner) => inner.split(',').collect(),
+        None => vec![t],
+    };
+    Ok(Operand::Vector(
+        list.iter()
+            .map(|x| operand(x, false))
+            .collect::<Result<_, _>>()?,
+    ))
 }
 
 /// Looks up a handle once per distinct value in the group.
