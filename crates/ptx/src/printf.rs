@@ -80,6 +80,9 @@ struct Spec {
     zero: bool,
     width: usize,
     precision: Option<usize>,
+    /// Length modifiers: `l` and wider (64-bit integers), and the number of `h`s.
+    long: bool,
+    short: u8,
 }
 
 impl Spec {
@@ -157,16 +160,34 @@ fn general_form(x: f64, p: usize, alt: bool, upper: bool) -> String {
     s
 }
 
+/// The packed arguments of one `printf` call of lane `l`, read in order, each at its own
+/// alignment.
+struct Args<'w> {
+    w: &'w Warp,
+    l: usize,
+    at: u64,
+    off: u64,
+}
+
+impl Args<'_> {
+    /// The next argument of `size` bytes.
+    fn next(&mut self, env: &mut Env, size: u64) -> Result<u64, ExecError> {
+        self.off = self.off.div_ceil(size) * size;
+        let v = load(self.w, env, self.l, self.at.wrapping_add(self.off), size)?;
+        self.off += size;
+        Ok(v)
+    }
+}
+
 /// Formats `printf(fmt, args...)` for lane `l`: `args` points at the packed arguments.
 fn format(w: &Warp, env: &mut Env, l: usize, fmt: u64, args: u64) -> Result<Vec<u8>, ExecError> {
     let f = string(w, env, l, fmt, MAX_STRING)?;
     let mut out: Vec<u8> = Vec::new();
-    let mut off = 0u64;
-    let mut next = |env: &mut Env, size: u64| -> Result<u64, ExecError> {
-        off = off.div_ceil(size) * size;
-        let v = load(w, env, l, args.wrapping_add(off), size)?;
-        off += size;
-        Ok(v)
+    let mut args = Args {
+        w,
+        l,
+        at: args,
+        off: 0,
     };
     let mut i = 0;
     while i < f.len() {
@@ -177,60 +198,7 @@ fn format(w: &Warp, env: &mut Env, l: usize, fmt: u64, args: u64) -> Result<Vec<
             continue;
         }
         let start = i - 1;
-        let mut spec = Spec::default();
-        while let Some(&c) = f.get(i) {
-            match c {
-                b'-' => spec.left = true,
-                b'+' => spec.plus = true,
-                b' ' => spec.space = true,
-                b'#' => spec.alt = true,
-                b'0' => spec.zero = true,
-                _ => break,
-            }
-            i += 1;
-        }
-        if f.get(i) == Some(&b'*') {
-            let v = next(env, 4)? as u32 as i32;
-            spec.left |= v < 0;
-            spec.width = v.unsigned_abs() as usize;
-            i += 1;
-        } else {
-            while let Some(d) = f.get(i).filter(|c| c.is_ascii_digit()) {
-                spec.width = spec
-                    .width
-                    .saturating_mul(10)
-                    .saturating_add((d - b'0') as usize);
-                i += 1;
-            }
-        }
-        if f.get(i) == Some(&b'.') {
-            i += 1;
-            let mut p = 0usize;
-            if f.get(i) == Some(&b'*') {
-                let v = next(env, 4)? as u32 as i32;
-                i += 1;
-                spec.precision = (v >= 0).then_some(v as usize);
-            } else {
-                while let Some(d) = f.get(i).filter(|c| c.is_ascii_digit()) {
-                    p = p.saturating_mul(10).saturating_add((d - b'0') as usize);
-                    i += 1;
-                }
-                spec.precision = Some(p);
-            }
-        }
-        // Length: hh, h, l, ll, z, j, t, L (64-bit integers for l and wider on this ABI).
-        let mut long = false;
-        let mut short = 0u8;
-        while let Some(&c) = f.get(i) {
-            match c {
-                b'l' | b'z' | b'j' | b't' | b'L' | b'q' => long = true,
-                b'h' => short += 1,
-                _ => break,
-            }
-            i += 1;
-        }
-        spec.width = spec.width.min(MAX_FIELD);
-        spec.precision = spec.precision.map(|p| p.min(MAX_FIELD));
+        let mut spec = conversion_spec(&f, &mut i, env, &mut args)?;
         let Some(&conv) = f.get(i) else {
             out.extend_from_slice(&f[start..]);
             break;
@@ -238,64 +206,15 @@ fn format(w: &Warp, env: &mut Env, l: usize, fmt: u64, args: u64) -> Result<Vec<
         i += 1;
         let text = match conv {
             b'%' => "%".to_string(),
-            b'd' | b'i' => {
-                let v = if long {
-                    next(env, 8)? as i64
-                } else {
-                    next(env, 4)? as u32 as i32 as i64
-                };
-                let v = match short {
-                    0 => v,
-                    1 => v as i16 as i64,
-                    _ => v as i8 as i64,
-                };
-                let mut digits = v.unsigned_abs().to_string();
-                if let Some(p) = spec.precision {
-                    spec.zero = false;
-                    if p == 0 && v == 0 {
-                        digits.clear();
-                    } else if digits.len() < p {
-                        digits = "0".repeat(p - digits.len()) + &digits;
-                    }
-                }
-                spec.pad(spec.sign(v < 0), "", &digits, true)
-            }
-            b'u' | b'x' | b'X' | b'o' => {
-                let v = if long { next(env, 8)? } else { next(env, 4)? };
-                let v = match short {
-                    0 => v,
-                    1 => v as u16 as u64,
-                    _ => v as u8 as u64,
-                };
-                let mut digits = match conv {
-                    b'u' => v.to_string(),
-                    b'x' => format!("{v:x}"),
-                    b'X' => format!("{v:X}"),
-                    _ => format!("{v:o}"),
-                };
-                if let Some(p) = spec.precision {
-                    spec.zero = false;
-                    if p == 0 && v == 0 {
-                        digits.clear();
-                    } else if digits.len() < p {
-                        digits = "0".repeat(p - digits.len()) + &digits;
-                    }
-                }
-                let prefix = match conv {
-                    b'x' if spec.alt && v != 0 => "0x",
-                    b'X' if spec.alt && v != 0 => "0X",
-                    b'o' if spec.alt && !digits.starts_with('0') => "0",
-                    _ => "",
-                };
-                spec.pad("", prefix, &digits, true)
-            }
+            b'd' | b'i' => signed(&mut spec, env, &mut args)?,
+            b'u' | b'x' | b'X' | b'o' => unsigned(conv, &mut spec, env, &mut args)?,
             b'c' => {
-                let v = next(env, 4)? as u8;
+                let v = args.next(env, 4)? as u8;
                 let body = String::from_utf8_lossy(&[v]).into_owned();
                 spec.pad("", "", &body, false)
             }
             b's' => {
-                let p = next(env, 8)?;
+                let p = args.next(env, 8)?;
                 let s = if p == 0 {
                     b"(null)".to_vec()
                 } else {
@@ -311,33 +230,11 @@ fn format(w: &Warp, env: &mut Env, l: usize, fmt: u64, args: u64) -> Result<Vec<
                 spec.pad("", "", &body, false)
             }
             b'p' => {
-                let p = next(env, 8)?;
+                let p = args.next(env, 8)?;
                 spec.pad("", "0x", &format!("{p:x}"), false)
             }
             b'f' | b'F' | b'e' | b'E' | b'g' | b'G' | b'a' | b'A' => {
-                let x = f64::from_bits(next(env, 8)?);
-                let upper = conv.is_ascii_uppercase();
-                let neg = x.is_sign_negative() && !x.is_nan();
-                let a = x.abs();
-                let p = spec.precision.unwrap_or(6);
-                let body = if x.is_nan() {
-                    "nan".to_string()
-                } else if a.is_infinite() {
-                    "inf".to_string()
-                } else {
-                    match conv {
-                        b'f' | b'F' => format!("{a:.p$}"),
-                        b'e' | b'E' => exp_form(a, p, upper),
-                        b'g' | b'G' => {
-                            general_form(a, spec.precision.unwrap_or(6), spec.alt, upper)
-                        }
-                        // %a: hexadecimal floating point, as glibc writes a normal double.
-                        _ => hex_float(a, spec.precision),
-                    }
-                };
-                let body = if upper { body.to_uppercase() } else { body };
-                let numeric = x.is_finite();
-                spec.pad(spec.sign(neg), "", &body, numeric)
+                float(conv, &spec, f64::from_bits(args.next(env, 8)?))
             }
             // Anything else (`%n`, unknown conversions) is printed as written.
             _ => String::from_utf8_lossy(&f[start..i]).into_owned(),
@@ -345,6 +242,156 @@ fn format(w: &Warp, env: &mut Env, l: usize, fmt: u64, args: u64) -> Result<Vec<
         out.extend_from_slice(text.as_bytes());
     }
     Ok(out)
+}
+
+/// A conversion's flags, width, precision and length (`f[*i]` is just after its `%`; `*`
+/// widths and precisions are read from the arguments), up to its conversion character.
+fn conversion_spec(
+    f: &[u8],
+    i: &mut usize,
+    env: &mut Env,
+    args: &mut Args,
+) -> Result<Spec, ExecError> {
+    let mut spec = Spec::default();
+    while let Some(&c) = f.get(*i) {
+        match c {
+            b'-' => spec.left = true,
+            b'+' => spec.plus = true,
+            b' ' => spec.space = true,
+            b'#' => spec.alt = true,
+            b'0' => spec.zero = true,
+            _ => break,
+        }
+        *i += 1;
+    }
+    if f.get(*i) == Some(&b'*') {
+        let v = args.next(env, 4)? as u32 as i32;
+        spec.left |= v < 0;
+        spec.width = v.unsigned_abs() as usize;
+        *i += 1;
+    } else {
+        while let Some(d) = f.get(*i).filter(|c| c.is_ascii_digit()) {
+            spec.width = spec
+                .width
+                .saturating_mul(10)
+                .saturating_add((d - b'0') as usize);
+            *i += 1;
+        }
+    }
+    if f.get(*i) == Some(&b'.') {
+        *i += 1;
+        let mut p = 0usize;
+        if f.get(*i) == Some(&b'*') {
+            let v = args.next(env, 4)? as u32 as i32;
+            *i += 1;
+            spec.precision = (v >= 0).then_some(v as usize);
+        } else {
+            while let Some(d) = f.get(*i).filter(|c| c.is_ascii_digit()) {
+                p = p.saturating_mul(10).saturating_add((d - b'0') as usize);
+                *i += 1;
+            }
+            spec.precision = Some(p);
+        }
+    }
+    // Length: hh, h, l, ll, z, j, t, L (64-bit integers for l and wider on this ABI).
+    while let Some(&c) = f.get(*i) {
+        match c {
+            b'l' | b'z' | b'j' | b't' | b'L' | b'q' => spec.long = true,
+            b'h' => spec.short += 1,
+            _ => break,
+        }
+        *i += 1;
+    }
+    spec.width = spec.width.min(MAX_FIELD);
+    spec.precision = spec.precision.map(|p| p.min(MAX_FIELD));
+    Ok(spec)
+}
+
+/// `digits` zero-extended to the precision (none for a zero of precision 0); a precision
+/// turns the `0` flag off.
+fn with_precision(spec: &mut Spec, mut digits: String, zero_value: bool) -> String {
+    if let Some(p) = spec.precision {
+        spec.zero = false;
+        if p == 0 && zero_value {
+            digits.clear();
+        } else if digits.len() < p {
+            digits = "0".repeat(p - digits.len()) + &digits;
+        }
+    }
+    digits
+}
+
+/// `%d`, `%i`.
+fn signed(spec: &mut Spec, env: &mut Env, args: &mut Args) -> Result<String, ExecError> {
+    let v = if spec.long {
+        args.next(env, 8)? as i64
+    } else {
+        args.next(env, 4)? as u32 as i32 as i64
+    };
+    let v = match spec.short {
+        0 => v,
+        1 => v as i16 as i64,
+        _ => v as i8 as i64,
+    };
+    let digits = with_precision(spec, v.unsigned_abs().to_string(), v == 0);
+    Ok(spec.pad(spec.sign(v < 0), "", &digits, true))
+}
+
+/// `%u`, `%x`, `%X`, `%o`.
+fn unsigned(
+    conv: u8,
+    spec: &mut Spec,
+    env: &mut Env,
+    args: &mut Args,
+) -> Result<String, ExecError> {
+    let v = if spec.long {
+        args.next(env, 8)?
+    } else {
+        args.next(env, 4)?
+    };
+    let v = match spec.short {
+        0 => v,
+        1 => v as u16 as u64,
+        _ => v as u8 as u64,
+    };
+    let digits = match conv {
+        b'u' => v.to_string(),
+        b'x' => format!("{v:x}"),
+        b'X' => format!("{v:X}"),
+        _ => format!("{v:o}"),
+    };
+    let digits = with_precision(spec, digits, v == 0);
+    let prefix = match conv {
+        b'x' if spec.alt && v != 0 => "0x",
+        b'X' if spec.alt && v != 0 => "0X",
+        b'o' if spec.alt && !digits.starts_with('0') => "0",
+        _ => "",
+    };
+    Ok(spec.pad("", prefix, &digits, true))
+}
+
+/// `%f`, `%F`, `%e`, `%E`, `%g`, `%G`, `%a`, `%A` of `x`.
+fn float(conv: u8, spec: &Spec, x: f64) -> String {
+    let upper = conv.is_ascii_uppercase();
+    let neg = x.is_sign_negative() && !x.is_nan();
+    let a = x.abs();
+    let p = spec.precision.unwrap_or(6);
+    let body = if x.is_nan() {
+        "nan".to_string()
+    } else if a.is_infinite() {
+        "inf".to_string()
+    } else {
+        match conv {
+            b'f' | b'F' => format!("{a:.p$}"),
+            b'e' | b'E' => exp_form(a, p, upper),
+            b'g' | b'G' => general_form(a, spec.precision.unwrap_or(6), spec.alt, upper),
+            // %a: hexadecimal floating point, as glibc writes a normal double.
+            _ => hex_float(a, spec.precision),
+        }
+    };
+    let body = if upper { body.to_uppercase() } else { body };
+    let numeric = x.is_finite();
+    spec.pad(spec.sign(neg), "", &body, numeric)
 }
 
 /// `%a` of a non-negative finite double: `0x1.<hex>p<exp>` (`0x0p+0` for zero).
