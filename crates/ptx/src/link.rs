@@ -33,16 +33,32 @@ const BUILTIN_FUNCTIONS: [&str; 5] = [
     crate::code::SET_CONDITIONAL,
 ];
 
+/// Which unit's definition of each external name is kept: (unit, index in the unit, linkage).
+type Defs = HashMap<String, (usize, usize, Linkage)>;
+
 /// Joins `units` (each with its name, for messages) into one unit.
 pub fn link(mut units: Vec<(String, Unit)>) -> Result<Unit, PtxError> {
     if units.is_empty() {
         return Err(PtxError::Link("nothing to link: no PTX was added".into()));
     }
     rename_internals(&mut units);
+    let (fn_def, var_def, mut errors) = definitions(&units);
+    // Every declaration must meet a definition.
+    let unresolved = unresolved(&units, &fn_def, &var_def);
+    if !unresolved.is_empty() {
+        errors.push(format!("unresolved: {}", unresolved.join(", ")));
+    }
+    if !errors.is_empty() {
+        return Err(PtxError::Link(errors.join("; ")));
+    }
+    Ok(join(units, &fn_def, &var_def))
+}
 
-    // Which unit's definition of each external name is kept.
-    let mut fn_def: HashMap<String, (usize, usize, Linkage)> = HashMap::new();
-    let mut var_def: HashMap<String, (usize, usize, Linkage)> = HashMap::new();
+/// The definitions kept of the external functions and of the external variables, and the
+/// errors of conflicting ones.
+fn definitions(units: &[(String, Unit)]) -> (Defs, Defs, Vec<String>) {
+    let mut fn_def: Defs = HashMap::new();
+    let mut var_def: Defs = HashMap::new();
     let mut errors = Vec::new();
     for (u, (uname, unit)) in units.iter().enumerate() {
         for (i, (f, &l)) in unit
@@ -55,7 +71,7 @@ pub fn link(mut units: Vec<(String, Unit)>) -> Result<Unit, PtxError> {
             if l == Linkage::Internal {
                 continue;
             }
-            choose(&mut fn_def, &f.name, (u, i, l), &units, uname, &mut errors);
+            choose(&mut fn_def, &f.name, (u, i, l), units, uname, &mut errors);
         }
         for (i, (v, &l)) in unit
             .parsed
@@ -67,7 +83,7 @@ pub fn link(mut units: Vec<(String, Unit)>) -> Result<Unit, PtxError> {
             if l == Linkage::Internal || l == Linkage::Extern {
                 continue;
             }
-            choose(&mut var_def, &v.name, (u, i, l), &units, uname, &mut errors);
+            choose(&mut var_def, &v.name, (u, i, l), units, uname, &mut errors);
         }
     }
     for name in fn_def.keys() {
@@ -78,10 +94,13 @@ pub fn link(mut units: Vec<(String, Unit)>) -> Result<Unit, PtxError> {
             ));
         }
     }
+    (fn_def, var_def, errors)
+}
 
-    // Every declaration must meet a definition.
+/// The declarations no unit (nor the VM) defines, each once.
+fn unresolved(units: &[(String, Unit)], fn_def: &Defs, var_def: &Defs) -> Vec<String> {
     let mut unresolved: Vec<String> = Vec::new();
-    for (uname, unit) in &units {
+    for (uname, unit) in units {
         let defined_here: HashSet<&str> = unit
             .parsed
             .functions
@@ -107,14 +126,11 @@ pub fn link(mut units: Vec<(String, Unit)>) -> Result<Unit, PtxError> {
             }
         }
     }
-    if !unresolved.is_empty() {
-        errors.push(format!("unresolved: {}", unresolved.join(", ")));
-    }
-    if !errors.is_empty() {
-        return Err(PtxError::Link(errors.join("; ")));
-    }
+    unresolved
+}
 
-    // The joined unit: every kept definition in unit order, then text order.
+/// The joined unit: every kept definition in unit order, then text order.
+fn join(units: Vec<(String, Unit)>, fn_def: &Defs, var_def: &Defs) -> Unit {
     let mut out = Unit {
         parsed: Parsed {
             version: (0, 0),
@@ -128,8 +144,7 @@ pub fn link(mut units: Vec<(String, Unit)>) -> Result<Unit, PtxError> {
         refs: Vec::new(),
         aliases: Vec::new(),
     };
-    let mut common: HashMap<String, usize> = HashMap::new();
-    let mut dynamic_shared: HashMap<String, usize> = HashMap::new();
+    let mut merged = Merged::default();
     for (u, (_, unit)) in units.into_iter().enumerate() {
         let p = unit.parsed;
         out.parsed.version = out.parsed.version.max(p.version);
@@ -144,63 +159,8 @@ pub fn link(mut units: Vec<(String, Unit)>) -> Result<Unit, PtxError> {
                 out.fn_linkage.push(l);
             }
         }
-        // Where each of this unit's variables went, for its initializers' names.
-        let mut slot: Vec<Option<usize>> = Vec::with_capacity(p.globals.len());
-        for (i, (v, l)) in p.globals.into_iter().zip(unit.var_linkage).enumerate() {
-            let at = out.parsed.globals.len();
-            match l {
-                // Dynamic shared memory: one array of each name.
-                Linkage::Extern => match dynamic_shared.get(&v.name) {
-                    Some(&k) => {
-                        let g = &mut out.parsed.globals[k];
-                        g.align = g.align.max(v.align);
-                        slot.push(Some(k));
-                    }
-                    None => {
-                        dynamic_shared.insert(v.name.clone(), at);
-                        out.parsed.globals.push(v);
-                        out.var_linkage.push(l);
-                        slot.push(Some(at));
-                    }
-                },
-                Linkage::Internal => {
-                    out.parsed.globals.push(v);
-                    out.var_linkage.push(l);
-                    slot.push(Some(at));
-                }
-                _ if var_def
-                    .get(&v.name)
-                    .is_some_and(|&(_, _, dl)| dl == Linkage::Common && l == Linkage::Common) =>
-                {
-                    match common.get(&v.name) {
-                        Some(&k) => {
-                            let g = &mut out.parsed.globals[k];
-                            if v.size > g.size {
-                                g.size = v.size;
-                                g.elem = v.elem;
-                            }
-                            g.align = g.align.max(v.align);
-                            slot.push(Some(k));
-                        }
-                        None => {
-                            common.insert(v.name.clone(), at);
-                            out.parsed.globals.push(v);
-                            out.var_linkage.push(l);
-                            slot.push(Some(at));
-                        }
-                    }
-                }
-                _ if var_def
-                    .get(&v.name)
-                    .is_some_and(|&(du, di, _)| (du, di) == (u, i)) =>
-                {
-                    out.parsed.globals.push(v);
-                    out.var_linkage.push(l);
-                    slot.push(Some(at));
-                }
-                _ => slot.push(None),
-            }
-        }
+        let vars = p.globals.into_iter().zip(unit.var_linkage);
+        let slot = join_globals(&mut out, u, vars, var_def, &mut merged);
         for (g, at, name, e) in unit.refs {
             if let Some(Some(k)) = slot.get(g) {
                 out.refs.push((*k, at, name, e));
@@ -208,13 +168,89 @@ pub fn link(mut units: Vec<(String, Unit)>) -> Result<Unit, PtxError> {
         }
         out.aliases.extend(unit.aliases);
     }
-    Ok(out)
+    out
+}
+
+/// The variables merged across units by name: `.common` ones and dynamic shared arrays, each
+/// with its index in the joined unit.
+#[derive(Default)]
+struct Merged {
+    common: HashMap<String, usize>,
+    dynamic_shared: HashMap<String, usize>,
+}
+
+/// Unit `u`'s variables into the joined unit `out`: where each went (for its initializers'
+/// names), `None` for a definition given way to another unit's.
+fn join_globals(
+    out: &mut Unit,
+    u: usize,
+    vars: impl Iterator<Item = (crate::parse::Var, Linkage)>,
+    var_def: &Defs,
+    merged: &mut Merged,
+) -> Vec<Option<usize>> {
+    let mut slot: Vec<Option<usize>> = Vec::new();
+    for (i, (v, l)) in vars.enumerate() {
+        let at = out.parsed.globals.len();
+        match l {
+            // Dynamic shared memory: one array of each name.
+            Linkage::Extern => match merged.dynamic_shared.get(&v.name) {
+                Some(&k) => {
+                    let g = &mut out.parsed.globals[k];
+                    g.align = g.align.max(v.align);
+                    slot.push(Some(k));
+                }
+                None => {
+                    merged.dynamic_shared.insert(v.name.clone(), at);
+                    out.parsed.globals.push(v);
+                    out.var_linkage.push(l);
+                    slot.push(Some(at));
+                }
+            },
+            Linkage::Internal => {
+                out.parsed.globals.push(v);
+                out.var_linkage.push(l);
+                slot.push(Some(at));
+            }
+            _ if var_def
+                .get(&v.name)
+                .is_some_and(|&(_, _, dl)| dl == Linkage::Common && l == Linkage::Common) =>
+            {
+                match merged.common.get(&v.name) {
+                    Some(&k) => {
+                        let g = &mut out.parsed.globals[k];
+                        if v.size > g.size {
+                            g.size = v.size;
+                            g.elem = v.elem;
+                        }
+                        g.align = g.align.max(v.align);
+                        slot.push(Some(k));
+                    }
+                    None => {
+                        merged.common.insert(v.name.clone(), at);
+                        out.parsed.globals.push(v);
+                        out.var_linkage.push(l);
+                        slot.push(Some(at));
+                    }
+                }
+            }
+            _ if var_def
+                .get(&v.name)
+                .is_some_and(|&(du, di, _)| (du, di) == (u, i)) =>
+            {
+                out.parsed.globals.push(v);
+                out.var_linkage.push(l);
+                slot.push(Some(at));
+            }
+            _ => slot.push(None),
+        }
+    }
+    slot
 }
 
 /// Records the definition `def` of `name` where it wins over the one kept so far, or the
 /// error of two strong definitions.
 fn choose(
-    kept: &mut HashMap<String, (usize, usize, Linkage)>,
+    kept: &mut Defs,
     name: &str,
     def: (usize, usize, Linkage),
     units: &[(String, Unit)],
