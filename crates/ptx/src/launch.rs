@@ -73,77 +73,9 @@ pub fn run(
     cooperative: Option<u64>,
     devrt: Option<(&crate::devrt::Tree, &crate::devrt::Grid)>,
 ) -> Result<LaunchStats, ExecError> {
-    let name = &prog.funcs[kernel].name;
-    for &f in funcs {
-        let code = &prog.funcs[f];
-        if let Some(op) = &code.unsupported {
-            let via = if f == kernel {
-                String::new()
-            } else {
-                format!(" (called function {})", code.name)
-            };
-            return Err(ExecError::Unsupported(format!(
-                "PTX instruction `{op}` in {name}{via} is not supported by the emulated GPU"
-            )));
-        }
-        if code.frame > MAX_LOCAL {
-            return Err(ExecError::InvalidLaunch(format!(
-                "{} needs {} bytes of local memory per thread",
-                code.name, code.frame
-            )));
-        }
-    }
-    // Shared memory: the kernel's static variables, the module's, those of the functions it
-    // calls; dynamic (`.extern`) variables after them.
-    let mut offsets: HashMap<u32, u64> = HashMap::new();
-    let mut shared = 0u64;
-    let mut dynamic = Vec::new();
-    let kernel_vars = prog.funcs[kernel].shared.iter().map(|(id, v)| (*id, v));
-    let module_vars = prog
-        .symbols
-        .iter()
-        .enumerate()
-        .filter_map(|(id, k)| match k {
-            SymKind::ModuleShared(i) => Some((id as u32, module_shared.get(*i)?)),
-            _ => None,
-        });
-    let callee_vars = funcs[1..]
-        .iter()
-        .flat_map(|&f| prog.funcs[f].shared.iter().map(|(id, v)| (*id, v)));
-    for (id, v) in kernel_vars.chain(module_vars).chain(callee_vars) {
-        if v.size == 0 {
-            dynamic.push(id);
-        } else if let std::collections::hash_map::Entry::Vacant(e) = offsets.entry(id) {
-            shared = round_up(shared, v.align);
-            e.insert(shared);
-            shared += v.size;
-        }
-    }
-    shared = round_up(shared, 16);
-    for id in dynamic {
-        offsets.insert(id, shared);
-    }
-    let shared_bytes = shared + cfg.dynamic_shared_bytes as u64;
-    if shared_bytes > MAX_SHARED {
-        return Err(ExecError::InvalidLaunch(format!(
-            "{shared_bytes} bytes of shared memory per block"
-        )));
-    }
-    // The reserved region after the kernel's own shared memory (`%reserved_smem_offset_*`).
-    let shared_bytes = (round_up(shared_bytes, 16) + crate::RESERVED_SHARED) as usize;
-    let mut syms = vec![None; prog.symbols.len()];
-    for &f in funcs {
-        for &id in &prog.funcs[f].symbols {
-            let slot = &mut syms[id as usize];
-            if slot.is_some() {
-                continue;
-            }
-            *slot = match &prog.symbols[id as usize] {
-                SymKind::Global(name) => symbols(name),
-                SymKind::ModuleShared(_) | SymKind::BodyShared => offsets.get(&id).copied(),
-            };
-        }
-    }
+    check_code(prog, kernel, funcs)?;
+    let (offsets, shared_bytes) = shared_layout(prog, module_shared, kernel, funcs, cfg)?;
+    let syms = symbol_addresses(prog, funcs, &offsets, symbols);
     let blocks: u64 = cfg.grid.iter().map(|&d| d as u64).product();
     let workers = threads.clamp(1, blocks.clamp(1, 1024) as usize);
     let epoch = AtomicU64::new(0);
@@ -185,12 +117,122 @@ pub fn run(
             threads: 1,
         });
     }
+    parallel(&launch, blocks, workers, &ctaid, start)
+}
+
+/// Whether the launch can run the code it reaches: no instruction the VM does not run, no
+/// frame larger than a thread's local memory.
+fn check_code(prog: &Program, kernel: usize, funcs: &[usize]) -> Result<(), ExecError> {
+    let name = &prog.funcs[kernel].name;
+    for &f in funcs {
+        let code = &prog.funcs[f];
+        if let Some(op) = &code.unsupported {
+            let via = if f == kernel {
+                String::new()
+            } else {
+                format!(" (called function {})", code.name)
+            };
+            return Err(ExecError::Unsupported(format!(
+                "PTX instruction `{op}` in {name}{via} is not supported by the emulated GPU"
+            )));
+        }
+        if code.frame > MAX_LOCAL {
+            return Err(ExecError::InvalidLaunch(format!(
+                "{} needs {} bytes of local memory per thread",
+                code.name, code.frame
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A block's shared memory: each variable's offset (the kernel's static variables, the
+/// module's, those of the functions it calls; dynamic (`.extern`) variables after them), and
+/// the bytes of it all, the reserved region (`%reserved_smem_offset_*`) included.
+fn shared_layout(
+    prog: &Program,
+    module_shared: &[Var],
+    kernel: usize,
+    funcs: &[usize],
+    cfg: &LaunchConfig,
+) -> Result<(HashMap<u32, u64>, usize), ExecError> {
+    let mut offsets: HashMap<u32, u64> = HashMap::new();
+    let mut shared = 0u64;
+    let mut dynamic = Vec::new();
+    let kernel_vars = prog.funcs[kernel].shared.iter().map(|(id, v)| (*id, v));
+    let module_vars = prog
+        .symbols
+        .iter()
+        .enumerate()
+        .filter_map(|(id, k)| match k {
+            SymKind::ModuleShared(i) => Some((id as u32, module_shared.get(*i)?)),
+            _ => None,
+        });
+    let callee_vars = funcs[1..]
+        .iter()
+        .flat_map(|&f| prog.funcs[f].shared.iter().map(|(id, v)| (*id, v)));
+    for (id, v) in kernel_vars.chain(module_vars).chain(callee_vars) {
+        if v.size == 0 {
+            dynamic.push(id);
+        } else if let std::collections::hash_map::Entry::Vacant(e) = offsets.entry(id) {
+            shared = round_up(shared, v.align);
+            e.insert(shared);
+            shared += v.size;
+        }
+    }
+    shared = round_up(shared, 16);
+    for id in dynamic {
+        offsets.insert(id, shared);
+    }
+    let shared_bytes = shared + cfg.dynamic_shared_bytes as u64;
+    if shared_bytes > MAX_SHARED {
+        return Err(ExecError::InvalidLaunch(format!(
+            "{shared_bytes} bytes of shared memory per block"
+        )));
+    }
+    // The reserved region after the kernel's own shared memory (`%reserved_smem_offset_*`).
+    let shared_bytes = (round_up(shared_bytes, 16) + crate::RESERVED_SHARED) as usize;
+    Ok((offsets, shared_bytes))
+}
+
+/// The address (or shared-memory offset) of each symbol the reached code names.
+fn symbol_addresses(
+    prog: &Program,
+    funcs: &[usize],
+    offsets: &HashMap<u32, u64>,
+    symbols: &dyn Fn(&str) -> Option<u64>,
+) -> Vec<Option<u64>> {
+    let mut syms = vec![None; prog.symbols.len()];
+    for &f in funcs {
+        for &id in &prog.funcs[f].symbols {
+            let slot = &mut syms[id as usize];
+            if slot.is_some() {
+                continue;
+            }
+            *slot = match &prog.symbols[id as usize] {
+                SymKind::Global(name) => symbols(name),
+                SymKind::ModuleShared(_) | SymKind::BodyShared => offsets.get(&id).copied(),
+            };
+        }
+    }
+    syms
+}
+
+/// The blocks run on `workers` host threads, each taking the next block index; the first
+/// failure (of the lowest block, among those run) stops the others at their next block.
+fn parallel(
+    launch: &Launch,
+    blocks: u64,
+    workers: usize,
+    ctaid: &(impl Fn(u64) -> [u32; 3] + Sync),
+    start: Instant,
+) -> Result<LaunchStats, ExecError> {
     let next = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let total = AtomicU64::new(0);
     let failure: Mutex<Option<(u64, ExecError)>> = Mutex::new(None);
     let work = || {
-        let mut block = Block::new(&launch);
+        let mut block = Block::new(launch);
         let mut count = 0;
         while !stop.load(Ordering::Relaxed) {
             let i = next.fetch_add(1, Ordering::Relaxed);
