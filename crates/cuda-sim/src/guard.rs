@@ -104,10 +104,11 @@ pub(crate) fn stats_call(f: impl FnOnce(&mut Sim) -> Result<(), CUresult>) -> i3
     }
 }
 
-/// Sleeps until timeline time `t`: the OS sleep for most of it, then yields, so that the
-/// wake-up is within some microseconds of `t`.
+/// Sleeps until timeline time `t`: the OS sleep for most of it, then a busy wait, so that
+/// the wake-up is within some microseconds of `t` (yielding instead could give the processor
+/// away for a whole scheduler slice on a busy machine).
 pub(crate) fn sleep_until(t: u64) {
-    const SPIN_NS: u64 = 250_000;
+    const SPIN_NS: u64 = 200_000;
     loop {
         let n = now();
         if n >= t {
@@ -117,7 +118,7 @@ pub(crate) fn sleep_until(t: u64) {
         if left > SPIN_NS {
             std::thread::sleep(Duration::from_nanos(left - SPIN_NS));
         } else {
-            std::thread::yield_now();
+            std::hint::spin_loop();
         }
     }
 }

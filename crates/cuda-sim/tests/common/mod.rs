@@ -54,6 +54,7 @@ pub const PTX: &str = r#"
 .visible .entry spin_us1000() { ret; }
 .visible .entry spin_us2000() { ret; }
 .visible .entry spin_us3000() { ret; }
+.visible .entry spin_us10000() { ret; }
 .visible .entry quick() { ret; }
 .visible .entry mixed(.param .u8 a, .param .align 8 .b8 s[12], .param .f64 d)
 .maxntid 256, 1, 1
@@ -223,4 +224,29 @@ pub fn words(bytes: &[u8]) -> Vec<u32> {
         .chunks_exact(4)
         .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
         .collect()
+}
+
+/// Fails the current attempt of a [`timed`] check with a message.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)*) => {
+        let ok: bool = $cond;
+        if !ok {
+            return Err(format!($($msg)*));
+        }
+    };
+}
+
+/// Runs a check with wall-clock bounds up to three times, passing if one attempt does: a
+/// machine busy with other work can stretch a wall-clock measurement, and no attempt passes
+/// by chance when the behaviour is wrong. Each attempt must leave the machine idle.
+pub fn timed<T>(what: &str, mut attempt: impl FnMut() -> Result<T, String>) -> T {
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        match attempt() {
+            Ok(v) => return v,
+            Err(e) => failures.push(e),
+        }
+    }
+    panic!("{what}: {failures:?}");
 }
