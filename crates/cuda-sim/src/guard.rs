@@ -68,7 +68,10 @@ fn run(need: Need, f: impl FnOnce(&mut Sim) -> Res) -> CUresult {
     if need == Need::Init && !s.initialized {
         return E::NOT_INITIALIZED;
     }
-    s.apply_due(now());
+    // One instant for the whole call: what a query finds complete has had its effects.
+    let t = now();
+    s.clock = t;
+    s.apply_due(t);
     let flow = match f(&mut s) {
         Ok(flow) => flow,
         Err(code) => return code,

@@ -69,13 +69,15 @@ pub(crate) struct EngineTime {
 }
 
 impl EngineTime {
-    /// Gives the engine an op of `duration` ready at `ready` (not before now): the earliest
-    /// time it is free for that long. An op that becomes ready early runs in a gap before
+    /// Gives the engine an op of `duration` ready at `ready`: the earliest time from then on
+    /// that it is free for that long. An op that becomes ready early runs in a gap before
     /// work enqueued earlier that waits for something, as an engine runs what is ready.
-    pub fn place(&mut self, ready: u64, duration: u64) -> u64 {
-        let first = self.busy.partition_point(|&(_, end)| end <= ready);
-        self.busy
-            .drain(..first.min(self.busy.len().saturating_sub(1)));
+    pub fn place(&mut self, ready: u64, duration: u64, now: u64) -> u64 {
+        // What ended before now concerns no op to come: each is ready at its call's entry or
+        // later, and this call's entry is no later than `ready`.
+        let horizon = ready.min(now);
+        let old = self.busy.partition_point(|&(_, end)| end <= horizon);
+        self.busy.drain(..old);
         let mut start = ready;
         let mut at = self.busy.partition_point(|&(_, end)| end <= ready);
         while let Some(&(s, e)) = self.busy.get(at) {
@@ -234,6 +236,9 @@ pub(crate) struct Sim {
     /// Ops on the timeline not yet applied, soonest first.
     pub pending: BinaryHeap<Pending>,
     pub seq: u64,
+    /// The time the current call entered the library, when the effects of everything that
+    /// completed by then were applied: queries answer as of this instant.
+    pub clock: u64,
     next_id: u64,
     pub stats: SimStats,
 }
@@ -254,6 +259,7 @@ impl Sim {
             mem: Memory::new(0),
             pending: BinaryHeap::new(),
             seq: 0,
+            clock: 0,
             next_id: 1,
             stats: SimStats::default(),
         }
@@ -363,15 +369,15 @@ mod tests {
     #[test]
     fn engines_fill_gaps_in_order_of_readiness() {
         let mut e = EngineTime::default();
-        assert_eq!(e.place(100, 50), 100);
-        assert_eq!(e.place(100, 10), 150, "busy until 150");
+        assert_eq!(e.place(100, 50, 0), 100);
+        assert_eq!(e.place(100, 10, 0), 150, "busy until 150");
         // Enqueued later, ready earlier than work waiting for an event: runs first.
-        assert_eq!(e.place(1000, 100), 1000);
-        assert_eq!(e.place(200, 100), 200);
-        assert_eq!(e.place(250, 800), 1100, "no gap of 800 before 1100");
-        assert_eq!(e.place(300, 600), 300);
-        assert_eq!(e.place(950, 0), 950);
-        assert_eq!(e.place(1050, 0), 1100, "a point inside busy time waits");
-        assert_eq!(e.place(5000, 1), 5000);
+        assert_eq!(e.place(1000, 100, 0), 1000);
+        assert_eq!(e.place(200, 100, 0), 200);
+        assert_eq!(e.place(250, 800, 0), 1100, "no gap of 800 before 1100");
+        assert_eq!(e.place(300, 600, 0), 300);
+        assert_eq!(e.place(950, 0, 0), 950);
+        assert_eq!(e.place(1050, 0, 0), 1100, "a point inside busy time waits");
+        assert_eq!(e.place(5000, 1, 0), 5000);
     }
 }

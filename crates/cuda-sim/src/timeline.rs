@@ -214,7 +214,9 @@ impl Sim {
         }
         let (engine, duration, pinned) = self.cost(&work);
         if let Some(e) = engine {
-            start = self.devices[dev].engine(e).place(start, duration);
+            start = self.devices[dev]
+                .engine(e)
+                .place(start, duration, self.clock);
         }
         let end = start + duration;
         self.set_last_end(s, end);

@@ -221,6 +221,17 @@ fn stream_wait_event_orders_work_across_streams_and_pinned_reads_are_stale_until
     d.dtoh_async(hc.span(), mem.va, a).unwrap();
     d.stream_synchronize(a).unwrap();
     assert_eq!(words(&hc.read()), [6; 16]);
+    // Polling an event: once it reports complete, the copy before it has landed.
+    d.launch(slow, ONE, WARP, 0, a, &[]).unwrap();
+    d.launch(add, ONE, WARP, 0, a, &add_params(mem.va, 16, 1))
+        .unwrap();
+    d.dtoh_async(hc.span(), mem.va, a).unwrap();
+    d.event_record(ev, a).unwrap();
+    let mut polls = 0;
+    while !d.event_query(ev).unwrap() {
+        polls += 1;
+    }
+    assert_eq!(words(&hc.read()), [7; 16], "after {polls} polls");
     d.event_destroy(ev).unwrap();
     for st in [a, b, c] {
         d.stream_destroy(st).unwrap();

@@ -7,7 +7,7 @@ use gpufuse_cuda_types::{short as E, CUresult};
 
 use super::Handle;
 use crate::ffi;
-use crate::guard::{call, now, Flow, Need, Res};
+use crate::guard::{call, Flow, Need, Res};
 use crate::state::{
     handle, id_of, Capture, EvState, Event, Exec, KernelKind, Kind, SRef, Sim, Stream,
     EVENT_DISABLE_TIMING,
@@ -173,7 +173,7 @@ export! {
             let sref = s.stream(stream)?;
             s.stats.stream_queries += 1;
             refuse_if_capturing(s, sref)?;
-            if now() < s.sync_target(sref) {
+            if s.clock < s.sync_target(sref) {
                 return Err(E::NOT_READY);
             }
             match s.take_fault(s.ctx_of(sref)) {
@@ -259,7 +259,7 @@ export! {
             match s.events[&ev].state {
                 EvState::Never => Ok(Flow::Done),
                 EvState::Captured(_) => Err(E::STREAM_CAPTURE_UNSUPPORTED),
-                EvState::At(t) if now() < t => Err(E::NOT_READY),
+                EvState::At(t) if s.clock < t => Err(E::NOT_READY),
                 EvState::At(_) => Ok(Flow::Done),
             }
         })
@@ -292,7 +292,7 @@ export! {
             let (EvState::At(ta), EvState::At(tb)) = (a.state, b.state) else {
                 return Err(E::INVALID_HANDLE);
             };
-            if now() < ta.max(tb) {
+            if s.clock < ta.max(tb) {
                 return Err(E::NOT_READY);
             }
             let elapsed = (tb as f64 - ta as f64) / 1e6;
