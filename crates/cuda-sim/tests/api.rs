@@ -597,3 +597,137 @@ fn calls_need_a_current_context_and_a_fresh_library_needs_cu_init() {
         assert_eq!(n, 2);
     }
 }
+
+#[test]
+fn vmm_event_and_graph_argument_errors() {
+    use gpufuse_cuda_types::structs::{CUmemAccessDesc, CUmemAllocationProp, CUmemLocation};
+    let (_g, s) = sim();
+    let d = &s.d;
+    // SAFETY: an all-zero C struct of integers and a NULL pointer is a valid value.
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.r#type = 1;
+    prop.location = CUmemLocation { r#type: 1, id: 0 };
+    let g = G as u64;
+    type Gran = unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, c_int) -> i32;
+    type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> i32;
+    type Create = unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> i32;
+    type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> i32;
+    type Range = unsafe extern "C" fn(u64, usize) -> i32;
+    type Access = unsafe extern "C" fn(u64, usize, *const CUmemAccessDesc, usize) -> i32;
+    let (gran, reserve, create) = (
+        sym::<Gran>(s, "cuMemGetAllocationGranularity"),
+        sym::<Reserve>(s, "cuMemAddressReserve"),
+        sym::<Create>(s, "cuMemCreate"),
+    );
+    let (map, unmap, access) = (
+        sym::<Map>(s, "cuMemMap"),
+        sym::<Range>(s, "cuMemUnmap"),
+        sym::<Access>(s, "cuMemSetAccess"),
+    );
+    let release: unsafe extern "C" fn(u64) -> i32 = sym(s, "cuMemRelease");
+    let free: Range = sym(s, "cuMemAddressFree");
+    let rw = CUmemAccessDesc {
+        location: CUmemLocation { r#type: 1, id: 0 },
+        flags: 3,
+    };
+    // SAFETY: every pointer below is valid or NULL; the values are what is being refused.
+    unsafe {
+        let mut n = 0usize;
+        assert_eq!(gran(&mut n, &prop, 2), 1, "option");
+        let mut bad = prop;
+        bad.r#type = 2;
+        assert_eq!(gran(&mut n, &bad, 0), 1, "allocation type");
+        bad = prop;
+        bad.location.id = 7;
+        assert_eq!(gran(&mut n, &bad, 0), 101, "device");
+        let mut va = 0u64;
+        assert_eq!(reserve(&mut va, G + 4096, 0, 0, 0), 1, "size");
+        assert_eq!(reserve(&mut va, G, 3 << 21, 0, 0), 1, "alignment");
+        assert_eq!(reserve(&mut va, G, 0, 0, 1), 1, "flags");
+        assert_eq!(reserve(&mut va, 4 * G, 0, 0, 0), 0);
+        let mut h = 0u64;
+        assert_eq!(create(&mut h, G / 2, &prop, 0), 1, "size");
+        assert_eq!(create(&mut h, G, &prop, 1), 1, "flags");
+        assert_eq!(create(&mut h, G, &bad, 0), 101, "device");
+        assert_eq!(create(&mut h, 2 * G, &prop, 0), 0);
+        assert_eq!(map(va, 2 * G, 4096, h, 0), 1, "offset");
+        assert_eq!(map(va, 2 * G, G, h, 0), 1, "past the allocation");
+        assert_eq!(map(va, 2 * G, 0, h + 1000, 0), 1, "handle");
+        assert_eq!(map(va + 3 * g, 2 * G, 0, h, 0), 1, "past the reservation");
+        assert_eq!(map(va, 2 * G, 0, h, 1), 1, "flags");
+        assert_eq!(access(va, G, &rw, 1), 1, "nothing mapped");
+        assert_eq!(map(va, 2 * G, 0, h, 0), 0);
+        assert_eq!(map(va + g, G, 0, h, 0), 1, "over a mapping");
+        let mut bad_rw = rw;
+        bad_rw.flags = 2;
+        assert_eq!(access(va, 2 * G, &bad_rw, 1), 1, "access flags");
+        bad_rw = rw;
+        bad_rw.location.r#type = 2;
+        assert_eq!(access(va, 2 * G, &bad_rw, 1), 1, "location type");
+        assert_eq!(access(va, 3 * G, &rw, 1), 1, "past the mapping");
+        assert_eq!(access(va, 2 * G, &rw, 1), 0);
+        assert_eq!(unmap(va, G), 1, "part of a mapping");
+        assert_eq!(unmap(va + 2 * g, G), 1, "nothing mapped");
+        assert_eq!(release(h + 1000), 1, "handle");
+        assert_eq!(
+            release(h),
+            0,
+            "released while mapped: freed with the mapping"
+        );
+        assert_eq!(release(h), 1, "twice");
+        assert_eq!(free(va, 4 * G), 1, "still mapped");
+        assert_eq!(unmap(va, 2 * G), 0);
+        assert_eq!(free(va, 2 * G), 1, "not the reservation's size");
+        assert_eq!(free(va, 4 * G), 0);
+    }
+    // Events, streams, graphs.
+    let st = d.stream_create(1, 0).unwrap();
+    let e = d.event_create(0).unwrap();
+    let wait: unsafe extern "C" fn(*mut c_void, *mut c_void, c_uint) -> i32 =
+        sym(s, "cuStreamWaitEvent");
+    let create_stream: unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> i32 =
+        sym(s, "cuStreamCreateWithPriority");
+    let create_event: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> i32 =
+        sym(s, "cuEventCreate");
+    let (mut hs, mut he) = (null_mut(), null_mut());
+    // SAFETY: valid out-pointers, then live handles with flags that are refused.
+    unsafe {
+        assert_eq!(create_stream(&mut hs, 0, 0), 0);
+        assert_eq!(create_event(&mut he, 0), 0);
+        assert_eq!(wait(hs, he, 2), 1);
+        assert_eq!(wait(hs, he, 0), 0, "never recorded: nothing to wait for");
+    }
+    // An event recorded outside a capture, waited for inside one.
+    d.event_record(e, st).unwrap();
+    let other = d.stream_create(1, 0).unwrap();
+    d.begin_capture(other).unwrap();
+    assert_eq!(code(d.stream_wait_event(other, e)), 905);
+    assert_eq!(code(d.end_capture(other)), 901);
+    // A capture's event, waited for outside it.
+    d.begin_capture(other).unwrap();
+    d.event_record(e, other).unwrap();
+    assert_eq!(code(d.stream_wait_event(st, e)), 905);
+    let exec = d.end_capture(other).unwrap();
+    let inst: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> i32 =
+        sym(s, "cuGraphInstantiateWithFlags");
+    let mut x = null_mut();
+    // SAFETY: a valid out-pointer; a handle never given out.
+    let r = unsafe { inst(&mut x, std::ptr::without_provenance_mut(0x77), 0) };
+    assert_eq!(r, 400);
+    let name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> i32 = sym(s, "cuDeviceGetName");
+    let mut buf = [0 as c_char; 8];
+    // SAFETY: a valid buffer, a length that is refused.
+    assert_eq!(unsafe { name(buf.as_mut_ptr(), 0, 0) }, 1);
+    d.graph_destroy(exec).unwrap();
+    // Work on a destroyed stream.
+    d.stream_destroy(other).unwrap();
+    let mem = DevMem::new(s, G);
+    let mut host = [0u8; 16];
+    // SAFETY: `host` outlives the call, which is refused.
+    let span = unsafe { gpufuse_cuda_driver::HostSpan::new(host.as_mut_ptr(), 16) };
+    assert_eq!(code(d.htod_async(mem.va, span, other)), 400);
+    assert_eq!(code(d.memset_async(mem.va, 0, 4, 4, other)), 400);
+    assert_eq!(code(d.begin_capture(other)), 400);
+    d.event_destroy(e).unwrap();
+    d.stream_destroy(st).unwrap();
+}
