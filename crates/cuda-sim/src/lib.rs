@@ -40,15 +40,18 @@
 //!   microseconds its name says: a name containing `_us<N>` (`spin_us20`) runs N us, any other
 //!   5 us. A kernel whose name starts with `sim_add_u32` and whose parameters are
 //!   `(.u64 ptr, .u32 n, .u32 value)` adds `value` (wrapping) to the `n` 32-bit words at
-//!   `ptr` when it completes, so tests can check ordering. If those words are not mapped, the
-//!   context gets `CUDA_ERROR_ILLEGAL_ADDRESS`, returned (once) by the next synchronize or query
-//!   call.
+//!   `ptr` when it completes, so tests can check ordering. If those words are not mapped (or
+//!   any op's memory was unmapped before it completed), the context gets
+//!   `CUDA_ERROR_ILLEGAL_ADDRESS`, returned once, by the next `cuCtxSynchronize`,
+//!   `cuStreamSynchronize` or `cuStreamQuery`.
 //! * **The timeline** is wall time. Each device has one compute engine (kernels, device to
 //!   device copies and memsets at 1000 GB/s, one op at a time) and two copy engines (host to
 //!   device, device to host), which run concurrently with compute at
 //!   `GPUFUSE_SIM_PINNED_GBPS` for page-locked host memory and `GPUFUSE_SIM_PAGEABLE_GBPS`
-//!   for pageable memory. An op starts at the latest of: its enqueue time, the end of its
-//!   stream's previous op, the time its engine is free, and the events its stream waits for.
+//!   for pageable memory. An op is ready at the latest of: its enqueue time, the end of its
+//!   stream's previous op, and the events its stream waits for; it starts at the first time
+//!   from then on that its engine is free for as long as it takes (an engine runs what is
+//!   ready: an op ready early may run before work enqueued earlier that still waits).
 //!   Its effects (bytes written to device memory or to page-locked host memory, a
 //!   `sim_add_u32`) happen at its completion time: they are applied whenever a call enters the
 //!   library and when a wait ends, so a caller reading page-locked host memory before

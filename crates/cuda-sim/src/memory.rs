@@ -112,7 +112,7 @@ impl Memory {
             return Ok(hint);
         }
         let mut at = VA_BASE.next_multiple_of(align);
-        for (&s, &sz) in self.reservations.range(VA_BASE.saturating_sub(1 << 40)..) {
+        for (&s, &sz) in &self.reservations {
             if s + sz <= at {
                 continue;
             }

@@ -118,6 +118,9 @@ pub(crate) struct Context {
     pub null_end: u64,
     /// The end of the last op of any stream of this context.
     pub all_end: u64,
+    /// The last op end of blocking streams destroyed with work outstanding (the legacy
+    /// stream still waits for it).
+    pub retired_blocking_end: u64,
     /// An asynchronous error (an op's memory was unmapped when it completed), returned once by
     /// the next synchronize or query call.
     pub fault: Option<CUresult>,

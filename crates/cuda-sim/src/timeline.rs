@@ -133,7 +133,8 @@ impl Sim {
                 .filter(|st| st.ctx == c && !st.nonblocking)
                 .map(|st| st.last_end)
                 .max()
-                .unwrap_or(0),
+                .unwrap_or(0)
+                .max(self.contexts[&c].retired_blocking_end),
             SRef::Id(id) => {
                 let st = &self.streams[&id];
                 if st.nonblocking {

@@ -148,6 +148,7 @@ export! {
                             device: d,
                             null_end: 0,
                             all_end: 0,
+                            retired_blocking_end: 0,
                             fault: None,
                         },
                     );

@@ -148,7 +148,13 @@ export! {
             let id = id_of(Kind::Stream, stream)
                 .filter(|id| s.streams.contains_key(id))
                 .ok_or(E::INVALID_HANDLE)?;
-            s.streams.remove(&id);
+            if let Some(st) = s.streams.remove(&id) {
+                if !st.nonblocking {
+                    if let Some(c) = s.contexts.get_mut(&st.ctx) {
+                        c.retired_blocking_end = c.retired_blocking_end.max(st.last_end);
+                    }
+                }
+            }
             Ok(Flow::Done)
         })
     }
