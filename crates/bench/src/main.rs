@@ -25,6 +25,8 @@
 //!
 //! `gpufuse-bench shares` measures compute shares and QoS instead (see `shares.rs`);
 //! `gpufuse-bench elastic` scale-to-zero warm-up and migration (see `elastic.rs`);
+//! `gpufuse-bench sim` the real-GPU backend's data path on the simulated driver against that
+//! driver driven directly (see `sim.rs`);
 //! `gpufuse-bench http` what `--http` costs the launch path, in alternating rounds against a
 //! server without it (see `http_cost.rs`).
 //!
@@ -34,7 +36,8 @@
 //!
 //! Usage: `cargo run --release -p gpufuse-bench [-- [shares] [--quick] [--http]]`.
 
-// One system call without a safe wrapper in std (`threads.rs`: a thread's CPU time).
+// One system call without a safe wrapper in std (`threads.rs`: a thread's CPU time), and the
+// simulated driver's native baseline handing its buffers to the driver (`sim.rs`).
 #![deny(unsafe_code)]
 
 mod baseline;
@@ -44,6 +47,7 @@ mod http_cost;
 mod launches;
 mod remote;
 mod shares;
+mod sim;
 mod threads;
 
 use std::path::PathBuf;
@@ -208,6 +212,9 @@ fn main() -> Result<()> {
     }
     if args.first().is_some_and(|a| a == "copies") {
         return copies::run(&args[1..]);
+    }
+    if args.first().is_some_and(|a| a == "sim") {
+        return sim::run(&args[1..]);
     }
     if args.first().is_some_and(|a| a == "launches") {
         return launches::run(&args[1..]);

@@ -38,6 +38,9 @@ pub(crate) struct LaunchBooks {
     pub(crate) seen: Duration,
     /// The launch queue's lease, while this session holds the device.
     pub(crate) lease: Option<Lease>,
+    /// Device time measured while no lease was held (work that completed after its lease
+    /// ended): charged with the next lease.
+    pub(crate) unbilled: Duration,
     /// Set when the client is gone (`heartbeat.rs`): the kernel running now stops.
     pub(crate) cancel: Option<Arc<AtomicBool>>,
 }
@@ -54,8 +57,9 @@ impl Session<'_> {
         let new = now.saturating_sub(self.launch.seen);
         self.launch.seen = now;
         self.launch.device_time += new;
-        if let Some(l) = self.launch.lease.as_mut() {
-            l.used += new;
+        match self.launch.lease.as_mut() {
+            Some(l) => l.used += new,
+            None => self.launch.unbilled += new,
         }
     }
 
@@ -95,7 +99,7 @@ impl Session<'_> {
         self.launch.lease = Some(Lease {
             quantum: Duration::from_micros(quantum),
             started: Instant::now(),
-            used: Duration::ZERO,
+            used: std::mem::take(&mut self.launch.unbilled),
         });
     }
 

@@ -465,11 +465,10 @@ impl<'a> Session<'a> {
     /// Runs a request as the wire sees it: a reply for synchronous requests, and a kept
     /// failure for quiet ones.
     pub fn dispatch(&mut self, req: Request, quiet: bool) -> Option<Reply> {
-        if !matches!(req, Request::LaunchKernel(_)) {
-            // Only consecutive launches share a lease: copies and synchronization do not hold
-            // the device for others.
-            self.end_lease();
-        }
+        // Only consecutive launches share a lease: any other request ends it once it has run,
+        // so a wait charges the work it waited for, and copies and synchronization do not
+        // hold the device for others afterwards.
+        let ends_lease = !matches!(req, Request::LaunchKernel(_));
         let result = match (self.sticky, &req) {
             (Some(_), Request::DeviceReset { .. }) => {
                 self.sticky = None;
@@ -484,6 +483,9 @@ impl<'a> Session<'a> {
             }
             (None, _) => self.handle(req),
         };
+        if ends_lease {
+            self.end_lease();
+        }
         self.residency.touch();
         if quiet {
             if let Err(e) = result {
