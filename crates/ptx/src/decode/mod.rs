@@ -10,6 +10,8 @@ mod modifiers;
 mod operand;
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::OnceLock;
 
 use crate::inst::{Inst, Mods, Op, Operand, Space, Ty, Type};
 use crate::PtxError;
@@ -34,8 +36,9 @@ enum Family {
 
 use Family::{Call, Mma, Plain, Texture, Wmma};
 
-/// Every opcode the VM runs, sorted by base name. `cp` and `griddepcontrol` are
-/// [`Op::CpAsync`] and [`Op::Griddep`] only with the modifiers [`refine`] accepts.
+/// Every opcode the VM runs, sorted by base name (looked up through an index built once).
+/// `cp` and `griddepcontrol` are [`Op::CpAsync`] and [`Op::Griddep`] only with the modifiers
+/// [`refine`] accepts.
 static OPCODES: &[(&str, Op, Family)] = &[
     ("abs", Op::Abs, Plain),
     ("activemask", Op::Activemask, Plain),
@@ -141,12 +144,44 @@ static OPCODES: &[(&str, Op, Family)] = &[
     ("xor", Op::Xor, Plain),
 ];
 
+/// An index of one of the decoding tables by name, built once.
+type Index<T> = HashMap<&'static str, T, BuildHasherDefault<Fnv>>;
+
+/// FNV-1a, for the indexes of the decoding tables: their keys are short names, and the tables
+/// are fixed (no input can crowd a bucket of them).
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
 /// The opcode of base name `base` with modifiers `mods`, if the VM runs it.
 fn opcode_of(base: &str, mods: &[&str]) -> Option<(Op, Family)> {
-    let i = OPCODES
-        .binary_search_by(|(name, ..)| name.cmp(&base))
-        .ok()?;
-    let (_, op, family) = OPCODES[i];
+    static INDEX: OnceLock<Index<(Op, Family)>> = OnceLock::new();
+    let index = INDEX.get_or_init(|| {
+        let mut index = Index::with_capacity_and_hasher(OPCODES.len(), Default::default());
+        index.extend(
+            OPCODES
+                .iter()
+                .map(|&(name, op, family)| (name, (op, family))),
+        );
+        index
+    });
+    let &(op, family) = index.get(base)?;
     Some((refine(op, mods)?, family))
 }
 

@@ -1,9 +1,9 @@
 //! An instruction's modifiers (the opcode's dot-separated parts after its base name): types in
 //! order, packed formats, the state space, and the named flags of [`MODIFIERS`].
 
-use std::collections::HashMap;
 use std::sync::OnceLock;
 
+use super::Index;
 use crate::half::Packed;
 use crate::inst::{AtomOp, BoolOp, Cmp, MbarOp, Mods, Op, PrmtMode, ShflMode, Space, TestpMode};
 use crate::inst::{Ty, Type, VoteMode};
@@ -266,14 +266,15 @@ static MODIFIERS: &[Modifier] = &[
     ),
 ];
 
-/// Each name's entries of [`MODIFIERS`], in table order.
-fn index() -> &'static HashMap<&'static str, Vec<&'static Modifier>> {
-    static INDEX: OnceLock<HashMap<&'static str, Vec<&'static Modifier>>> = OnceLock::new();
+/// Each name's entries of [`MODIFIERS`]: bit `i` for entry `i` (so in table order).
+fn index() -> &'static Index<u128> {
+    static INDEX: OnceLock<Index<u128>> = OnceLock::new();
     INDEX.get_or_init(|| {
-        let mut index: HashMap<&str, Vec<&Modifier>> = HashMap::new();
-        for m in MODIFIERS {
-            for name in m.names {
-                index.entry(name).or_default().push(m);
+        assert!(MODIFIERS.len() <= 128, "the index holds 128 entries");
+        let mut index = Index::with_capacity_and_hasher(256, Default::default());
+        for (i, m) in MODIFIERS.iter().enumerate() {
+            for &name in m.names {
+                *index.entry(name).or_default() |= 1u128 << i;
             }
         }
         index
@@ -282,17 +283,19 @@ fn index() -> &'static HashMap<&'static str, Vec<&'static Modifier>> {
 
 /// Sets the named modifier `name` of `op`: `false` if none applies.
 fn named(op: Op, name: &str, mods: &mut Mods) -> bool {
-    let Some(entries) = index().get(name) else {
+    let Some(&entries) = index().get(name) else {
         return false;
     };
-    let Some(m) = entries
-        .iter()
-        .find(|m| (m.ops.is_empty() || m.ops.contains(&op)) && (m.when)(mods))
-    else {
-        return false;
-    };
-    (m.set)(mods);
-    true
+    let mut bits = entries;
+    while bits != 0 {
+        let m = &MODIFIERS[bits.trailing_zeros() as usize];
+        bits &= bits - 1;
+        if (m.ops.is_empty() || m.ops.contains(&op)) && (m.when)(mods) {
+            (m.set)(mods);
+            return true;
+        }
+    }
+    false
 }
 
 /// The modifiers of a plain instruction (every family but textures, `mma` and `wmma`): its
@@ -304,7 +307,7 @@ pub(super) fn read(op: Op, mods_s: &[&str]) -> Result<(Mods, Vec<Type>, Space), 
     for m in mods_s {
         if let Some(t) = Type::parse(m) {
             types.push(t);
-        } else if let Some(p) = Packed::parse(m).filter(|_| op == Op::Cvt) {
+        } else if let Some(p) = (op == Op::Cvt).then(|| Packed::parse(m)).flatten() {
             cvt_packed(p, &mut mods, &mut types)?;
         } else if let Some(elem) = m.strip_suffix("x2").and_then(Type::parse) {
             packed_pair(op, elem, &mut mods, &mut types)?;
