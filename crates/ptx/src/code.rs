@@ -70,7 +70,7 @@ pub struct Ins {
     pub addr2: Option<(Src, i64)>,
     /// A branch's target, or a call's index in [`Code::calls`].
     pub target: u32,
-    /// The instruction's form specialized at load time, if it has one (`exec/spec.rs`).
+    /// The instruction's form specialized at load time, if it has one (`exec/spec/`).
     pub fast: crate::exec::spec::Fast,
 }
 

@@ -175,8 +175,8 @@ pub enum Op {
     Stackrestore,
     /// `slct.dtype.{s32,f32} d, a, b, c`: `c >= 0 ? a : b`.
     Slct,
-    /// `call (rets), func, (args)`: args[0] is a vector of return operands, args[1] the
-    /// function's name, args[2] a vector of arguments.
+    /// `call (rets), func, (args)`: `args[0]` is a vector of return operands, `args[1]` the
+    /// function's name, `args[2]` a vector of arguments.
     Call,
     /// Texture and surface instructions (`tex.rs`); the form is in [`Mods::tex`]. `tex`/`tld4`
     /// and `suld`: destinations, then the handle and coordinates as sources; `sust`: the

@@ -1,19 +1,22 @@
 //! PTX for gpufuse's emulated GPU: a parser and an interpreter.
 //!
 //! [`Module::parse`] reads the PTX that nvcc, NVRTC and CuPy emit (entries, device functions,
-//! module variables, parameter layouts) and compiles every instruction once into a compact form
-//! whose operands are register indices, immediates, special registers or resolved variables
-//! (`code.rs`); an opcode the interpreter does not implement fails only the kernels that reach
-//! it, at launch, naming it.
+//! module variables, parameter layouts; `lex.rs`, `parse.rs`), decodes each statement by the
+//! tables of opcodes and modifiers of `decode/` into an instruction (`inst.rs`, the vocabulary
+//! the parser and the interpreter share), and compiles every instruction once into a compact
+//! form whose operands are register indices, immediates, special registers or resolved
+//! variables (`code.rs`); an opcode the interpreter does not implement fails only the kernels
+//! that reach it, at launch, naming it.
 //!
 //! [`Module::launch`] runs a kernel over its grid with CUDA's semantics for the implemented
 //! instructions:
 //! - a warp's 32 lanes execute each instruction together: registers are stored per warp as
 //!   structure-of-arrays, each instruction runs in a tight loop over the active lanes (a 32-bit
-//!   mask), with no allocation per instruction (`exec.rs`, `alu.rs`); the common forms
+//!   mask), with no allocation per instruction (`exec/`, `alu.rs`); the common forms
 //!   (arithmetic, comparisons, moves, conversions, loads, stores, shared atomics) are resolved
 //!   at load time to their exact operation, width and operand shapes and run with one
-//!   dispatch per instruction (`exec/spec.rs`);
+//!   dispatch per instruction (`exec/spec/`: `select.rs` picks a form at load time, `mod.rs`
+//!   runs it);
 //! - min-PC scheduling keeps lanes in lockstep and reconverges divergent paths, so shuffles,
 //!   votes, `redux`, `match` and `activemask` see their partners; lanes of a divergent branch
 //!   wait at its immediate post-dominator for the rest (`reconverge.rs`), so warp-synchronous
@@ -65,7 +68,7 @@
 //! sub-byte `wmma` (`.s4`/`.u4`/`.b1`), `wgmma`/`tcgen05`, TMA (`cp.async.bulk`, `mbarrier`'s
 //! transaction counts).
 //! `mbarrier` itself runs: a `.b64` word of pending count, expected count and phase, updated
-//! atomically (`exec.rs`).
+//! atomically (`exec/memory.rs`).
 //! [`Module::link`] joins several translation units' PTX into one module (`link.rs`), as the
 //! driver's JIT linker does for `cuLink*` and for programs built with `nvcc -rdc=true`.
 //!
@@ -335,7 +338,7 @@ impl Module {
     }
 
     /// This module with every instruction on the interpreter's general path: none of the
-    /// forms specialized at load time (`exec/spec.rs`). For tests that compare the two.
+    /// forms specialized at load time (`exec/spec/`). For tests that compare the two.
     #[doc(hidden)]
     pub fn without_fast_forms(mut self) -> Module {
         for f in &mut self.program.funcs {

@@ -8,7 +8,7 @@
 //! of their line (they take no `;`), everything else at its `;` or its closing brace.
 //!
 //! The crates that parse PTX either lack the forms nvcc/CuPy emit (`.param .align N .b8
-//! name[M]`) or are unmaintained; instructions themselves are decoded by `inst.rs` from their
+//! name[M]`) or are unmaintained; instructions themselves are decoded by `decode/` from their
 //! source text.
 
 use std::collections::HashMap;

@@ -7,7 +7,7 @@
 //! in f64 first: `s = RN64(exact)` and the sign of `exact - s` decide the f32 result too, since
 //! no f32 lies strictly between `exact` and `s`.
 //!
-//! `.rn` (and no modifier) never comes here: those keep the fast paths of `alu.rs`/`exec.rs`.
+//! `.rn` (and no modifier) never comes here: those keep the fast paths of `alu.rs`/`exec/`.
 
 use std::cmp::Ordering;
 

@@ -335,7 +335,7 @@ pub struct Env<'a> {
     /// The device memory region of the last global access.
     pub region: Option<Region<'a>>,
     /// The regions of the last few global accesses of the specialized forms, latest first
-    /// (`exec/spec.rs`): a loop over several arrays finds each one's region here.
+    /// (`exec/spec/`): a loop over several arrays finds each one's region here.
     pub recent: [Option<Region<'a>>; 4],
     /// The reduction of the `bar.red` threads waiting at the block barrier.
     pub bar_red: BarRed,

@@ -1,4 +1,4 @@
-//! The instruction forms the interpreter specializes at load time (`exec/spec.rs`) compute what
+//! The instruction forms the interpreter specializes at load time (`exec/spec/`) compute what
 //! the general path computes: each kernel here runs once as loaded and once with every
 //! instruction on the general path ([`Module::without_fast_forms`]), and the two leave the
 //! same device memory, or fail with the same error. Operands are registers with garbage above

@@ -62,7 +62,7 @@ pub fn exec(
     g: &Group,
 ) -> Result<Flow, ExecError> {
     let run = guard(w, g, ins);
-    // A form specialized at load time (`spec.rs`): no control flow, nothing warp-wide.
+    // A form specialized at load time (`spec/`): no control flow, nothing warp-wide.
     if ins.fast != spec::Fast::None && (run == 0 || spec::exec(w, env, ins, g, run)) {
         return Ok(Flow::Next);
     }
