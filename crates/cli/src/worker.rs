@@ -39,6 +39,9 @@ pub struct WorkerArgs {
     /// The node's command socket (evict, migrate), an inherited descriptor.
     #[arg(long)]
     commands_fd: Option<i32>,
+    /// The session's lease offers from the node (a sealed memfd), an inherited descriptor.
+    #[arg(long)]
+    lease_fd: Option<i32>,
     /// Idle this long, the session's memory moves to host memory.
     #[arg(long)]
     idle_ttl_ms: Option<u64>,
@@ -82,6 +85,18 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
         std::process::exit(1);
     });
     let mut ledger = ControlLedger::new(control);
+    if let Some(fd) = a.lease_fd {
+        if fd < 3 || !std::path::Path::new(&format!("/proc/self/fd/{fd}")).exists() {
+            anyhow::bail!("--lease-fd {fd} is not an open descriptor of this process");
+        }
+        // SAFETY: the node passed this descriptor (a memfd it made for this worker, checked
+        // open above) and nothing else in this process owns it.
+        let owned = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        match gpufuse_transport::lease_offer::LeaseOffer::adopt(owned) {
+            Ok(offer) => ledger = ledger.with_offers(offer),
+            Err(e) => tracing::warn!("the node's lease offers are unusable: {e}"),
+        }
+    }
     let mut device: Box<dyn Device> = match a.backend.as_str() {
         "cuda" => {
             let opened = gpufuse_cuda_driver::Driver::load().and_then(|driver| {

@@ -1,12 +1,18 @@
 //! A device's launch queue as the node's threads use it: the [`Scheduler`] behind a mutex,
-//! a condition variable for the sessions waiting their turn, and the clock.
+//! a condition variable for the sessions waiting their turn, the clock, and the sessions'
+//! lease offers (`gpufuse_transport::lease_offer`): a session that ends a lease while nobody
+//! else waits is offered the next one, which its worker takes without asking; before the
+//! device goes to anyone else every offer is revoked, and one found taken makes its session
+//! the device's holder until its `Done`.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpufuse_proto::ComputePolicy;
+use gpufuse_transport::lease_offer::{LeaseOffer, Revoked};
 
-use crate::scheduler::{Poll, Scheduler, Usage};
+use crate::scheduler::{Poll, Scheduler, Usage, QUANTUM_US};
 
 /// The longest a waiting session sleeps before it looks at the queue again, whatever happens.
 const MAX_WAIT: Duration = Duration::from_millis(50);
@@ -14,6 +20,8 @@ const MAX_WAIT: Duration = Duration::from_millis(50);
 #[derive(Debug)]
 pub struct DeviceQueue {
     sched: Mutex<Scheduler>,
+    /// The lease offers of the sessions on this device. Locked only while `sched` is held.
+    offers: Mutex<HashMap<u64, Arc<LeaseOffer>>>,
     turn: Condvar,
     epoch: Instant,
 }
@@ -22,6 +30,7 @@ impl DeviceQueue {
     pub fn new(policy: ComputePolicy) -> Self {
         Self {
             sched: Mutex::new(Scheduler::new(policy)),
+            offers: Mutex::new(HashMap::new()),
             turn: Condvar::new(),
             epoch: Instant::now(),
         }
@@ -36,16 +45,80 @@ impl DeviceQueue {
         self.sched.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn offers(&self) -> MutexGuard<'_, HashMap<u64, Arc<LeaseOffer>>> {
+        self.offers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Session `id`'s worker reads lease offers in `offer`.
+    pub fn register_offer(&self, id: u64, offer: Arc<LeaseOffer>) {
+        let _s = self.lock();
+        self.offers().insert(id, offer);
+    }
+
+    /// Session `id` leaves this device (it moved): its offer word, withdrawn unless already
+    /// taken (then the lease it took ends on the device it moved to, which learns of it then).
+    pub fn unregister_offer(&self, id: u64) -> Option<Arc<LeaseOffer>> {
+        let _s = self.lock();
+        let offer = self.offers().remove(&id)?;
+        offer.revoke();
+        Some(offer)
+    }
+
+    /// Session `id` asks or reports: what its parked leases used is charged, and a lease it
+    /// took from an offer is known from now on (it holds the device).
+    fn absorb(&self, s: &mut Scheduler, id: u64, now: u64) {
+        let offers = self.offers();
+        let Some(o) = offers.get(&id) else {
+            return;
+        };
+        let taken = o.settle();
+        s.charge(id, o.take_charges(), now);
+        if taken {
+            s.take_lease(id, now);
+        }
+    }
+
+    /// Before the device may go to `id`: every other session's offer is revoked (what its
+    /// parked leases used is charged), and one found taken makes its session the holder.
+    fn revoke_others(&self, s: &mut Scheduler, id: u64, now: u64) {
+        for (&other, offer) in self.offers().iter() {
+            if other == id {
+                continue;
+            }
+            let found = offer.revoke();
+            if found != Revoked::Nothing {
+                s.charge(other, offer.take_charges(), now);
+            }
+            if found == Revoked::Taken {
+                offer.settle();
+                s.take_lease(other, now);
+            }
+        }
+    }
+
+    /// Charges what the sessions' parked leases used (for a status that is up to date).
+    pub fn collect_charges(&self) {
+        let now = self.now();
+        let mut s = self.lock();
+        for (&id, offer) in self.offers().iter() {
+            s.charge(id, offer.take_charges(), now);
+        }
+    }
+
     /// Blocks until session `id` holds the device; returns its quantum in microseconds.
     pub fn acquire(&self, id: u64) -> u64 {
-        self.wait_turn(self.lock(), id)
+        let mut s = self.lock();
+        self.absorb(&mut s, id, self.now());
+        self.wait_turn(s, id)
     }
 
     /// Session `id` ends its lease after `used_us` and queues again at once; blocks until it
     /// holds the device again.
     pub fn renew(&self, id: u64, used_us: u64) -> u64 {
         let mut s = self.lock();
-        s.requeue(id, used_us, self.now());
+        let now = self.now();
+        self.absorb(&mut s, id, now);
+        s.requeue(id, used_us, now);
         self.turn.notify_all();
         self.wait_turn(s, id)
     }
@@ -53,6 +126,7 @@ impl DeviceQueue {
     fn wait_turn(&self, mut s: MutexGuard<'_, Scheduler>, id: u64) -> u64 {
         loop {
             let now = self.now();
+            self.revoke_others(&mut s, id, now);
             match s.poll(id, now) {
                 Poll::Granted { quantum_us } => return quantum_us,
                 Poll::Wait { until } => {
@@ -69,21 +143,34 @@ impl DeviceQueue {
         }
     }
 
-    /// Session `id` ends its lease after `used_us` of measured device time.
+    /// Session `id` ends its lease after `used_us` of measured device time. If nobody else
+    /// waits and it may run now, its next lease is offered to it.
     pub fn done(&self, id: u64, used_us: u64) {
         let now = self.now();
-        self.lock().done(id, used_us, now);
+        let mut s = self.lock();
+        self.absorb(&mut s, id, now);
+        s.done(id, used_us, now);
+        if s.may_offer(id, now) {
+            if let Some(o) = self.offers().get(&id) {
+                o.offer(QUANTUM_US);
+            }
+        }
+        drop(s);
         self.turn.notify_all();
     }
 
     /// Session `id` is gone: it leaves the queue, and the device if it held it.
     pub fn remove(&self, id: u64) {
-        self.lock().remove(id);
+        let mut s = self.lock();
+        s.remove(id);
+        self.offers().remove(&id);
+        drop(s);
         self.turn.notify_all();
     }
 
     /// What session `id` has used, and whether it holds the device now.
     pub fn usage(&self, id: u64) -> (Usage, bool) {
+        self.collect_charges();
         let now = self.now();
         let s = self.lock();
         (s.usage(id, now), s.running() == Some(id))

@@ -375,8 +375,32 @@ impl Scheduler {
         self.reserved = None;
     }
 
-    /// Session `id` ends its lease, having run `used_us` of device time (capped at the time it
-    /// held the device).
+    /// Session `id` took the lease it was offered (the queue learns it late: when the session
+    /// next asks or reports, or when another asks): it holds the device from `now`.
+    pub fn take_lease(&mut self, id: u64, now: u64) {
+        if self.sessions.contains_key(&id) {
+            self.grant(id, now);
+        }
+    }
+
+    /// Whether session `id`, which just ended a lease, may be offered the next one: the device
+    /// is free, nobody waits, and it may run now (the hard policy's cap).
+    pub fn may_offer(&self, id: u64, now: u64) -> bool {
+        let waiting = self
+            .sessions
+            .values()
+            .any(|e| matches!(e.state, State::Waiting { .. }));
+        self.running.is_none()
+            && !waiting
+            && self
+                .sessions
+                .get(&id)
+                .is_some_and(|e| self.eligible(e, now))
+    }
+
+    /// Session `id` ends its lease, having run `used_us` of device time. Not capped at the time
+    /// it held the device: an asynchronous device measures work when it completes, which may be
+    /// after the lease that launched it ended (it is charged with a later one).
     pub fn done(&mut self, id: u64, used_us: u64, now: u64) {
         if self.running != Some(id) {
             return;
@@ -388,13 +412,44 @@ impl Scheduler {
         let State::Running { since } = e.state else {
             return;
         };
-        let used = used_us.min(now.saturating_sub(since));
+        // Never more than the queue's clock has run: the report is a measurement, not a claim.
+        let used = used_us.min(now);
+        if let Some(e) = self.sessions.get_mut(&id) {
+            e.state = State::Idle;
+            e.idle_since = Some(now);
+            e.last_done = Some(now);
+            e.lease_us = if e.lease_us == 0 {
+                used
+            } else {
+                (3 * e.lease_us + used) / 4
+            };
+        }
+        self.account(id, used, since, now);
+        if let Some(hold) = self.hold_for(id, now) {
+            if self.pick(now, Some(id)) == Some(id) {
+                self.reserved = Some((id, now.saturating_add(hold)));
+            }
+        }
+    }
+
+    /// Charges session `id` `used_us` of device time from leases the queue did not see (taken
+    /// from an offer and parked, `gpufuse_transport::lease_offer`), without changing who holds
+    /// the device.
+    pub fn charge(&mut self, id: u64, used_us: u64, now: u64) {
+        self.account(id, used_us.min(now), now, now);
+    }
+
+    /// The accounting of `used` microseconds of a lease that began at `since`: virtual time,
+    /// the hard policy's next start, the usage windows.
+    fn account(&mut self, id: u64, used: u64, since: u64, now: u64) {
+        let Some(e) = self.sessions.get(&id) else {
+            return;
+        };
         let weight = self.weight(e);
         let hard = self.policy == ComputePolicy::Hard;
         let Some(e) = self.sessions.get_mut(&id) else {
             return;
         };
-        e.state = State::Idle;
         e.vtime = e
             .vtime
             .saturating_add(used.saturating_mul(100 * SCALE) / weight.max(1));
@@ -404,19 +459,7 @@ impl Scheduler {
         }
         e.charged_us += used;
         e.window.add(now, used);
-        e.idle_since = Some(now);
-        e.last_done = Some(now);
-        e.lease_us = if e.lease_us == 0 {
-            used
-        } else {
-            (3 * e.lease_us + used) / 4
-        };
         self.busy.add(now, used);
-        if let Some(hold) = self.hold_for(id, now) {
-            if self.pick(now, Some(id)) == Some(id) {
-                self.reserved = Some((id, now.saturating_add(hold)));
-            }
-        }
     }
 
     /// How long to hold the device for session `id`, which just ended a lease, if it is worth
@@ -958,9 +1001,9 @@ mod tests {
             s.add(2, Qos::Medium, Some(70));
             assert!(matches!(s.poll(1, 10_000), Poll::Granted { .. }));
             assert!(matches!(s.poll(2, 10_000), Poll::Wait { .. }));
-            // Ended before it began: charged nothing.
+            // Ended before it began: charged no more than the clock has run.
             s.done(1, 5_000, 2_000);
-            assert_eq!(s.usage(1, 2_000).device_time_us, 0);
+            assert!(s.usage(1, 2_000).device_time_us <= 2_000);
             let _ = s.poll(2, 1_000);
             let _ = s.poll(1, 500);
             s.requeue(2, 700, 0);
@@ -1033,16 +1076,46 @@ mod tests {
         assert_eq!(u.queue_wait.sum_us, until + 5 - 10_000);
     }
 
+    /// A lease may be charged more than it lasted (an asynchronous device measures work when
+    /// it completes, after the lease that launched it ended), never more than the clock.
     #[test]
-    fn charged_time_never_exceeds_the_time_held() {
+    fn charged_time_never_exceeds_the_clock() {
         let mut s = Scheduler::new(ComputePolicy::Elastic);
         s.add(1, Qos::Medium, None);
         assert!(matches!(s.poll(1, 100), Poll::Granted { .. }));
         s.done(1, u64::MAX, 600);
-        assert_eq!(s.usage(1, 600).device_time_us, 500);
-        assert_eq!(s.usage(1, 600).last_second_us, 500);
-        assert_eq!(s.busy_last_second(600), 500);
+        assert_eq!(s.usage(1, 600).device_time_us, 600);
+        assert_eq!(s.busy_last_second(600), 600);
         assert_eq!(s.busy_last_second(2_000_000), 0);
+        assert!(matches!(s.poll(1, 700), Poll::Granted { .. }));
+        s.done(1, 700, 800);
+        assert_eq!(
+            s.usage(1, 800).device_time_us,
+            1_300,
+            "700 us for a 100 us lease: work of earlier leases completed in it"
+        );
+    }
+
+    /// Leases taken from the queue's offers are charged when the queue learns of them, and a
+    /// taken lease holds the device: another session waits for its end.
+    #[test]
+    fn taken_and_parked_leases_are_charged_and_held() {
+        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        s.add(1, Qos::Medium, None);
+        s.add(2, Qos::Medium, None);
+        assert!(matches!(s.poll(1, 100), Poll::Granted { .. }));
+        s.done(1, 50, 200);
+        assert!(s.may_offer(1, 200), "nobody waits");
+        s.charge(1, 30, 300);
+        assert_eq!(s.usage(1, 300).device_time_us, 80);
+        assert_eq!(s.running(), None, "a charge changes no holder");
+        s.take_lease(1, 400);
+        assert_eq!(s.running(), Some(1));
+        assert!(matches!(s.poll(2, 410), Poll::Wait { .. }));
+        assert!(!s.may_offer(1, 410), "someone waits");
+        s.done(1, 20, 500);
+        assert!(matches!(s.poll(2, 510), Poll::Granted { .. }));
+        assert_eq!(s.usage(1, 510).device_time_us, 100);
     }
 
     #[test]

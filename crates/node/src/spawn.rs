@@ -104,6 +104,18 @@ pub fn run_worker(
             return refuse(&mut conn, format!("cannot start a worker: {e}"));
         }
     };
+    // The session's lease offers (`gpufuse_transport::lease_offer`): without one the worker
+    // asks for every lease, which works, only slower.
+    let offer = match gpufuse_transport::lease_offer::LeaseOffer::create() {
+        Ok(o) => Some(Arc::new(o)),
+        Err(e) => {
+            tracing::warn!("no lease offers for this session: {e}");
+            None
+        }
+    };
+    let lease_fd = offer
+        .as_ref()
+        .and_then(|o| o.fd().try_clone_to_owned().ok());
     let client_fd: OwnedFd = match conn_into_fd(conn, id) {
         Some(fd) => fd,
         None => return release(state, id),
@@ -141,6 +153,13 @@ pub fn run_worker(
         commands_child.as_raw_fd()
     };
     cmd.args(["--commands-fd", &commands_fd.to_string()]);
+    let lease_raw = lease_fd.as_ref().map(|fd| {
+        use std::os::fd::AsRawFd;
+        fd.as_raw_fd()
+    });
+    if let Some(fd) = lease_raw {
+        cmd.args(["--lease-fd", &fd.to_string()]);
+    }
     let e = &config.elastic;
     if let Some(t) = e.idle_ttl {
         cmd.args(["--idle-ttl-ms", &t.as_millis().to_string()]);
@@ -168,7 +187,11 @@ pub fn run_worker(
         use std::os::unix::process::CommandExt;
         let parent = libc::getpid();
         cmd.pre_exec(move || {
-            for &fd in inherited.iter().chain([&commands_fd]) {
+            for &fd in inherited
+                .iter()
+                .chain([&commands_fd])
+                .chain(lease_raw.iter())
+            {
                 if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -189,6 +212,7 @@ pub fn run_worker(
     // seen.
     drop(cmd);
     drop(commands_child);
+    drop(lease_fd);
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
@@ -202,6 +226,9 @@ pub fn run_worker(
         s.elastic.incoming_key = incoming.map(|i| i.key);
     }
     crate::admin::log_started(state, id);
+    if let Some(o) = &offer {
+        queue.register_offer(id, o.clone());
+    }
     serve_control(control, id, state, queue);
     // The worker is gone or going: its place in the launch queue goes first, so that nobody
     // waits on a dead session (on the device it runs on now: it may have moved).
@@ -285,6 +312,7 @@ fn serve_control(control: UnixStream, id: u64, state: &Shared, mut queue: Arc<De
     use gpufuse_proto::{ControlAnswer, ControlRequest, FrameKind};
     let mut conn = gpufuse_transport::Conn::new(gpufuse_transport::Stream::Unix(control));
     let mut out = Vec::with_capacity(64);
+    let mut moved: Option<(Arc<DeviceQueue>, Arc<DeviceQueue>)> = None;
     loop {
         let (req_id, req) = match conn.recv() {
             Ok((h, body)) if h.kind == FrameKind::Control => {
@@ -317,8 +345,16 @@ fn serve_control(control: UnixStream, id: u64, state: &Shared, mut queue: Arc<De
             });
             if let Some(q) = device.and_then(|d| s.queues.get(d as usize)) {
                 if !Arc::ptr_eq(q, &queue) {
+                    // The lease offer moves with the session (after the node lock: the
+                    // queues take their own).
+                    moved = Some((queue.clone(), q.clone()));
                     queue = q.clone();
                 }
+            }
+        }
+        if let Some((old, new)) = moved.take() {
+            if let Some(o) = old.unregister_offer(id) {
+                new.register_offer(id, o);
             }
         }
         let (ok, value) = match req {
@@ -348,8 +384,9 @@ fn serve_control(control: UnixStream, id: u64, state: &Shared, mut queue: Arc<De
             ControlRequest::DeviceUsed => (true, lock(state).device_used(id)),
             ControlRequest::Acquire => (true, queue.acquire(id)),
             ControlRequest::Done { micros } => {
+                // Not answered: the worker does not wait for it.
                 queue.done(id, micros);
-                (true, 0)
+                continue;
             }
             ControlRequest::Renew { micros } => (true, queue.renew(id, micros)),
         };

@@ -1096,7 +1096,8 @@ pub enum ControlRequest {
     /// launches may go on without asking again until they have used it.
     Acquire,
     /// End the lease, reporting the device time its launches took: what the session's compute
-    /// share is charged.
+    /// share is charged. Not answered (the worker does not wait): it may end a lease the
+    /// worker took from the node's offer (`gpufuse_transport::lease_offer`).
     Done { micros: u64 },
     /// `Done`, then `Acquire`, as one request: the session has more launches waiting, so it
     /// never looks idle between two leases.

@@ -20,6 +20,7 @@ mod address;
 pub mod arena;
 mod conn;
 pub mod ipc;
+pub mod lease_offer;
 pub mod shm;
 pub mod tls;
 

@@ -8,6 +8,7 @@ use std::os::unix::net::UnixStream;
 use gpufuse_proto::{
     decode_owned, encode_frame, ControlAnswer, ControlRequest, FrameKind, ImageCounts,
 };
+use gpufuse_transport::lease_offer::LeaseOffer;
 use gpufuse_transport::{Conn, Stream};
 
 /// The device memory ledger as a worker sees it.
@@ -41,11 +42,15 @@ pub trait Ledger {
     fn images(&mut self, _counts: ImageCounts) {}
 }
 
-/// The ledger in the node, reached over the control socket.
+/// The ledger in the node, reached over the control socket, and the session's lease offers
+/// (`gpufuse_transport::lease_offer`): a lease the node offered is taken without asking.
 pub struct ControlLedger {
     conn: Conn,
     next_id: u64,
     out: Vec<u8>,
+    offer: Option<LeaseOffer>,
+    /// The lease held now was taken from an offer.
+    offered: bool,
 }
 
 impl ControlLedger {
@@ -54,7 +59,24 @@ impl ControlLedger {
             conn: Conn::new(Stream::Unix(control)),
             next_id: 1,
             out: Vec::with_capacity(64),
+            offer: None,
+            offered: false,
         }
+    }
+
+    /// The same ledger, taking the leases the node offers in `offer`.
+    pub fn with_offers(mut self, offer: LeaseOffer) -> Self {
+        self.offer = Some(offer);
+        self
+    }
+
+    /// A request the node does not answer (`Done`).
+    fn tell(&mut self, req: ControlRequest) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.out.clear();
+        encode_frame(&mut self.out, FrameKind::Control, 0, id, &req);
+        let _ = self.conn.send(&self.out);
     }
 
     /// One request and its answer; `None` if the node is gone or answered nonsense.
@@ -87,14 +109,24 @@ impl Ledger for ControlLedger {
         let _ = self.ask(ControlRequest::Images(counts));
     }
     fn acquire(&mut self) -> u64 {
+        if let Some(quantum) = self.offer.as_ref().and_then(|o| o.take()) {
+            self.offered = true;
+            return quantum;
+        }
         // Without a node there is nobody to share with: run.
         self.ask(ControlRequest::Acquire)
             .map_or(u64::MAX, |a| a.value)
     }
     fn done(&mut self, micros: u64) {
-        let _ = self.ask(ControlRequest::Done { micros });
+        // A lease taken from an offer is parked, its time left for the node to collect.
+        if std::mem::take(&mut self.offered) && self.offer.as_ref().is_some_and(|o| o.park(micros))
+        {
+            return;
+        }
+        self.tell(ControlRequest::Done { micros });
     }
     fn renew(&mut self, micros: u64) -> u64 {
+        self.offered = false;
         self.ask(ControlRequest::Renew { micros })
             .map_or(u64::MAX, |a| a.value)
     }
