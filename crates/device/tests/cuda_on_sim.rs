@@ -32,14 +32,17 @@ const PTX: &str = "
 fn sim_path() -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("test executable");
     let deps = exe.parent().expect("deps directory");
-    [Some(deps.to_path_buf()), deps.parent().map(|p| p.to_path_buf())]
-        .into_iter()
-        .flatten()
-        .map(|d| d.join("libgpufuse_cuda_sim.so"))
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max_by_key(|(t, _)| *t)
-        .map(|(_, p)| p)
-        .expect("libgpufuse_cuda_sim.so beside the test (cargo builds it with the tests)")
+    [
+        Some(deps.to_path_buf()),
+        deps.parent().map(|p| p.to_path_buf()),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|d| d.join("libgpufuse_cuda_sim.so"))
+    .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+    .max_by_key(|(t, _)| *t)
+    .map(|(_, p)| p)
+    .expect("libgpufuse_cuda_sim.so beside the test (cargo builds it with the tests)")
 }
 
 struct Sim {
@@ -94,7 +97,8 @@ impl Sim {
 }
 
 fn module(d: &mut CudaDevice) -> ModuleId {
-    d.load_module(format!("{PTX}\0").as_bytes()).expect("PTX loads")
+    d.load_module(format!("{PTX}\0").as_bytes())
+        .expect("PTX loads")
 }
 
 fn launch(
@@ -181,7 +185,11 @@ fn streams_events_and_the_legacy_stream_order_work() {
     d.record(10, 1).unwrap();
     d.wait_event(2, 10).unwrap();
     launch(&mut d, m, "sim_add_u32", &add(buf, 4, 10), 2).unwrap();
-    assert_eq!(d.event_done(10), Ok(false), "the 2 ms kernel is still running");
+    assert_eq!(
+        d.event_done(10),
+        Ok(false),
+        "the 2 ms kernel is still running"
+    );
     assert_eq!(d.stream_done(2), Ok(false));
     let mut out = [0u8; 16];
     d.read_on(buf, &mut out, 2).unwrap();
@@ -189,7 +197,10 @@ fn streams_events_and_the_legacy_stream_order_work() {
         .chunks(4)
         .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
         .collect();
-    assert_eq!(words, [11; 4], "stream 2's read waited for stream 1 through the event");
+    assert_eq!(
+        words, [11; 4],
+        "stream 2's read waited for stream 1 through the event"
+    );
     assert_eq!(d.event_done(10), Ok(true));
     // Elapsed between two records around a 2 ms kernel.
     d.create_event(11, 0).unwrap();
@@ -198,7 +209,10 @@ fn streams_events_and_the_legacy_stream_order_work() {
     d.record(11, 1).unwrap();
     d.sync_event(11).unwrap();
     let ms = d.elapsed(10, 11).unwrap();
-    assert!((1.9..2.6).contains(&ms), "elapsed {ms} ms around a 2 ms kernel");
+    assert!(
+        (1.9..2.6).contains(&ms),
+        "elapsed {ms} ms around a 2 ms kernel"
+    );
     // A write on the legacy stream after work on a non-blocking stream is not ordered after
     // it; on a blocking stream it is.
     d.create_stream(3, 0, 0).unwrap();
@@ -206,7 +220,11 @@ fn streams_events_and_the_legacy_stream_order_work() {
     launch(&mut d, m, "sim_add_u32", &add(buf, 1, 5), 3).unwrap();
     let mut first = [0u8; 4];
     d.read_on(buf, &mut first, 0).unwrap();
-    assert_eq!(u32::from_le_bytes(first), 16, "the legacy stream waited for stream 3");
+    assert_eq!(
+        u32::from_le_bytes(first),
+        16,
+        "the legacy stream waited for stream 3"
+    );
     assert_eq!(d.destroy_stream(99), Err(status::INVALID_HANDLE));
     assert_eq!(d.record(99, 1), Err(status::INVALID_HANDLE));
 }
@@ -238,13 +256,20 @@ fn arena_copies_are_dma_once_locked_and_marked_first() {
     let s = sim.stats();
     assert_eq!(s.htod_dma_bytes, 4 << 20, "the copy ran as DMA");
     assert_eq!(s.htod_pageable_bytes, 0);
-    assert_eq!(&map[..4], [0, 0, 1, 1], "chunks 2 and 3 marked before locking");
+    assert_eq!(
+        &map[..4],
+        [0, 0, 1, 1],
+        "chunks 2 and 3 marked before locking"
+    );
     let back = span.sub(8 << 20, 4 << 20).unwrap();
     d.read_span(dst, back, 1).unwrap();
     d.sync_stream(1).unwrap();
     let mut check = vec![0u8; 4 << 20];
     back.copy_to(&mut check);
-    assert!(check.iter().all(|&b| b == 7), "device to host into the arena, in place");
+    assert!(
+        check.iter().all(|&b| b == 7),
+        "device to host into the arena, in place"
+    );
     assert_eq!(sim.stats().dtoh_dma_bytes, 4 << 20);
     drop(d);
 
