@@ -189,8 +189,8 @@ extern "C" fn integrity_check(version: c_uint, unix_seconds: u64, out: *mut [u8;
     // SAFETY: the pointers are this call's own arguments, valid as the CUDA API contract says.
     unsafe {
         let Ok(s) = session() else { return NOT_FOUND };
-        let devices: Vec<gpufuse_integrity::DeviceIdentity> = (0..s.devices.len() as c_int)
-            .map(|d| gpufuse_integrity::DeviceIdentity {
+        let devices: Vec<gpufuse_runtime_integrity::DeviceIdentity> = (0..s.devices.len() as c_int)
+            .map(|d| gpufuse_runtime_integrity::DeviceIdentity {
                 uuid: s.devices[d as usize].uuid,
                 pci_domain: s.attribute(d, 50).unwrap_or(0) as u32,
                 pci_bus: s.attribute(d, 33).unwrap_or(0) as u32,
@@ -199,7 +199,7 @@ extern "C" fn integrity_check(version: c_uint, unix_seconds: u64, out: *mut [u8;
             .collect();
         // SAFETY: pthread_self has no preconditions.
         let thread = libc::pthread_self() as u64;
-        let input = gpufuse_integrity::IntegrityInput {
+        let input = gpufuse_runtime_integrity::IntegrityInput {
             driver_version: DRIVER_VERSION as u32,
             version,
             pid: std::process::id(),
@@ -210,7 +210,7 @@ extern "C" fn integrity_check(version: c_uint, unix_seconds: u64, out: *mut [u8;
             unix_seconds,
             devices: &devices,
         };
-        match crate::ffi::out(out, gpufuse_integrity::integrity_answer(&input)) {
+        match crate::ffi::out(out, gpufuse_runtime_integrity::integrity_answer(&input)) {
             Ok(()) => SUCCESS,
             Err(e) => e,
         }
