@@ -14,12 +14,12 @@ pub mod claims;
 mod devices;
 pub mod elastic;
 pub mod image_cache;
+pub mod launch_policy;
 mod ledger;
 pub mod lifecycle;
 pub mod observed;
 pub mod queue;
 mod relay;
-pub mod scheduler;
 mod spawn;
 
 use std::collections::HashMap;

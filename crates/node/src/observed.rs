@@ -24,7 +24,7 @@ use gpufuse_proto::PoolPendingView;
 
 use crate::agent::LocalController;
 use crate::image_cache::ImageCacheBooks;
-use crate::scheduler::WAIT_BOUNDS_US;
+use crate::launch_policy::WAIT_BOUNDS_US;
 use crate::{lock, DeviceQueue, DeviceState, NodeState, Shared};
 
 /// Refusals kept for the dashboard.

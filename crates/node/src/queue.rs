@@ -1,4 +1,4 @@
-//! A device's launch queue as the node's threads use it: the [`Scheduler`] behind a mutex,
+//! A device's launch queue as the node's threads use it: the [`LaunchPolicy`] behind a mutex,
 //! a condition variable for the sessions waiting their turn, the clock, and the sessions'
 //! lease offers (`gpufuse_transport::lease_offer`): a session that ends a lease while nobody
 //! else waits is offered the next one, which its worker takes without asking; before the
@@ -12,15 +12,15 @@ use std::time::{Duration, Instant};
 use gpufuse_proto::ComputePolicy;
 use gpufuse_transport::lease_offer::{LeaseOffer, Revoked};
 
-use crate::scheduler::{Poll, Scheduler, Usage, QUANTUM_US};
+use crate::launch_policy::{LaunchPolicy, Poll, Usage, QUANTUM_US};
 
 /// The longest a waiting session sleeps before it looks at the queue again, whatever happens.
 const MAX_WAIT: Duration = Duration::from_millis(50);
 
 #[derive(Debug)]
 pub struct DeviceQueue {
-    sched: Mutex<Scheduler>,
-    /// The lease offers of the sessions on this device. Locked only while `sched` is held.
+    policy: Mutex<LaunchPolicy>,
+    /// The lease offers of the sessions on this device. Locked only while `policy` is held.
     offers: Mutex<HashMap<u64, Arc<LeaseOffer>>>,
     turn: Condvar,
     epoch: Instant,
@@ -29,20 +29,20 @@ pub struct DeviceQueue {
 impl DeviceQueue {
     pub fn new(policy: ComputePolicy) -> Self {
         Self {
-            sched: Mutex::new(Scheduler::new(policy)),
+            policy: Mutex::new(LaunchPolicy::new(policy)),
             offers: Mutex::new(HashMap::new()),
             turn: Condvar::new(),
             epoch: Instant::now(),
         }
     }
 
-    /// Microseconds since the queue was made: the scheduler's clock.
+    /// Microseconds since the queue was made: the launch policy's clock.
     pub fn now(&self) -> u64 {
         self.epoch.elapsed().as_micros() as u64
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, Scheduler> {
-        self.sched.lock().unwrap_or_else(|e| e.into_inner())
+    pub fn lock(&self) -> MutexGuard<'_, LaunchPolicy> {
+        self.policy.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn offers(&self) -> MutexGuard<'_, HashMap<u64, Arc<LeaseOffer>>> {
@@ -66,7 +66,7 @@ impl DeviceQueue {
 
     /// Session `id` asks or reports: what its parked leases used is charged, and a lease it
     /// took from an offer is known from now on (it holds the device).
-    fn absorb(&self, s: &mut Scheduler, id: u64, now: u64) {
+    fn absorb(&self, s: &mut LaunchPolicy, id: u64, now: u64) {
         let offers = self.offers();
         let Some(o) = offers.get(&id) else {
             return;
@@ -80,7 +80,7 @@ impl DeviceQueue {
 
     /// Before the device may go to `id`: every other session's offer is revoked (what its
     /// parked leases used is charged), and one found taken makes its session the holder.
-    fn revoke_others(&self, s: &mut Scheduler, id: u64, now: u64) {
+    fn revoke_others(&self, s: &mut LaunchPolicy, id: u64, now: u64) {
         for (&other, offer) in self.offers().iter() {
             if other == id {
                 continue;
@@ -123,7 +123,7 @@ impl DeviceQueue {
         self.wait_turn(s, id)
     }
 
-    fn wait_turn(&self, mut s: MutexGuard<'_, Scheduler>, id: u64) -> u64 {
+    fn wait_turn(&self, mut s: MutexGuard<'_, LaunchPolicy>, id: u64) -> u64 {
         loop {
             let now = self.now();
             self.revoke_others(&mut s, id, now);

@@ -1,6 +1,8 @@
-//! One device's launch queue: who may run kernels next, and how much device time each session
+//! One device's launch policy: who may run kernels next, and how much device time each session
 //! has had. Pure policy: no threads, no processes, no clock of its own — every call is given
-//! `now` in microseconds, so tests drive it with a simulated clock.
+//! `now` in microseconds, so tests drive it with a simulated clock. The node's threads use it
+//! through [`crate::queue::DeviceQueue`] (the device's launch queue). Not to be confused with
+//! `gpufuse-scheduler`, which places sessions on a pool's nodes and devices.
 //!
 //! - **One session at a time** holds the device (a *lease*). A worker asks before it launches,
 //!   runs launches for up to a quantum, and reports the device time they measured; that measured
@@ -46,7 +48,7 @@ pub const QUANTUM_US: u64 = 1_000;
 /// Hard policy: how much unused share a session may carry into a burst, in microseconds of
 /// real time.
 pub const BURST_US: u64 = 100_000;
-/// How far (in normalized microseconds, see [`Scheduler`]) a session may be ahead of the queue
+/// How far (in normalized microseconds, see [`LaunchPolicy`]) a session may be ahead of the queue
 /// and still be ordered by its QoS.
 pub const QOS_LAG_US: u64 = 50_000;
 /// How far (in normalized microseconds) behind the queue a session may come back from being
@@ -54,7 +56,7 @@ pub const QOS_LAG_US: u64 = 50_000;
 /// two leases, so this must be more than a few leases' worth.
 pub const CREDIT_US: u64 = 50_000;
 /// The least time the device is held for a session that just ended a lease and is still owed
-/// device time (see [`Scheduler`]'s *holding*), and the think time under which a session is
+/// device time (see [`LaunchPolicy`]'s *holding*), and the think time under which a session is
 /// always worth holding for.
 pub const GRACE_US: u64 = 1_000;
 /// The most the device is ever held for a session that is away.
@@ -177,12 +179,12 @@ pub struct Usage {
     pub throttled_us: u64,
 }
 
-/// One device's launch queue.
+/// One device's launch policy.
 ///
 /// Virtual time is in *normalized* microseconds: a session with a 100% share advances one per
 /// microseconds of device time it is charged, one with 25% four.
 #[derive(Clone, Debug)]
-pub struct Scheduler {
+pub struct LaunchPolicy {
     policy: ComputePolicy,
     sessions: BTreeMap<u64, Entry>,
     running: Option<u64>,
@@ -193,7 +195,7 @@ pub struct Scheduler {
     busy: Window,
 }
 
-impl Scheduler {
+impl LaunchPolicy {
     pub fn new(policy: ComputePolicy) -> Self {
         Self {
             policy,
@@ -599,7 +601,7 @@ mod tests {
     /// (the clock never goes back: call it again from there to go on). A lease runs kernels
     /// that follow one another until it has used [`QUANTUM_US`], as the worker does; a tenant
     /// that becomes ready while another's kernel runs asks at that moment.
-    fn simulate(s: &mut Scheduler, tenants: &mut [Tenant], from: u64, until: u64) -> u64 {
+    fn simulate(s: &mut LaunchPolicy, tenants: &mut [Tenant], from: u64, until: u64) -> u64 {
         let mut now = from;
         // The tenant whose lease goes on, and what the lease has used.
         let mut holding: Option<u64> = None;
@@ -706,7 +708,7 @@ mod tests {
     #[test]
     fn two_saturating_tenants_split_30_70() {
         for policy in [ComputePolicy::Elastic, ComputePolicy::Hard] {
-            let mut s = Scheduler::new(policy);
+            let mut s = LaunchPolicy::new(policy);
             s.add(1, Qos::Medium, Some(30));
             s.add(2, Qos::Medium, Some(70));
             // Different kernel lengths: shares are time, not launches.
@@ -730,7 +732,7 @@ mod tests {
     fn tenants_that_synchronize_between_batches_keep_their_split() {
         // Batches of 4 kernels, then a client round trip (300 us, under GRACE_US) before the
         // next batch: the device waits for the owed tenant instead of alternating.
-        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
         s.add(1, Qos::Medium, Some(30));
         s.add(2, Qos::Medium, Some(70));
         let mut t = [Tenant::new(1, 2_000, 300), Tenant::new(2, 2_000, 300)];
@@ -746,7 +748,7 @@ mod tests {
 
     #[test]
     fn every_ten_second_window_holds_the_split() {
-        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
         s.add(1, Qos::Medium, Some(30));
         s.add(2, Qos::Medium, Some(70));
         let mut t = [Tenant::new(1, 5_000, 0), Tenant::new(2, 1_000, 0)];
@@ -765,14 +767,14 @@ mod tests {
 
     #[test]
     fn a_lone_tenant_is_capped_under_hard_and_uses_idle_capacity_under_elastic() {
-        let mut hard = Scheduler::new(ComputePolicy::Hard);
+        let mut hard = LaunchPolicy::new(ComputePolicy::Hard);
         hard.add(1, Qos::Medium, Some(30));
         let mut t = [Tenant::new(1, 2_000, 0)];
         simulate(&mut hard, &mut t, 0, 10_000_000);
         let used = pct(t[0].ran_us, 10_000_000);
         assert!((used - 30.0).abs() <= 2.0, "hard: {used:.1}%");
 
-        let mut elastic = Scheduler::new(ComputePolicy::Elastic);
+        let mut elastic = LaunchPolicy::new(ComputePolicy::Elastic);
         elastic.add(1, Qos::Medium, Some(30));
         let mut t = [Tenant::new(1, 2_000, 0)];
         simulate(&mut elastic, &mut t, 0, 10_000_000);
@@ -782,7 +784,7 @@ mod tests {
 
     #[test]
     fn sessions_without_a_limit_share_equally_and_share_what_is_left() {
-        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
         for id in 1..=3 {
             s.add(id, Qos::Medium, None);
         }
@@ -797,7 +799,7 @@ mod tests {
             assert!((share - 33.3).abs() <= 3.0, "{}: {share:.1}%", t.id);
         }
 
-        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
         s.add(1, Qos::Medium, Some(40));
         s.add(2, Qos::Medium, None);
         let mut t = [Tenant::new(1, 1_000, 0), Tenant::new(2, 1_000, 0)];
@@ -811,7 +813,7 @@ mod tests {
         // Three low-QoS tenants saturate with 2 ms kernels; a high-QoS tenant runs a 100 us
         // kernel every 10 ms. Its wait is at most the lease in progress.
         let run = |qos: Qos| {
-            let mut s = Scheduler::new(ComputePolicy::Elastic);
+            let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
             for id in 1..=3 {
                 s.add(id, Qos::Low, None);
             }
@@ -835,7 +837,7 @@ mod tests {
     #[test]
     fn qos_orders_the_queue_but_does_not_take_more_than_the_share() {
         // Both saturate: QoS alone must not starve the low tenant.
-        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
         s.add(1, Qos::Critical, Some(50));
         s.add(2, Qos::Low, Some(50));
         let mut t = [Tenant::new(1, 1_000, 0), Tenant::new(2, 1_000, 0)];
@@ -844,7 +846,7 @@ mod tests {
         assert!((share - 50.0).abs() <= 5.0, "low tenant: {share:.1}%");
 
         // Same virtual time: the higher QoS goes first whatever the ids.
-        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
         s.add(1, Qos::Low, None);
         s.add(2, Qos::High, None);
         s.add(3, Qos::Medium, None);
@@ -869,7 +871,7 @@ mod tests {
         // are short (100 us: not holding costs session 1 at most 100 us) or long (25 ms:
         // not holding would cost it 25 ms of waiting, so the device waits ~5 ms for it).
         for (lease, held) in [(100, false), (25_000, true)] {
-            let mut s = Scheduler::new(ComputePolicy::Elastic);
+            let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
             s.add(1, Qos::Medium, None);
             s.add(2, Qos::Medium, None);
             // Session 2 has had more than session 1 will have.
@@ -934,7 +936,7 @@ mod tests {
         for policy in [ComputePolicy::Elastic, ComputePolicy::Hard] {
             for (name, batch, inner, trips) in PATTERNS {
                 for (kernel, trip) in [(100, 300), (2_000, 1_500), (25_000, 3_000)] {
-                    let mut s = Scheduler::new(policy);
+                    let mut s = LaunchPolicy::new(policy);
                     s.add(1, Qos::Medium, Some(30));
                     s.add(2, Qos::Medium, Some(70));
                     let mut t = [
@@ -975,7 +977,7 @@ mod tests {
         // for it would idle the device nearly all the time for a 100 us gain. Tenant 1 (30%)
         // saturates and gets the rest; tenant 2 still gets every kernel it asks for, each
         // waiting at most one lease of tenant 1.
-        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
         s.add(1, Qos::Medium, Some(30));
         s.add(2, Qos::Medium, Some(70));
         let mut t = [Tenant::new(1, 100, 0), Tenant::new(2, 100, 3_000)];
@@ -996,7 +998,7 @@ mod tests {
         // The queue's clock is monotonic; the policy still must not overflow (a debug build
         // panics on it) if it is handed an earlier time than one it has seen.
         for policy in [ComputePolicy::Elastic, ComputePolicy::Hard] {
-            let mut s = Scheduler::new(policy);
+            let mut s = LaunchPolicy::new(policy);
             s.add(1, Qos::Medium, Some(30));
             s.add(2, Qos::Medium, Some(70));
             assert!(matches!(s.poll(1, 10_000), Poll::Granted { .. }));
@@ -1018,7 +1020,7 @@ mod tests {
 
     #[test]
     fn removing_the_running_session_frees_the_device() {
-        let mut s = Scheduler::new(ComputePolicy::Hard);
+        let mut s = LaunchPolicy::new(ComputePolicy::Hard);
         s.add(1, Qos::Medium, None);
         s.add(2, Qos::Medium, None);
         assert!(matches!(s.poll(1, 0), Poll::Granted { .. }));
@@ -1033,7 +1035,7 @@ mod tests {
 
     #[test]
     fn every_lease_wait_lands_in_its_histogram_bucket() {
-        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
         s.add(1, Qos::Medium, None);
         s.add(2, Qos::Medium, None);
         assert!(matches!(s.poll(1, 0), Poll::Granted { .. }));
@@ -1059,7 +1061,7 @@ mod tests {
 
     #[test]
     fn a_hard_share_counts_the_wait_past_its_cap_as_throttled() {
-        let mut s = Scheduler::new(ComputePolicy::Hard);
+        let mut s = LaunchPolicy::new(ComputePolicy::Hard);
         s.add(1, Qos::Medium, Some(10));
         // A lease of 10 ms at 10%: the next may start no earlier than 100 ms after the first
         // (the burst allowance is empty at the start of the clock).
@@ -1080,7 +1082,7 @@ mod tests {
     /// it completes, after the lease that launched it ended), never more than the clock.
     #[test]
     fn charged_time_never_exceeds_the_clock() {
-        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
         s.add(1, Qos::Medium, None);
         assert!(matches!(s.poll(1, 100), Poll::Granted { .. }));
         s.done(1, u64::MAX, 600);
@@ -1100,7 +1102,7 @@ mod tests {
     /// taken lease holds the device: another session waits for its end.
     #[test]
     fn taken_and_parked_leases_are_charged_and_held() {
-        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
         s.add(1, Qos::Medium, None);
         s.add(2, Qos::Medium, None);
         assert!(matches!(s.poll(1, 100), Poll::Granted { .. }));
@@ -1123,7 +1125,7 @@ mod tests {
         // Tenant 2 arrives after tenant 1 ran alone for a second: from then on they split
         // evenly, tenant 2 ahead by at most its credit, instead of taking the device for a
         // second.
-        let mut s = Scheduler::new(ComputePolicy::Elastic);
+        let mut s = LaunchPolicy::new(ComputePolicy::Elastic);
         s.add(1, Qos::Medium, None);
         s.add(2, Qos::Medium, None);
         let mut t = [Tenant::new(1, 1_000, 0), Tenant::new(2, 1_000, 0)];
