@@ -5,7 +5,7 @@ Usage: gen_cuda_types.py INCLUDE_12 INCLUDE_13 [OUT_DIR]
 
 Inputs: cudaTypedefs.h (and the GL/EGL/VDPAU/profiler typedef headers) and cuda.h (and
 the matching API headers) of CUDA 12.x (nvidia-cuda-runtime-cu12) and 13.x
-(nvidia-cuda-runtime). Derivation (docs: cuda-driver-interception.md section 2.1):
+(nvidia-cuda-runtime). Derivation (docs/driver-interception.md, section 2):
 - every typedef PFN_<base>_v<ver>[_ptds|_ptsz] is a (family, ABI version) pair;
 - default-stream family: ascending versions pair with <base>, <base>_v2, <base>_v3, ...;
 - per-thread version v: the default-stream export current at v, plus _ptds/_ptsz;

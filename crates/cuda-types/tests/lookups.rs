@@ -1,6 +1,6 @@
 //! Every lookup NVIDIA's runtimes made at init (recorded in tests/data) resolves as the driver
 //! would: the recorded answer for `flags=0`, and the corrected answers for the `flags=2`
-//! entries the recording stub got wrong (cuda-driver-interception.md section 2.2).
+//! entries the recording stub got wrong (docs/driver-interception.md, section 2).
 
 use gpufuse_cuda_types::{resolve_proc, ProcLookup};
 

@@ -3,10 +3,10 @@
 //!
 //! For PTX, this is read from the interpreter's own parse of the module
 //! ([`gpufuse_ptx::Module`]), so the text is parsed once and the device and the VM agree on
-//! every offset and function address. Layout rule (docs: cuda-driver-interception.md section
-//! 7): `.param .<type>` has the type's size and alignment; `.param .align A .b8 name[N]` has
-//! size N and alignment A; `.param .<type> name[N]` is N elements; each offset is the previous
-//! end rounded up to the parameter's alignment.
+//! every offset and function address. Layout rule (docs/driver-interception.md, section 6):
+//! `.param .<type>` has the type's size and alignment; `.param .align A .b8 name[N]` has size N
+//! and alignment A; `.param .<type> name[N]` is N elements; each offset is the previous end
+//! rounded up to the parameter's alignment.
 
 use gpufuse_proto::ParamSlot;
 

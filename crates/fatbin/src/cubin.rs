@@ -2,7 +2,7 @@
 //! each kernel's parameter layout from its `.nv.info.<kernel>` section and each module
 //! variable's size and initializer from the symbol table.
 //!
-//! `.nv.info` records (docs: cuda-driver-interception.md section 7): u8 format, u8 attribute,
+//! `.nv.info` records (docs/driver-interception.md, section 6): u8 format, u8 attribute,
 //! u16 value or payload length. Format 1 has no value, format 2 a u8 and format 3 a u16 in the
 //! header itself; format 4 is followed by a payload of that length. `EIATTR_KPARAM_INFO` (0x17)
 //! carries one parameter: u32 index, u16 ordinal, u16 offset, u32 with the size in bits 18-31.

@@ -1,4 +1,4 @@
-//! CUDA module images (docs: cuda-driver-interception.md section 6).
+//! CUDA module images (docs/driver-interception.md, section 5).
 //!
 //! The client receives images as a bare pointer with no size: [`classify`] tells a fatbinc
 //! wrapper, a fatbin, a cubin and PTX apart, and [`measure_len`] finds the length by reading

@@ -2,7 +2,7 @@
 //! client computes because every input lives in the client process: its pid and thread, the
 //! addresses of its export tables, and the device identity it reports.
 //!
-//! The algorithm (docs: cuda-driver-interception.md section 5) is HMAC (RFC 2104) over MD2
+//! The algorithm (docs/driver-interception.md, section 4) is HMAC (RFC 2104) over MD2
 //! (RFC 1319) with a 16-byte key derived from a fixed table. MD2 is written here because no
 //! maintained crate offers it (it is obsolete for every other purpose); it is ~40 lines and is
 //! checked against the RFC's test vectors.

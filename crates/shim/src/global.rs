@@ -20,7 +20,7 @@ static SESSION: Mutex<Option<(u32, Arc<Session>)>> = Mutex::new(None);
 static REPORTED: AtomicBool = AtomicBool::new(false);
 
 /// The driver version gpufuse advertises, whatever the worker's driver is (13.5: both runtimes
-/// accept it; see docs/cuda-driver-interception.md §8).
+/// accept it; see docs/driver-interception.md, section 7).
 pub const DRIVER_VERSION: i32 = 13050;
 
 /// `cuInit`: connects the session (or fails with the reason on stderr, once).

@@ -1,6 +1,7 @@
 //! The runtime's export tables (libcudart, and the copy of it inside cuBLAS and other
 //! libraries): CUDART_INTERFACE, the tools hooks and TLS, context-local storage, the context
-//! wrapper check and the integrity check. docs/cuda-driver-interception.md §4–5 (shared).
+//! wrapper check and the integrity check. docs/export-tables.md ("The runtime's tables") and
+//! docs/driver-interception.md (sections 3 and 4).
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};

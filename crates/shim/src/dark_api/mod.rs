@@ -1,7 +1,8 @@
 //! Export tables ("dark API"): private tables NVIDIA's libraries ask the driver for with
 //! `cuGetExportTable(&table, &uuid)`. They hold client addresses, pid and thread identity, so
-//! they are answered here, never forwarded. docs/export-tables.md describes the design;
-//! docs/cuda-driver-interception.md §4–5 (shared) the tables the runtime uses.
+//! they are answered here, never forwarded. docs/export-tables.md describes the design and the
+//! tables the runtime uses; docs/driver-interception.md (sections 3 and 4) when the runtime asks
+//! for them and what its integrity check computes.
 //!
 //! One mechanism serves every table. [`TABLES`] is the registry: a UUID, a name, the table and
 //! what its unimplemented slots answer. A table is an array of pointer-sized slots built at
