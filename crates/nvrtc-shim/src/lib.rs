@@ -292,3 +292,6 @@ mod dlsym_hook {
         ours
     }
 }
+
+#[cfg(test)]
+mod tests;
