@@ -112,7 +112,10 @@ impl Server {
             })
             .args(args)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(match std::env::var_os("GPUFUSE_BENCH_SERVER_LOG") {
+                Some(_) => Stdio::inherit(),
+                None => Stdio::null(),
+            })
             .spawn()?;
         let server = Server {
             child,

@@ -9,7 +9,9 @@
 //! - one 5 us kernel and a synchronize, repeated (the added latency, in us);
 //! - 64 MiB copies from and to page-locked memory (the session's host arena) and from
 //!   pageable memory;
-//! - the device time the node charged the session for the pipeline, against the kernels' sum.
+//! - the device time the node charged the session for the pipeline, against the kernels' sum;
+//! - a graph of 50 tiny kernels launched and synchronized, repeated (natively: captured into a
+//!   driver graph; through gpufuse: defined once with `GraphDefine`, then one `GraphLaunch`).
 //!
 //! What the simulated GPU cannot say: anything about a real GPU's speed. The ratios show the
 //! control flow's cost: what gpufuse adds between the application and the driver.
@@ -125,7 +127,17 @@ pub fn run(args: &[String]) -> Result<()> {
             rate(g) / rate(nat)
         );
     }
-    println!("graph replay: not measured (graphs are still replayed launch by launch)");
+    let reps = 50;
+    let g = best(&mut || remote.graph(reps))?;
+    let nat = best(&mut || native.graph(reps))?;
+    println!(
+        "{:<44} {:>9.1} us {:>9.1} us   {:.3}x  (+{:.1} us)",
+        "graph of 50 x 1 us kernels + synchronize",
+        g.as_secs_f64() * 1e6 / reps as f64,
+        nat.as_secs_f64() * 1e6 / reps as f64,
+        g.as_secs_f64() / nat.as_secs_f64(),
+        (g.as_secs_f64() - nat.as_secs_f64()) * 1e6 / reps as f64
+    );
     Ok(())
 }
 
@@ -146,6 +158,7 @@ struct Native {
     dev_mem: u64,
     pinned: Vec<u8>,
     pageable: Vec<u8>,
+    graph: Option<gpufuse_cuda_driver::GraphExec>,
 }
 
 // The native baseline hands its own buffers to the driver as `HostSpan`s (raw pointers).
@@ -176,6 +189,7 @@ impl Native {
             dev_mem,
             pinned,
             pageable: vec![7u8; size],
+            graph: None,
         })
     }
 
@@ -192,6 +206,28 @@ impl Native {
             )?;
         }
         self.d.stream_synchronize(self.stream)?;
+        Ok(t.elapsed())
+    }
+
+    fn graph(&mut self, reps: usize) -> Result<Duration> {
+        let g = match self.graph {
+            Some(g) => g,
+            None => {
+                self.d.begin_capture(self.stream)?;
+                for _ in 0..50 {
+                    self.d
+                        .launch(self.functions[1], [1; 3], [32, 1, 1], 0, self.stream, &[])?;
+                }
+                let g = self.d.end_capture(self.stream)?;
+                self.graph = Some(g);
+                g
+            }
+        };
+        let t = Instant::now();
+        for _ in 0..reps {
+            self.d.graph_launch(g, self.stream)?;
+            self.d.stream_synchronize(self.stream)?;
+        }
         Ok(t.elapsed())
     }
 
@@ -228,6 +264,7 @@ struct Remote {
     conn: Connection,
     dev_mem: u64,
     pageable: Vec<u8>,
+    graph_defined: bool,
 }
 
 const STREAM: u64 = 0x51;
@@ -278,6 +315,7 @@ impl Remote {
             conn,
             dev_mem,
             pageable: vec![7u8; size as usize],
+            graph_defined: false,
         })
     }
 
@@ -302,6 +340,38 @@ impl Remote {
         self.conn.call(&Request::StreamSynchronize {
             stream: StreamHandle(STREAM),
         })?;
+        Ok(t.elapsed())
+    }
+
+    fn graph(&mut self, reps: usize) -> Result<Duration> {
+        const GRAPH: u64 = 0x6a;
+        if !self.graph_defined {
+            let nodes = (0..50)
+                .map(|_| gpufuse_proto::GraphNode::Launch {
+                    function: FunctionHandle(11),
+                    grid: [1; 3],
+                    block: [32, 1, 1],
+                    shared_mem: 0,
+                    params: Vec::new(),
+                    cooperative: false,
+                })
+                .collect();
+            self.conn.quiet(&Request::GraphDefine {
+                graph: GRAPH,
+                nodes,
+            })?;
+            self.graph_defined = true;
+        }
+        let t = Instant::now();
+        for _ in 0..reps {
+            self.conn.quiet(&Request::GraphLaunch {
+                graph: GRAPH,
+                stream: StreamHandle(STREAM),
+            })?;
+            self.conn.call(&Request::StreamSynchronize {
+                stream: StreamHandle(STREAM),
+            })?;
+        }
         Ok(t.elapsed())
     }
 

@@ -137,9 +137,33 @@ pub struct Connection {
     last_sync: Vec<u8>,
     /// Whether the session asked for the shared-memory transport (it asks again after a move).
     transport: Transport,
+    /// The protocol version the node answered the hello with (`GraphDefine` from 17 on).
+    peer_version: u16,
+    /// Executable graphs as this connection's worker knows them: `true` defined there
+    /// (`GraphDefine`), `false` not definable (replayed request by request). A new worker (a
+    /// move, a reconnect) knows none.
+    graphs: HashMap<u64, bool>,
 }
 
 impl Connection {
+    /// The protocol version the node speaks with this client.
+    pub fn peer_version(&self) -> u16 {
+        self.peer_version
+    }
+
+    /// What this connection's worker knows of executable graph `exec` (see `graphs`).
+    pub fn graph_state(&self, exec: u64) -> Option<bool> {
+        self.graphs.get(&exec).copied()
+    }
+
+    /// Notes what the worker knows of executable graph `exec` (`None`: nothing).
+    pub fn set_graph_state(&mut self, exec: u64, state: Option<bool>) {
+        match state {
+            Some(s) => self.graphs.insert(exec, s),
+            None => self.graphs.remove(&exec),
+        };
+    }
+
     /// Connects and performs the handshake.
     /// Over a unix socket (`unix:`, `shm:`), the session then moves to the shared-memory
     /// transport as [`Transport::from_env`] says.
@@ -319,6 +343,8 @@ impl Connection {
             hello: Some(hello.clone()),
             last_sync: Vec::new(),
             transport: Transport::Auto,
+            peer_version: 0,
+            graphs: HashMap::new(),
         };
         let mut frame = Vec::new();
         encode_frame(&mut frame, FrameKind::Hello, 0, 0, hello);
@@ -330,6 +356,7 @@ impl Connection {
         // The answer is copied out of the connection's buffer so the deadline can be cleared.
         let (header, body) = c.conn.recv().map_err(|e| no_answer(e, timeout))?;
         let (header, body) = (header, body.to_vec());
+        c.peer_version = header.version;
         c.set_call_timeout(c.silence);
         let body = body.as_slice();
         if header.kind != FrameKind::HelloReply {
@@ -510,6 +537,8 @@ impl Connection {
         self.conn = c.conn;
         self.arena = c.arena;
         self.arena_mapped = c.arena_mapped;
+        self.peer_version = c.peer_version;
+        self.graphs.clear();
         self.hello = Some(ClientHello {
             kind: gpufuse_proto::SessionKind::Cuda,
             ..hello

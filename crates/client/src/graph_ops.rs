@@ -292,6 +292,10 @@ impl Inner {
     /// `cuGraphExecDestroy`.
     pub fn destroy_exec(&mut self, exec: u64) -> Result<(), ClientError> {
         let removed = self.graphs.execs.remove(&exec).ok_or(INVALID_HANDLE)?;
+        if self.conn.graph_state(exec) == Some(true) {
+            self.conn.quiet(&Request::GraphDestroy { graph: exec })?;
+        }
+        self.conn.set_graph_state(exec, None);
         let gone = self.graphs.release(&removed);
         gone.into_iter().try_for_each(|p| self.free(p))
     }
@@ -315,9 +319,37 @@ impl Inner {
     /// with their argument.
     pub unsafe fn launch_graph(&mut self, exec: u64, stream: u64) -> Result<(), ClientError> {
         let st = self.stream_id(stream)?;
+        // Launched into a capture, a graph's operations are recorded: replayed here.
+        if self.graphs.capturing(st).is_none() && self.worker_graph(exec)? {
+            return self.device_work(&Request::GraphLaunch {
+                graph: exec,
+                stream: StreamHandle(st),
+            });
+        }
         let graph = self.graphs.execs.get(&exec).ok_or(INVALID_HANDLE)?.clone();
         // SAFETY: this function's contract.
         unsafe { self.run_graph(st, &graph) }
+    }
+
+    /// Whether executable `exec` is a graph the worker keeps (defining it there first if it
+    /// can be: device work only, a node from protocol 17 on), so that a launch is one request.
+    fn worker_graph(&mut self, exec: u64) -> Result<bool, ClientError> {
+        if let Some(known) = self.conn.graph_state(exec) {
+            return Ok(known);
+        }
+        let graph = self.graphs.execs.get(&exec).ok_or(INVALID_HANDLE)?;
+        let nodes = match self.conn.peer_version() >= 17 {
+            true => worker_nodes(graph),
+            false => None,
+        };
+        let Some(nodes) = nodes else {
+            self.conn.set_graph_state(exec, Some(false));
+            return Ok(false);
+        };
+        self.conn
+            .quiet(&Request::GraphDefine { graph: exec, nodes })?;
+        self.conn.set_graph_state(exec, Some(true));
+        Ok(true)
     }
 
     /// Runs `graph` (an executable's, or a body of one) on stream `stream`: its conditional
@@ -471,4 +503,63 @@ impl Inner {
             }
         }
     }
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`.
+const COOPERATIVE: u32 = 2;
+
+/// A graph's operations as the worker keeps them, when all are device work: launches (with no
+/// attribute but cooperative), device-to-device copies and memsets. Anything else (host
+/// memory, host functions, events, allocations, conditionals) is replayed by the client.
+fn worker_nodes(graph: &Graph) -> Option<Vec<gpufuse_proto::GraphNode>> {
+    if !graph.conditionals.is_empty() {
+        return None;
+    }
+    graph
+        .ops
+        .iter()
+        .map(|op| match op {
+            Op::Launch {
+                function,
+                grid,
+                block,
+                shared_mem,
+                params,
+                attributes,
+            } => {
+                let mut cooperative = false;
+                for (id, v) in attributes {
+                    match *id {
+                        COOPERATIVE => cooperative = v[0] as u32 != 0,
+                        _ => return None,
+                    }
+                }
+                Some(gpufuse_proto::GraphNode::Launch {
+                    function: gpufuse_proto::FunctionHandle(*function),
+                    grid: *grid,
+                    block: *block,
+                    shared_mem: *shared_mem,
+                    params: params.clone(),
+                    cooperative,
+                })
+            }
+            &Op::DtoD { dst, src, len } => Some(gpufuse_proto::GraphNode::Copy {
+                dst: DevicePtr(dst),
+                src: DevicePtr(src),
+                size: len,
+            }),
+            &Op::Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+            } => Some(gpufuse_proto::GraphNode::Memset {
+                dst: DevicePtr(dst),
+                value,
+                elem_size,
+                count,
+            }),
+            _ => None,
+        })
+        .collect()
 }

@@ -57,8 +57,10 @@ impl Inner {
         let graph = match exec {
             Some(e) => {
                 // The node must belong to a graph (`graph_of_node`), and the executable must
-                // hold an operation at its index.
+                // hold an operation at its index. The worker's copy is defined again at the
+                // next launch.
                 self.graph_of_node(node).ok_or(INVALID_HANDLE)?;
+                self.conn.set_graph_state(e, None);
                 self.graphs.execs.get_mut(&e).ok_or(INVALID_HANDLE)?
             }
             None => self.graph_of_node_mut(node).ok_or(INVALID_HANDLE)?,
@@ -89,6 +91,7 @@ impl Inner {
             return Ok(Err(refused));
         }
         self.graphs.execs.insert(exec, new);
+        self.conn.set_graph_state(exec, None);
         Ok(Ok(()))
     }
 }

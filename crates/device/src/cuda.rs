@@ -22,13 +22,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use gpufuse_cuda_driver::{
-    CUdevice, Driver, DriverError, Event, Function, HostSpan, Module, Stream,
+    CUdevice, Driver, DriverError, Event, Function, GraphExec, HostSpan, Module, Stream,
 };
 use gpufuse_proto::{DeviceInfo, DeviceKind, FunctionInfo, ParamSlot};
 
 use crate::host_pins::HostPins;
 use crate::status::*;
-use crate::{Device, EventId, KernelLaunch, ModuleId, StreamId};
+use crate::{Device, EventId, GraphNode, KernelLaunch, ModuleId, StreamId};
 
 /// Dynamic shared memory a launch may use without the function's opt-in.
 const DEFAULT_SHARED_LIMIT: u32 = 48 << 10;
@@ -76,6 +76,9 @@ pub struct CudaDevice {
     /// The session's events; `bool`: recorded at least once.
     events: HashMap<EventId, (Event, bool)>,
     timing: Timing,
+    /// Graphs made driver graphs (`define_graph`), and the private stream they are captured on.
+    graphs: HashMap<u64, GraphExec>,
+    capture: Option<Stream>,
 }
 
 /// Device time as the GPU measures it: each stream's run of launches is bracketed by a start
@@ -213,6 +216,8 @@ impl CudaDevice {
             streams: HashMap::new(),
             events: HashMap::new(),
             timing: Timing::default(),
+            graphs: HashMap::new(),
+            capture: None,
         })
     }
 
@@ -298,6 +303,73 @@ impl CudaDevice {
         self.timing.close(&self.driver, &self.streams);
     }
 
+    /// Enqueues a kernel on `stream` (no timing: a graph's capture records it too).
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue_kernel(
+        &mut self,
+        module: ModuleId,
+        function: &str,
+        [grid, block]: [[u32; 3]; 2],
+        shared_mem: u32,
+        params: &[u8],
+        cooperative: bool,
+        stream: Stream,
+    ) -> Result<(), DeviceError> {
+        let f = self.function_handle(module, function)?;
+        if shared_mem > DEFAULT_SHARED_LIMIT {
+            // More than 48 KiB of dynamic shared memory needs the function's opt-in, which
+            // the application set on its own (client-side) function.
+            self.driver
+                .set_function_attribute(f, MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem as i32)
+                .map_err(|e| self.error(e))?;
+        }
+        let launched = if cooperative {
+            let layout = self.layout(module, function, f)?;
+            self.driver
+                .launch_cooperative(f, grid, block, shared_mem, stream, params, &layout)
+        } else {
+            self.driver
+                .launch(f, grid, block, shared_mem, stream, params)
+        };
+        launched.map_err(|e| self.error(e))
+    }
+
+    /// One graph node enqueued on `stream` (capturing).
+    fn enqueue_node(&mut self, node: &GraphNode, stream: Stream) -> Result<(), DeviceError> {
+        match node {
+            GraphNode::Launch {
+                module,
+                function,
+                grid,
+                block,
+                shared_mem,
+                params,
+                cooperative,
+            } => self.enqueue_kernel(
+                *module,
+                function,
+                [*grid, *block],
+                *shared_mem,
+                params,
+                *cooperative,
+                stream,
+            ),
+            &GraphNode::Copy { dst, src, len } => self
+                .driver
+                .dtod_async(dst, src, len as usize, stream)
+                .map_err(|e| self.error(e)),
+            &GraphNode::Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+            } => self
+                .driver
+                .memset_async(dst, value, elem_size, count as usize, stream)
+                .map_err(|e| self.error(e)),
+        }
+    }
+
     fn error(&self, e: DriverError) -> DeviceError {
         DeviceError::new(status_of(&e), format!("GPU {}: {e}", self.index))
     }
@@ -367,7 +439,14 @@ impl Drop for CudaDevice {
     fn drop(&mut self) {
         let _ = self.driver.synchronize();
         self.timing.destroy(&self.driver);
-        for (_, s) in self.streams.drain() {
+        for (_, g) in self.graphs.drain() {
+            let _ = self.driver.graph_destroy(g);
+        }
+        for (_, s) in self
+            .streams
+            .drain()
+            .chain(self.capture.take().map(|s| (0, s)))
+        {
             let _ = self.driver.stream_destroy(s);
         }
         for (_, (e, _)) in self.events.drain() {
@@ -709,34 +788,57 @@ impl Device for CudaDevice {
     }
 
     fn launch(&mut self, l: &KernelLaunch) -> Result<(), DeviceError> {
-        let f = self.function_handle(l.module, l.function)?;
-        if l.shared_mem > DEFAULT_SHARED_LIMIT {
-            // More than 48 KiB of dynamic shared memory needs the function's opt-in, which
-            // the application set on its own (client-side) function.
-            self.driver
-                .set_function_attribute(f, MAX_DYNAMIC_SHARED_SIZE_BYTES, l.shared_mem as i32)
-                .map_err(|e| self.error(e))?;
-        }
         let stream = self.stream(l.stream)?;
         self.timing
             .open(&self.driver, l.stream, stream)
             .map_err(|e| self.error(e))?;
-        let launched = if l.cooperative {
-            let layout = self.layout(l.module, l.function, f)?;
-            self.driver.launch_cooperative(
-                f,
-                l.grid,
-                l.block,
-                l.shared_mem,
-                stream,
-                l.params,
-                &layout,
-            )
-        } else {
-            self.driver
-                .launch(f, l.grid, l.block, l.shared_mem, stream, l.params)
+        let (grid, block, shared) = (l.grid, l.block, l.shared_mem);
+        self.enqueue_kernel(
+            l.module,
+            l.function,
+            [grid, block],
+            shared,
+            l.params,
+            l.cooperative,
+            stream,
+        )
+    }
+
+    fn define_graph(&mut self, graph: u64, nodes: &[GraphNode]) -> Result<(), DeviceError> {
+        let s = match self.capture {
+            Some(s) => s,
+            None => {
+                // Non-blocking: the legacy stream's work never joins a capture.
+                let s = self.driver.stream_create(1, 0).map_err(|e| self.error(e))?;
+                self.capture = Some(s);
+                s
+            }
         };
-        launched.map_err(|e| self.error(e))
+        if let Some(old) = self.graphs.remove(&graph) {
+            let _ = self.driver.graph_destroy(old);
+        }
+        self.driver.begin_capture(s).map_err(|e| self.error(e))?;
+        let enqueued = nodes.iter().try_for_each(|n| self.enqueue_node(n, s));
+        // The capture ends whatever happened, so the stream is usable again.
+        let exec = self.driver.end_capture(s);
+        enqueued?;
+        let exec = exec.map_err(|e| self.error(e))?;
+        self.graphs.insert(graph, exec);
+        Ok(())
+    }
+
+    fn launch_graph(&mut self, graph: u64, stream: StreamId) -> Result<(), DeviceError> {
+        let exec = *self.graphs.get(&graph).ok_or(INVALID_HANDLE)?;
+        let s = self.stream(stream)?;
+        self.timing
+            .open(&self.driver, stream, s)
+            .map_err(|e| self.error(e))?;
+        self.driver.graph_launch(exec, s).map_err(|e| self.error(e))
+    }
+
+    fn destroy_graph(&mut self, graph: u64) -> Result<(), Status> {
+        let exec = self.graphs.remove(&graph).ok_or(INVALID_HANDLE)?;
+        self.driver.graph_destroy(exec).map_err(|e| self.fail(e))
     }
 
     // Eviction keeps the address (the window stays reserved) and gives back the physical

@@ -262,6 +262,21 @@ pub trait Device: Send {
     /// unsupported instruction, the illegal address), for the worker's log; a fault while the
     /// kernel runs may instead come from a later wait.
     fn launch(&mut self, launch: &KernelLaunch) -> Result<(), DeviceError>;
+    /// Makes `nodes` one graph of the device's own, `graph`, launched whole by
+    /// [`Device::launch_graph`] (a real GPU: one driver graph, one driver call per launch).
+    /// Defining it again replaces it. A device without graphs refuses
+    /// (`CUDA_ERROR_NOT_SUPPORTED`): the worker then runs the nodes one by one.
+    fn define_graph(&mut self, _graph: u64, _nodes: &[GraphNode]) -> Result<(), DeviceError> {
+        Err(status::NOT_SUPPORTED.into())
+    }
+    /// Enqueues a defined graph on `stream`.
+    fn launch_graph(&mut self, _graph: u64, _stream: StreamId) -> Result<(), DeviceError> {
+        Err(status::NOT_SUPPORTED.into())
+    }
+    /// Forgets a defined graph (work it launched still runs).
+    fn destroy_graph(&mut self, _graph: u64) -> Result<(), Status> {
+        Err(status::NOT_SUPPORTED)
+    }
     /// Device-side `printf` output of the launches so far, not yet taken, in order.
     fn take_output(&mut self) -> Vec<u8> {
         Vec::new()
@@ -346,6 +361,31 @@ pub struct Occupancy {
     pub dyn_smem: u64,
     pub max_dyn_smem: u32,
     pub flags: u32,
+}
+
+/// One node of a device graph ([`Device::define_graph`]).
+#[derive(Debug, Clone)]
+pub enum GraphNode {
+    Launch {
+        module: ModuleId,
+        function: String,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem: u32,
+        params: Vec<u8>,
+        cooperative: bool,
+    },
+    Copy {
+        dst: u64,
+        src: u64,
+        len: u64,
+    },
+    Memset {
+        dst: u64,
+        value: u32,
+        elem_size: u8,
+        count: u64,
+    },
 }
 
 /// A kernel launch as the device runs it.

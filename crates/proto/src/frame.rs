@@ -23,7 +23,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"GFUS");
 /// `IpcImportPhysical`).
 /// 16: occupancy and limits answered by the device serving the session (`Occupancy`,
 /// `GetLimit`, `ReplyBody::Count`).
-pub const PROTOCOL_VERSION: u16 = 16;
+/// 17: graphs of device work kept by the worker, one driver graph on a real GPU
+/// (`GraphDefine`, `GraphLaunch`, `GraphDestroy`); a lease's `Done` is not answered.
+pub const PROTOCOL_VERSION: u16 = 17;
 /// The protocol versions this build speaks. Both sides check every header against it; the
 /// node refuses a hello outside it with a reason naming both sides' versions.
 pub const SUPPORTED_VERSIONS: std::ops::RangeInclusive<u16> = 12..=PROTOCOL_VERSION;

@@ -821,6 +821,45 @@ pub enum Request<'a> {
     /// the device's own value. `CUDA_ERROR_INVALID_VALUE` for a limit the device's driver
     /// does not know.
     GetLimit { device: u32, limit: u32 },
+    /// Quiet (protocol 17). An executable graph of device work only, kept by the worker as
+    /// `graph` (the client's executable handle; defined again: replaced): a real GPU makes it
+    /// one driver graph, launched with one driver call. A node naming an unknown function is
+    /// `CUDA_ERROR_INVALID_HANDLE`, kept as any quiet failure; the graph is then not defined.
+    GraphDefine { graph: u64, nodes: Vec<GraphNode> },
+    /// Quiet (protocol 17). Runs a defined graph's nodes in order on `stream`.
+    /// `CUDA_ERROR_INVALID_HANDLE` for a graph not defined.
+    GraphLaunch { graph: u64, stream: StreamHandle },
+    /// Quiet (protocol 17). Forgets a defined graph (work it launched still runs).
+    GraphDestroy { graph: u64 },
+}
+
+/// One node of a graph the worker keeps ([`Request::GraphDefine`]): device work only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GraphNode {
+    /// A kernel launch: `params` packed as for [`Request::LaunchKernel`]; `cooperative`:
+    /// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`.
+    Launch {
+        function: FunctionHandle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        #[serde(with = "serde_bytes")]
+        params: Vec<u8>,
+        cooperative: bool,
+    },
+    /// A device-to-device copy.
+    Copy {
+        dst: DevicePtr,
+        src: DevicePtr,
+        size: u64,
+    },
+    /// A memset of `count` elements of `elem_size` (1, 2 or 4) bytes.
+    Memset {
+        dst: DevicePtr,
+        value: u32,
+        elem_size: u8,
+        count: u64,
+    },
 }
 
 /// Texture and surface objects (`cuTexObjectCreate`, `cuSurfObjectCreate`): the memory, its
@@ -953,6 +992,9 @@ impl<'a> Request<'a> {
             Request::IpcImportPhysical { .. } => 54,
             Request::Occupancy { .. } => 55,
             Request::GetLimit { .. } => 56,
+            Request::GraphDefine { .. } => 57,
+            Request::GraphLaunch { .. } => 58,
+            Request::GraphDestroy { .. } => 59,
         }
     }
 
@@ -985,6 +1027,9 @@ impl<'a> Request<'a> {
                 | Request::ModuleUnload { .. }
                 | Request::LaunchKernel(_)
                 | Request::TexObjectDestroy { .. }
+                | Request::GraphDefine { .. }
+                | Request::GraphLaunch { .. }
+                | Request::GraphDestroy { .. }
         )
     }
 }

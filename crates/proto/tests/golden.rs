@@ -458,6 +458,41 @@ fn requests() -> Vec<(&'static str, Request<'static>)> {
                 limit: 7,
             },
         ),
+        (
+            "GraphDefine",
+            Request::GraphDefine {
+                graph: 9,
+                nodes: vec![
+                    GraphNode::Launch {
+                        function: FunctionHandle(5),
+                        grid: [2, 1, 1],
+                        block: [64, 1, 1],
+                        shared_mem: 0,
+                        params: vec![1, 2],
+                        cooperative: false,
+                    },
+                    GraphNode::Copy {
+                        dst: DevicePtr(0x40),
+                        src: DevicePtr(0x80),
+                        size: 16,
+                    },
+                    GraphNode::Memset {
+                        dst: DevicePtr(0x40),
+                        value: 7,
+                        elem_size: 4,
+                        count: 4,
+                    },
+                ],
+            },
+        ),
+        (
+            "GraphLaunch",
+            Request::GraphLaunch {
+                graph: 9,
+                stream: StreamHandle(3),
+            },
+        ),
+        ("GraphDestroy", Request::GraphDestroy { graph: 9 }),
     ]
 }
 
@@ -531,6 +566,12 @@ const REQUESTS: &[(&str, &str)] = &[
     ("IpcImportPhysical", "360704abababab"),
     ("Occupancy", "3705800280800280800302"),
     ("GetLimit", "380007"),
+    (
+        "GraphDefine",
+        "3909030005020101400101000201020001408001100240070404",
+    ),
+    ("GraphLaunch", "3a0903"),
+    ("GraphDestroy", "3b09"),
 ];
 
 #[test]
@@ -1107,7 +1148,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("ReplyBody::Count", "0b18"),
     ("ReplyBody::Launches", "0901016b010101200101000004deadbeef"),
     ("Reply", "0001f80a010904deadbeef0368690a018020"),
-    ("ClientHello", "100001742a0170018080808004011e0002"),
+    ("ClientHello", "110001742a0170018080808004011e0002"),
     ("SessionKind::Status", "01"),
     ("SessionKind::Check", "02"),
     ("SessionKind::End", "0303"),
@@ -1136,7 +1177,7 @@ const OTHERS: &[(&str, &str)] = &[
     ("NodeCommand::Migrate", "0101"),
     ("NodeCommand::MigrateWithFigures", "0201"),
     ("ControlAnswer", "01e807"),
-    ("FrameHeader", "4746555310000401040302010b0a00008877665544332211"),
+    ("FrameHeader", "4746555311000401040302010b0a00008877665544332211"),
     ("SessionKind::NodeAgent", "04"),
     ("ServerHello::Redirect", "0507756e69783a2f6e0167"),
     ("ServerHello::PoolStatus", "060762696e7061636b000000"),

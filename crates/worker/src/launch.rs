@@ -82,7 +82,7 @@ impl Session<'_> {
     /// Before a launch: waits for the device unless this session holds it, and renews a lease
     /// whose quantum is spent: the work in flight completes first (so the next holder's time
     /// is its own), its time is charged, and the session queues again, in one request.
-    fn lease_for_launch(&mut self) {
+    pub(crate) fn lease_for_launch(&mut self) {
         let held = self.launch.lease.is_some();
         if held && !self.lease_spent() {
             return;
@@ -181,10 +181,20 @@ impl Session<'_> {
             cancel: self.launch.cancel.as_deref(),
         };
         let result = self.device.launch(&k);
+        self.launched(&name, result)
+    }
+
+    /// After enqueueing a kernel or a graph: the time the device measured is read, and a
+    /// failure is logged (a fault poisons the session as it does a GPU context).
+    pub(crate) fn launched(
+        &mut self,
+        what: &str,
+        result: Result<(), gpufuse_device::DeviceError>,
+    ) -> R<()> {
         self.account();
         result.map_err(|failure| {
             let e = failure.status;
-            tracing::warn!(kernel = %name, status = e, "launch failed: {}", failure.detail());
+            tracing::warn!(kernel = %what, status = e, "launch failed: {}", failure.detail());
             if crate::streams::is_fault(e) {
                 // Like a GPU context after a fault: every later call fails until reset.
                 self.sticky = Some(e);

@@ -19,6 +19,7 @@
 mod books;
 pub mod control;
 mod forward;
+mod graphs;
 pub mod heartbeat;
 mod ipc;
 mod launch;
@@ -94,6 +95,8 @@ pub struct Session<'a> {
     launch: launch::LaunchBooks,
     /// Where the session's memory is (resident, host, disk) and the idle clock.
     residency: residency::Residency,
+    /// Graphs of device work the client defined (`GraphDefine`).
+    graphs: graphs::GraphBooks,
     /// Live texture and surface objects and what they describe.
     textures: HashMap<u64, gpufuse_proto::TexObjectDesc>,
     /// Memory exported to and opened from other sessions (CUDA IPC).
@@ -121,6 +124,7 @@ impl<'a> Session<'a> {
             modules: Default::default(),
             sync: Default::default(),
             launch: Default::default(),
+            graphs: Default::default(),
             textures: HashMap::new(),
             ipc: Default::default(),
             deferred: None,
@@ -154,6 +158,7 @@ impl<'a> Session<'a> {
         // Work in flight finishes before its memory goes (a fault it meets changes nothing now).
         let _ = self.device.synchronize();
         self.end_lease();
+        self.release_graphs();
         self.residency.forget_away();
         self.release_memory();
         self.release_modules();
@@ -221,6 +226,12 @@ impl<'a> Session<'a> {
                 self.check_device(device)?;
                 none(self.set_limit(limit, value))
             }
+            GraphDefine { graph, nodes } => none(self.graph_define(graph, nodes)),
+            GraphLaunch {
+                graph,
+                stream: StreamHandle(stream),
+            } => none(self.graph_launch(graph, stream)),
+            GraphDestroy { graph } => none(self.graph_destroy(graph)),
             GetLimit { device, limit } => {
                 self.check_device(device)?;
                 Ok(ReplyBody::Count(self.device.limit(limit)?))
@@ -468,7 +479,7 @@ impl<'a> Session<'a> {
         // Only consecutive launches share a lease: any other request ends it once it has run,
         // so a wait charges the work it waited for, and copies and synchronization do not
         // hold the device for others afterwards.
-        let ends_lease = !matches!(req, Request::LaunchKernel(_));
+        let ends_lease = !matches!(req, Request::LaunchKernel(_) | Request::GraphLaunch { .. });
         let result = match (self.sticky, &req) {
             (Some(_), Request::DeviceReset { .. }) => {
                 self.sticky = None;

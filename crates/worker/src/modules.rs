@@ -182,6 +182,9 @@ impl Session<'_> {
     }
 
     pub(crate) fn module_unload(&mut self, module: u64) -> R<()> {
+        // The device's graphs that launch its kernels go first (the worker runs them node by
+        // node from now on, and those launches fail as launches of an unloaded module do).
+        self.graphs_leave_module(module);
         let id = self
             .modules
             .modules

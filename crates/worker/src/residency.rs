@@ -345,5 +345,7 @@ pub(crate) fn touches_memory(req: &gpufuse_proto::Request) -> bool {
             | DebugLaunchLog { .. }
             | ModuleImagePart { .. }
             | ShmAttach { .. }
+            | GraphDefine { .. }
+            | GraphDestroy { .. }
     )
 }

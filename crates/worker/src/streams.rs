@@ -190,6 +190,7 @@ impl Session<'_> {
                 tracing::warn!(event = e, status, "the event could not be made again");
             }
         }
+        self.rebuild_graphs();
     }
 
     /// Streams and events the device holds for the session, forgotten (a reset, the end).
