@@ -3,7 +3,8 @@
 # registry needed), run each check natively and through gpufuse (`serve --devices cuda`) on the
 # same GPU, and compare results and timings. Every step has a time limit; a failed step is
 # reported and the lane goes on.
-#   GPUFUSE_BIN=DIR  where gpufuse, libcuda.so and libnvidia_ml.so are (default target/release)
+#   GPUFUSE_BIN=DIR  where gpufuse, gpufuse-bench, libcuda.so and libnvidia_ml.so are
+#                    (default target/release)
 #   OUT=DIR          where logs and summary.txt go (default ./gpu-lane-out)
 #   GPUFUSE_LANE_STEPS=REGEX  run only the steps whose label matches (e.g. 'torch|conformance'),
 #                    to split the lane over several calls of a device's 10-minute limit
@@ -38,7 +39,7 @@ step() {
   rc=$?
   t1=$EPOCHREALTIME
   say "$(printf '%-26s rc=%-3d wall=%6.1fs' "$label" "$rc" "$(python3 -c "print($t1 - $t0)")")"
-  grep -E "FAILED|FAIL |PASS|passed|failed|ratio|device:|mem_get_info|launches|pipeline|bandwidth|OutOfMemory|->|sees|slot 7|Error|error" "$out/$label.log" | head -25 | sed 's/^/    /' | tee -a "$out/summary.txt"
+  grep -E "FAILED|FAIL |PASS|passed|failed|ratio| us |GB/s| ms |device:|mem_get_info|launches|pipeline|bandwidth|OutOfMemory|->|sees|slot 7|Error|error" "$out/$label.log" | head -25 | sed 's/^/    /' | tee -a "$out/summary.txt"
   [ $rc -eq 0 ] || { status=1; tail -5 "$out/$label.log" | sed 's/^/    | /' | tee -a "$out/summary.txt"; }
   return $rc
 }
@@ -56,6 +57,9 @@ for _ in $(seq 100); do [ -S "$work/s.sock" ] && break; sleep 0.1; done
 timeout 20 "$gpufuse" status --server "unix:$work/s.sock" 2>&1 | tee -a "$out/summary.txt"
 U="unix:$work/s.sock"
 T=tcp:127.0.0.1:7391
+
+say "== the data path, gpufuse / native (gpufuse-bench gpu: pipelines, tiny launches, op + sync, copies, graphs) =="
+step bench-gpu 240 "$bin/gpufuse-bench" gpu
 
 say "== CUDA C++ (nvcc, static libcudart) =="
 step smoke-native 30 "$work/smoke"

@@ -217,7 +217,10 @@ fn main() -> Result<()> {
         return copies::run(&args[1..]);
     }
     if args.first().is_some_and(|a| a == "sim") {
-        return sim::run(&args[1..]);
+        return sim::run(&args[1..], sim::Driven::Simulated);
+    }
+    if args.first().is_some_and(|a| a == "gpu") {
+        return sim::run(&args[1..], sim::Driven::Gpu);
     }
     if args.first().is_some_and(|a| a == "launches") {
         return launches::run(&args[1..]);

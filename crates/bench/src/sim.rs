@@ -1,4 +1,5 @@
-//! `gpufuse-bench sim [--quick]`: the real-GPU backend's data path on the simulated driver
+//! `gpufuse-bench sim [--quick]` (and `gpufuse-bench gpu [--quick]`, the same on a real GPU:
+//! the GPU lane's step): the real-GPU backend's data path on the simulated driver
 //! (`gpufuse-cuda-sim`, a test double with a wall-time timeline of streams, engines and
 //! events; no GPU): a `gpufuse serve --devices cuda` whose workers load the simulated driver,
 //! against the same simulated driver driven directly in this process (the "native" baseline),
@@ -26,15 +27,29 @@ use gpufuse_proto::{ContextHandle, DevicePtr, FunctionHandle, ModuleHandle, Stre
 use gpufuse_proto::{Launch, ReplyBody, Request, ResourceRequest, SessionKind};
 use gpufuse_transport::Address;
 
-const PTX: &str = "
-.version 8.0
-.target sm_90
-.address_size 64
-.visible .entry spin_us20() { ret; }
-.visible .entry spin_us1() { ret; }
-.visible .entry spin_us5() { ret; }
-";
+/// Kernels that spin for the microseconds their names say: on a GPU by `%globaltimer`; the
+/// simulated driver runs no code and reads the duration from the name.
+const PTX: &str = concat!(
+    ".version 8.0\n.target sm_90\n.address_size 64\n",
+    spin!("spin_us20", 20000),
+    spin!("spin_us1", 1000),
+    spin!("spin_us5", 5000),
+);
 const KERNELS: [&str; 3] = ["spin_us20", "spin_us1", "spin_us5"];
+
+/// A kernel `$name` that returns once `%globaltimer` has advanced `$ns` nanoseconds.
+macro_rules! spin {
+    ($name:literal, $ns:literal) => {
+        concat!(
+            ".visible .entry ", $name, "()\n{\n",
+            "  .reg .u64 %t<3>;\n  .reg .pred %p;\n",
+            "  mov.u64 %t0, %globaltimer;\n",
+            "WAIT:\n  mov.u64 %t1, %globaltimer;\n  sub.u64 %t2, %t1, %t0;\n",
+            "  setp.lt.u64 %p, %t2, ", stringify!($ns), ";\n  @%p bra WAIT;\n  ret;\n}\n"
+        )
+    };
+}
+use spin;
 
 /// The simulated driver beside the gpufuse binary (built with the workspace).
 fn sim_path() -> Result<PathBuf> {
@@ -52,14 +67,24 @@ fn sim_path() -> Result<PathBuf> {
     Ok(p)
 }
 
-/// `gpufuse-bench sim`.
-pub fn run(args: &[String]) -> Result<()> {
+/// Which driver the run measures.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Driven {
+    /// The simulated driver (`gpufuse-bench sim`).
+    Simulated,
+    /// NVIDIA's driver on this machine's GPU 0 (`gpufuse-bench gpu`): the GPU lane.
+    Gpu,
+}
+
+/// `gpufuse-bench sim` and `gpufuse-bench gpu`.
+pub fn run(args: &[String], driven: Driven) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     if let Some(a) = args.iter().find(|a| *a != "--quick") {
         bail!("unknown option {a} (expected --quick)");
     }
-    let sim = sim_path()?;
-    std::env::set_var("GPUFUSE_CUDA_DRIVER", &sim);
+    if driven == Driven::Simulated {
+        std::env::set_var("GPUFUSE_CUDA_DRIVER", sim_path()?);
+    }
     let (_server, unix) = crate::Server::start_with(&["--devices", "cuda"])?;
     let Address::Unix(path) = &unix else {
         unreachable!("start_with listens on a unix socket")
