@@ -95,7 +95,13 @@ struct Timing {
     completed: Duration,
     /// Events to reuse.
     spare: Vec<Event>,
+    /// When the pending runs were last looked at ([`POLL_EVERY`]).
+    polled: Option<std::time::Instant>,
 }
+
+/// How often [`Device::device_time`] asks the driver about pending runs: often enough for a
+/// lease's 1 ms quantum, rarely enough that a launch does not pay an event query.
+const POLL_EVERY: Duration = Duration::from_micros(100);
 
 impl Timing {
     fn event(&mut self, driver: &Driver) -> Result<Event, DriverError> {
@@ -689,7 +695,14 @@ impl Device for CudaDevice {
     }
 
     fn device_time(&mut self) -> Duration {
-        self.timing.poll(&self.driver);
+        let due = self
+            .timing
+            .polled
+            .is_none_or(|t| t.elapsed() >= POLL_EVERY);
+        if due && !self.timing.pending.is_empty() {
+            self.timing.poll(&self.driver);
+            self.timing.polled = Some(std::time::Instant::now());
+        }
         self.timing.completed
     }
 
