@@ -3,7 +3,11 @@
 //! - A **server** has a certificate chain and a key ([`ServerTls::from_files`]) and may require
 //!   client certificates signed by a CA of its own (`client_ca`).
 //! - A **client** verifies the server's certificate by default: against the CA in
-//!   `GPUFUSE_TLS_CA` when it is set, else against the system's roots. It presents a
+//!   `GPUFUSE_TLS_CA` when it is set, else against the system's roots. A certificate in that
+//!   file that is the server's own (a self-signed certificate made the common way, `openssl
+//!   req -x509 ... -subj /CN=HOST`, which marks itself a CA) is accepted as *pinned*, as curl
+//!   and OpenSSL accept it: the same bytes, valid now, naming the host ([`Pinned`]); the
+//!   handshake's signatures are checked as for any certificate. It presents a
 //!   certificate of its own when `GPUFUSE_TLS_CERT` and `GPUFUSE_TLS_KEY` are set. The
 //!   environment is the interface because the client runs inside applications (the shim and
 //!   the NVML shim connect from `cuInit`/`nvmlInit`); `gpufuse run --tls-ca` sets it for them.
@@ -92,6 +96,146 @@ fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
             reason: e.to_string(),
         },
     })
+}
+
+/// Server certificate verification: the web PKI against the configured roots, and else an
+/// exact match with a certificate of the CA file (pinned). Every check of the handshake's
+/// signatures is the web PKI verifier's.
+#[derive(Debug)]
+struct Pinned {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    pinned: Vec<CertificateDer<'static>>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let verdict =
+            self.inner
+                .verify_server_cert(end_entity, intermediates, server_name, ocsp, now);
+        if verdict.is_ok()
+            || !self
+                .pinned
+                .iter()
+                .any(|p| p.as_ref() == end_entity.as_ref())
+        {
+            return verdict;
+        }
+        // The server presented exactly a certificate the user gave as trusted: it still
+        // must be valid now and name the host.
+        let cert = webpki::EndEntityCert::try_from(end_entity)
+            .map_err(|e| rustls::Error::General(format!("pinned certificate: {e}")))?;
+        cert.verify_is_valid_for_subject_name(server_name)
+            .map_err(|e| {
+                rustls::Error::InvalidCertificate(rustls::CertificateError::Other(
+                    rustls::OtherError(Arc::new(e)),
+                ))
+            })?;
+        let parsed = x509_validity(end_entity.as_ref()).ok_or_else(|| {
+            rustls::Error::General("pinned certificate: unreadable validity".into())
+        })?;
+        let t = now.as_secs();
+        if t < parsed.0 {
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidYet,
+            ));
+        }
+        if t > parsed.1 {
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::Expired,
+            ));
+        }
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// A certificate's validity (notBefore, notAfter) in seconds since the epoch, read from its
+/// DER (`tbsCertificate.validity`): webpki checks validity only on the chain path, which a
+/// pinned certificate does not take.
+fn x509_validity(der: &[u8]) -> Option<(u64, u64)> {
+    // A DER element: (tag, content, rest).
+    fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+        let (&tag, b) = b.split_first()?;
+        let (&l, mut b) = b.split_first()?;
+        let len = if l < 0x80 {
+            l as usize
+        } else {
+            let n = (l & 0x7f) as usize;
+            if n == 0 || n > 4 || b.len() < n {
+                return None;
+            }
+            let v = b[..n].iter().fold(0usize, |a, &x| a << 8 | x as usize);
+            b = &b[n..];
+            v
+        };
+        (b.len() >= len).then(|| (tag, &b[..len], &b[len..]))
+    }
+    fn time(tag: u8, v: &[u8]) -> Option<u64> {
+        let s = std::str::from_utf8(v).ok()?.strip_suffix('Z')?;
+        let (year, rest) = match tag {
+            0x17 => {
+                let y: u64 = s.get(..2)?.parse().ok()?;
+                (if y >= 50 { 1900 + y } else { 2000 + y }, s.get(2..)?)
+            }
+            0x18 => (s.get(..4)?.parse().ok()?, s.get(4..)?),
+            _ => return None,
+        };
+        let n = |i: usize| -> Option<u64> { rest.get(i..i + 2)?.parse().ok() };
+        let (mo, d, h, mi, se) = (n(0)?, n(2)?, n(4)?, n(6)?, n(8)?);
+        // Days from the civil date (Howard Hinnant's algorithm).
+        let (y, m) = if mo <= 2 {
+            (year - 1, mo + 9)
+        } else {
+            (year, mo - 3)
+        };
+        let era = y / 400;
+        let yoe = y - era * 400;
+        let doy = (153 * m + 2) / 5 + d - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        let days = era * 146_097 + doe - 719_468;
+        Some(days * 86_400 + h * 3600 + mi * 60 + se)
+    }
+    let (_, cert, _) = tlv(der)?;
+    let (_, tbs, _) = tlv(cert)?;
+    let mut rest = tbs;
+    // [0] version (optional), serial, signature algorithm, issuer, validity.
+    let (tag, _, r) = tlv(rest)?;
+    rest = if tag == 0xa0 { r } else { rest };
+    for _ in 0..3 {
+        rest = tlv(rest)?.2;
+    }
+    let (_, validity, _) = tlv(rest)?;
+    let (t1, v1, r) = tlv(validity)?;
+    let (t2, v2, _) = tlv(r)?;
+    Some((time(t1, v1)?, time(t2, v2)?))
 }
 
 fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
@@ -191,9 +335,20 @@ impl ClientTls {
                 store
             }
         };
+        let pinned = match ca {
+            Some(ca) => certs(ca, "CA certificates")?,
+            None => Vec::new(),
+        };
+        let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider(),
+        )
+        .build()
+        .map_err(|e| TlsError::Config(rustls::Error::General(e.to_string())))?;
         let builder = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots);
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Pinned { inner, pinned }));
         let config = match identity {
             Some((cert, key_file)) => builder
                 .with_client_auth_cert(certs(cert, "client certificates")?, key(key_file)?)

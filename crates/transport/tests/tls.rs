@@ -328,3 +328,56 @@ fn a_tls_address_without_an_identity_does_not_bind() {
         .unwrap_err();
     assert!(err.to_string().contains("--tls-cert"), "{err}");
 }
+
+/// A self-signed server certificate made the common way (`openssl req -x509 -subj
+/// /CN=...`: it marks itself a CA) given as the client's CA file is accepted as pinned, as
+/// curl and OpenSSL accept it; another self-signed certificate, or one not naming the host,
+/// is still refused.
+#[test]
+fn a_self_signed_server_certificate_is_accepted_as_pinned() {
+    let dir = std::env::temp_dir().join(format!("gpufuse-tls-pinned-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let make = |hosts: &[&str], file: &str| {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>())
+            .unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, hosts[0]);
+        let cert = p.self_signed(&key).unwrap();
+        std::fs::write(dir.join(format!("{file}.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{file}-key.pem")), key.serialize_pem()).unwrap();
+    };
+    make(&["127.0.0.1"], "self");
+    make(&["127.0.0.1"], "stranger");
+    make(&["localhost"], "elsewhere");
+    let server = |f: &str| {
+        ServerTls::from_files(
+            &dir.join(format!("{f}.pem")),
+            &dir.join(format!("{f}-key.pem")),
+            None,
+        )
+        .unwrap()
+    };
+    let client = |f: &str| ClientTls::new(Some(&dir.join(format!("{f}.pem"))), None).unwrap();
+
+    let (hp, echo) = echo_server(server("self"));
+    let stream = client("self").connect(&hp).expect("pinned: accepted");
+    let mut conn = Conn::new(Stream::TlsClient(Box::new(stream)));
+    round_trip(&mut conn, 3, &b"pinned".to_vec());
+    drop(conn);
+    echo.join().unwrap().unwrap();
+
+    let (hp, _echo) = echo_server(server("self"));
+    let err = client("stranger").connect(&hp).unwrap_err().to_string();
+    assert!(err.contains("invalid peer certificate"), "{err}");
+
+    let (hp, _echo) = echo_server(server("elsewhere"));
+    let err = client("elsewhere").connect(&hp).unwrap_err().to_string();
+    assert!(
+        err.contains("invalid peer certificate"),
+        "pinned, but it does not name 127.0.0.1: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
