@@ -41,11 +41,15 @@ const KERNELS: [&str; 3] = ["spin_us20", "spin_us1", "spin_us5"];
 macro_rules! spin {
     ($name:literal, $ns:literal) => {
         concat!(
-            ".visible .entry ", $name, "()\n{\n",
+            ".visible .entry ",
+            $name,
+            "()\n{\n",
             "  .reg .u64 %t<3>;\n  .reg .pred %p;\n",
             "  mov.u64 %t0, %globaltimer;\n",
             "WAIT:\n  mov.u64 %t1, %globaltimer;\n  sub.u64 %t2, %t1, %t0;\n",
-            "  setp.lt.u64 %p, %t2, ", stringify!($ns), ";\n  @%p bra WAIT;\n  ret;\n}\n"
+            "  setp.lt.u64 %p, %t2, ",
+            stringify!($ns),
+            ";\n  @%p bra WAIT;\n  ret;\n}\n"
         )
     };
 }

@@ -695,10 +695,7 @@ impl Device for CudaDevice {
     }
 
     fn device_time(&mut self) -> Duration {
-        let due = self
-            .timing
-            .polled
-            .is_none_or(|t| t.elapsed() >= POLL_EVERY);
+        let due = self.timing.polled.is_none_or(|t| t.elapsed() >= POLL_EVERY);
         if due && !self.timing.pending.is_empty() {
             self.timing.poll(&self.driver);
             self.timing.polled = Some(std::time::Instant::now());
