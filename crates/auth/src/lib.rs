@@ -4,7 +4,11 @@
 //! what it may ask for; the MAC is HMAC-SHA256 over `gf1.<claims>` with the server's secret.
 //! The node verifies the token in the hello, before a worker is started, so a missing,
 //! forged, altered or expired token never reaches CUDA. The secret is 32 random bytes kept in
-//! a file only the server reads (`gpufuse token secret`).
+//! a file only the server reads (`gpufuse token secret`; `gpufuse serve --token-secret-file`),
+//! and `gpufuse token` issues tokens with it.
+//!
+//! The [`Claims`] bound what the session may ask for (its VRAM slice, its compute share), and
+//! a token the DRA plugin issues for a Kubernetes claim names its claim and its device.
 //!
 //! Hand-written only as far as the format goes: the MAC is the `hmac` crate, the comparison is
 //! its constant-time `verify_slice`.

@@ -14,16 +14,19 @@
 //! Then the aggregate rate of quiet launches from 1, 2 and 4 threads of one client process,
 //! each on its own stream, through the client core as the shim drives it (per-stream lanes),
 //! against every launch under the session lock (`threads.rs`; `gpufuse-bench threads` runs
-//! only these, in alternating rounds).
+//! only these, in alternating rounds, with each path's CPU time per launch, on-CPU share and
+//! context switches, which tell contention from waiting for a core).
 //!
 //! TLS is measured against the same raw TCP baselines as plain TCP, so its rows show what
 //! encryption and the node's TLS relay add.
 //!
 //! On the rings also 64 MiB copies of page-locked memory (`copies.rs`: `cuMemHostAlloc`'s arena
-//! blocks and `cuMemHostRegister`ed memory; `gpufuse-bench copies` runs only those);
-//! `gpufuse-bench launches` runs only the quiet-launch line on the rings, round by round.
+//! blocks and `cuMemHostRegister`ed memory, with the bytes that crossed the rings;
+//! `gpufuse-bench copies` runs only those); `gpufuse-bench launches` runs only the quiet-launch
+//! line on the rings, round by round: the worker's sustained pace for empty launches.
 //!
-//! `gpufuse-bench shares` measures compute shares and QoS instead (see `shares.rs`);
+//! `gpufuse-bench shares` measures compute shares (five client launch patterns x kernels of
+//! 0.1, 2 and 25 ms x both compute policies) and QoS queueing delay instead (see `shares.rs`);
 //! `gpufuse-bench elastic` scale-to-zero warm-up and migration (see `elastic.rs`);
 //! `gpufuse-bench sim` the real-GPU backend's data path on the simulated driver against that
 //! driver driven directly (see `sim.rs`);

@@ -1,4 +1,10 @@
 //! The `gpufuse` command. Thin: each subcommand is a module over the library crates.
+//!
+//! Subcommands: serve, controller, node, run, status (a node's view or the pool's), sessions,
+//! kill, migrate, token, certs, simulate, top (ratatui), report, completions, man, and the
+//! Kubernetes commands (`k8s.rs`: dra-plugin, operator, webhook; `controller --kubernetes`;
+//! `node --kubernetes`'s name and labels); `worker` is the process a node starts per session.
+//! `build.rs` records the git commit for `--version`.
 
 mod admin;
 mod controller;

@@ -17,6 +17,18 @@
 //! - A `Status` hello gets the pool view ([`Controller::snapshot`]); an `End` hello (`gpufuse
 //!   kill --server CONTROLLER ID`) ends pool session `ID` through its node.
 //!
+//! - Preemption ends victims through their nodes' `End`, or moves the victims that fit
+//!   elsewhere. Moves (`moves.rs`): an operator's move, `gpufuse node drain`/`cordon`,
+//!   `--defrag` rounds and preemption's victims; the move is charged in the scheduler, an
+//!   order and a grant are signed, and the session's node is asked to carry it out
+//!   (`docs/migration.md`).
+//!
+//! Also here: `gpufuse serve`'s controller, run in process (`embedded.rs`); `claims.rs`,
+//! GPUQuotas as tenant quotas and ResourceClaims charged to them, for the Kubernetes
+//! operator; [`ask`], the tenant, selector, model and wait a token carries; `quota_file.rs`,
+//! the quota file re-read when it changes and on SIGHUP; [`observed`], the pool as `--http`
+//! shows it.
+//!
 //! A controller outage stops new placements only: running sessions talk to their nodes.
 
 #![forbid(unsafe_code)]

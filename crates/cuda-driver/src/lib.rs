@@ -6,7 +6,12 @@
 //! opaque handles.
 //!
 //! It must never load gpufuse's own shim (which is also called `libcuda.so.1`): a library
-//! that exports `gpufuse_shim_version` is refused.
+//! that exports `gpufuse_shim_version` is refused. The library is loaded with `libloading`;
+//! `GPUFUSE_CUDA_DRIVER=PATH` names the one library to try instead (the simulated driver of
+//! `gpufuse-cuda-sim`, in tests).
+//!
+//! A [`HostSpan`] is host memory the driver copies to and from by raw pointer: memory another
+//! process writes too (the client's host arena), which no Rust reference may alias.
 
 mod raw;
 

@@ -1,9 +1,12 @@
 //! CUDA driver facts, generated from NVIDIA's headers by `scripts/gen_cuda_types.py`
 //! (checked in; `scripts/check_cuda_types.sh` verifies they are current):
-//! the names a real `libcuda.so.1` exports, the `cuGetProcAddress` version table, the
-//! `CUresult` codes, and the C structs the driver API takes ([`structs`]: `#[repr(C)]`, header
-//! names, their size, alignment and offsets asserted at compile time and checked against the
-//! header by a C compiler); and what `cuGetErrorString` says for each code, read from NVIDIA's libcudart
+//! the names a real `libcuda.so.1` exports, the `cuGetProcAddress` version table
+//! ([`resolve_proc`]; how it is derived: `docs/driver-interception.md`, section 2), the
+//! `CUresult` codes, and the C structs the driver API takes ([`structs`]: `CUDA_MEMCPY2D/3D`,
+//! array, resource and texture descriptors, graph node parameters, `CUlaunchConfig`, VMM
+//! properties, as `scripts/gen_cuda_structs.py` lists them; `#[repr(C)]`, header names, their
+//! size, alignment and offsets asserted at compile time and checked against each `cuda.h` by a
+//! C compiler); and what `cuGetErrorString` says for each code, read from NVIDIA's libcudart
 //! by `scripts/gen_result_texts.py`. No dependencies, no unsafe.
 
 #![forbid(unsafe_code)]

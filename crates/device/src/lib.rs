@@ -1,8 +1,40 @@
 //! The `Device` trait: what a gpufuse worker needs from a GPU, and its backends.
 //!
 //! - [`emu`]: the emulated GPU (host memory, modules from PTX, kernels run by the PTX
-//!   interpreter with a launch's blocks spread over the host's cores).
-//! - [`cuda`]: a real NVIDIA GPU through NVIDIA's driver, loaded at run time.
+//!   interpreter with a launch's blocks spread over the host's cores). Allocations are kept as
+//!   64-bit words so that a launch's threads share them atomically (`emu/words.rs`, the crate's
+//!   only `unsafe`); virtual memory management keeps physical memory apart from addresses and
+//!   moves it into the address map when it is mapped (`emu/vmm.rs`). Modules come from PTX or
+//!   fatbins, the PTX parsed once by `gpufuse_ptx` ([`ptx_layout`] reads kernels' parameter
+//!   layouts and module variables, managed ones marked, from that parse): PTX that does not
+//!   parse fails the load with `CUDA_ERROR_INVALID_PTX` and the reason; an image with only
+//!   sm_10x SASS loads, its kernels listed from the cubin, and only its launches fail with
+//!   `CUDA_ERROR_NO_BINARY_FOR_GPU`; an image of several units' PTX is linked at load, a link
+//!   error failing it with `CUDA_ERROR_INVALID_IMAGE`. [`eager`] keeps its streams and events.
+//!   Device models by compute capability ([`model`], `--devices emu:N:SIZE:sm_120`): B200-like
+//!   10.0 by default; `sm_90`, the H200 as its driver reported itself (the conformance
+//!   fixture); `sm_130`, a future model newer than any architecture CUDA 13.5 knows, on which
+//!   cuBLAS and cuBLASLt take their PTX kernels for every GEMM shape; each with the occupancy
+//!   rules (`model::blocks_per_sm`) and the limits' defaults (`model::default_limit`) the
+//!   device answers with.
+//! - [`cuda`]: a real NVIDIA GPU through NVIDIA's driver, loaded at run time (run on an H200 on
+//!   2026-11-27: `docs/gpu-validation.md`). The session's window is reserved with
+//!   `cuMemAddressReserve` and each allocation mapped with `cuMemCreate`/`cuMemMap`; modules are
+//!   the client's own images, their layouts from `cuFuncGetParamInfo`; streams are driver
+//!   streams with the application's flags and priority, events driver events; launches are
+//!   enqueued and never waited for (cooperative ones with `cuLaunchCooperativeKernel`, more than
+//!   48 KiB of dynamic shared memory opted in); device time comes from event pairs around each
+//!   stream's run of launches (`Timing`, read once complete); occupancy and limits are asked of
+//!   the driver; copies to module variables go where the driver put them. The client's host
+//!   arena is copied in place through [`HostSpan`] (`Device::write_span`/`read_span`,
+//!   asynchronous DMA on the stream) and page-locked by default: the pages large copies touch,
+//!   each run's 2 MiB chunks marked first in the arena's pin map so that the client keeps
+//!   (zeroes) those pages instead of giving them back ([`host_pins`],
+//!   `gpufuse_transport::arena`). Applications get no virtual memory management here
+//!   (attributes 102-105 read 0), only on [`emu`].
+//!
+//! The session state image is [`capture`]'s, versioned (`docs/state-capture.md`): per-range
+//! `evict`/`bring_back` and whole-state `capture`/`rebuild` (on [`emu`] in `emu/capture.rs`).
 //!
 //! A device owns memory at stable device addresses (each session gets its own address window),
 //! loaded modules and their functions, and the session's streams and events.
@@ -22,7 +54,8 @@
 //! flight first.
 //!
 //! Errors are CUDA status codes (`CUresult`), because that is what reaches the application;
-//! launches and module loads return a [`DeviceError`], the status with its detail.
+//! launches and module loads return a [`DeviceError`], the status with its detail ([`status`]:
+//! the generated `CUresult` values, `gpufuse_cuda_types::short`).
 
 #![deny(unsafe_code)] // allowed only in emu/words.rs, the word views of device memory
 

@@ -2,11 +2,16 @@
 //!
 //! The client receives images as a bare pointer with no size: [`classify`] tells a fatbinc
 //! wrapper, a fatbin, a cubin and PTX apart, and [`measure_len`] finds the length by reading
-//! only what the image's own headers say belongs to it. The emulated device takes the PTX out
-//! of a fatbin with [`select_ptx`] (decompressing Zstd or LZ4 entries), and what a cubin says
-//! about its kernels with [`cubin_info`]. Images of several translation units' PTX (relocatable
-//! device code, the JIT linker's output) mark each PTX entry with its unit (`units.rs`), and
-//! [`select_units`] gives each unit's PTX for the device to link.
+//! only what the image's own headers say belongs to it. [`entries`] reads a fatbin's entries;
+//! the emulated device takes the PTX out of a fatbin with [`select_ptx`] (decompressing Zstd or
+//! LZ4 entries), the SASS a device could run with [`select_cubin`], and what a cubin says about
+//! its kernels (parameter layouts from `.nv.info`) and variables with [`cubin_info`]
+//! (`cubin.rs`; the ELF is read by the `object` crate). Images of several translation units'
+//! PTX mark each PTX entry with its unit (`units.rs`): an `-rdc` program's device-linked image
+//! with its units' PTX ([`with_prelinked_ptx`]), the JIT linker's output ([`link_image`]), and
+//! the fatbins taken out of host objects and static libraries (`__nv_relfatbin`,
+//! `.nv_fatbin`: [`fatbins_in_object`]); [`select_units`] gives each unit's PTX for the device
+//! to link.
 //!
 //! Pure and bounded: every length is capped, truncated or garbage input is an error, never a
 //! panic.

@@ -1,7 +1,8 @@
 //! A node's cache of module images (fatbins, cubins, PTX), on disk, by content hash, shared
 //! by the workers of all the node's sessions: a client names an image by its SHA-256 first,
 //! and the bytes travel only when no session of the node has sent them before (within the
-//! cache's size). The second process that loads the same libraries sends no image bytes.
+//! cache's size). The second process that loads the same libraries sends no image bytes
+//! (`docs/module-loading.md`).
 //!
 //! One file per image, named by the hex of its hash, in one directory:
 //! - bounded: after each insertion the oldest entries (by modification time, which a hit

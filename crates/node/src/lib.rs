@@ -7,6 +7,26 @@
 //! stdout). The device ledgers live here: workers reserve and release memory through the
 //! control socket, and when a worker exits for any reason (its client left, was killed, or the
 //! worker itself crashed) everything its session held is released. Other sessions never notice.
+//! `gpufuse node` is the same daemon as a member of a pool.
+//!
+//! # Modules
+//!
+//! - Admission: `ledger.rs`, the device and session ledgers. The controller chooses the device
+//!   (`gpufuse serve`'s own, in process, through [`agent`]'s `LocalController`), and the ledger
+//!   admits only what it can honour. [`claims`]: Kubernetes claims' tokens, honoured only while
+//!   their claim's CDI spec is in `--cdi-dir` and only on the allocated device (a pool node
+//!   admits them without a grant), and `EndClaim` (the DRA plugin's unprepare).
+//! - One worker process per session: `spawn.rs` (its control socket and command socket),
+//!   [`elastic`] (oversubscription, eviction requests, `gpufuse migrate`), `relay.rs` (the TLS
+//!   relay), [`image_cache`] (the image cache's settings for the workers, and their reports),
+//!   [`lifecycle`] (the node lock).
+//! - The launch queue of each device: [`launch_policy`], the pure policy (who runs next, shares,
+//!   QoS, holding), and [`queue`], the node's threads' side of it (lease offers included).
+//! - [`observed`]: the node as a `PoolSource` for `--http`. [`agent`]: a pool node's link to its
+//!   controller (registration, heartbeats, grants, end orders; claims' sessions reported with
+//!   their claim). [`admin`]: the admission check `gpufuse run` makes before it starts a
+//!   program, ending a session (`gpufuse kill`), the per-session log lines. `devices.rs`:
+//!   `--devices`.
 
 pub mod admin;
 pub mod agent;

@@ -1,5 +1,5 @@
 //! gpufuse's NVRTC interposer, `libgpufuse_nvrtc.so`, which `gpufuse run` preloads
-//! (`LD_PRELOAD`) into the programs it starts.
+//! (`LD_PRELOAD`) into the programs it starts when the library was built beside its binary.
 //!
 //! NVRTC compiles for a real architecture (`--gpu-architecture=sm_100`, what NVIDIA's samples
 //! pass for the device they run on) to a cubin: SASS only, which the emulated GPU cannot run,
@@ -8,10 +8,12 @@
 //! fatbin of both (`gpufuse_fatbin::cubin_with_ptx`), as `nvcc -fatbin -arch=sm_100` would
 //! make: a GPU of the cubin's architecture runs the cubin, the emulated GPU the PTX, and every
 //! module loader (`cuModuleLoadData`, `cuLibraryLoadData`, `cuLinkAddData`) takes a fatbin.
+//! So the emulated GPU runs NVRTC-compiled cubins (NVIDIA's `*_nvrtc` samples).
 //!
 //! The PTX entry is marked as the cubin's twin: it runs only where the cubin would (the same
-//! major version, a minor not above the GPU's), so a cubin for another GPU still fails to load
-//! with `CUDA_ERROR_NO_BINARY_FOR_GPU`, as on NVIDIA's driver.
+//! major version, a minor not above the GPU's: `gpufuse_fatbin::Entry::runs_on`), so a cubin
+//! for another GPU still fails to load with `CUDA_ERROR_NO_BINARY_FOR_GPU`, as on NVIDIA's
+//! driver.
 //!
 //! The real functions are NVRTC's own, found with `dlsym(RTLD_NEXT)`. Where the program has no
 //! PTX (compiled with `-dlto`) or either image is not what it should be, the real cubin is
@@ -29,6 +31,12 @@
 //! the caller's own return address, which `RTLD_NEXT` is relative to) and otherwise to the hook,
 //! which calls glibc's and looks at the answer. glibc's `dlsym` is found once, at load
 //! (`dlvsym`, an `.init_array` constructor).
+//!
+//! Tests: the crate's own over a stand-in NVRTC (`src/tests.rs`) and over the built library
+//! (`tests/cdylib.rs`: its exports, its `dlsym` answering as glibc's); with NVIDIA's NVRTC,
+//! the real-client tier: `test_cupy_kernels_as_installed` (CuPy's lookups in its own handle)
+//! and `test_the_dlsym_hook_keeps_rtld_next` (another interposer's `RTLD_NEXT` lookup still
+//! skips it).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 

@@ -13,6 +13,12 @@
 //! gpufuse daemons are thread-based) and keeps an hour of usage, and a day of per-tenant
 //! usage for cost reports, in memory ([`history`]): no database to run.
 //!
+//! The server is axum; `/metrics` is prometheus-client's collector over a snapshot taken per
+//! scrape ([`metrics`]). The node's [`PoolSource`] is `crates/node/src/observed.rs`, the
+//! controller's `gpufuse_controller::observed`. Also here: prices ([`prices`], a TOML file),
+//! the cost report's formats ([`report`]), and `gpufuse top`'s model ([`top`]). Operators'
+//! guide: `docs/observability.md`.
+//!
 //! It must not hold a source's locks longer than a snapshot takes, and must never be in the
 //! way of sessions: a failing HTTP server logs and leaves the process serving.
 

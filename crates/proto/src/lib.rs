@@ -21,7 +21,7 @@
 //! # Handles
 //! Contexts, modules, functions, streams and events are ids minted by the client, so creating
 //! them is quiet and the ids survive anything the server does underneath. Device pointers are
-//! device virtual addresses chosen by the server.
+//! device virtual addresses chosen by the server. Both are typed ids (`ids.rs`).
 //!
 //! # Bulk data
 //! A frame's body is its message followed by a raw tail whose length the header declares

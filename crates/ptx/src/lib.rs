@@ -8,20 +8,37 @@
 //! variables (`code.rs`); an opcode the interpreter does not implement fails only the kernels
 //! that reach it, at launch, naming it.
 //!
+//! The parser cannot skip text (`lex.rs`: comments, strings, line numbers): every directive of
+//! the PTX ISA 9.x is understood, ignored on purpose where it means nothing for execution
+//! (`.file` and `.loc`, which end at their line, `.section .debug_*`, `@@DWARF`, `.pragma`,
+//! occupancy hints), or an error naming its line and text (`tests/directives.rs`). Among the
+//! rest: `.target`'s `map_f64_to_f32` is taken for a module without `.f64` instructions and
+//! refused, naming one, otherwise; `.maxntid`/`.reqntid` are checked at launch; `.alias` is
+//! resolved; `.attribute(.managed)` is kept; `WARP_SZ` is the constant 32;
+//! `%reserved_smem_offset_*` name a 1 KiB reserved region after each block's shared memory
+//! ([`RESERVED_SHARED`]); a memory operand whose base is a 32-bit register is computed in 32
+//! bits (`code::Ins::addr32`: CUTLASS's `[%r+49280]` with `%r` "negative"). The kernel tests
+//! run on plain, `-lineinfo` and `-G` nvcc builds of the same source.
+//!
 //! [`Module::launch`] runs a kernel over its grid with CUDA's semantics for the implemented
 //! instructions:
 //! - a warp's 32 lanes execute each instruction together: registers are stored per warp as
 //!   structure-of-arrays, each instruction runs in a tight loop over the active lanes (a 32-bit
-//!   mask), with no allocation per instruction (`exec/`, `alu.rs`); the common forms
-//!   (arithmetic, comparisons, moves, conversions, loads, stores, shared atomics) are resolved
-//!   at load time to their exact operation, width and operand shapes and run with one
-//!   dispatch per instruction (`exec/spec/`: `select.rs` picks a form at load time, `mod.rs`
-//!   runs it);
+//!   mask), with no allocation per instruction (`warp.rs`; `exec/mod.rs`: control flow and
+//!   barriers; lane-by-lane families in `exec/{memory,arith,bits}.rs` over `lanes.rs`;
+//!   warp-wide instructions in `collective.rs`; scalar semantics in `alu.rs`); the common forms
+//!   (integer and float arithmetic, comparisons, `selp`, moves, conversions, loads, stores,
+//!   shared atomics) are resolved at load time to their exact operation, width and operand
+//!   shapes and run with one dispatch per instruction, computed straight into the destination
+//!   register (`exec/spec/`: `select.rs` picks a form at load time, `mod.rs` runs it;
+//!   `tests/spec_forms.rs` runs kernels with and without them and compares), and
+//!   single-element loads and stores whose lanes are all in range take `exec/fast.rs`;
 //! - min-PC scheduling keeps lanes in lockstep and reconverges divergent paths, so shuffles,
 //!   votes, `redux`, `match` and `activemask` see their partners; lanes of a divergent branch
 //!   wait at its immediate post-dominator for the rest (`reconverge.rs`), so warp-synchronous
 //!   code stays in lockstep whatever the block layout; `bar.sync` waits for the block's live
-//!   threads (`warp.rs`);
+//!   threads (`warp.rs`), and `bar.warp.sync` is a warp-level fence that never counts toward
+//!   it;
 //! - calls to device functions (`call`, `call.uni`) with `.param` arguments and return values:
 //!   the callee gets its own registers and a local-memory frame on the thread's stack, so
 //!   recursion works, and pointers into a caller's local arrays stay valid; calls nested deeper
@@ -32,37 +49,52 @@
 //!   [`function_address`]`(i)` = [`FUNCTION_WINDOW`] `+ 8 * i`, which `mov`/`cvta` of its name
 //!   and module-variable initializers naming it (`.u64 t[] = {f, g}`) give; the lanes of a
 //!   warp calling each distinct address enter that function together; an address that is no
-//!   device function is [`ExecError::IllegalAddress`];
+//!   device function is [`ExecError::IllegalAddress`] (`space.rs`);
 //! - shared, local, param, const and global state spaces, generic addressing, atomics, fences,
 //!   [`ExecError::IllegalAddress`] for any access outside device memory and
 //!   [`ExecError::MisalignedAddress`] for one not a multiple of its size;
 //! - float rounding modifiers: `.rn` (the default) and exact `.rz`, `.rm`, `.rp` on f32/f64
 //!   arithmetic and conversions (`round.rs`) and on conversions to f16/bf16/fp8/tf32
-//!   (`half.rs`, which also does their packed forms); a directed mode on f16 arithmetic fails
-//!   as unsupported;
-//! - `cp.async` and its waits (`copy.rs`), `ldmatrix` and `mma.sync` (`tensor.rs`), `wmma.load`,
-//!   `wmma.store` and `wmma.mma` for f16, bf16, tf32, f64 and s8/u8 (`wmma.rs`), device
-//!   `printf` (`printf.rs`: formatted records go to [`DeviceMemory::print`]), device
-//!   `malloc`/`free` from the heap [`DeviceMemory::heap`] gives (`heap.rs`);
-//!   docs/ptx-instructions.md lists every PTX instruction and what runs;
+//!   (`half.rs`, which also does their packed pairs, each rounded once); a directed mode on f16
+//!   arithmetic fails as unsupported;
+//! - `cp.async` and its waits (`copy.rs`), `ldmatrix` and `mma.sync` over a warp's gathered
+//!   fragments (`tensor.rs`), `wmma.load`, `wmma.store` and `wmma.mma` for f16, bf16, tf32, f64
+//!   and s8/u8 as whole-matrix loops (`wmma.rs`), device `printf` (`printf.rs`: formatted
+//!   records go to [`DeviceMemory::print`]; the emulated device sends them back with the next
+//!   reply and the client prints them through the C library's `stdout`), device
+//!   `malloc`/`free` from the heap [`DeviceMemory::heap`] gives (`heap.rs`: the emulated device
+//!   reserves a heap per session at the first launch that needs it, 8 MiB as CUDA's default,
+//!   outside the session's ledger, or the size `cudaDeviceSetLimit(cudaLimitMallocHeapSize)`
+//!   asked before that launch, whose part beyond 8 MiB is charged to the session when asked
+//!   (`SetLimit`, protocol 14); `cudaLimitPrintfFifoSize` sizes a launch's printf buffer the
+//!   same way); docs/ptx-instructions.md lists every PTX instruction and what runs;
 //! - the blocks of a launch run in parallel on the host's cores (`launch.rs`): as many threads
 //!   as [`std::thread::available_parallelism`] (or `GPUFUSE_EMU_THREADS`), each taking the next
 //!   block. Device memory is therefore shared: [`DeviceMemory`] hands out regions of
 //!   `AtomicU64` words, every global access is atomic at the word level (no data race in Rust's
 //!   sense, whatever the kernel does), and atomic instructions are exact across threads
-//!   (`memory.rs`).
+//!   (`memory.rs`). What a launch needs of its kernel (the reachable functions, heap use, the
+//!   kernel by name) is found once, at module load, and each host thread keeps its last
+//!   block's warps and shared memory, zeroed again only after a launch wrote it, so a stream of
+//!   small launches allocates and clears nothing (docs/protocol.md, "The worker's pace"). A
+//!   cooperative launch's blocks are all resident at once, taking turns (`launch.rs`,
+//!   `coresident`; its grid workspace at `%envreg1:%envreg2`; how a grid that can never
+//!   progress is detected: ARCHITECTURE.md, "Cooperative launches").
 //!
 //! - device-side launches (CUDA Dynamic Parallelism, CDP2; `devrt.rs`): the device runtime's
 //!   functions (`cudaGetParameterBufferV2`, `cudaLaunchDeviceV2`, device streams, events,
 //!   `cudaMalloc`/`cudaFree`/`cudaMemcpyAsync`, `cudaGetLastError`, ...) are VM builtins,
 //!   which the linker needs no definition for; a launch of a kernel that reaches them runs the
-//!   tree of grids it makes (each grid's blocks, then its enqueued work in launch order, each
-//!   to completion, then its tail launches) and ends when the whole tree has; nesting and
-//!   pending-launch limits as CUDA's defaults, failed launches in the calling thread's
-//!   `cudaGetLastError`;
+//!   tree of grids it makes (each grid's blocks, then its enqueued launches and copies in
+//!   launch order, each run to completion with its own work, depth first, then its tail
+//!   launches, after all their parent's other work) and ends when the whole tree has: one
+//!   launch for the host, whose device time is the whole tree's; parameter buffers come from
+//!   the device heap; nesting and pending-launch limits as CUDA's defaults, failed launches in
+//!   the calling thread's `cudaGetLastError`;
 //! - texture and surface objects (`tex`, `tld4`, `txq`, `suld.b`, `sust.b`, `suq`;
 //!   `tex.rs`): the device describes each live handle ([`DeviceMemory::texture`]) and the VM
-//!   samples its memory by the CUDA programming guide's texture fetching rules.
+//!   samples its memory by the CUDA programming guide's texture fetching rules (linear
+//!   filtering with 9-bit weights).
 //!
 //! Not yet: variable addresses in initializers (`generic(var)`), `sust.p`, `sured`,
 //! sub-byte `wmma` (`.s4`/`.u4`/`.b1`), `wgmma`/`tcgen05`, TMA (`cp.async.bulk`, `mbarrier`'s
@@ -70,7 +102,9 @@
 //! `mbarrier` itself runs: a `.b64` word of pending count, expected count and phase, updated
 //! atomically (`exec/memory.rs`).
 //! [`Module::link`] joins several translation units' PTX into one module (`link.rs`), as the
-//! driver's JIT linker does for `cuLink*` and for programs built with `nvcc -rdc=true`.
+//! driver's JIT linker does for `cuLink*` and for programs built with `nvcc -rdc=true`:
+//! `.extern` functions and variables resolved across units, `.weak` and `.common`, each unit's
+//! internal names renamed apart, duplicate and unresolved symbols errors naming them.
 //!
 //! `cargo run -p gpufuse-ptx --example ptx_check -- FILE.ptx` lists what a module lacks;
 //! `cargo run --release -p gpufuse-ptx --example vm_bench` measures lane-instructions per

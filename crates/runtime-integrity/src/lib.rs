@@ -6,6 +6,9 @@
 //! (RFC 1319) with a 16-byte key derived from a fixed table. MD2 is written here because no
 //! maintained crate offers it (it is obsolete for every other purpose); it is ~40 lines and is
 //! checked against the RFC's test vectors.
+//!
+//! Pure: no I/O, no state, no unsafe. The shim gathers the inputs and answers the call
+//! (`crates/shim/src/dark_api/cudart.rs`).
 
 #![forbid(unsafe_code)]
 

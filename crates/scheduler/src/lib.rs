@@ -31,9 +31,18 @@
 //!   the pool with a node's report (after a node came back, or after the controller
 //!   restarted and lost everything it knew).
 //!
+//! - Tenant quotas come from a TOML file ([`QuotaFile`]). Slices placed outside the pool count
+//!   against them too: a Kubernetes claim the cluster's scheduler allocated is charged to its
+//!   tenant's quota ([`ClaimCharge`]) and charges no device.
+//!
 //! Placement uses ordered indexes over devices and nodes, so one decision costs a few tree
 //! lookups, not a scan of every GPU: 10,000 sessions on 8,000 GPUs place in milliseconds
 //! (`gpufuse simulate`, `docs/pool.md`).
+//!
+//! Besides `pool.rs` (the ledger, filters, policies, the pending queue, preemption) and
+//! `quota.rs`: `defrag.rs`, moving sessions between devices (moves in the ledger, charged on
+//! both devices until they land; cordons; where a session may move; drain and defragmentation
+//! plans), and [`sim`], synthetic traces and their replay (`gpufuse simulate`).
 
 #![forbid(unsafe_code)]
 

@@ -8,10 +8,22 @@
 //! as the next reply's `deferred_error`. A malformed frame ends the session; it never panics.
 //!
 //! The session's state is split by area, each module owning its tables and the requests that
-//! touch them: [`memory`] (the slice, allocations, copies, VMM books), [`modules`] (the image
-//! cache, module and function handles), [`streams`] (contexts, streams, events), [`textures`],
-//! [`launch`] (the device lease from the node's launch queue, the launch log, device time),
-//! and [`serve`] (the connection). [`Session::handle`] only routes a request to its area.
+//! touch them: [`memory`] (the slice, allocations, copies, VMM books), [`modules`] (images by
+//! content hash: the session's, then the node's image cache on disk; module and function
+//! handles), [`streams`] (contexts, streams, events, checked and handed to the device; a wait
+//! that finds a fault poisons the session), [`textures`], `ipc.rs` (CUDA IPC: exports moved
+//! into memfds, other sessions' exports opened), [`launch`] (the device lease from the node's
+//! launch queue, charged from the device's measured time: a lease spent while work is in
+//! flight settles it first, an idle lease end does not wait for the GPU; the launch log,
+//! device time), and [`serve`] (the connection). [`Session::handle`] only routes a request to
+//! its area; [`control`] holds the control-socket operations.
+//!
+//! Elastic sessions and moves: `residency.rs` (memory out to host memory or disk and back,
+//! idle TTLs), `migrate.rs` (moving to another device: pre-copy rounds over any `MoveTarget`),
+//! `remote.rs` (moving to another node: the leaving side's target and the receiving side's
+//! `serve_incoming`), `forward.rs` (after a stop while the client was quiet, its requests are
+//! forwarded to the new worker until it next waits) and `books.rs` (the worker's tables as
+//! they travel with a move between nodes, `GFBOOKS` v1); `docs/migration.md`.
 //!
 //! Every launch path of the driver API (plain, `_ptsz`, `Ex`, cooperative, graph replays)
 //! arrives here as a `LaunchKernel` request.
