@@ -59,8 +59,9 @@ pub enum Pattern {
     OneSync,
     /// [`PER_STREAM`] launches on each of [`STREAMS`] streams, then each stream synchronized.
     Streams,
-    /// A graph of [`GRAPH_KERNELS`] kernel nodes launched on a stream (replayed as the shim's
-    /// `cuGraphLaunch` replays it), then the stream synchronized.
+    /// A graph of [`GRAPH_KERNELS`] kernel nodes launched on a stream (defined once and
+    /// launched with one request each time, as the shim's `cuGraphLaunch` does), then the
+    /// stream synchronized.
     Graph,
 }
 
@@ -195,6 +196,7 @@ impl Tenant {
             conditionals: Vec::new(),
         };
         let mut launched = 0u64;
+        let mut defined = false;
         while !stop.load(Ordering::Relaxed) {
             match pattern {
                 Pattern::Batch => {
@@ -243,14 +245,34 @@ impl Tenant {
                     done.fetch_add(STREAMS * PER_STREAM as u64, Ordering::Relaxed);
                 }
                 Pattern::Graph => {
-                    // What the shim's cuGraphLaunch sends: the graph's operations, in order,
-                    // as quiet requests on the stream it is launched on.
-                    for op in &graph.ops {
-                        if let GraphOp::Launch { params, .. } = op {
-                            let n = u32::from_le_bytes(params[..4].try_into()?);
-                            self.launch_on(n, streams[0])?;
-                        }
+                    // What the shim's cuGraphLaunch sends (protocol 17): the graph's device
+                    // work defined once (`GraphDefine`), then one `GraphLaunch` per launch.
+                    if !defined {
+                        let nodes = graph
+                            .ops
+                            .iter()
+                            .filter_map(|op| match op {
+                                GraphOp::Launch { params, .. } => {
+                                    Some(gpufuse_proto::GraphNode::Launch {
+                                        function: FunctionHandle(3),
+                                        grid: [1, 1, 1],
+                                        block: [1, 1, 1],
+                                        shared_mem: 0,
+                                        params: params.clone(),
+                                        cooperative: false,
+                                    })
+                                }
+                                _ => None,
+                            })
+                            .collect();
+                        self.conn
+                            .quiet(&Request::GraphDefine { graph: 300, nodes })?;
+                        defined = true;
                     }
+                    self.conn.quiet(&Request::GraphLaunch {
+                        graph: 300,
+                        stream: StreamHandle(streams[0]),
+                    })?;
                     self.wait(&Request::StreamSynchronize {
                         stream: StreamHandle(streams[0]),
                     })?;
