@@ -1,6 +1,8 @@
 //! CUDA graphs recorded in the client: stream capture turns a stream's quiet operations into a
-//! list of [`Op`]s, and launching a graph replays them in capture order on a stream. The worker
-//! sees ordinary launches and copies, so it charges and checks them like any other.
+//! list of [`Op`]s. Launching an executable of device work only sends it to the worker once
+//! (`GraphDefine`) and then one `GraphLaunch` per launch (`graph_ops.rs`); any other replays
+//! its operations in capture order on a stream, as ordinary launches and copies. Either way
+//! the worker charges and checks them like any other.
 
 use std::collections::HashMap;
 

@@ -26,7 +26,8 @@
 //! they travel with a move between nodes, `GFBOOKS` v1); `docs/migration.md`.
 //!
 //! Every launch path of the driver API (plain, `_ptsz`, `Ex`, cooperative, graph replays)
-//! arrives here as a `LaunchKernel` request.
+//! arrives here as a `LaunchKernel` request, and graphs the worker keeps ([`graphs`]) as a
+//! `GraphLaunch`.
 
 mod books;
 pub mod control;
