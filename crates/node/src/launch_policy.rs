@@ -441,6 +441,14 @@ impl LaunchPolicy {
         self.account(id, used_us.min(now), now, now);
     }
 
+    /// Session `id` took `leases` leases from the queue's offers without waiting: each counts
+    /// as a lease with no wait in its histogram, as a granted one would.
+    pub fn offered_leases(&mut self, id: u64, leases: u64) {
+        if let Some(e) = self.sessions.get_mut(&id) {
+            e.wait_hist.counts[0] += leases;
+        }
+    }
+
     /// The accounting of `used` microseconds of a lease that began at `since`: virtual time,
     /// the hard policy's next start, the usage windows.
     fn account(&mut self, id: u64, used: u64, since: u64, now: u64) {

@@ -73,6 +73,7 @@ impl DeviceQueue {
         };
         let taken = o.settle();
         s.charge(id, o.take_charges(), now);
+        s.offered_leases(id, o.take_parked());
         if taken {
             s.take_lease(id, now);
         }
@@ -88,6 +89,7 @@ impl DeviceQueue {
             let found = offer.revoke();
             if found != Revoked::Nothing {
                 s.charge(other, offer.take_charges(), now);
+                s.offered_leases(other, offer.take_parked());
             }
             if found == Revoked::Taken {
                 offer.settle();
@@ -102,6 +104,7 @@ impl DeviceQueue {
         let mut s = self.lock();
         for (&id, offer) in self.offers().iter() {
             s.charge(id, offer.take_charges(), now);
+            s.offered_leases(id, offer.take_parked());
         }
     }
 

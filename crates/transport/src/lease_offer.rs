@@ -20,7 +20,8 @@
 //! States, in the word: [`NONE`] (no offer), [`OFFERED`], [`TAKEN`]. The node moves
 //! `NONE -> OFFERED` and `OFFERED -> NONE` and resets `TAKEN -> NONE` when it learns of the
 //! lease; the worker moves `OFFERED -> TAKEN` and `TAKEN -> OFFERED`. The quantum of an offered
-//! lease is the second word, the charges not yet reported the third. A one-page sealed memfd the node creates, mapped by both; the worker checks
+//! lease is the second word, the charges not yet reported the third, the number of leases
+//! parked since the node last looked the fourth. A one-page sealed memfd the node creates, mapped by both; the worker checks
 //! its size, and a worker without one (`--lease-fd` absent) always asks.
 
 #![allow(unsafe_code)]
@@ -152,6 +153,7 @@ impl LeaseOffer {
             .is_ok();
         if parked {
             self.word(2).fetch_add(micros, Ordering::AcqRel);
+            self.word(3).fetch_add(1, Ordering::AcqRel);
         }
         parked
     }
@@ -159,6 +161,11 @@ impl LeaseOffer {
     /// The node: the device time parked leases used that it has not charged yet (zeroed).
     pub fn take_charges(&self) -> u64 {
         self.word(2).swap(0, Ordering::AcqRel)
+    }
+
+    /// The node: how many leases were parked since it last asked (zeroed).
+    pub fn take_parked(&self) -> u64 {
+        self.word(3).swap(0, Ordering::AcqRel)
     }
 
     /// The worker: takes the offered lease; its quantum, or `None` (ask the node).
@@ -200,6 +207,8 @@ mod tests {
         assert_eq!(node.revoke(), Revoked::Withdrawn);
         assert_eq!(node.take_charges(), 42);
         assert_eq!(node.take_charges(), 0);
+        assert_eq!(node.take_parked(), 2);
+        assert_eq!(node.take_parked(), 0);
         assert!(!worker.park(5), "revoked: the worker reports with Done");
     }
 
