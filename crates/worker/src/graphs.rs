@@ -93,7 +93,10 @@ impl Session<'_> {
         let _ = self.graph_destroy(graph);
         let device_nodes = self.device_nodes(&nodes)?;
         let on_device = match self.device.define_graph(graph, &device_nodes) {
-            Ok(()) => true,
+            Ok(()) => {
+                tracing::debug!(graph, nodes = nodes.len(), "graph made the device's own");
+                true
+            }
             Err(e) => {
                 if e.status != st::NOT_SUPPORTED {
                     tracing::debug!(
