@@ -215,6 +215,20 @@ fn an_idle_session_moves_to_another_node_and_what_it_sends_next_follows() {
     let b = start_with("idle-b", "emu:1:1GiB");
     let (mut c, id, big, counter) = session_at(&a.addr, ResourceRequest::default());
     assert_eq!(bump(&mut c, counter), 1);
+    // A graph the worker keeps (two bumps): it moves with the session's books.
+    let bump_node = gpufuse_proto::GraphNode::Launch {
+        function: gpufuse_proto::FunctionHandle(1),
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_mem: 0,
+        params: counter.to_le_bytes().to_vec(),
+        cooperative: false,
+    };
+    c.quiet(&gpufuse_proto::Request::GraphDefine {
+        graph: 77,
+        nodes: vec![bump_node.clone(), bump_node],
+    })
+    .unwrap();
     let out = migrate(&a, id, &format!("{}:0", b.addr));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -235,13 +249,22 @@ fn an_idle_session_moves_to_another_node_and_what_it_sends_next_follows() {
     for _ in 0..5 {
         launch_bump(&mut c, counter);
     }
+    c.quiet(&gpufuse_proto::Request::GraphLaunch {
+        graph: 77,
+        stream: StreamHandle(0),
+    })
+    .unwrap();
     c.quiet(&gpufuse_proto::Request::MemcpyHtoD {
         dst: DevicePtr(big),
         stream: StreamHandle(0),
         data: &[7; 16],
     })
     .unwrap();
-    assert_eq!(bump(&mut c, counter), 7);
+    assert_eq!(
+        bump(&mut c, counter),
+        9,
+        "the forwarded graph launch ran where the session went"
+    );
     let mut head = [0u8; 16];
     head.copy_from_slice(&pattern(16));
     let got = match c

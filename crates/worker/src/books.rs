@@ -1,6 +1,7 @@
 //! A session's books as they travel with a move between nodes: the worker's own tables (the
 //! slice and what is charged, allocations and VMM books, module and function handles,
-//! contexts, streams, events, texture handles) and what the client has not been told yet (the
+//! contexts, streams, events, texture handles, graphs the worker keeps) and what the client
+//! has not been told yet (the
 //! deferred error, the sticky fault, staged device-to-host copies, device `printf` output).
 //! The device's state (memory, modules, VMM mappings, textures) travels separately as a
 //! [`gpufuse_device::DeviceImage`]; the two together are the session.
@@ -18,7 +19,8 @@ use serde::{Deserialize, Serialize};
 use crate::Session;
 
 const MAGIC: [u8; 8] = *b"GFBOOKS\0";
-const VERSION: u32 = 1;
+/// 2: graphs the worker keeps (`GraphDefine`, protocol 17).
+const VERSION: u32 = 2;
 
 /// See the module docs. Maps travel as sorted lists (stable bytes for the same books).
 #[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -46,6 +48,8 @@ pub(crate) struct SessionBooks {
     sticky: Option<Status>,
     staged: Vec<StagedCopy>,
     output: Vec<u8>,
+    /// Graphs the worker keeps: id -> nodes (made the device's own again where it lands).
+    graphs: Vec<(u64, Vec<gpufuse_proto::GraphNode>)>,
 }
 
 fn sorted<K: Ord + Copy, V: Clone>(m: &HashMap<K, V>) -> Vec<(K, V)> {
@@ -126,6 +130,7 @@ impl Session<'_> {
             sticky: self.sticky,
             staged: self.staged.clone(),
             output: self.carried_output.clone(),
+            graphs: self.graphs_for_move(),
         }
     }
 
@@ -164,6 +169,7 @@ impl Session<'_> {
             .into_iter()
             .map(|(e, ago)| (e, ago.map(Duration::from_micros)))
             .collect();
+        self.adopt_graphs(b.graphs);
         self.rebuild_sync(&ages);
         self.launch.device_time = Duration::from_micros(b.device_time_us);
         self.textures = b.textures.into_iter().collect();
@@ -201,14 +207,23 @@ mod tests {
             events: vec![(4, Some(1500)), (5, None)],
             deferred: Some(700),
             output: b"hello\n".to_vec(),
+            graphs: vec![(
+                12,
+                vec![gpufuse_proto::GraphNode::Memset {
+                    dst: gpufuse_proto::DevicePtr(0x1000),
+                    value: 1,
+                    elem_size: 4,
+                    count: 8,
+                }],
+            )],
             ..Default::default()
         };
         let bytes = books.encode();
         assert_eq!(SessionBooks::decode(&bytes).unwrap(), books);
         let mut other = bytes.clone();
-        other[8] = 2;
+        other[8] = 1;
         let e = SessionBooks::decode(&other).unwrap_err();
-        assert!(e.contains("version 2"), "{e}");
+        assert!(e.contains("version 1"), "{e}");
         assert!(SessionBooks::decode(b"GFSTATE\0....").is_err());
         assert!(SessionBooks::decode(&bytes[..10]).is_err());
     }

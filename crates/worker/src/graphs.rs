@@ -196,6 +196,34 @@ impl Session<'_> {
         }
     }
 
+    /// The graphs as a move carries them: (id, nodes), by id.
+    pub(crate) fn graphs_for_move(&self) -> Vec<(u64, Vec<GraphNode>)> {
+        let mut v: Vec<(u64, Vec<GraphNode>)> = self
+            .graphs
+            .graphs
+            .iter()
+            .map(|(&id, g)| (id, g.nodes.clone()))
+            .collect();
+        v.sort_by_key(|(id, _)| *id);
+        v
+    }
+
+    /// Graphs a move brought: kept, and made the device's own by [`Session::rebuild_graphs`].
+    pub(crate) fn adopt_graphs(&mut self, graphs: Vec<(u64, Vec<GraphNode>)>) {
+        self.graphs.graphs = graphs
+            .into_iter()
+            .map(|(id, nodes)| {
+                (
+                    id,
+                    Defined {
+                        nodes,
+                        on_device: false,
+                    },
+                )
+            })
+            .collect();
+    }
+
     /// Every graph forgotten (a reset, the end).
     pub(crate) fn release_graphs(&mut self) {
         let ids: Vec<u64> = self.graphs.graphs.keys().copied().collect();
