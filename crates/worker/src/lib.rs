@@ -176,6 +176,7 @@ impl<'a> Session<'a> {
         self.release_memory();
         self.release_modules();
         self.release_textures();
+        self.forget_arena_events();
         self.release_sync();
         self.deferred = None;
         self.staged.clear();
@@ -521,11 +522,9 @@ impl<'a> Session<'a> {
             }
             return None;
         }
-        if self.memory.arena_in_flight {
+        if self.memory.arena_all || !self.memory.arena_pending.is_empty() {
             // The protocol promises arena copies done by any reply: they may still be running.
-            self.memory.arena_in_flight = false;
-            let r = self.device.synchronize();
-            if let Err(e) = self.waited(r) {
+            if let Err(e) = self.wait_arena_copies() {
                 self.deferred.get_or_insert(e);
             }
         }

@@ -38,13 +38,22 @@ pub(crate) struct MemoryBooks {
     /// arena that requests forwarded by the old worker made (arena offset, bytes read at the
     /// time), written into the arena when the client attaches it.
     pub(crate) arena_backlog: Option<Vec<(u64, Vec<u8>)>>,
-    /// A copy into or out of the arena may still be in flight on the device: the next reply
-    /// waits for it, because the protocol promises the bytes in place (or read) by then.
-    pub(crate) arena_in_flight: bool,
+    /// Copies into or out of the arena that may still be in flight on the device: the next
+    /// reply waits for them, because the protocol promises the bytes in place (or read) by
+    /// then. Each is an event (`ARENA_EVENTS`) recorded on the copy's stream after it, so the
+    /// wait covers that stream up to the copy, not the whole device; `arena_all`: a record
+    /// failed, wait for everything.
+    pub(crate) arena_pending: std::collections::HashSet<u64>,
+    pub(crate) arena_events: std::collections::HashSet<u64>,
+    pub(crate) arena_all: bool,
     /// The device `malloc` heap's size (`CU_LIMIT_MALLOC_HEAP_SIZE`): what it asks beyond
     /// CUDA's default ([`DEFAULT_HEAP`], which the device keeps outside the ledger) is charged.
     pub(crate) heap_size: u64,
 }
+
+/// The worker's own event ids (arena copies' completion, one per stream): the top 16 bits
+/// set, which no client handle has (handles are `kind << 48 | counter`, kinds below 16).
+pub(crate) const ARENA_EVENTS: u64 = 0xffff << 48;
 
 /// CUDA's default device `malloc` heap (`CU_LIMIT_MALLOC_HEAP_SIZE`), 8 MiB.
 pub(crate) const DEFAULT_HEAP: u64 = 8 << 20;
@@ -60,7 +69,9 @@ impl MemoryBooks {
             vmm: VmmBooks::default(),
             arena: None,
             retired_arenas: Vec::new(),
-            arena_in_flight: false,
+            arena_pending: Default::default(),
+            arena_events: Default::default(),
+            arena_all: false,
             arena_backlog: None,
             heap_size: DEFAULT_HEAP,
         }
@@ -351,9 +362,53 @@ impl Session<'_> {
             None => {
                 let span = arena_span(arena, offset, size)?;
                 self.device.write_span(dst, span, stream)?;
-                self.memory.arena_in_flight = true;
+                self.arena_copy_enqueued(stream);
                 Ok(())
             }
+        }
+    }
+
+    /// An arena copy was enqueued on `stream`: the worker's own event for that stream is
+    /// recorded after it, for the next reply to wait on.
+    fn arena_copy_enqueued(&mut self, stream: u64) {
+        let ev = ARENA_EVENTS | (stream & !ARENA_EVENTS);
+        if !self.memory.arena_events.contains(&ev) {
+            // CU_EVENT_DISABLE_TIMING: only ever waited on.
+            if self.device.create_event(ev, 2).is_err() {
+                self.memory.arena_all = true;
+                return;
+            }
+            self.memory.arena_events.insert(ev);
+        }
+        match self.device.record(ev, stream) {
+            Ok(()) => {
+                self.memory.arena_pending.insert(ev);
+            }
+            Err(_) => self.memory.arena_all = true,
+        }
+    }
+
+    /// Before a reply: waits for the arena copies in flight (see `arena_pending`).
+    pub(crate) fn wait_arena_copies(&mut self) -> R<()> {
+        let pending: Vec<u64> = self.memory.arena_pending.drain().collect();
+        let mut r = Ok(());
+        if std::mem::take(&mut self.memory.arena_all) {
+            r = self.device.synchronize();
+        } else {
+            for ev in pending {
+                if let Err(e) = self.device.sync_event(ev) {
+                    r = Err(e);
+                }
+            }
+        }
+        self.waited(r)
+    }
+
+    /// The worker's own arena events leave the device (a reset, the end, a move).
+    pub(crate) fn forget_arena_events(&mut self) {
+        self.memory.arena_pending.clear();
+        for ev in std::mem::take(&mut self.memory.arena_events) {
+            let _ = self.device.destroy_event(ev);
         }
     }
 
@@ -389,7 +444,7 @@ impl Session<'_> {
             None => {
                 let span = arena_span(arena, offset, size)?;
                 self.device.read_span(src, span, stream)?;
-                self.memory.arena_in_flight = true;
+                self.arena_copy_enqueued(stream);
                 Ok(())
             }
         }

@@ -300,6 +300,7 @@ impl Session<'_> {
     pub(crate) fn switch_to(&mut self, target: Box<dyn Device>) {
         // Output the old device had not handed over yet travels with the session.
         let pending = self.device.take_output();
+        self.forget_arena_events();
         let ages = self.event_ages();
         match std::mem::replace(&mut self.device, DeviceSlot::Moved(target)) {
             // A device the session moved to before: dropped whole, off the session's path

@@ -114,7 +114,10 @@ impl Session<'_> {
     }
 
     pub(crate) fn event_create(&mut self, event: u64, flags: u32) -> R<()> {
-        if self.sync.events.contains(&event) {
+        // The worker's own ids (`memory::ARENA_EVENTS`) are not the client's to take.
+        if self.sync.events.contains(&event)
+            || event & crate::memory::ARENA_EVENTS == crate::memory::ARENA_EVENTS
+        {
             return Err(st::INVALID_VALUE);
         }
         self.device.create_event(event, flags)?;
@@ -172,6 +175,9 @@ impl Session<'_> {
     /// session goes on (a later call naming it fails there).
     pub(crate) fn rebuild_sync(&mut self, ages: &[(u64, Option<std::time::Duration>)]) {
         self.device_changed();
+        // The worker's arena events were the old device's (nothing is pending at a move).
+        self.memory.arena_pending.clear();
+        self.memory.arena_events.clear();
         let mut streams: Vec<u64> = self.sync.streams.iter().copied().collect();
         streams.sort_unstable();
         for s in streams {
