@@ -72,8 +72,7 @@ impl DeviceQueue {
             return;
         };
         let taken = o.settle();
-        s.charge(id, o.take_charges(), now);
-        s.offered_leases(id, o.take_parked());
+        charge_parked(s, id, o, now);
         if taken {
             s.take_lease(id, now);
         }
@@ -88,23 +87,12 @@ impl DeviceQueue {
             }
             let found = offer.revoke();
             if found != Revoked::Nothing {
-                s.charge(other, offer.take_charges(), now);
-                s.offered_leases(other, offer.take_parked());
+                charge_parked(s, other, offer, now);
             }
             if found == Revoked::Taken {
                 offer.settle();
                 s.take_lease(other, now);
             }
-        }
-    }
-
-    /// Charges what the sessions' parked leases used (for a status that is up to date).
-    pub fn collect_charges(&self) {
-        let now = self.now();
-        let mut s = self.lock();
-        for (&id, offer) in self.offers().iter() {
-            s.charge(id, offer.take_charges(), now);
-            s.offered_leases(id, offer.take_parked());
         }
     }
 
@@ -173,9 +161,19 @@ impl DeviceQueue {
 
     /// What session `id` has used, and whether it holds the device now.
     pub fn usage(&self, id: u64) -> (Usage, bool) {
-        self.collect_charges();
         let now = self.now();
-        let s = self.lock();
+        let mut s = self.lock();
+        // What its parked leases used, so that the answer is up to date.
+        if let Some(o) = self.offers().get(&id) {
+            charge_parked(&mut s, id, o, now);
+        }
         (s.usage(id, now), s.running() == Some(id))
     }
+}
+
+/// Charges session `id` what the leases it parked in `offer` used, each counted as a lease
+/// with no wait (`gpufuse_transport::lease_offer`).
+fn charge_parked(s: &mut LaunchPolicy, id: u64, offer: &LeaseOffer, now: u64) {
+    s.charge(id, offer.take_charges(), now);
+    s.offered_leases(id, offer.take_parked());
 }

@@ -118,21 +118,36 @@ impl Session<'_> {
     /// `GraphLaunch`: the whole graph on `stream`.
     pub(crate) fn graph_launch(&mut self, graph: u64, stream: u64) -> R<()> {
         self.check_stream(stream)?;
-        let g = self.graphs.graphs.get(&graph).ok_or(st::INVALID_HANDLE)?;
+        let g = self
+            .graphs
+            .graphs
+            .get_mut(&graph)
+            .ok_or(st::INVALID_HANDLE)?;
         if g.on_device {
             self.lease_for_launch();
             let r = self.device.launch_graph(graph, stream);
-            return self.launched(&format!("graph {graph}"), r);
+            return self.launched(&format_args!("graph {graph}"), r);
         }
-        let nodes = g.nodes.clone();
+        // The nodes are lent to the run, not copied, and put back whatever happens.
+        let nodes = std::mem::take(&mut g.nodes);
+        let ran = self.run_nodes(&nodes, stream);
+        if let Some(g) = self.graphs.graphs.get_mut(&graph) {
+            g.nodes = nodes;
+        }
+        ran
+    }
+
+    /// A graph's nodes one by one on `stream`, through the paths of the requests they stand
+    /// for.
+    fn run_nodes(&mut self, nodes: &[GraphNode], stream: u64) -> R<()> {
         for n in nodes {
-            match n {
+            match *n {
                 GraphNode::Launch {
                     function,
                     grid,
                     block,
                     shared_mem,
-                    params,
+                    ref params,
                     cooperative,
                 } => self.launch_kernel(&Launch {
                     function,
@@ -140,7 +155,7 @@ impl Session<'_> {
                     block,
                     shared_mem,
                     stream: StreamHandle(stream),
-                    params: &params,
+                    params,
                     attributes: cooperative.then(cooperative_attr).into_iter().collect(),
                 })?,
                 GraphNode::Copy { dst, src, size } => {

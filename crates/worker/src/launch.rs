@@ -188,7 +188,7 @@ impl Session<'_> {
     /// failure is logged (a fault poisons the session as it does a GPU context).
     pub(crate) fn launched(
         &mut self,
-        what: &str,
+        what: &dyn std::fmt::Display,
         result: Result<(), gpufuse_device::DeviceError>,
     ) -> R<()> {
         self.account();
