@@ -88,8 +88,9 @@ pub struct CudaDevice {
 /// CPU time is counted per thread.
 #[derive(Default)]
 struct Timing {
-    /// Streams with a run open, and its start event.
-    open: HashMap<StreamId, Event>,
+    /// Streams with a run open: the driver's stream (a stream is destroyed only after its
+    /// run is closed) and the run's start event.
+    open: HashMap<StreamId, (Stream, Event)>,
     /// Closed runs not yet read, oldest first.
     pending: std::collections::VecDeque<(Event, Event)>,
     completed: Duration,
@@ -118,23 +119,13 @@ impl Timing {
         }
         let start = self.event(driver)?;
         driver.event_record(start, s)?;
-        self.open.insert(stream, start);
+        self.open.insert(stream, (s, start));
         Ok(())
     }
 
     /// Closes every open run (an end event on its stream).
-    fn close(&mut self, driver: &Driver, streams: &HashMap<StreamId, Stream>) {
-        for (stream, start) in std::mem::take(&mut self.open) {
-            let s = match stream {
-                0 => Stream::NULL,
-                id => match streams.get(&id) {
-                    Some(&s) => s,
-                    None => {
-                        self.spare.push(start);
-                        continue;
-                    }
-                },
-            };
+    fn close(&mut self, driver: &Driver) {
+        for (_, (s, start)) in std::mem::take(&mut self.open) {
             let end = match self.event(driver) {
                 Ok(e) => e,
                 Err(_) => {
@@ -172,17 +163,9 @@ impl Timing {
     }
 
     fn destroy(&mut self, driver: &Driver) {
+        let open = self.open.drain().map(|(_, (_, e))| e);
         let pending = self.pending.drain(..).flat_map(|(a, b)| [a, b]);
-        for e in self
-            .open
-            .drain()
-            .map(|(_, e)| e)
-            .chain(pending)
-            .collect::<Vec<_>>()
-        {
-            let _ = driver.event_destroy(e);
-        }
-        for e in self.spare.drain(..) {
+        for e in open.chain(pending).chain(self.spare.drain(..)) {
             let _ = driver.event_destroy(e);
         }
     }
@@ -306,7 +289,7 @@ impl CudaDevice {
 
     /// Closes the timing runs before a wait, so that the wait covers their end events.
     fn close_runs(&mut self) {
-        self.timing.close(&self.driver, &self.streams);
+        self.timing.close(&self.driver);
     }
 
     /// Enqueues a kernel on `stream` (no timing: a graph's capture records it too).
